@@ -1,0 +1,87 @@
+// An open-addressing (linear probing) map from uint64 key to a uint32 value,
+// used as a shard's key -> row id index and as its admission-count map.
+//
+// Slots are 12 bytes (key, value) packed; an empty slot has value kEmpty, so
+// every uint64 (0 and 2^64-1 included) is a valid key. The caller passes
+// h = Mix64(key) so that a batch hashes each key once; the slot is h's low
+// bits (the shard was chosen from the high bits). Grows by doubling past a
+// load of 3/4; deletion shifts the following run back (no tombstones).
+// Not thread-safe: the owning shard's lock guards it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace pyfleet {
+
+#pragma pack(push, 4)
+struct IndexSlot {
+  uint64_t key;
+  uint32_t value;
+};
+#pragma pack(pop)
+static_assert(sizeof(IndexSlot) == 12, "index slots are packed to 12 bytes");
+
+class KeyIndex {
+ public:
+  static constexpr uint32_t kEmpty = 0xFFFFFFFFu;
+
+  KeyIndex();
+  ~KeyIndex();
+  KeyIndex(const KeyIndex&) = delete;
+  KeyIndex& operator=(const KeyIndex&) = delete;
+
+  // The value stored for key, or kEmpty.
+  uint32_t Find(uint64_t key, uint64_t h) const {
+    size_t i = h & mask_;
+    for (;;) {
+      const IndexSlot& s = slots_[i];
+      if (s.value == kEmpty) return kEmpty;
+      if (s.key == key) return s.value;
+      i = (i + 1) & mask_;
+    }
+  }
+
+  // A pointer to key's value (valid until the next insert or erase), or null.
+  uint32_t* FindValue(uint64_t key, uint64_t h) {
+    size_t i = h & mask_;
+    for (;;) {
+      IndexSlot& s = slots_[i];
+      if (s.value == kEmpty) return nullptr;
+      if (s.key == key) return &s.value;
+      i = (i + 1) & mask_;
+    }
+  }
+
+  void Prefetch(uint64_t h) const { __builtin_prefetch(&slots_[h & mask_]); }
+
+  // Adds key -> value; key must be absent and value != kEmpty.
+  void Insert(uint64_t key, uint64_t h, uint32_t value);
+
+  // Removes key; returns its value, or kEmpty if it was absent.
+  uint32_t Erase(uint64_t key, uint64_t h);
+
+  // Drops every entry and shrinks back to the minimum capacity.
+  void Clear();
+
+  size_t size() const { return size_; }
+  size_t capacity() const { return mask_ + 1; }
+  size_t MemoryBytes() const { return capacity() * sizeof(IndexSlot); }
+
+  // Calls f(key, value) for every entry, in slot order.
+  template <typename F>
+  void ForEach(F&& f) const {
+    for (size_t i = 0; i <= mask_; ++i) {
+      if (slots_[i].value != kEmpty) f(slots_[i].key, slots_[i].value);
+    }
+  }
+
+ private:
+  void Rehash(size_t new_capacity);
+
+  IndexSlot* slots_ = nullptr;
+  size_t mask_ = 0;
+  size_t size_ = 0;
+};
+
+}  // namespace pyfleet

@@ -1,0 +1,47 @@
+// Optimizer rules applied where a row lives. Each rule is small: how many
+// floats of state a row of `dim` weights carries, how that state starts, and
+// one update over spans. The Python config classes in pyfleet/optimizer.py
+// carry the same names and fields.
+//
+// State layouts (floats after the weights of a row):
+//   SGD      []
+//   Adagrad  [acc[dim]]
+//   Adam     [m[dim] | v[dim] | beta1_pow | beta2_pow]
+//   FTRL     [squared[dim] | linear[dim]]
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace pyfleet {
+
+enum class OptimizerKind : uint32_t { kSGD = 1, kAdagrad = 2, kAdam = 3, kFTRL = 4 };
+
+struct OptimizerConfig {
+  OptimizerKind kind = OptimizerKind::kSGD;
+  float learning_rate = 0.01f;
+  float beta1 = 0.9f;                     // Adam
+  float beta2 = 0.999f;                   // Adam
+  float epsilon = 1e-8f;                  // Adam, Adagrad
+  float initial_accumulator_value = 0.f;  // Adagrad
+  float l1 = 0.f;                         // FTRL
+  float l2 = 0.f;                         // FTRL
+  float lr_power = -0.5f;                 // FTRL
+};
+
+const char* OptimizerName(OptimizerKind kind);
+
+// Throws std::invalid_argument for an unknown kind or a value out of range.
+void ValidateOptimizer(const OptimizerConfig& cfg);
+
+size_t OptimizerStateDim(const OptimizerConfig& cfg, size_t dim);
+
+// Writes the starting state of a row of `dim` weights.
+void OptimizerInitState(const OptimizerConfig& cfg, float* state, size_t dim);
+
+// One step: w[0..dim) and state are updated in place from grad[0..dim).
+// Works on private copies: the table loads a row, calls this, stores it back.
+void OptimizerUpdate(const OptimizerConfig& cfg, float* w, float* state,
+                     const float* grad, size_t dim);
+
+}  // namespace pyfleet

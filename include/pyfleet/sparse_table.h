@@ -1,0 +1,129 @@
+// SparseTable: uint64 key -> embedding row + optimizer state, updated where it lives.
+//
+// Keys are spread over kShards shards by the high bits of Mix64(key); each
+// shard has its own reader-writer lock, key index and row store. There is no
+// global lock. Pull and push take a shard's lock shared while they find rows
+// and read or update them; only inserting a new key, shrink, save and load
+// take it exclusively. Row updates under the shared lock are Hogwild: two
+// pushes to one row may interleave and one update may be lost, but every
+// float is read and written whole (relaxed std::atomic_ref), so a row is never
+// torn to garbage and a key is never lost or duplicated.
+//
+// Every batched call groups its keys by shard once and probes each shard's
+// index with software prefetching, so a batch costs about one memory latency
+// per key spread over many keys in flight.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <shared_mutex>
+#include <string>
+#include <vector>
+
+#include "pyfleet/entry.h"
+#include "pyfleet/initializer.h"
+#include "pyfleet/key_index.h"
+#include "pyfleet/optimizer.h"
+#include "pyfleet/row_store.h"
+
+namespace pyfleet {
+
+struct SparseTableStats {
+  uint64_t rows = 0;
+  uint64_t pull_calls = 0, pull_keys = 0;
+  uint64_t push_calls = 0, push_keys = 0;
+  uint64_t inserted_rows = 0;
+  uint64_t candidate_pulls = 0;     // pulled keys answered with an initial value, no row
+  uint64_t dropped_push_keys = 0;   // pushed keys that had no row under an entry policy
+  uint64_t rejected_pushes = 0;     // pushes refused for a NaN/Inf gradient
+  uint64_t shrunk_rows = 0;
+  uint64_t candidates = 0;          // keys counted by the admission filter, not yet rows
+  uint64_t memory_bytes = 0;
+};
+
+// One row's contents, as export() copies them.
+struct RowExport {
+  std::vector<uint64_t> keys;
+  std::vector<float> weights, state;
+  std::vector<uint32_t> update_count;
+  std::vector<uint16_t> unseen_passes;
+};
+
+class SparseTable {
+ public:
+  static constexpr int kShardBits = 6;
+  static constexpr size_t kShards = size_t{1} << kShardBits;
+
+  SparseTable(size_t dim, const OptimizerConfig& opt, const InitializerConfig& init,
+              uint64_t seed, const EntryConfig& entry);
+  ~SparseTable();
+
+  // out[i*dim ..] = row of keys[i]; creates (or, under an entry policy,
+  // counts) keys without a row. Thread-safe.
+  void Pull(const uint64_t* keys, size_t n, float* out);
+
+  // Applies the optimizer with grads[i*dim ..] to keys[i]'s row. Equal keys
+  // are summed and applied once. A NaN/Inf anywhere rejects the whole call
+  // (std::invalid_argument) before any row changes. With add_delta the
+  // optimizer is bypassed: w += grads (geo mode's deltas). Thread-safe.
+  void Push(const uint64_t* keys, size_t n, const float* grads, bool add_delta = false);
+
+  // The initial rows of keys, without touching the table.
+  void InitialValues(const uint64_t* keys, size_t n, float* out) const;
+
+  // Copies rows that exist among keys (each shard under its lock).
+  RowExport Export(const uint64_t* keys, size_t n, bool with_state) const;
+
+  std::vector<uint64_t> Keys() const;
+  size_t Size() const;
+  size_t MemoryBytes() const;
+  SparseTableStats Stats() const;
+
+  // Writes rows (delta: those pushed since the last save, and keys dropped
+  // since then) to path atomically; each shard is copied under its exclusive
+  // lock, so each row is saved from one instant. Returns rows written.
+  size_t Save(const std::string& path, bool delta);
+
+  // Reads a file written by Save. num_servers > 0 keeps only keys with
+  // RouteKey(key, num_servers) == server_index. Returns rows loaded.
+  size_t Load(const std::string& path, uint32_t num_servers, uint32_t server_index);
+
+  // Ends a pass and drops stale rows (see pyfleet/table.py). max_unseen < 0
+  // disables that test. Returns rows dropped.
+  size_t Shrink(int max_unseen, uint32_t min_update_count, float min_score, float decay);
+
+  size_t dim() const { return dim_; }
+  size_t state_dim() const { return state_dim_; }
+  const OptimizerConfig& optimizer() const { return opt_; }
+
+ private:
+  struct Shard;
+  struct Batch;
+
+  void GroupByShard(const uint64_t* keys, size_t n, Batch& b) const;
+  void PullShard(Shard& s, Batch& b, size_t lo, size_t hi, float* out);
+  void PushShard(Shard& s, Batch& b, size_t lo, size_t hi, const float* grads,
+                 bool add_delta);
+  // Under the exclusive lock: the row of key, creating it if the entry policy
+  // admits it now; kEmpty when it stays a candidate.
+  uint32_t AdmitLocked(Shard& s, uint64_t key, uint64_t h, uint64_t draw_salt);
+  uint32_t InsertLocked(Shard& s, uint64_t key, uint64_t h);
+  void EraseLocked(Shard& s, uint64_t key, uint64_t h);
+
+  const size_t dim_;
+  const size_t state_dim_;
+  const OptimizerConfig opt_;
+  const InitializerConfig init_;
+  const uint64_t seed_;
+  const EntryConfig entry_;
+  std::vector<std::unique_ptr<Shard>> shards_;
+  std::atomic<bool> delta_invalid_{false};  // a save failed: a delta would miss rows
+
+  mutable std::atomic<uint64_t> pull_calls_{0}, pull_keys_{0}, push_calls_{0}, push_keys_{0},
+      inserted_rows_{0}, candidate_pulls_{0}, dropped_push_keys_{0}, rejected_pushes_{0},
+      shrunk_rows_{0}, draw_counter_{0};
+};
+
+}  // namespace pyfleet

@@ -1,0 +1,10 @@
+"""pyfleet: a sparse parameter server for CTR training, with PaddlePaddle Fluid's Fleet API."""
+
+__version__ = "0.1.0"
+
+from pyfleet import entry, initializer, optimizer  # noqa: E402
+from pyfleet.errors import PyfleetError  # noqa: E402
+from pyfleet.table import DenseTable, SparseTable, route  # noqa: E402
+
+__all__ = ["SparseTable", "DenseTable", "route", "optimizer", "initializer", "entry",
+           "PyfleetError", "__version__"]

@@ -1,0 +1,264 @@
+"""The in-process tables: :class:`SparseTable`, :class:`DenseTable` and :func:`route`.
+
+These are thin, validating wrappers over the C++ core (``pyfleet._core``).
+Every call takes numpy buffers without copying, releases the GIL, and makes
+one core call, so many threads may pull and push one table at once.
+"""
+
+import numpy as np
+
+from pyfleet import _core
+from pyfleet import entry as _entry
+from pyfleet import initializer as _init
+from pyfleet import optimizer as _opt
+
+__all__ = ["SparseTable", "DenseTable", "route", "DEFAULT_INITIALIZER", "FORMAT_VERSION"]
+
+FORMAT_VERSION = _core.FORMAT_VERSION
+# Small symmetric noise: embeddings start near zero, distinct per key.
+DEFAULT_INITIALIZER = _init.Uniform(-0.01, 0.01)
+
+
+def _keys(keys, what="keys"):
+    if not isinstance(keys, np.ndarray):
+        raise ValueError(f"{what} must be a 1-D numpy array of dtype uint64, "
+                         f"got {type(keys).__name__}")
+    if keys.dtype != np.uint64 or keys.ndim != 1:
+        raise ValueError(f"{what} must be a 1-D numpy array of dtype uint64, "
+                         f"got dtype {keys.dtype} with shape {keys.shape}")
+    return np.ascontiguousarray(keys)
+
+
+def _values(values, shape, what):
+    if not isinstance(values, np.ndarray):
+        raise ValueError(f"{what} must be a numpy float32 array of shape {shape}, "
+                         f"got {type(values).__name__}")
+    if values.dtype != np.float32:
+        raise ValueError(f"{what} must have dtype float32, got {values.dtype}")
+    if values.shape != shape:
+        raise ValueError(f"{what} must have shape {shape}, got {values.shape}")
+    return np.ascontiguousarray(values)
+
+
+def route(keys, num_servers):
+    """The server index (int32 array) that owns each key among ``num_servers``.
+
+    A well-mixed 64-bit hash of the key, mapped onto ``[0, num_servers)`` by a
+    multiply-shift: never ``key % n`` of the raw id, so ids that share low bits
+    still spread evenly. The one routing function: clients, servers and
+    checkpoint filters all call it.
+    """
+    keys = _keys(keys)
+    num_servers = int(num_servers)
+    if num_servers < 1:
+        raise ValueError(f"num_servers must be >= 1, got {num_servers}")
+    out = np.empty(keys.shape[0], dtype=np.int32)
+    _core.route(keys, num_servers, out)
+    return out
+
+
+class SparseTable:
+    """uint64 feature id -> embedding row of ``dim`` float32, optimizer applied on push.
+
+    Args:
+        dim: floats per row.
+        optimizer: a :mod:`pyfleet.optimizer` rule (SGD, Adagrad, Adam, FTRL).
+        initializer: a :mod:`pyfleet.initializer`; default ``Uniform(-0.01, 0.01)``.
+        seed: with ``initializer``, decides every key's initial row.
+        entry: an admission policy from :mod:`pyfleet.entry`, or None to admit all.
+        name: a label for stats, manifests and error messages.
+
+    Thread safety: every method may be called from many threads at once.
+    Concurrent pushes to one row are Hogwild: an update may be lost, a row is
+    never torn to garbage, a key is never lost or duplicated.
+    """
+
+    def __init__(self, dim, optimizer, initializer=None, seed=0, entry=None, name=None):
+        dim = int(dim)
+        if dim < 1:
+            raise ValueError(f"dim must be >= 1, got {dim}")
+        if not isinstance(optimizer, _opt.Optimizer):
+            raise ValueError(f"optimizer must be a pyfleet.optimizer rule, got {optimizer!r}")
+        initializer = DEFAULT_INITIALIZER if initializer is None else initializer
+        if not isinstance(initializer, _init.Initializer):
+            raise ValueError(f"initializer must be a pyfleet.initializer, got {initializer!r}")
+        if entry is not None and not isinstance(entry, _entry.Entry):
+            raise ValueError(f"entry must be a pyfleet.entry policy or None, got {entry!r}")
+        self.dim = dim
+        self.optimizer = optimizer
+        self.initializer = initializer
+        self.seed = int(seed)
+        self.entry = entry
+        self.name = name or "sparse"
+        entry_cfg = entry._core_config() if entry is not None else _core.EntryConfig()
+        self._t = _core.SparseTable(dim, optimizer._core_config(),
+                                    initializer._core_config(fan_in=1, fan_out=dim),
+                                    self.seed & 0xFFFFFFFFFFFFFFFF, entry_cfg)
+
+    def config(self):
+        """Everything needed to build an equal, empty table (JSON-friendly)."""
+        return {"dim": self.dim, "optimizer": self.optimizer.to_config(),
+                "initializer": self.initializer.to_config(), "seed": self.seed,
+                "entry": None if self.entry is None else self.entry.to_config(),
+                "name": self.name}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(config["dim"], _opt.from_config(config["optimizer"]),
+                   _init.from_config(config["initializer"]), config.get("seed", 0),
+                   _entry.from_config(config.get("entry")), config.get("name"))
+
+    def pull(self, keys, out=None):
+        """Rows of ``keys`` as float32 ``[n, dim]``; a missing key is created
+        with its initial value (or, under an admission policy, counted and
+        answered with its initial value). Duplicates and empty arrays are fine."""
+        keys = _keys(keys)
+        if out is None:
+            out = np.empty((keys.shape[0], self.dim), dtype=np.float32)
+        else:
+            out = _values(out, (keys.shape[0], self.dim), "out")
+        self._t.pull(keys, out)
+        return out
+
+    def push(self, keys, grads):
+        """Apply the optimizer to each key's row with its gradient.
+
+        ``grads`` is float32 ``[n, dim]``. Gradients of equal keys inside one
+        push are summed and applied once. A gradient with NaN or Inf rejects the
+        whole push (``ValueError``, nothing applied)."""
+        keys = _keys(keys)
+        grads = _values(grads, (keys.shape[0], self.dim), "grads")
+        self._t.push(keys, grads)
+
+    def initial_values(self, keys):
+        """The rows ``keys`` start from, without touching the table."""
+        keys = _keys(keys)
+        out = np.empty((keys.shape[0], self.dim), dtype=np.float32)
+        self._t.initial_values(keys, out)
+        return out
+
+    def __len__(self):
+        return self._t.size()
+
+    def memory_bytes(self):
+        """Bytes held by rows, index and admission counters."""
+        return self._t.memory_bytes()
+
+    def keys(self):
+        """A uint64 array of every key with a row (a snapshot, shard by shard)."""
+        return self._t.keys()
+
+    def export(self, keys=None, with_state=False):
+        """``{"keys", "weights"[, "state", "update_count", "unseen_passes"]}`` for
+        ``keys`` (default: every row); keys without a row are left out."""
+        k = self.keys() if keys is None else _keys(keys)
+        return self._t.export(k, bool(with_state))
+
+    def stats(self):
+        """Counters: rows, pulls, pushes, inserts, admissions, rejections, shrinks, memory."""
+        s = dict(self._t.stats())
+        s["name"] = self.name
+        return s
+
+    def save(self, path, delta=False):
+        """Write every row (``delta=True``: rows pushed since the last save, and
+        keys dropped since then) with optimizer state to ``path`` atomically
+        (temporary name, fsync, rename). Each shard is copied under its lock,
+        so every row is saved from one instant. Returns the rows written."""
+        return self._t.save(str(path), bool(delta))
+
+    def load(self, path, filter=None):
+        """Read a file written by :meth:`save` into this table (rows replace
+        rows with the same key; a delta's dropped keys are removed).
+
+        ``filter=(num_servers, server_index)`` keeps only keys with
+        ``route(key, num_servers) == server_index``, so a checkpoint of any
+        number of servers loads into any other. Refuses, with a message naming
+        the file, one that is truncated, fails its checksum, or holds another
+        dim or optimizer. Returns the rows loaded."""
+        n, idx = (0, 0) if filter is None else (int(filter[0]), int(filter[1]))
+        if filter is not None and not (n >= 1 and 0 <= idx < n):
+            raise ValueError(f"filter must be (num_servers, server_index) with "
+                             f"0 <= server_index < num_servers, got {filter!r}")
+        return self._t.load(str(path), n, idx)
+
+    def shrink(self, max_unseen_passes=None, min_update_count=None, min_score=None,
+               decay=None):
+        """End a pass and drop stale rows; returns the number of rows dropped.
+
+        Each call ends one pass: a row pushed during it gets ``unseen_passes =
+        0``, any other row ``unseen_passes += 1``. Then a row is dropped when
+        ``unseen_passes > max_unseen_passes``, or when its ``update_count <
+        min_update_count``, or when its show/click score (decayed by ``decay``
+        per pass) ``< min_score``. Admission candidates are forgotten."""
+        return self._t.shrink(-1 if max_unseen_passes is None else int(max_unseen_passes),
+                              0 if min_update_count is None else int(min_update_count),
+                              float("-inf") if min_score is None else float(min_score),
+                              1.0 if decay is None else float(decay))
+
+    def __repr__(self):
+        return (f"SparseTable(name={self.name!r}, dim={self.dim}, rows={len(self)}, "
+                f"optimizer={self.optimizer!r})")
+
+
+class DenseTable:
+    """A dense float32 parameter (or one block of one) with its optimizer.
+
+    ``shape`` is an int or tuple; ``initial`` an array of that shape or an
+    initializer (default zeros). ``pull()`` returns a copy; ``push(grad)``
+    applies the optimizer to every element (Adam keeps one beta-power pair for
+    the block). Thread-safe; a push and a save never interleave.
+    """
+
+    def __init__(self, shape, optimizer, initial=None, seed=0, name=None):
+        self.shape = (int(shape),) if np.isscalar(shape) else tuple(int(s) for s in shape)
+        if any(s < 1 for s in self.shape):
+            raise ValueError(f"shape must have positive dimensions, got {self.shape}")
+        if not isinstance(optimizer, _opt.Optimizer):
+            raise ValueError(f"optimizer must be a pyfleet.optimizer rule, got {optimizer!r}")
+        self.optimizer = optimizer
+        self.name = name or "dense"
+        self.size = int(np.prod(self.shape))
+        self._t = _core.DenseTable(self.size, optimizer._core_config())
+        if initial is None:
+            return
+        if isinstance(initial, _init.Initializer):
+            initial = initial.generate(self.shape, seed=seed)
+        self.set(initial)
+
+    def set(self, values):
+        """Overwrite the weights (optimizer state is reset)."""
+        values = _values(np.asarray(values, dtype=np.float32).reshape(self.shape),
+                         self.shape, "values")
+        self._t.set(values.reshape(-1))
+
+    def pull(self, out=None):
+        if out is None:
+            out = np.empty(self.shape, dtype=np.float32)
+        else:
+            out = _values(out, self.shape, "out")
+        self._t.pull(out.reshape(-1))
+        return out
+
+    def push(self, grad):
+        grad = _values(grad, self.shape, "grad")
+        self._t.push(grad.reshape(-1))
+
+    def state(self):
+        """The optimizer state as a float32 array (layout: see optimizer.h)."""
+        return self._t.state()
+
+    def memory_bytes(self):
+        return self._t.memory_bytes()
+
+    def save(self, path):
+        return self._t.save(str(path))
+
+    def load(self, path):
+        return self._t.load(str(path))
+
+    def __len__(self):
+        return self.size
+
+    def __repr__(self):
+        return f"DenseTable(name={self.name!r}, shape={self.shape}, optimizer={self.optimizer!r})"

@@ -1,0 +1,218 @@
+// The pybind11 module pyfleet._core: a thin layer that turns numpy buffers
+// into pointers, checks their sizes, releases the GIL and makes one core call.
+// Argument validation with friendly messages lives in pyfleet/table.py; the
+// checks here only keep a wrong call from reading out of bounds.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "pyfleet/dense_table.h"
+#include "pyfleet/entry.h"
+#include "pyfleet/error.h"
+#include "pyfleet/hash.h"
+#include "pyfleet/initializer.h"
+#include "pyfleet/optimizer.h"
+#include "pyfleet/sparse_table.h"
+#include "pyfleet/table_io.h"
+
+namespace py = pybind11;
+using pyfleet::ThrowInvalid;
+
+namespace {
+
+using Keys = py::array_t<uint64_t, py::array::c_style>;
+using Floats = py::array_t<float, py::array::c_style>;
+
+template <typename T>
+py::array_t<T> ToArray(const std::vector<T>& v) {
+  py::array_t<T> a(static_cast<py::ssize_t>(v.size()));
+  if (!v.empty()) std::memcpy(a.mutable_data(), v.data(), v.size() * sizeof(T));
+  return a;
+}
+
+void CheckSize(const char* what, size_t got, size_t want) {
+  if (got != want) ThrowInvalid(what, " has ", got, " elements, expected ", want);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "pyfleet's C++ core: sparse and dense tables, optimizers, routing.";
+  m.attr("FORMAT_VERSION") = pyfleet::kFormatVersion;
+
+  py::enum_<pyfleet::OptimizerKind>(m, "OptimizerKind")
+      .value("SGD", pyfleet::OptimizerKind::kSGD)
+      .value("Adagrad", pyfleet::OptimizerKind::kAdagrad)
+      .value("Adam", pyfleet::OptimizerKind::kAdam)
+      .value("FTRL", pyfleet::OptimizerKind::kFTRL);
+  py::class_<pyfleet::OptimizerConfig>(m, "OptimizerConfig")
+      .def(py::init<>())
+      .def_readwrite("kind", &pyfleet::OptimizerConfig::kind)
+      .def_readwrite("learning_rate", &pyfleet::OptimizerConfig::learning_rate)
+      .def_readwrite("beta1", &pyfleet::OptimizerConfig::beta1)
+      .def_readwrite("beta2", &pyfleet::OptimizerConfig::beta2)
+      .def_readwrite("epsilon", &pyfleet::OptimizerConfig::epsilon)
+      .def_readwrite("initial_accumulator_value",
+                     &pyfleet::OptimizerConfig::initial_accumulator_value)
+      .def_readwrite("l1", &pyfleet::OptimizerConfig::l1)
+      .def_readwrite("l2", &pyfleet::OptimizerConfig::l2)
+      .def_readwrite("lr_power", &pyfleet::OptimizerConfig::lr_power);
+  m.def("optimizer_state_dim", [](const pyfleet::OptimizerConfig& c, size_t dim) {
+    pyfleet::ValidateOptimizer(c);
+    return pyfleet::OptimizerStateDim(c, dim);
+  });
+
+  py::enum_<pyfleet::InitializerKind>(m, "InitializerKind")
+      .value("Constant", pyfleet::InitializerKind::kConstant)
+      .value("Uniform", pyfleet::InitializerKind::kUniform)
+      .value("Normal", pyfleet::InitializerKind::kNormal)
+      .value("TruncatedNormal", pyfleet::InitializerKind::kTruncatedNormal);
+  py::class_<pyfleet::InitializerConfig>(m, "InitializerConfig")
+      .def(py::init<>())
+      .def_readwrite("kind", &pyfleet::InitializerConfig::kind)
+      .def_readwrite("a", &pyfleet::InitializerConfig::a)
+      .def_readwrite("b", &pyfleet::InitializerConfig::b);
+  m.def("initial_values", [](const pyfleet::InitializerConfig& c, uint64_t seed, uint64_t key,
+                             Floats out) {
+    pyfleet::InitialValues(c, seed, key, out.mutable_data(), static_cast<size_t>(out.size()));
+  }, py::arg("config"), py::arg("seed"), py::arg("key"), py::arg("out").noconvert());
+
+  py::enum_<pyfleet::EntryKind>(m, "EntryKind")
+      .value("All", pyfleet::EntryKind::kAll)
+      .value("CountFilter", pyfleet::EntryKind::kCountFilter)
+      .value("Probability", pyfleet::EntryKind::kProbability);
+  py::class_<pyfleet::EntryConfig>(m, "EntryConfig")
+      .def(py::init<>())
+      .def_readwrite("kind", &pyfleet::EntryConfig::kind)
+      .def_readwrite("count", &pyfleet::EntryConfig::count)
+      .def_readwrite("probability", &pyfleet::EntryConfig::probability);
+
+  m.def("route", [](Keys keys, uint32_t num_servers, py::array_t<int32_t, py::array::c_style> out) {
+    if (num_servers == 0) ThrowInvalid("num_servers must be >= 1");
+    CheckSize("out", out.size(), keys.size());
+    const uint64_t* k = keys.data();
+    int32_t* o = out.mutable_data();
+    const size_t n = keys.size();
+    py::gil_scoped_release release;
+    pyfleet::Route(k, n, num_servers, o);
+  }, py::arg("keys").noconvert(), py::arg("num_servers"), py::arg("out").noconvert());
+
+  using pyfleet::SparseTable;
+  py::class_<SparseTable>(m, "SparseTable")
+      .def(py::init<size_t, const pyfleet::OptimizerConfig&, const pyfleet::InitializerConfig&,
+                    uint64_t, const pyfleet::EntryConfig&>())
+      .def("pull", [](SparseTable& t, Keys keys, Floats out) {
+        CheckSize("out", out.size(), keys.size() * t.dim());
+        const uint64_t* k = keys.data();
+        float* o = out.mutable_data();
+        const size_t n = keys.size();
+        py::gil_scoped_release release;
+        t.Pull(k, n, o);
+      }, py::arg("keys").noconvert(), py::arg("out").noconvert())
+      .def("push", [](SparseTable& t, Keys keys, Floats grads, bool add_delta) {
+        CheckSize("grads", grads.size(), keys.size() * t.dim());
+        const uint64_t* k = keys.data();
+        const float* g = grads.data();
+        const size_t n = keys.size();
+        py::gil_scoped_release release;
+        t.Push(k, n, g, add_delta);
+      }, py::arg("keys").noconvert(), py::arg("grads").noconvert(), py::arg("add_delta") = false)
+      .def("initial_values", [](const SparseTable& t, Keys keys, Floats out) {
+        CheckSize("out", out.size(), keys.size() * t.dim());
+        const uint64_t* k = keys.data();
+        float* o = out.mutable_data();
+        const size_t n = keys.size();
+        py::gil_scoped_release release;
+        t.InitialValues(k, n, o);
+      }, py::arg("keys").noconvert(), py::arg("out").noconvert())
+      .def("size", &SparseTable::Size, py::call_guard<py::gil_scoped_release>())
+      .def("memory_bytes", &SparseTable::MemoryBytes, py::call_guard<py::gil_scoped_release>())
+      .def("keys", [](const SparseTable& t) {
+        std::vector<uint64_t> k;
+        {
+          py::gil_scoped_release release;
+          k = t.Keys();
+        }
+        return ToArray(k);
+      })
+      .def("export", [](const SparseTable& t, Keys keys, bool with_state) {
+        pyfleet::RowExport e;
+        {
+          const uint64_t* k = keys.data();
+          const size_t n = keys.size();
+          py::gil_scoped_release release;
+          e = t.Export(k, n, with_state);
+        }
+        py::dict d;
+        const auto rows = static_cast<py::ssize_t>(e.keys.size());
+        d["keys"] = ToArray(e.keys);
+        d["weights"] = ToArray(e.weights).reshape({rows, static_cast<py::ssize_t>(t.dim())});
+        if (with_state) {
+          d["state"] = ToArray(e.state).reshape({rows, static_cast<py::ssize_t>(t.state_dim())});
+        }
+        d["update_count"] = ToArray(e.update_count);
+        d["unseen_passes"] = ToArray(e.unseen_passes);
+        return d;
+      }, py::arg("keys").noconvert(), py::arg("with_state"))
+      .def("stats", [](const SparseTable& t) {
+        pyfleet::SparseTableStats s;
+        {
+          py::gil_scoped_release release;
+          s = t.Stats();
+        }
+        py::dict d;
+        d["rows"] = s.rows;
+        d["pull_calls"] = s.pull_calls;
+        d["pull_keys"] = s.pull_keys;
+        d["push_calls"] = s.push_calls;
+        d["push_keys"] = s.push_keys;
+        d["inserted_rows"] = s.inserted_rows;
+        d["candidate_pulls"] = s.candidate_pulls;
+        d["dropped_push_keys"] = s.dropped_push_keys;
+        d["rejected_pushes"] = s.rejected_pushes;
+        d["shrunk_rows"] = s.shrunk_rows;
+        d["candidates"] = s.candidates;
+        d["memory_bytes"] = s.memory_bytes;
+        d["dim"] = t.dim();
+        d["state_dim"] = t.state_dim();
+        return d;
+      })
+      .def("save", &SparseTable::Save, py::call_guard<py::gil_scoped_release>())
+      .def("load", &SparseTable::Load, py::call_guard<py::gil_scoped_release>())
+      .def("shrink", &SparseTable::Shrink, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("dim", &SparseTable::dim)
+      .def_property_readonly("state_dim", &SparseTable::state_dim);
+
+  using pyfleet::DenseTable;
+  py::class_<DenseTable>(m, "DenseTable")
+      .def(py::init<size_t, const pyfleet::OptimizerConfig&>())
+      .def("set", [](DenseTable& t, Floats v) {
+        CheckSize("values", v.size(), t.size());
+        const float* p = v.data();
+        py::gil_scoped_release release;
+        t.Set(p);
+      }, py::arg("values").noconvert())
+      .def("pull", [](const DenseTable& t, Floats out) {
+        CheckSize("out", out.size(), t.size());
+        float* p = out.mutable_data();
+        py::gil_scoped_release release;
+        t.Pull(p);
+      }, py::arg("out").noconvert())
+      .def("push", [](DenseTable& t, Floats g) {
+        CheckSize("grad", g.size(), t.size());
+        const float* p = g.data();
+        py::gil_scoped_release release;
+        t.Push(p);
+      }, py::arg("grad").noconvert())
+      .def("add_delta", [](DenseTable& t, Floats g) {
+        CheckSize("delta", g.size(), t.size());
+        const float* p = g.data();
+        py::gil_scoped_release release;
+        t.AddDelta(p);
+      }, py::arg("delta").noconvert())
+      .def("state", [](const DenseTable& t) { return ToArray(t.State()); })
+      .def("memory_bytes", &DenseTable::MemoryBytes)
+      .def("save", &DenseTable::Save, py::call_guard<py::gil_scoped_release>())
+      .def("load", &DenseTable::Load, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("size", &DenseTable::size);
+}

@@ -1,0 +1,587 @@
+#include "pyfleet/sparse_table.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <mutex>
+
+#include "pyfleet/error.h"
+#include "pyfleet/hash.h"
+#include "pyfleet/table_io.h"
+
+namespace pyfleet {
+
+namespace {
+
+constexpr size_t kPrefetch = 16;  // keys in flight ahead of the one being served
+constexpr uint32_t kNone = 0xFFFFFFFFu;
+
+// The intentional Hogwild races go through relaxed atomics: defined
+// behaviour, plain moves on x86, and invisible to ThreadSanitizer.
+inline float LoadRelaxed(const float* p) {
+  return std::atomic_ref<float>(*const_cast<float*>(p)).load(std::memory_order_relaxed);
+}
+inline void StoreRelaxed(float* p, float v) {
+  std::atomic_ref<float>(*p).store(v, std::memory_order_relaxed);
+}
+template <typename T>
+inline T LoadField(T* p) {
+  return std::atomic_ref<T>(*p).load(std::memory_order_relaxed);
+}
+template <typename T>
+inline void StoreField(T* p, T v) {
+  std::atomic_ref<T>(*p).store(v, std::memory_order_relaxed);
+}
+
+inline void PrefetchSpan(const void* p, size_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(c + off, 1);
+}
+
+inline size_t ShardOf(uint64_t h) { return h >> (64 - SparseTable::kShardBits); }
+
+}  // namespace
+
+struct SparseTable::Shard {
+  Shard(size_t dim, size_t state_dim) : rows(dim, state_dim) {}
+  mutable std::shared_mutex mu;
+  KeyIndex index;                 // key -> row id
+  RowStore rows;
+  KeyIndex candidates;            // key -> pull calls seen (entry policy)
+  std::vector<uint64_t> dropped;  // keys erased since the last save
+};
+
+// Per-thread scratch for one batched call: the keys regrouped by shard.
+struct SparseTable::Batch {
+  std::vector<uint64_t> keys, h;
+  std::vector<uint32_t> pos;      // index of keys[j] in the caller's array
+  std::vector<uint32_t> rows;
+  std::vector<uint32_t> dup_next; // push: next equal key after j, or kNone
+  std::vector<uint8_t> is_dup;    // push: an earlier equal key carries this one
+  std::vector<uint32_t> table;    // push: dedup hash table
+  std::vector<uint32_t> misses;
+  std::vector<float> w, s, g;     // one row's private copy
+  size_t starts[kShards + 1];
+};
+
+SparseTable::SparseTable(size_t dim, const OptimizerConfig& opt, const InitializerConfig& init,
+                         uint64_t seed, const EntryConfig& entry)
+    : dim_(dim),
+      state_dim_((ValidateOptimizer(opt), OptimizerStateDim(opt, dim))),
+      opt_(opt),
+      init_(init),
+      seed_(seed),
+      entry_(entry) {
+  if (dim == 0 || dim > 65536) ThrowInvalid("dim must be in [1, 65536], got ", dim);
+  const uint32_t ik = static_cast<uint32_t>(init.kind);
+  if (ik < 1 || ik > 4) ThrowInvalid("unknown initializer kind ", ik);
+  switch (entry.kind) {
+    case EntryKind::kAll: break;
+    case EntryKind::kCountFilter:
+      if (entry.count < 1) ThrowInvalid("count filter must be >= 1, got ", entry.count);
+      break;
+    case EntryKind::kProbability:
+      if (!(entry.probability > 0 && entry.probability <= 1)) {
+        ThrowInvalid("entry probability must be in (0, 1], got ", entry.probability);
+      }
+      break;
+    default: ThrowInvalid("unknown entry kind ", static_cast<uint32_t>(entry.kind));
+  }
+  shards_.reserve(kShards);
+  for (size_t i = 0; i < kShards; ++i) shards_.push_back(std::make_unique<Shard>(dim_, state_dim_));
+}
+
+SparseTable::~SparseTable() = default;
+
+void SparseTable::GroupByShard(const uint64_t* keys, size_t n, Batch& b) const {
+  b.keys.resize(n);
+  b.h.resize(n);
+  b.pos.resize(n);
+  b.rows.resize(n);
+  size_t counts[kShards] = {};
+  for (size_t i = 0; i < n; ++i) ++counts[ShardOf(Mix64(keys[i]))];
+  b.starts[0] = 0;
+  for (size_t s = 0; s < kShards; ++s) b.starts[s + 1] = b.starts[s] + counts[s];
+  size_t fill[kShards];
+  std::memcpy(fill, b.starts, sizeof(fill));
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t h = Mix64(keys[i]);
+    const size_t j = fill[ShardOf(h)]++;
+    b.keys[j] = keys[i];
+    b.h[j] = h;
+    b.pos[j] = static_cast<uint32_t>(i);
+  }
+}
+
+uint32_t SparseTable::InsertLocked(Shard& s, uint64_t key, uint64_t h) {
+  const uint32_t row = s.rows.Allocate();
+  pyfleet::InitialValues(init_, seed_, key, s.rows.Weights(row), dim_);
+  OptimizerInitState(opt_, s.rows.State(row), dim_);
+  *s.rows.Meta(row) = RowMeta{0, 0, kRowDirty, 0.f, 0.f};
+  s.index.Insert(key, h, row);
+  inserted_rows_.fetch_add(1, std::memory_order_relaxed);
+  return row;
+}
+
+uint32_t SparseTable::AdmitLocked(Shard& s, uint64_t key, uint64_t h, uint64_t draw_salt) {
+  switch (entry_.kind) {
+    case EntryKind::kAll:
+      return InsertLocked(s, key, h);
+    case EntryKind::kCountFilter: {
+      uint32_t* seen = s.candidates.FindValue(key, h);
+      const uint32_t count = (seen ? *seen : 0) + 1;
+      if (count >= entry_.count) {
+        if (seen) s.candidates.Erase(key, h);
+        return InsertLocked(s, key, h);
+      }
+      if (seen) {
+        *seen = count;
+      } else {
+        s.candidates.Insert(key, h, count);
+      }
+      return KeyIndex::kEmpty;
+    }
+    case EntryKind::kProbability: {
+      const uint64_t u = Mix64(key ^ Mix64(seed_ ^ draw_salt));
+      const double threshold = static_cast<double>(entry_.probability) * 18446744073709551616.0;
+      if (entry_.probability >= 1.f || static_cast<double>(u) < threshold) {
+        return InsertLocked(s, key, h);
+      }
+      return KeyIndex::kEmpty;
+    }
+  }
+  PYFLEET_ASSERT(false);
+  return KeyIndex::kEmpty;
+}
+
+void SparseTable::EraseLocked(Shard& s, uint64_t key, uint64_t h) {
+  const uint32_t row = s.index.Erase(key, h);
+  if (row == KeyIndex::kEmpty) return;
+  s.rows.Free(row);
+  s.dropped.push_back(key);
+}
+
+void SparseTable::Pull(const uint64_t* keys, size_t n, float* out) {
+  pull_calls_.fetch_add(1, std::memory_order_relaxed);
+  pull_keys_.fetch_add(n, std::memory_order_relaxed);
+  if (n == 0) return;
+  thread_local Batch b;
+  GroupByShard(keys, n, b);
+  for (size_t s = 0; s < kShards; ++s) {
+    if (b.starts[s] < b.starts[s + 1]) PullShard(*shards_[s], b, b.starts[s], b.starts[s + 1], out);
+  }
+}
+
+void SparseTable::PullShard(Shard& s, Batch& b, size_t lo, size_t hi, float* out) {
+  uint32_t* rows = b.rows.data();
+  const size_t row_bytes = dim_ * sizeof(float);
+  auto copy_rows = [&] {
+    for (size_t j = lo; j < hi; ++j) {
+      if (j + kPrefetch < hi && rows[j + kPrefetch] != KeyIndex::kEmpty) {
+        PrefetchSpan(s.rows.Weights(rows[j + kPrefetch]), row_bytes);
+      }
+      float* dst = out + static_cast<size_t>(b.pos[j]) * dim_;
+      if (rows[j] == KeyIndex::kEmpty) {
+        pyfleet::InitialValues(init_, seed_, b.keys[j], dst, dim_);
+        candidate_pulls_.fetch_add(1, std::memory_order_relaxed);
+        continue;
+      }
+      const float* src = s.rows.Weights(rows[j]);
+      for (size_t i = 0; i < dim_; ++i) dst[i] = LoadRelaxed(src + i);
+    }
+  };
+  auto probe = [&] {
+    size_t misses = 0;
+    for (size_t j = lo; j < hi; ++j) {
+      if (j + kPrefetch < hi) s.index.Prefetch(b.h[j + kPrefetch]);
+      rows[j] = s.index.Find(b.keys[j], b.h[j]);
+      misses += rows[j] == KeyIndex::kEmpty;
+    }
+    return misses;
+  };
+  {
+    std::shared_lock lock(s.mu);
+    if (probe() == 0) {
+      copy_rows();
+      return;
+    }
+  }
+  // Some keys have no row: take the shard exclusively, look again (another
+  // thread may have inserted them, or a shrink dropped others), then admit
+  // each distinct missing key once.
+  std::unique_lock lock(s.mu);
+  probe();
+  b.misses.clear();
+  for (size_t j = lo; j < hi; ++j) {
+    if (rows[j] == KeyIndex::kEmpty) b.misses.push_back(static_cast<uint32_t>(j));
+  }
+  std::sort(b.misses.begin(), b.misses.end(),
+            [&](uint32_t x, uint32_t y) { return b.keys[x] < b.keys[y]; });
+  const uint64_t salt = draw_counter_.fetch_add(1, std::memory_order_relaxed);
+  for (size_t m = 0; m < b.misses.size();) {
+    const size_t j = b.misses[m];
+    const uint32_t row = AdmitLocked(s, b.keys[j], b.h[j], salt);
+    for (; m < b.misses.size() && b.keys[b.misses[m]] == b.keys[j]; ++m) rows[b.misses[m]] = row;
+  }
+  copy_rows();
+}
+
+void SparseTable::Push(const uint64_t* keys, size_t n, const float* grads, bool add_delta) {
+  for (size_t i = 0; i < n * dim_; ++i) {
+    if (!std::isfinite(grads[i])) {
+      rejected_pushes_.fetch_add(1, std::memory_order_relaxed);
+      ThrowInvalid("push rejected: the gradient of key ", keys[i / dim_], " (position ",
+                   i / dim_, ") has a non-finite value ", grads[i], "; no row was changed");
+    }
+  }
+  push_calls_.fetch_add(1, std::memory_order_relaxed);
+  push_keys_.fetch_add(n, std::memory_order_relaxed);
+  if (n == 0) return;
+  thread_local Batch b;
+  GroupByShard(keys, n, b);
+  b.dup_next.assign(n, kNone);
+  b.is_dup.assign(n, 0);
+  b.w.resize(dim_);
+  b.s.resize(state_dim_ + 1);
+  b.g.resize(dim_);
+  for (size_t s = 0; s < kShards; ++s) {
+    if (b.starts[s] < b.starts[s + 1]) {
+      PushShard(*shards_[s], b, b.starts[s], b.starts[s + 1], grads, add_delta);
+    }
+  }
+}
+
+void SparseTable::PushShard(Shard& s, Batch& b, size_t lo, size_t hi, const float* grads,
+                            bool add_delta) {
+  // Mark equal keys: the first occurrence carries a chain of the others.
+  const size_t len = hi - lo;
+  if (len > 1) {
+    size_t cap = 16;
+    while (cap < 2 * len) cap *= 2;
+    b.table.assign(cap, kNone);
+    for (size_t j = lo; j < hi; ++j) {
+      size_t t = (b.h[j] >> 7) & (cap - 1);
+      for (;;) {
+        const uint32_t k = b.table[t];
+        if (k == kNone) {
+          b.table[t] = static_cast<uint32_t>(j);
+          break;
+        }
+        if (b.keys[k] == b.keys[j]) {
+          b.is_dup[j] = 1;
+          b.dup_next[j] = b.dup_next[k];
+          b.dup_next[k] = static_cast<uint32_t>(j);
+          break;
+        }
+        t = (t + 1) & (cap - 1);
+      }
+    }
+  }
+  uint32_t* rows = b.rows.data();
+  auto probe = [&] {
+    size_t misses = 0;
+    for (size_t j = lo; j < hi; ++j) {
+      if (j + kPrefetch < hi) s.index.Prefetch(b.h[j + kPrefetch]);
+      if (b.is_dup[j]) continue;
+      rows[j] = s.index.Find(b.keys[j], b.h[j]);
+      misses += rows[j] == KeyIndex::kEmpty;
+    }
+    return misses;
+  };
+  const size_t w_bytes = dim_ * sizeof(float), s_bytes = state_dim_ * sizeof(float);
+  auto apply = [&] {
+    float* w = b.w.data();
+    float* st = b.s.data();
+    for (size_t j = lo; j < hi; ++j) {
+      if (j + kPrefetch / 2 < hi) {
+        const uint32_t r = rows[j + kPrefetch / 2];
+        if (!b.is_dup[j + kPrefetch / 2] && r != KeyIndex::kEmpty) {
+          PrefetchSpan(s.rows.Weights(r), w_bytes);
+          if (s_bytes) PrefetchSpan(s.rows.State(r), s_bytes);
+        }
+      }
+      if (b.is_dup[j]) continue;
+      const uint32_t row = rows[j];
+      if (row == KeyIndex::kEmpty) {
+        size_t dropped = 1;
+        for (uint32_t d = b.dup_next[j]; d != kNone; d = b.dup_next[d]) ++dropped;
+        dropped_push_keys_.fetch_add(dropped, std::memory_order_relaxed);
+        continue;
+      }
+      const float* g = grads + static_cast<size_t>(b.pos[j]) * dim_;
+      if (b.dup_next[j] != kNone) {
+        float* sum = b.g.data();
+        std::memcpy(sum, g, w_bytes);
+        for (uint32_t d = b.dup_next[j]; d != kNone; d = b.dup_next[d]) {
+          const float* gd = grads + static_cast<size_t>(b.pos[d]) * dim_;
+          for (size_t i = 0; i < dim_; ++i) sum[i] += gd[i];
+        }
+        g = sum;
+      }
+      float* rw = s.rows.Weights(row);
+      if (add_delta) {
+        for (size_t i = 0; i < dim_; ++i) StoreRelaxed(rw + i, LoadRelaxed(rw + i) + g[i]);
+      } else {
+        float* rs = s.rows.State(row);
+        for (size_t i = 0; i < dim_; ++i) w[i] = LoadRelaxed(rw + i);
+        for (size_t i = 0; i < state_dim_; ++i) st[i] = LoadRelaxed(rs + i);
+        OptimizerUpdate(opt_, w, st, g, dim_);
+        for (size_t i = 0; i < dim_; ++i) StoreRelaxed(rw + i, w[i]);
+        for (size_t i = 0; i < state_dim_; ++i) StoreRelaxed(rs + i, st[i]);
+      }
+      RowMeta* meta = s.rows.Meta(row);
+      const uint32_t count = LoadField(&meta->update_count);
+      if (count != 0xFFFFFFFFu) StoreField(&meta->update_count, count + 1);
+      StoreField<uint16_t>(&meta->unseen_passes, 0);
+      StoreField<uint16_t>(&meta->flags, kRowDirty | kRowTouched);
+    }
+  };
+  {
+    std::shared_lock lock(s.mu);
+    if (probe() == 0) {
+      apply();
+      return;
+    }
+  }
+  std::unique_lock lock(s.mu);
+  probe();
+  if (entry_.kind == EntryKind::kAll) {
+    for (size_t j = lo; j < hi; ++j) {
+      if (!b.is_dup[j] && rows[j] == KeyIndex::kEmpty) rows[j] = InsertLocked(s, b.keys[j], b.h[j]);
+    }
+  }
+  apply();
+}
+
+void SparseTable::InitialValues(const uint64_t* keys, size_t n, float* out) const {
+  for (size_t i = 0; i < n; ++i) pyfleet::InitialValues(init_, seed_, keys[i], out + i * dim_, dim_);
+}
+
+RowExport SparseTable::Export(const uint64_t* keys, size_t n, bool with_state) const {
+  RowExport e;
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t h = Mix64(keys[i]);
+    const Shard& s = *shards_[ShardOf(h)];
+    std::shared_lock lock(s.mu);
+    const uint32_t row = s.index.Find(keys[i], h);
+    if (row == KeyIndex::kEmpty) continue;
+    e.keys.push_back(keys[i]);
+    const float* w = s.rows.Weights(row);
+    for (size_t k = 0; k < dim_; ++k) e.weights.push_back(LoadRelaxed(w + k));
+    if (with_state) {
+      const float* st = s.rows.State(row);
+      for (size_t k = 0; k < state_dim_; ++k) e.state.push_back(LoadRelaxed(st + k));
+    }
+    RowMeta* meta = s.rows.Meta(row);
+    e.update_count.push_back(LoadField(&meta->update_count));
+    e.unseen_passes.push_back(LoadField(&meta->unseen_passes));
+  }
+  return e;
+}
+
+std::vector<uint64_t> SparseTable::Keys() const {
+  std::vector<uint64_t> keys;
+  for (const auto& sp : shards_) {
+    std::shared_lock lock(sp->mu);
+    keys.reserve(keys.size() + sp->index.size());
+    sp->index.ForEach([&](uint64_t k, uint32_t) { keys.push_back(k); });
+  }
+  return keys;
+}
+
+size_t SparseTable::Size() const {
+  size_t n = 0;
+  for (const auto& sp : shards_) {
+    std::shared_lock lock(sp->mu);
+    n += sp->index.size();
+  }
+  return n;
+}
+
+size_t SparseTable::MemoryBytes() const {
+  size_t bytes = sizeof(*this);
+  for (const auto& sp : shards_) {
+    std::shared_lock lock(sp->mu);
+    bytes += sizeof(Shard) + sp->index.MemoryBytes() + sp->rows.MemoryBytes() +
+             sp->candidates.MemoryBytes() + sp->dropped.capacity() * sizeof(uint64_t);
+  }
+  return bytes;
+}
+
+SparseTableStats SparseTable::Stats() const {
+  SparseTableStats st;
+  for (const auto& sp : shards_) {
+    std::shared_lock lock(sp->mu);
+    st.rows += sp->index.size();
+    st.candidates += sp->candidates.size();
+  }
+  auto get = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
+  st.pull_calls = get(pull_calls_);
+  st.pull_keys = get(pull_keys_);
+  st.push_calls = get(push_calls_);
+  st.push_keys = get(push_keys_);
+  st.inserted_rows = get(inserted_rows_);
+  st.candidate_pulls = get(candidate_pulls_);
+  st.dropped_push_keys = get(dropped_push_keys_);
+  st.rejected_pushes = get(rejected_pushes_);
+  st.shrunk_rows = get(shrunk_rows_);
+  st.memory_bytes = MemoryBytes();
+  return st;
+}
+
+size_t SparseTable::Shrink(int max_unseen, uint32_t min_update_count, float min_score,
+                           float decay) {
+  size_t dropped = 0;
+  std::vector<uint64_t> victims;
+  for (const auto& sp : shards_) {
+    Shard& s = *sp;
+    std::unique_lock lock(s.mu);
+    victims.clear();
+    s.index.ForEach([&](uint64_t key, uint32_t row) {
+      RowMeta* m = s.rows.Meta(row);
+      if (m->flags & kRowTouched) {
+        m->unseen_passes = 0;
+      } else if (m->unseen_passes != 0xFFFF) {
+        ++m->unseen_passes;
+      }
+      m->flags &= static_cast<uint16_t>(~kRowTouched);
+      m->show *= decay;
+      m->click *= decay;
+      // Paddle's CTR accessor score: non-clicks weigh 0.1 of a click.
+      const float score = 0.1f * (m->show - m->click) + m->click;
+      if ((max_unseen >= 0 && m->unseen_passes > max_unseen) ||
+          m->update_count < min_update_count || score < min_score) {
+        victims.push_back(key);
+      }
+    });
+    for (uint64_t key : victims) EraseLocked(s, key, Mix64(key));
+    dropped += victims.size();
+    s.candidates.Clear();
+  }
+  shrunk_rows_.fetch_add(dropped, std::memory_order_relaxed);
+  return dropped;
+}
+
+size_t SparseTable::Save(const std::string& path, bool delta) {
+  if (delta && delta_invalid_.load()) {
+    ThrowInvalid("cannot write a delta to ", path,
+                 ": a previous save of this table failed, so rows changed before it would be "
+                 "missing; take a full save first");
+  }
+  const size_t rec = sizeof(uint64_t) + sizeof(RowMeta) + (dim_ + state_dim_) * sizeof(float);
+  size_t rows = 0;
+  std::vector<uint64_t> dropped;
+  try {
+    FileWriter out(path);
+    FileHeader hdr{};
+    std::memcpy(hdr.magic, kFileMagic, sizeof(kFileMagic));
+    hdr.format_version = kFormatVersion;
+    hdr.table_kind = static_cast<uint32_t>(TableKind::kSparse);
+    hdr.dim = static_cast<uint32_t>(dim_);
+    hdr.optimizer_kind = static_cast<uint32_t>(opt_.kind);
+    hdr.state_dim = static_cast<uint32_t>(state_dim_);
+    hdr.flags = delta ? kFileDelta : 0;
+    hdr.seed = seed_;
+    hdr.meta_bytes = sizeof(RowMeta);
+    out.Write(&hdr, sizeof(hdr));
+    std::string buf;
+    for (const auto& sp : shards_) {
+      Shard& s = *sp;
+      buf.clear();
+      {
+        // Exclusive: no push is half-way through a row while it is copied.
+        std::unique_lock lock(s.mu);
+        s.index.ForEach([&](uint64_t key, uint32_t row) {
+          RowMeta* m = s.rows.Meta(row);
+          if (delta && !(m->flags & kRowDirty)) return;
+          m->flags &= static_cast<uint16_t>(~kRowDirty);
+          const size_t at = buf.size();
+          buf.resize(at + rec);
+          char* p = buf.data() + at;
+          std::memcpy(p, &key, sizeof(key));
+          std::memcpy(p + 8, m, sizeof(RowMeta));
+          std::memcpy(p + 8 + sizeof(RowMeta), s.rows.Weights(row), dim_ * sizeof(float));
+          std::memcpy(p + 8 + sizeof(RowMeta) + dim_ * sizeof(float), s.rows.State(row),
+                      state_dim_ * sizeof(float));
+        });
+        dropped.insert(dropped.end(), s.dropped.begin(), s.dropped.end());
+        s.dropped.clear();
+        s.dropped.shrink_to_fit();
+      }
+      out.Write(buf.data(), buf.size());
+      rows += buf.size() / rec;
+    }
+    if (delta) out.Write(dropped.data(), dropped.size() * sizeof(uint64_t));
+    out.Finish(rows, delta ? dropped.size() : 0);
+  } catch (...) {
+    delta_invalid_.store(true);
+    throw;
+  }
+  delta_invalid_.store(false);
+  return rows;
+}
+
+size_t SparseTable::Load(const std::string& path, uint32_t num_servers, uint32_t server_index) {
+  FileReader in(path);
+  const FileHeader& h = in.header();
+  if (h.table_kind != static_cast<uint32_t>(TableKind::kSparse)) {
+    ThrowInvalid(path, " holds a dense table, not a sparse one");
+  }
+  if (h.dim != dim_) ThrowInvalid(path, " holds rows of dim ", h.dim, ", this table has dim ", dim_);
+  if (h.optimizer_kind != static_cast<uint32_t>(opt_.kind) || h.state_dim != state_dim_) {
+    ThrowInvalid(path, " holds ", OptimizerName(static_cast<OptimizerKind>(h.optimizer_kind)),
+                 " state (", h.state_dim, " floats a row); this table uses ",
+                 OptimizerName(opt_.kind), " (", state_dim_, " floats a row)");
+  }
+  if (h.meta_bytes != sizeof(RowMeta)) {
+    ThrowRuntime(path, " has row metadata of ", h.meta_bytes, " bytes, expected ",
+                 sizeof(RowMeta));
+  }
+  const size_t rec = sizeof(uint64_t) + sizeof(RowMeta) + (dim_ + state_dim_) * sizeof(float);
+  const uint64_t num_rows = in.trailer().num_rows, num_dropped = in.trailer().num_dropped;
+  in.ExpectBody(num_rows * rec + num_dropped * sizeof(uint64_t));
+  constexpr size_t kBatchRows = 4096;
+  std::vector<char> buf(kBatchRows * rec);
+  size_t loaded = 0;
+  for (uint64_t done = 0; done < num_rows;) {
+    const size_t take = static_cast<size_t>(std::min<uint64_t>(kBatchRows, num_rows - done));
+    in.Read(buf.data(), take * rec);
+    done += take;
+    for (size_t r = 0; r < take; ++r) {
+      const char* p = buf.data() + r * rec;
+      uint64_t key;
+      std::memcpy(&key, p, sizeof(key));
+      if (num_servers > 0 && RouteKey(key, num_servers) != server_index) continue;
+      const uint64_t hk = Mix64(key);
+      Shard& s = *shards_[ShardOf(hk)];
+      std::unique_lock lock(s.mu);
+      uint32_t row = s.index.Find(key, hk);
+      if (row == KeyIndex::kEmpty) {
+        row = s.rows.Allocate();
+        s.index.Insert(key, hk, row);
+        s.candidates.Erase(key, hk);
+      }
+      RowMeta* m = s.rows.Meta(row);
+      std::memcpy(m, p + 8, sizeof(RowMeta));
+      m->flags = 0;
+      std::memcpy(s.rows.Weights(row), p + 8 + sizeof(RowMeta), dim_ * sizeof(float));
+      std::memcpy(s.rows.State(row), p + 8 + sizeof(RowMeta) + dim_ * sizeof(float),
+                  state_dim_ * sizeof(float));
+      ++loaded;
+    }
+  }
+  std::vector<uint64_t> dropped(num_dropped);
+  in.Read(dropped.data(), dropped.size() * sizeof(uint64_t));
+  for (uint64_t key : dropped) {
+    if (num_servers > 0 && RouteKey(key, num_servers) != server_index) continue;
+    const uint64_t hk = Mix64(key);
+    Shard& s = *shards_[ShardOf(hk)];
+    std::unique_lock lock(s.mu);
+    const uint32_t row = s.index.Erase(key, hk);
+    if (row != KeyIndex::kEmpty) s.rows.Free(row);
+  }
+  return loaded;
+}
+
+}  // namespace pyfleet
