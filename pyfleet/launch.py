@@ -1,0 +1,409 @@
+"""Start every role of a parameter-server job as local processes.
+
+Command line (also installed as ``fleetrun``)::
+
+    python -m pyfleet.launch --servers 2 --workers 2 [--server-endpoints h:p,h:p]
+        [--log-dir DIR] [--mode sync|async|geo] [--grace 30] [--timeout SECONDS]
+        train.py [script arguments...]
+
+Each role gets the environment contract of ``docs/fleet.md``: pyfleet's variables
+(``PYFLEET_ROLE``, ``PYFLEET_SERVER_ENDPOINTS``, ...) and the PaddleCloud ones
+(``TRAINING_ROLE``, ``PADDLE_PSERVERS_IP_PORT_LIST``, ...), so both ``fleet.init()`` with no
+argument and ``PaddleCloudRoleMaker()`` work. Without ``--server-endpoints``, servers get free
+ports on 127.0.0.1.
+
+Supervision rules (the same from Python through :func:`launch_local`):
+
+- every line a role prints (stdout and stderr, merged) is echoed with a prefix such as
+  ``[server.0] `` or ``[worker.1] ``, and copied unprefixed to ``DIR/<role>.<i>.log`` when a
+  log directory is given;
+- a role exiting non-zero (or killed by a signal) stops every other role; the launcher names
+  the role and its exit code and exits non-zero (with that code when it is in 1..255);
+- once every worker has exited 0, servers get ``grace`` seconds to exit by themselves (they
+  do after every worker called ``fleet.stop_worker()``); servers still running then are
+  terminated and reported, and the job still counts as a success;
+- past ``timeout`` seconds everything is stopped and the exit code is 124;
+- SIGINT, SIGTERM or SIGHUP to the launcher stops every role (exit code 128 + signal).
+
+Each role runs in its own session (process group), and "stop" means SIGTERM to the whole
+group, then SIGKILL after a few seconds, so helper processes a role started are stopped too.
+On Linux each role also gets SIGTERM if the launcher dies without cleaning up (PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, TextIO, Union
+
+from pyfleet.errors import ConfigError
+from pyfleet.role_maker import parse_endpoints
+
+__all__ = ["launch_local", "main", "free_ports", "role_env", "CONTRACT_VARS", "EXIT_TIMEOUT"]
+
+EXIT_TIMEOUT = 124
+
+# Every variable the launcher owns; inherited values are dropped so a nested launch (or a
+# shell with a stale export) cannot leak a role into the wrong process.
+CONTRACT_VARS = (
+    "PYFLEET_ROLE", "PYFLEET_SERVER_ENDPOINTS", "PYFLEET_WORKER_NUM", "PYFLEET_WORKER_INDEX",
+    "PYFLEET_SERVER_INDEX", "TRAINING_ROLE", "PADDLE_TRAINING_ROLE",
+    "PADDLE_PSERVERS_IP_PORT_LIST", "PADDLE_PSERVERS", "PADDLE_PORT", "PADDLE_TRAINERS_NUM",
+    "PADDLE_TRAINER_ID", "POD_IP",
+)
+
+_STOP_WAIT = 5.0
+_POLL = 0.05
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> List[int]:
+    """Return ``n`` distinct TCP ports that were free on ``host`` a moment ago.
+
+    The sockets are held open until all ``n`` are chosen, so the ports are distinct; they
+    are then released, so another program could take one before a server binds it.
+    """
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            socks.append(s)
+            s.bind((host, 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def role_env(role: str, index: int, server_endpoints: Sequence[str], worker_num: int,
+             mode: Optional[str] = None) -> Dict[str, str]:
+    """The environment contract for one role (``role`` is ``"server"`` or ``"worker"``)."""
+    eps = ",".join(server_endpoints)
+    env = {
+        "PYFLEET_ROLE": role,
+        "PYFLEET_SERVER_ENDPOINTS": eps,
+        "PYFLEET_WORKER_NUM": str(worker_num),
+        "TRAINING_ROLE": "PSERVER" if role == "server" else "TRAINER",
+        "PADDLE_PSERVERS_IP_PORT_LIST": eps,
+        "PADDLE_TRAINERS_NUM": str(worker_num),
+    }
+    if role == "server":
+        host, _, port = server_endpoints[index].rpartition(":")
+        env.update(PYFLEET_SERVER_INDEX=str(index), POD_IP=host, PADDLE_PORT=port)
+    elif role == "worker":
+        env.update(PYFLEET_WORKER_INDEX=str(index), PADDLE_TRAINER_ID=str(index))
+    else:
+        raise ValueError(f"role must be 'server' or 'worker', got {role!r}")
+    if mode is not None:
+        env["PYFLEET_MODE"] = mode
+    return env
+
+
+def _pdeathsig_preexec():
+    """Build a preexec_fn asking Linux to SIGTERM the child when the launcher dies."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+    pr_set_pdeathsig = 1
+
+    def preexec():
+        prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent:  # the launcher died before prctl took effect
+            os._exit(1)
+
+    return preexec
+
+
+class _Role:
+    def __init__(self, kind: str, index: int):
+        self.kind, self.index = kind, index
+        self.label = f"{kind}.{index}"
+        self.proc: Optional[subprocess.Popen] = None
+        self.reader: Optional[threading.Thread] = None
+        self.log = None
+        self.stopped_by_launcher = False
+
+    @property
+    def returncode(self) -> Optional[int]:
+        return None if self.proc is None else self.proc.poll()
+
+
+def _exit_code(rc: int) -> int:
+    if rc < 0:
+        return 128 + (-rc)
+    return rc if 1 <= rc <= 255 else 1
+
+
+def _describe_rc(rc: int) -> str:
+    if rc < 0:
+        try:
+            return f"was killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"was killed by signal {-rc}"
+    return f"exited with code {rc}"
+
+
+def _killpg(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _pump(role: _Role, out: TextIO, lock: threading.Lock) -> None:
+    prefix = f"[{role.label}] "
+    for raw in iter(role.proc.stdout.readline, b""):
+        line = raw.decode("utf-8", "replace")
+        if not line.endswith("\n"):
+            line += "\n"
+        with lock:
+            try:
+                out.write(prefix + line)
+                out.flush()
+            except (OSError, ValueError):
+                pass
+            if role.log is not None:
+                role.log.write(line)
+                role.log.flush()
+    role.proc.stdout.close()
+
+
+CmdForRole = Union[Sequence[str], Callable[[str, int], Sequence[str]]]
+
+
+def launch_local(cmd_for_role: CmdForRole, servers: int, workers: int,
+                 env: Optional[Mapping[str, str]] = None,
+                 log_dir: Optional[Union[str, os.PathLike]] = None,
+                 timeout: Optional[float] = None, *,
+                 server_endpoints: Optional[Sequence[str]] = None,
+                 mode: Optional[str] = None, grace_period: float = 30.0,
+                 output: Optional[TextIO] = None, messages: Optional[TextIO] = None,
+                 host: str = "127.0.0.1") -> int:
+    """Run ``servers`` servers and ``workers`` workers locally and supervise them.
+
+    ``cmd_for_role`` is the argv of every role, or a callable ``(role, index) -> argv`` with
+    ``role`` in ``{"server", "worker"}``. ``env`` adds to (and overrides) the launcher's own
+    environment, below the contract variables. ``server_endpoints`` (default: free ports on
+    ``host``) must have ``servers`` entries. ``output`` receives the prefixed role lines
+    (default ``sys.stdout``), ``messages`` the launcher's own reports (default
+    ``sys.stderr``).
+
+    Blocks until the job ends; returns 0 on success, else the failing role's exit code,
+    :data:`EXIT_TIMEOUT` on timeout, or 128 + signal when interrupted. Every child process
+    group is stopped before returning, whatever happens. Signal handlers for SIGINT, SIGTERM
+    and SIGHUP are installed for the duration of the call when it runs on the main thread
+    (elsewhere only KeyboardInterrupt-free shutdown paths apply). Not reentrant.
+    """
+    if isinstance(servers, bool) or not isinstance(servers, int) or servers < 1:
+        raise ConfigError(f"servers must be an int >= 1, got {servers!r}")
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ConfigError(f"workers must be an int >= 1, got {workers!r}")
+    if timeout is not None and not timeout > 0:
+        raise ConfigError(f"timeout must be > 0 seconds, got {timeout!r}")
+    if not grace_period >= 0:
+        raise ConfigError(f"grace_period must be >= 0 seconds, got {grace_period!r}")
+    if mode is not None and mode not in ("sync", "async", "geo"):
+        raise ConfigError(f"mode must be sync, async or geo, got {mode!r}")
+    if server_endpoints is None:
+        eps = tuple(f"{host}:{p}" for p in free_ports(servers, host))
+    else:
+        eps = parse_endpoints(list(server_endpoints), "server_endpoints")
+        if len(eps) != servers:
+            raise ConfigError(f"{len(eps)} server endpoints given for {servers} servers")
+    if callable(cmd_for_role):
+        make_cmd = cmd_for_role
+    else:
+        fixed = list(cmd_for_role)
+        if not fixed:
+            raise ConfigError("the command to run is empty")
+        make_cmd = lambda role, index: fixed  # noqa: E731
+
+    out = sys.stdout if output is None else output
+    msg = sys.stderr if messages is None else messages
+
+    def report(text: str) -> None:
+        try:
+            msg.write(f"pyfleet.launch: {text}\n")
+            msg.flush()
+        except (OSError, ValueError):
+            pass
+
+    base = {k: v for k, v in os.environ.items() if k not in CONTRACT_VARS}
+    base.update(env or {})
+    base.setdefault("PYTHONUNBUFFERED", "1")
+    roles = ([_Role("server", i) for i in range(servers)]
+             + [_Role("worker", i) for i in range(workers)])
+    if log_dir is not None:
+        Path(log_dir).mkdir(parents=True, exist_ok=True)
+
+    signals_seen: List[int] = []
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            previous[sig] = signal.signal(sig, lambda signum, frame: signals_seen.append(signum))
+    lock = threading.Lock()
+    try:
+        preexec = _pdeathsig_preexec()
+        # Every child is forked before any reader thread starts: preexec_fn is only safe
+        # in a process without other threads. Pipes buffer output meanwhile.
+        for role in roles:
+            if signals_seen:
+                break
+            argv = [str(a) for a in make_cmd(role.kind, role.index)]
+            child_env = dict(base)
+            child_env.update(role_env(role.kind, role.index, eps, workers, mode))
+            if log_dir is not None:
+                role.log = open(Path(log_dir) / f"{role.label}.log", "w", encoding="utf-8")
+            try:
+                role.proc = subprocess.Popen(argv, env=child_env, stdin=subprocess.DEVNULL,
+                                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                             start_new_session=True, preexec_fn=preexec)
+            except OSError as exc:
+                report(f"cannot start {role.label} ({' '.join(argv)}): {exc}")
+                return 1
+        for role in roles:
+            if role.proc is not None:
+                role.reader = threading.Thread(target=_pump, args=(role, out, lock),
+                                               name=f"pyfleet-launch-{role.label}", daemon=True)
+                role.reader.start()
+        if not signals_seen:
+            report(f"{servers} server(s) at {','.join(eps)}, {workers} worker(s)")
+        return _supervise(roles, timeout, grace_period, signals_seen, report)
+    finally:
+        _stop(roles, signals_seen, report)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for role in roles:
+            if role.reader is not None:
+                role.reader.join(timeout=_STOP_WAIT)
+            if role.log is not None:
+                with lock:
+                    role.log.close()
+
+
+def _supervise(roles: List[_Role], timeout, grace, signals_seen, report) -> int:
+    start = time.monotonic()
+    workers_done_at = None
+    servers = [r for r in roles if r.kind == "server"]
+    workers = [r for r in roles if r.kind == "worker"]
+    while True:
+        if signals_seen:
+            report(f"got {signal.Signals(signals_seen[0]).name}; stopping every role")
+            return 128 + signals_seen[0]
+        for role in roles:
+            rc = role.returncode
+            if rc is not None and rc != 0 and not role.stopped_by_launcher:
+                report(f"{role.label} {_describe_rc(rc)}; stopping the other roles")
+                return _exit_code(rc)
+        now = time.monotonic()
+        if all(w.returncode == 0 for w in workers):
+            if all(s.returncode == 0 for s in servers):
+                return 0
+            if workers_done_at is None:
+                workers_done_at = now
+            elif now - workers_done_at >= grace:
+                left = [s for s in servers if s.returncode is None]
+                report(f"every worker finished but {', '.join(s.label for s in left)} still "
+                       f"ran {grace:g}s later; terminating it")
+                for s in left:
+                    s.stopped_by_launcher = True
+                return 0
+        if timeout is not None and now - start >= timeout:
+            running = [r.label for r in roles if r.returncode is None]
+            report(f"timed out after {timeout:g}s with {', '.join(running)} still running; "
+                   "stopping every role")
+            return EXIT_TIMEOUT
+        time.sleep(_POLL)
+
+
+def _stop(roles: List[_Role], signals_seen: List[int], report) -> None:
+    started = [r for r in roles if r.proc is not None]
+    for role in started:
+        if role.proc.poll() is None:
+            role.stopped_by_launcher = True
+        _killpg(role.proc.pid, signal.SIGTERM)
+    seen_before = len(signals_seen)
+    deadline = time.monotonic() + _STOP_WAIT
+    while time.monotonic() < deadline and len(signals_seen) == seen_before:
+        if all(r.proc.poll() is not None for r in started):
+            break
+        time.sleep(_POLL)
+    for role in started:
+        if role.proc.poll() is None:
+            report(f"{role.label} ignored SIGTERM; killing it")
+        # SIGKILL the whole group even when the leader is gone: helpers it left behind.
+        _killpg(role.proc.pid, signal.SIGKILL)
+    for role in started:
+        try:
+            role.proc.wait(timeout=_STOP_WAIT)
+        except subprocess.TimeoutExpired:
+            report(f"{role.label} (pid {role.proc.pid}) did not die after SIGKILL")
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m pyfleet.launch",
+        description="Start the servers and workers of a pyfleet (Fleet parameter-server) job "
+                    "as local processes, with the environment contract of docs/fleet.md.")
+    p.add_argument("--servers", "--server_num", dest="servers", type=int, default=None,
+                   help="number of servers (default 2, or the number of --server-endpoints)")
+    p.add_argument("--workers", "--worker_num", dest="workers", type=int, default=2,
+                   help="number of workers (default 2)")
+    p.add_argument("--server-endpoints", "--endpoints", dest="server_endpoints", default=None,
+                   help="comma-separated host:port of the servers (default: free ports on "
+                        "127.0.0.1)")
+    p.add_argument("--log-dir", dest="log_dir", default=None,
+                   help="also write each role's output to DIR/<role>.<index>.log")
+    p.add_argument("--mode", choices=("sync", "async", "geo"), default=None,
+                   help="default training mode for DistributeTranspilerConfig (PYFLEET_MODE)")
+    p.add_argument("--grace", type=float, default=30.0,
+                   help="seconds servers get to exit after the last worker (default 30)")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="stop everything after this many seconds (exit code 124)")
+    p.add_argument("script", help="the training script (a .py file is run with this Python)")
+    p.add_argument("script_args", nargs=argparse.REMAINDER,
+                   help="arguments passed to the script")
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of ``python -m pyfleet.launch`` and ``fleetrun``; returns the exit code."""
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    eps = None
+    try:
+        if args.server_endpoints is not None:
+            eps = list(parse_endpoints(args.server_endpoints, "--server-endpoints"))
+            if args.servers is None:
+                args.servers = len(eps)
+        if args.servers is None:
+            args.servers = 2
+        if args.timeout is not None and args.timeout <= 0:
+            raise ConfigError(f"--timeout must be > 0, got {args.timeout}")
+        if args.grace < 0:
+            raise ConfigError(f"--grace must be >= 0, got {args.grace}")
+        if args.script.endswith(".py"):
+            cmd = [sys.executable, "-u", args.script, *args.script_args]
+        else:
+            cmd = [args.script, *args.script_args]
+        return launch_local(cmd, args.servers, args.workers, log_dir=args.log_dir,
+                            timeout=args.timeout, server_endpoints=eps, mode=args.mode,
+                            grace_period=args.grace)
+    except ConfigError as exc:
+        parser.error(str(exc))
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
