@@ -1,0 +1,63 @@
+"""Plain numpy references of the optimizer rules (float32, as the C++ core computes).
+
+Used by the tests only: each function updates one row (or a dense block) in place.
+"""
+
+import numpy as np
+
+__all__ = ["state_dim", "init_state", "update"]
+
+f32 = np.float32
+
+
+def state_dim(opt, dim):
+    return {"SGD": 0, "Adagrad": dim, "Adam": 2 * dim + 2, "FTRL": 2 * dim}[opt.kind]
+
+
+def init_state(opt, dim):
+    s = np.zeros(state_dim(opt, dim), dtype=f32)
+    if opt.kind == "Adagrad":
+        s[:] = f32(opt.initial_accumulator_value)
+    if opt.kind == "Adam":
+        s[2 * dim] = f32(opt.beta1)
+        s[2 * dim + 1] = f32(opt.beta2)
+    return s
+
+
+def update(opt, w, s, g):
+    """One step of ``opt`` on weights ``w`` and state ``s`` (both float32, in place)."""
+    lr = f32(opt.learning_rate)
+    n = w.shape[0]
+    if opt.kind == "SGD":
+        w -= lr * g
+    elif opt.kind == "Adagrad":
+        s += g * g
+        w -= lr * g / (np.sqrt(s) + f32(opt.epsilon))
+    elif opt.kind == "Adam":
+        b1, b2 = f32(opt.beta1), f32(opt.beta2)
+        m, v = s[:n], s[n:2 * n]
+        b1p, b2p = s[2 * n], s[2 * n + 1]
+        lr_t = lr * np.sqrt(f32(1) - b2p) / (f32(1) - b1p)
+        eps = f32(opt.epsilon) * np.sqrt(f32(1) - b2p)
+        m[:] = b1 * m + (f32(1) - b1) * g
+        v[:] = b2 * v + (f32(1) - b2) * g * g
+        w -= lr_t * (m / (np.sqrt(v) + eps))
+        s[2 * n] = b1p * b1
+        s[2 * n + 1] = b2p * b2
+    elif opt.kind == "FTRL":
+        sq, lin = s[:n], s[n:]
+        p = f32(opt.lr_power)
+        new_sq = sq + g * g
+        if p == f32(-0.5):
+            sigma = (np.sqrt(new_sq) - np.sqrt(sq)) / lr
+            y = np.sqrt(new_sq) / lr + f32(2) * f32(opt.l2)
+        else:
+            sigma = (new_sq ** -p - sq ** -p) / lr
+            y = new_sq ** -p / lr + f32(2) * f32(opt.l2)
+        lin += g - sigma * w
+        l1 = f32(opt.l1)
+        x = np.sign(lin) * l1 - lin
+        w[:] = np.where(np.abs(lin) > l1, x / y, f32(0))
+        sq[:] = new_sq
+    else:
+        raise ValueError(opt.kind)

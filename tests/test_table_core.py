@@ -1,0 +1,186 @@
+"""SparseTable/DenseTable behaviour: validation, initial values, routing, admission, shrink."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import pyfleet
+from pyfleet.entry import CountFilterEntry, ProbabilityEntry
+from pyfleet.initializer import Constant, Normal, TruncatedNormal, Uniform
+from pyfleet.optimizer import SGD, Adam
+
+
+def keys(*ks):
+    return np.array(ks, dtype=np.uint64)
+
+
+def test_pull_validates_dtype_and_shape():
+    t = pyfleet.SparseTable(4, SGD(0.1))
+    with pytest.raises(ValueError, match="uint64"):
+        t.pull(np.array([1, 2], dtype=np.int64))
+    with pytest.raises(ValueError, match="uint64"):
+        t.pull([1, 2])
+    with pytest.raises(ValueError, match="float32"):
+        t.push(keys(1, 2), np.zeros((2, 4), dtype=np.float64))
+    with pytest.raises(ValueError, match=r"\(2, 4\)"):
+        t.push(keys(1, 2), np.zeros((2, 3), dtype=np.float32))
+    with pytest.raises(ValueError, match="dim"):
+        pyfleet.SparseTable(0, SGD(0.1))
+    assert len(t) == 0  # nothing was created by the refused calls
+
+
+def test_empty_and_duplicate_pulls():
+    t = pyfleet.SparseTable(3, SGD(0.1))
+    assert t.pull(keys()).shape == (0, 3)
+    t.push(keys(), np.zeros((0, 3), np.float32))
+    out = t.pull(keys(5, 5, 0, 2**64 - 1, 5))
+    np.testing.assert_array_equal(out[0], out[1])
+    np.testing.assert_array_equal(out[0], out[4])
+    assert len(t) == 3
+    assert sorted(t.keys().tolist()) == [0, 5, 2**64 - 1]
+
+
+def test_nonfinite_gradient_rejects_whole_push():
+    t = pyfleet.SparseTable(2, SGD(1.0))
+    before = t.pull(keys(1, 2)).copy()
+    g = np.ones((2, 2), np.float32)
+    g[1, 0] = np.nan
+    with pytest.raises(ValueError, match="non-finite"):
+        t.push(keys(1, 2), g)
+    np.testing.assert_array_equal(t.pull(keys(1, 2)), before)
+    assert t.stats()["rejected_pushes"] == 1
+
+
+@pytest.mark.parametrize("init", [Uniform(-0.5, 0.5), Normal(0.0, 0.3), TruncatedNormal(0.1, 0.2),
+                                  Constant(0.25)], ids=repr)
+def test_initial_value_is_a_pure_function_of_seed_key_initializer(init):
+    ks = np.random.default_rng(0).integers(0, 2**64, 500, dtype=np.uint64)
+    a = pyfleet.SparseTable(8, SGD(0.1), initializer=init, seed=42)
+    b = pyfleet.SparseTable(8, Adam(), initializer=init, seed=42)
+    ra = a.pull(ks)
+    rb = b.pull(ks[::-1])[::-1]  # other order, other optimizer
+    np.testing.assert_array_equal(ra, rb)
+    np.testing.assert_array_equal(ra, a.initial_values(ks))
+    c = pyfleet.SparseTable(8, SGD(0.1), initializer=init, seed=43)
+    if not isinstance(init, Constant):
+        assert not np.array_equal(ra, c.pull(ks))
+
+
+def test_initial_values_match_in_another_process():
+    ks = np.arange(0, 2**64 - 1, 2**58, dtype=np.uint64)
+    here = pyfleet.SparseTable(4, SGD(0.1), initializer=Normal(0, 1), seed=9).pull(ks)
+    code = ("import numpy as np, pyfleet, sys;"
+            "from pyfleet.initializer import Normal; from pyfleet.optimizer import SGD;"
+            f"ks=np.arange(0, 2**64-1, 2**58, dtype=np.uint64);"
+            "sys.stdout.buffer.write(pyfleet.SparseTable(4, SGD(0.1), initializer=Normal(0,1),"
+            " seed=9).pull(ks).tobytes())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60, check=True)
+    np.testing.assert_array_equal(np.frombuffer(out.stdout, np.float32).reshape(here.shape), here)
+
+
+def test_initializer_distributions():
+    ks = np.arange(20000, dtype=np.uint64)
+    u = pyfleet.SparseTable(4, SGD(0.1), initializer=Uniform(-1, 3)).pull(ks)
+    assert u.min() >= -1 and u.max() < 3
+    assert abs(u.mean() - 1.0) < 0.03 and abs(u.std() - 4 / np.sqrt(12)) < 0.03
+    n = pyfleet.SparseTable(4, SGD(0.1), initializer=Normal(0.5, 2.0)).pull(ks)
+    assert abs(n.mean() - 0.5) < 0.05 and abs(n.std() - 2.0) < 0.05
+    tn = pyfleet.SparseTable(4, SGD(0.1), initializer=TruncatedNormal(0.0, 1.0)).pull(ks)
+    assert np.abs(tn).max() <= 2.0 and 0.8 < tn.std() < 0.9
+
+
+def test_route_is_balanced_and_not_modulo():
+    ks = np.arange(0, 300000, 3, dtype=np.uint64)  # ids sharing low bits
+    for n in (1, 2, 3, 7):
+        r = pyfleet.route(ks, n)
+        assert r.dtype == np.int32 and r.min() >= 0 and r.max() < n
+        counts = np.bincount(r, minlength=n)
+        assert counts.min() > 0.95 * len(ks) / n
+    assert not np.array_equal(pyfleet.route(ks, 3), (ks % 3).astype(np.int32))
+    np.testing.assert_array_equal(pyfleet.route(ks[:10], 4),
+                                  [pyfleet.route(ks[i:i + 1], 4)[0] for i in range(10)])
+    with pytest.raises(ValueError):
+        pyfleet.route(ks, 0)
+
+
+def test_count_filter_admission():
+    t = pyfleet.SparseTable(2, SGD(1.0), initializer=Constant(0.5), entry=CountFilterEntry(3))
+    k = keys(10)
+    for _ in range(2):
+        # Duplicates inside one call count once.
+        np.testing.assert_array_equal(t.pull(keys(10, 10)), np.full((2, 2), 0.5, np.float32))
+        assert len(t) == 0
+        t.push(k, np.ones((1, 2), np.float32))  # dropped: not a row yet
+    s = t.stats()
+    assert s["dropped_push_keys"] == 2 and s["candidates"] == 1
+    t.pull(k)  # third call admits
+    assert len(t) == 1
+    t.push(k, np.ones((1, 2), np.float32))
+    np.testing.assert_allclose(t.pull(k), [[-0.5, -0.5]])
+
+
+def test_count_filter_candidates_reset_by_shrink():
+    t = pyfleet.SparseTable(2, SGD(1.0), entry=CountFilterEntry(2))
+    t.pull(keys(1))
+    t.shrink()
+    t.pull(keys(1))
+    assert len(t) == 0
+    t.pull(keys(1))
+    assert len(t) == 1
+
+
+def test_probability_admission():
+    t = pyfleet.SparseTable(2, SGD(1.0), entry=ProbabilityEntry(0.25), seed=1)
+    ks = np.arange(20000, dtype=np.uint64)
+    t.pull(ks)
+    assert 0.22 < len(t) / len(ks) < 0.28
+    t.pull(ks)  # a second sighting is a fresh draw
+    assert 0.40 < len(t) / len(ks) < 0.47
+
+
+def test_shrink_by_unseen_passes_and_update_count():
+    t = pyfleet.SparseTable(2, SGD(0.1))
+    t.pull(keys(1, 2, 3))
+    g = np.ones((1, 2), np.float32)
+    t.push(keys(1), g)
+    t.push(keys(2), g)
+    assert t.shrink(max_unseen_passes=0) == 1  # key 3 unseen for one pass
+    assert sorted(t.keys().tolist()) == [1, 2]
+    t.push(keys(1), g)
+    assert t.shrink(max_unseen_passes=1) == 0  # key 2: unseen 1, not > 1
+    assert t.shrink(max_unseen_passes=1) == 1  # key 2: 2 passes > 1; key 1: 1 pass
+    assert t.keys().tolist() == [1]
+    t.pull(keys(9))
+    assert t.shrink(min_update_count=1) == 1  # key 9 never updated
+    assert t.keys().tolist() == [1]
+    info = t.export(keys(1))
+    assert info["update_count"].tolist() == [2]
+    assert t.stats()["shrunk_rows"] == 3
+
+
+def test_memory_bytes_grows_and_shrinks():
+    t = pyfleet.SparseTable(16, Adam())
+    base = t.memory_bytes()
+    ks = np.arange(100000, dtype=np.uint64)
+    t.pull(ks)
+    grown = t.memory_bytes()
+    assert grown - base >= 100000 * (16 + 34) * 4
+    # Rows are allocated in chunks of 4096 per shard (64 shards): small tables
+    # pay up to one chunk a shard, large ones about nothing.
+    chunk_bytes = 4096 * ((16 + 34) * 4 + 16)
+    assert grown - base < 100000 * 300 + 64 * chunk_bytes
+
+
+def test_dense_table_validation():
+    d = pyfleet.DenseTable((3, 2), SGD(0.5), initial=np.ones((3, 2), np.float32))
+    with pytest.raises(ValueError, match="shape"):
+        d.push(np.ones((2, 3), np.float32))
+    with pytest.raises(ValueError, match="float32"):
+        d.push(np.ones((3, 2)))
+    bad = np.ones((3, 2), np.float32)
+    bad[0, 0] = np.inf
+    with pytest.raises(ValueError, match="rejected"):
+        d.push(bad)
+    np.testing.assert_array_equal(d.pull(), np.ones((3, 2)))
