@@ -1,0 +1,677 @@
+"""The worker side of the parameter-server service: :class:`Client` (and :class:`GeoClient`).
+
+A :class:`Client` talks to S servers (:mod:`pyfleet.server`) over ZeroMQ
+DEALER sockets, with the frames of :mod:`pyfleet.protocol`.
+
+Sparse keys are deduplicated (``np.unique``), routed with
+``pyfleet.route(key, S)``, sent as one request per server in parallel, and the
+answers reassembled in the caller's order; a push sums the gradients of equal
+keys first (sort-based segment sum). Dense parameters are split by a block
+placement ``(name, start, end, server_index)`` over the flattened parameter,
+learned from the servers (``create_tables`` places them).
+
+Threads and sockets: sockets are never shared between threads. Each thread
+that makes requests gets its own DEALER sockets (a "channel"), so a trainer's
+synchronous pull goes straight from the calling thread to the wire. Pushes go
+through one background pusher thread with a bounded queue: pushes queued to
+the same table while the previous one is on the wire are merged (gradients of
+equal keys summed) into one request. A heartbeat thread pings every server
+every third of its heartbeat timeout.
+
+Blocking: every request has a deadline (``timeout`` seconds; barriers wait for
+the server's barrier timeout plus ``timeout``). A server that does not answer
+in time raises :class:`pyfleet.errors.PeerTimeout` naming its endpoint and the
+operation; an error reply raises :class:`pyfleet.errors.RemoteError` (a failed
+barrier :class:`pyfleet.errors.BarrierError`) with the server's message.
+A client started before its servers waits for them up to ``connect_deadline``.
+
+Thread safety: every public method may be called from any thread. A future
+returned by ``pull_sparse_async`` may be resolved from any thread.
+"""
+
+import itertools
+import logging
+import threading
+import time
+from concurrent.futures import Future
+
+import numpy as np
+import zmq
+
+import pyfleet
+from pyfleet import protocol as P
+from pyfleet.errors import BarrierError, PeerTimeout, PyfleetError, RemoteError
+from pyfleet.protocol import Op, Status
+from pyfleet.server import segment_sum
+
+__all__ = ["Client", "GeoClient", "PullFuture"]
+
+log = logging.getLogger("pyfleet.client")
+
+_RIDS = itertools.count(1)
+
+
+class _Call:
+    """One request to one server, waiting for its reply."""
+
+    __slots__ = ("server", "op", "timeout", "deadline", "reply", "error", "done")
+
+    def __init__(self, server, op, timeout):
+        self.server, self.op, self.timeout = server, op, timeout
+        self.deadline = time.monotonic() + timeout
+        self.reply = self.error = None
+        self.done = False
+
+
+class _Channel:
+    """One thread's DEALER sockets to every server, and its calls in flight.
+
+    Guarded by its own lock, so a call may be waited for from another thread."""
+
+    def __init__(self, client):
+        self.client = client
+        self.lock = threading.RLock()
+        self.socks = [self._socket(i) for i in range(len(client.endpoints))]
+        self.pending = {}  # request id -> _Call
+
+    def _socket(self, i):
+        s = self.client._ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        # Queue only on live connections: a request to a dead server fails to
+        # send (and is retried until its deadline) instead of waiting forever
+        # in a queue and reaching a restarted server late.
+        s.setsockopt(zmq.IMMEDIATE, 1)
+        s.setsockopt(zmq.RECONNECT_IVL, 20)
+        s.setsockopt(zmq.RECONNECT_IVL_MAX, 500)
+        s.setsockopt(zmq.SNDHWM, 0)
+        s.setsockopt(zmq.RCVHWM, 0)
+        s.connect("tcp://" + self.client.endpoints[i])
+        return s
+
+    def send(self, server, frames, op, timeout, rid):
+        call = _Call(server, op, timeout)
+        deadline = call.deadline
+        backoff = 0.001
+        with self.lock:
+            while True:
+                try:
+                    self.socks[server].send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+                    break
+                except zmq.Again:
+                    pass
+                if time.monotonic() + backoff > deadline:
+                    raise self.client._timeout(server, op, timeout, "could not connect")
+                self.lock.release()  # let other users of this channel go on meanwhile
+                try:
+                    time.sleep(backoff)
+                finally:
+                    self.lock.acquire()
+                backoff = min(backoff * 2, 0.1)
+            self.pending[rid] = call
+        return call
+
+    def wait(self, calls):
+        """Block until every call is answered; raise the first failure."""
+        while True:
+            with self.lock:
+                open_calls = [c for c in calls if not c.done]
+                if not open_calls:
+                    break
+                now = time.monotonic()
+                late = [c for c in open_calls if c.deadline <= now]
+                if late:
+                    self._expire(late[0].server)
+                    continue
+                wait_ms = max(1, int(1000 * (min(c.deadline for c in open_calls) - now)))
+                # Short slices let other threads use this channel too.
+                self._pump(min(wait_ms, 50))
+        for c in calls:
+            if c.error is not None:
+                raise c.error
+        return [c.reply for c in calls]
+
+    def _pump(self, wait_ms):
+        servers = {c.server for c in self.pending.values()}
+        if not servers:
+            return
+        poller = zmq.Poller()
+        for s in servers:
+            poller.register(self.socks[s], zmq.POLLIN)
+        for sock, _ in poller.poll(wait_ms):
+            while True:
+                try:
+                    msg = sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                self._dispatch(msg)
+
+    def _dispatch(self, msg):
+        try:
+            h = P.unpack_header(msg[0].buffer)
+        except P.ProtocolError as e:
+            log.warning("dropping a malformed reply: %s", e)
+            return
+        call = self.pending.pop(h.request, None)
+        if call is None:
+            return  # the answer to a request that already timed out
+        call.done = True
+        if h.status == Status.OK:
+            call.reply = (h, msg[1:])
+            return
+        try:
+            text = P.parse_json(msg[1])["error"] if len(msg) > 1 else "(no message)"
+        except (P.ProtocolError, KeyError):
+            text = "(unreadable error reply)"
+        ep = self.client.endpoints[call.server]
+        cls = BarrierError if h.status == Status.BARRIER_FAILED else RemoteError
+        call.error = cls(f"server {call.server} ({ep}) refused {call.op.name}: {text}")
+
+    def _expire(self, server):
+        """Fail every expired call to ``server``, and every call sharing its socket,
+        then replace that socket so late answers cannot be mistaken for new ones."""
+        for rid, c in list(self.pending.items()):
+            if c.server == server:
+                del self.pending[rid]
+                c.done = True
+                c.error = self.client._timeout(server, c.op, c.timeout, "no answer")
+        self.socks[server].close(linger=0)
+        self.socks[server] = self._socket(server)
+
+    def close(self):
+        with self.lock:
+            for s in self.socks:
+                s.close(linger=0)
+            self.pending.clear()
+
+
+class PullFuture:
+    """The rows of one ``pull_sparse_async`` call, assembled when :meth:`result`
+    is called (the replies travel meanwhile). Resolve it once, from any thread."""
+
+    def __init__(self, channel, calls, positions, inverse, n_unique, dim):
+        self._channel, self._calls, self._positions = channel, calls, positions
+        self._inverse, self._n_unique, self._dim = inverse, n_unique, dim
+        self._value = None
+
+    def done(self):
+        return self._value is not None or all(c.done for c in self._calls)
+
+    def result(self):
+        if self._value is not None:
+            return self._value
+        replies = self._channel.wait(self._calls)
+        dim = self._dim
+        if len(replies) == 1 and self._positions[0] is None:
+            h, frames = replies[0]
+            vals = P.values_from(frames[0], h.count, dim)
+            self._value = vals[self._inverse]
+        else:
+            uniq = np.empty((self._n_unique, dim), dtype=np.float32)
+            for (h, frames), pos in zip(replies, self._positions):
+                uniq[pos] = P.values_from(frames[0], h.count, dim)
+            self._value = uniq[self._inverse]
+        self._calls = self._positions = self._inverse = None
+        return self._value
+
+
+class _Pusher:
+    """The background thread sending pushes, merging those queued to one table."""
+
+    def __init__(self, client, max_queue):
+        self.client = client
+        self.max_queue = max_queue
+        self.cond = threading.Condition()
+        self.queue = []        # (table, flags, keys, grads, future)
+        self.busy = False
+        self.closed = False
+        self.unobserved = []   # errors of pushes since the last flush()
+        self.thread = threading.Thread(target=self._loop, name="pyfleet-pusher", daemon=True)
+        self.thread.start()
+
+    def submit(self, table, flags, keys, grads):
+        fut = Future()
+        with self.cond:
+            if self.closed:
+                raise PyfleetError("the client is closed")
+            while len(self.queue) >= self.max_queue:
+                self.cond.wait()
+            self.queue.append((table, flags, keys, grads, fut))
+            self.cond.notify_all()
+        return fut
+
+    def flush(self):
+        with self.cond:
+            while self.queue or self.busy:
+                self.cond.wait()
+            errors, self.unobserved = self.unobserved, []
+        if errors:
+            raise errors[0]
+
+    def close(self):
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+        self.thread.join(self.client.timeout + 1.0)
+
+    def _loop(self):
+        while True:
+            with self.cond:
+                while not self.queue and not self.closed:
+                    self.cond.wait()
+                if not self.queue:
+                    return
+                batch, self.queue = self.queue, []
+                self.busy = True
+                self.cond.notify_all()
+            groups = {}
+            for item in batch:
+                groups.setdefault((item[0], item[1]), []).append(item)
+            for (table, flags), items in groups.items():
+                keys = np.concatenate([it[2] for it in items])
+                grads = np.concatenate([it[3] for it in items])
+                try:
+                    self.client._push_now(table, keys, grads, flags)
+                    err = None
+                except Exception as e:  # handed to the futures and to flush()
+                    err = e
+                for it in items:
+                    if err is None:
+                        it[4].set_result(None)
+                    else:
+                        it[4].set_exception(err)
+                if err is not None:
+                    with self.cond:
+                        self.unobserved.append(err)
+            with self.cond:
+                self.busy = False
+                self.cond.notify_all()
+
+
+class Client:
+    """A worker's connection to every server.
+
+    Args:
+        endpoints: ``["host:port", ...]``, server ``i`` at index ``i``.
+        worker_index: this worker's index (barriers, heartbeats, sync pushes).
+        timeout: seconds any one request may take.
+        connect_deadline: seconds to wait for servers that are not up yet.
+        heartbeat_interval: seconds between heartbeats; default a third of the
+            servers' heartbeat timeout; 0 disables the heartbeat thread.
+        max_queued_pushes: pushes that may wait for the pusher thread before
+            ``push_sparse_async`` blocks.
+
+    The constructor returns once every server answered (or raises PeerTimeout).
+    Use as a context manager, or call :meth:`close`.
+    """
+
+    def __init__(self, endpoints, worker_index=0, timeout=30.0, connect_deadline=60.0,
+                 heartbeat_interval=None, max_queued_pushes=16, context=None):
+        if isinstance(endpoints, str):
+            endpoints = [e for e in endpoints.split(",") if e]
+        self.endpoints = [e[len("tcp://"):] if e.startswith("tcp://") else e for e in endpoints]
+        if not self.endpoints:
+            raise ValueError("endpoints must name at least one server")
+        self.worker_index = int(worker_index)
+        self.timeout = float(timeout)
+        self.connect_deadline = float(connect_deadline)
+        self.num_servers = len(self.endpoints)
+        self._ctx = context or zmq.Context.instance()
+        self._local = threading.local()
+        self._channels = []
+        self._channels_lock = threading.Lock()
+        self._tables_lock = threading.Lock()
+        self._ids = [dict() for _ in self.endpoints]  # per server: key -> id
+        self._sparse = {}   # name -> dim
+        self._sparse_cfg = {}  # name -> config
+        self._dense = {}    # name -> (shape, [(start, end, server, id)])
+        self._closed = False
+        hello = self._control_all(Op.HEARTBEAT, {"worker": self.worker_index},
+                                  timeout=self.connect_deadline)
+        self.server_info = hello
+        for i, info in enumerate(hello):
+            if info.get("server_index") != i or info.get("server_num") != self.num_servers:
+                raise PyfleetError(
+                    f"server at {self.endpoints[i]} says it is server "
+                    f"{info.get('server_index')} of {info.get('server_num')}, expected "
+                    f"{i} of {self.num_servers}: check the endpoint order")
+        self.mode = hello[0].get("mode")
+        self.barrier_timeout = max(float(h.get("barrier_timeout", 300.0)) for h in hello)
+        hb = min(float(h.get("heartbeat_timeout", 10.0)) for h in hello)
+        self.heartbeat_interval = hb / 3.0 if heartbeat_interval is None else float(
+            heartbeat_interval)
+        self._pusher = _Pusher(self, max(1, int(max_queued_pushes)))
+        self._hb_stop = threading.Event()
+        self._hb_thread = None
+        if self.heartbeat_interval > 0:
+            self._hb_thread = threading.Thread(target=self._heartbeat_loop,
+                                               name="pyfleet-heartbeat", daemon=True)
+            self._hb_thread.start()
+
+    # ------------------------------------------------------------- plumbing
+
+    def _channel(self):
+        ch = getattr(self._local, "channel", None)
+        if ch is None:
+            if self._closed:
+                raise PyfleetError("the client is closed")
+            ch = self._local.channel = _Channel(self)
+            with self._channels_lock:
+                self._channels.append(ch)
+        return ch
+
+    def _timeout(self, server, op, timeout, why):
+        return PeerTimeout(f"server {server} ({self.endpoints[server]}) did not answer "
+                           f"{op.name} within {timeout:g} s ({why}); is it running?")
+
+    def _send(self, ch, server, op, timeout=None, **kw):
+        rid = next(_RIDS)
+        frames = P.request(op, rid, worker=self.worker_index, **kw)
+        return ch.send(server, frames, op, self.timeout if timeout is None else timeout, rid)
+
+    def _control_all(self, op, payload, timeout=None, servers=None):
+        ch = self._channel()
+        servers = range(self.num_servers) if servers is None else servers
+        calls = [self._send(ch, s, op, timeout, payload=payload) for s in servers]
+        return [P.parse_json(frames[0]) if frames else {}
+                for _, frames in ch.wait(calls)]
+
+    def _refresh_tables(self):
+        maps = self._control_all(Op.TABLES, {})
+        self._learn(maps)
+
+    def _learn(self, maps):
+        with self._tables_lock:
+            dense = {}
+            for s, m in enumerate(maps):
+                for key, info in m["tables"].items():
+                    self._ids[s][key] = info["id"]
+                    if info["kind"] == "sparse":
+                        self._sparse[info["name"]] = info["dim"]
+                        self._sparse_cfg[info["name"]] = info["config"]
+                    else:
+                        shape, blocks = dense.setdefault(info["name"], (tuple(info["shape"]), []))
+                        blocks.append((info["start"], info["end"], s, info["id"]))
+            for name, (shape, blocks) in dense.items():
+                blocks.sort()
+                pos = 0
+                for start, end, _, _ in blocks:
+                    if start != pos:
+                        break
+                    pos = end
+                if pos == int(np.prod(shape)):
+                    self._dense[name] = (shape, blocks)
+
+    def _sparse_dim(self, table):
+        if table not in self._sparse:
+            self._refresh_tables()
+            if table not in self._sparse:
+                raise ValueError(f"no sparse table {table!r} on the servers "
+                                 f"(known: {sorted(self._sparse)})")
+        return self._sparse[table]
+
+    def _sparse_configs(self):
+        """``{name: config}`` of every sparse table the servers hold."""
+        self._refresh_tables()
+        return dict(self._sparse_cfg)
+
+    def _dense_blocks(self, name):
+        if name not in self._dense:
+            self._refresh_tables()
+            if name not in self._dense:
+                raise ValueError(f"no dense parameter {name!r} fully placed on the servers "
+                                 f"(known: {sorted(self._dense)})")
+        return self._dense[name]
+
+    def _split(self, uniq):
+        """``[(server, keys, positions)]``; positions None when one server has all."""
+        if self.num_servers == 1:
+            return [(0, uniq, None)]
+        owner = pyfleet.route(uniq, self.num_servers)
+        order = np.argsort(owner, kind="stable")
+        bounds = np.searchsorted(owner[order], np.arange(self.num_servers + 1))
+        parts = []
+        for s in range(self.num_servers):
+            a, b = bounds[s], bounds[s + 1]
+            if a < b:
+                pos = order[a:b]
+                parts.append((s, uniq[pos], pos))
+        return parts
+
+    # ---------------------------------------------------------- sparse data
+
+    def pull_sparse_async(self, table, keys):
+        """Send the pull now; the rows (float32 ``[len(keys), dim]``, in the
+        order of ``keys``) come from ``.result()``. Lets a trainer prefetch."""
+        keys = _check_keys(keys)
+        dim = self._sparse_dim(table)
+        uniq, inverse = np.unique(keys, return_inverse=True)
+        ch = self._channel()
+        calls, positions = [], []
+        for s, sub, pos in self._split(uniq):
+            calls.append(self._send(ch, s, Op.PULL_SPARSE, table=self._ids[s][table],
+                                    keys=sub, dim=dim))
+            positions.append(pos)
+        if not calls:  # no keys at all
+            return _Done(np.empty((0, dim), dtype=np.float32))
+        if len(calls) == 1 and self.num_servers > 1:
+            positions = [positions[0]]
+        return PullFuture(ch, calls, positions, inverse.reshape(-1), uniq.shape[0], dim)
+
+    def pull_sparse(self, table, keys):
+        """Rows of ``keys`` (uint64 1-D) as float32 ``[len(keys), dim]``. Blocks."""
+        return self.pull_sparse_async(table, keys).result()
+
+    def push_sparse_async(self, table, keys, grads, delta=False):
+        """Queue a push (gradients, or with ``delta=True`` geo deltas); returns a
+        ``concurrent.futures.Future`` set when every server applied it. Blocks
+        only while the push queue is full. The arrays are copied when queued
+        so the caller may reuse them."""
+        keys = _check_keys(keys)
+        dim = self._sparse_dim(table)
+        grads = _check_values(grads, (keys.shape[0], dim), "grads")
+        return self._pusher.submit(table, P.Flag.ADD_DELTA if delta else 0,
+                                   keys.copy(), grads.copy())
+
+    def push_sparse(self, table, keys, grads, delta=False):
+        """Push and wait until every server applied it (or raise)."""
+        keys = _check_keys(keys)
+        dim = self._sparse_dim(table)
+        grads = _check_values(grads, (keys.shape[0], dim), "grads")
+        self._pusher.submit(table, P.Flag.ADD_DELTA if delta else 0, keys, grads).result()
+
+    def _push_now(self, table, keys, grads, flags):
+        dim = self._sparse[table]
+        uk, sums = segment_sum(keys, grads)
+        ch = self._channel()
+        calls = []
+        for s, sub, pos in self._split(uk):
+            calls.append(self._send(ch, s, Op.PUSH_SPARSE, table=self._ids[s][table], keys=sub,
+                                    values=sums if pos is None else sums[pos], dim=dim,
+                                    flags=flags))
+        ch.wait(calls)
+
+    def flush(self):
+        """Wait until every queued push is applied; raise the first push error
+        not yet seen through its future or an earlier flush."""
+        self._pusher.flush()
+
+    # ----------------------------------------------------------- dense data
+
+    def pull_dense(self, name):
+        """The whole dense parameter ``name`` (float32, its shape), gathered from
+        its blocks."""
+        shape, blocks = self._dense_blocks(name)
+        ch = self._channel()
+        calls = [self._send(ch, s, Op.PULL_DENSE, table=tid) for _, _, s, tid in blocks]
+        out = np.empty(int(np.prod(shape)), dtype=np.float32)
+        for (start, end, _, _), (h, frames) in zip(blocks, ch.wait(calls)):
+            out[start:end] = P.values_from(frames[0], end - start, 1).reshape(-1)
+        return out.reshape(shape)
+
+    def push_dense(self, name, grad, delta=False):
+        """Send each block of ``grad`` (float32, the parameter's shape) to its
+        server and wait until applied (``delta=True``: geo deltas, added)."""
+        shape, blocks = self._dense_blocks(name)
+        flat = _check_values(grad, shape, f"gradient of {name!r}").reshape(-1)
+        ch = self._channel()
+        flags = P.Flag.ADD_DELTA if delta else 0
+        calls = [self._send(ch, s, Op.PUSH_DENSE, table=tid, values=flat[start:end], dim=1,
+                            flags=flags) for start, end, s, tid in blocks]
+        ch.wait(calls)
+
+    def dense_placement(self):
+        """``[(name, start, end, server_index)]`` of every known dense block."""
+        self._refresh_tables()
+        return [(n, a, b, s) for n, (_, blocks) in sorted(self._dense.items())
+                for a, b, s, _ in blocks]
+
+    # -------------------------------------------------------------- control
+
+    def create_tables(self, configs, placement=None):
+        """Create tables on the servers (idempotent; every worker may call it).
+
+        Sparse configs go to every server. A dense config goes to the servers
+        its blocks name: ``placement`` is a list of ``(name, start, end,
+        server_index)`` over the flattened parameter (as computed by
+        ``pyfleet.config``); a dense parameter it does not mention is placed
+        whole on server ``i % S`` for the ``i``-th dense config."""
+        per_server = [[] for _ in self.endpoints]
+        by_name = {}
+        for name, start, end, s in (placement or []):
+            by_name.setdefault(name, []).append((int(start), int(end), int(s)))
+        n_dense = 0
+        for cfg in configs:
+            if cfg.get("kind") == "sparse":
+                for lst in per_server:
+                    lst.append(cfg)
+            elif cfg.get("kind") == "dense":
+                shape = cfg.get("shape")
+                size = int(np.prod(shape if isinstance(shape, (list, tuple)) else [shape]))
+                blocks = sorted(by_name.get(cfg.get("name"),
+                                            [(0, size, n_dense % self.num_servers)]))
+                n_dense += 1
+                pos = 0
+                for start, end, s in blocks:
+                    if start != pos or end <= start or not 0 <= s < self.num_servers:
+                        raise ValueError(f"placement of {cfg.get('name')!r} is not a list of "
+                                         f"consecutive blocks on servers 0..{self.num_servers - 1}"
+                                         f": {blocks}")
+                    pos = end
+                if pos != size:
+                    raise ValueError(f"placement of {cfg.get('name')!r} covers {pos} of "
+                                     f"{size} elements")
+                for start, end, s in blocks:
+                    per_server[s].append({**cfg, "start": start, "end": end})
+            else:
+                raise ValueError(f"table kind must be 'sparse' or 'dense', got {cfg!r}")
+        ch = self._channel()
+        calls = [self._send(ch, s, Op.CREATE_TABLES, payload={"tables": lst})
+                 for s, lst in enumerate(per_server)]
+        self._learn([P.parse_json(frames[0]) for _, frames in ch.wait(calls)])
+
+    def barrier(self):
+        """Flush pushes, then wait until every live worker reached the barrier on
+        every server (sync mode: the step's averaged update is applied). Raises
+        BarrierError naming a missing worker when the servers give up."""
+        self.flush()
+        return self._control_all(Op.BARRIER, {"worker": self.worker_index},
+                                 timeout=self.barrier_timeout + self.timeout)
+
+    def heartbeat(self):
+        return self._control_all(Op.HEARTBEAT, {"worker": self.worker_index})
+
+    def _heartbeat_loop(self):
+        while not self._hb_stop.wait(self.heartbeat_interval):
+            try:
+                self._control_all(Op.HEARTBEAT, {"worker": self.worker_index},
+                                  timeout=max(self.heartbeat_interval, 0.5))
+            except PyfleetError as e:
+                log.debug("heartbeat failed: %s", e)
+        ch = getattr(self._local, "channel", None)
+        if ch is not None:
+            ch.close()
+
+    def stop_worker(self):
+        """Flush pushes and tell every server this worker is done (a server
+        exits once all its workers are). Stops the heartbeats."""
+        self.flush()
+        self._hb_stop.set()
+        return self._control_all(Op.STOP_WORKER, {"worker": self.worker_index})
+
+    def save(self, dirname, mode="full"):
+        """Every server saves its shards under ``<checkpoint_dir>/<dirname>``."""
+        if mode not in ("full", "delta"):
+            raise ValueError(f"mode must be 'full' or 'delta', got {mode!r}")
+        self.flush()
+        return self._control_all(Op.SAVE, {"dir": str(dirname), "mode": mode})
+
+    def load(self, dirname):
+        """Every server loads its keys from ``<checkpoint_dir>/<dirname>``
+        (written by any number of servers)."""
+        self.flush()
+        return self._control_all(Op.LOAD, {"dir": str(dirname)})
+
+    def shrink(self, max_unseen_passes=None, min_update_count=None, min_score=None,
+               decay=None, tables=None):
+        """End a pass on every sparse table (see ``SparseTable.shrink``); returns
+        each server's ``{"dropped": {table: rows}}``."""
+        self.flush()
+        args = {k: v for k, v in dict(max_unseen_passes=max_unseen_passes,
+                                      min_update_count=min_update_count, min_score=min_score,
+                                      decay=decay, tables=tables).items() if v is not None}
+        return self._control_all(Op.SHRINK, args)
+
+    def stats(self):
+        """Each server's counters and table stats (a list, by server index)."""
+        return self._control_all(Op.STATS, {})
+
+    def close(self):
+        """Flush nothing more, stop the threads, close the sockets. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._hb_stop.set()
+        self._pusher.close()
+        if self._hb_thread is not None:
+            self._hb_thread.join(self.heartbeat_interval + self.timeout)
+        with self._channels_lock:
+            for ch in self._channels:
+                ch.close()
+            self._channels = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class _Done:
+    def __init__(self, value):
+        self._value = value
+
+    def done(self):
+        return True
+
+    def result(self):
+        return self._value
+
+
+def _check_keys(keys):
+    if not isinstance(keys, np.ndarray) or keys.dtype != np.uint64 or keys.ndim != 1:
+        got = (f"dtype {keys.dtype} shape {keys.shape}" if isinstance(keys, np.ndarray)
+               else type(keys).__name__)
+        raise ValueError(f"keys must be a 1-D numpy uint64 array, got {got}")
+    return keys
+
+
+def _check_values(values, shape, what):
+    if not isinstance(values, np.ndarray) or values.dtype != np.float32:
+        got = values.dtype if isinstance(values, np.ndarray) else type(values).__name__
+        raise ValueError(f"{what} must be a float32 numpy array, got {got}")
+    if values.shape != tuple(shape):
+        raise ValueError(f"{what} must have shape {tuple(shape)}, got {values.shape}")
+    return np.ascontiguousarray(values)
+
+
+from pyfleet._service_geo import GeoClient  # noqa: E402  (re-exported)

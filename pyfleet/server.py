@@ -1,0 +1,809 @@
+"""The parameter server: one process per endpoint, serving table shards over ZeroMQ.
+
+A :class:`Server` holds, for one ``server_index`` among ``server_num``:
+
+- every sparse table's shard (the keys ``pyfleet.route(key, server_num)`` sends
+  here), as a :class:`pyfleet.SparseTable`;
+- the dense parameter blocks placed on it, as :class:`pyfleet.DenseTable`.
+
+Threads: a ROUTER socket (the endpoint) and an inproc DEALER are joined by a
+``zmq.proxy`` running in C; ``handler_threads`` Python threads each own a DEALER
+connected to that inproc socket and call into the C++ tables, which release
+the GIL, so pulls and pushes of different workers run in parallel. A barrier
+never parks a thread: the waiting requests' envelopes are kept and answered by
+whichever thread completes (or fails) the barrier.
+
+Modes (see docs/service.md):
+
+- ``async``: every push is applied on arrival (Hogwild).
+- ``sync``: pushes are buffered per table; when every live worker has reached
+  the barrier the buffered gradients are summed per key, divided by the number
+  of live workers and applied once, then the barrier replies. A worker's pull
+  after the barrier sees every worker's update of that step.
+- ``geo``: workers train locally and push deltas (``Flag.ADD_DELTA``) that are
+  added to the rows (``w += delta``); gradient pushes to sparse tables are
+  refused. A sparse table is stored with ``SGD(learning_rate=1)`` so that
+  ``push(-delta)`` is exactly ``w + delta``; its configured optimizer runs in
+  the workers. Dense parameters in geo mode take gradients (applied on
+  arrival) or deltas.
+
+Every malformed request (bad magic, version, op, sizes, table, dim, non-finite
+gradient...) gets an error reply naming the problem and is counted in
+``stats()``; the server keeps serving.
+
+``python -m pyfleet.server --endpoint HOST:PORT --index I --num-servers S
+--workers W --mode MODE`` runs one server and exits 0 once every worker has
+called ``stop_worker`` (port 0 picks a free port; the line
+``pyfleet.server ready on HOST:PORT`` is printed when it serves).
+"""
+
+import argparse
+import json
+import logging
+import os
+import re
+import signal
+import sys
+import threading
+import time
+
+import numpy as np
+import zmq
+
+import pyfleet
+from pyfleet import initializer as _init
+from pyfleet import optimizer as _opt
+from pyfleet import protocol as P
+from pyfleet.protocol import Op, ProtocolError, Status
+
+__all__ = ["Server", "segment_sum", "main"]
+
+log = logging.getLogger("pyfleet.server")
+
+MODES = ("async", "sync", "geo")
+# Table names become file names: no separators, no leading dot.
+_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@:+-]{0,199}")
+_MAX_JSON_BYTES = 64 << 20
+
+
+def segment_sum(keys, values):
+    """``(unique_keys, sums)``: rows of ``values`` with equal keys summed.
+
+    Sort-based (stable, so each key's rows are added in input order), no
+    per-key Python loop. ``values`` is float32 ``[n, dim]``."""
+    if keys.shape[0] == 0:
+        return keys.copy(), values.reshape(0, values.shape[1]).copy()
+    order = np.argsort(keys, kind="stable")
+    sk = keys[order]
+    starts = np.flatnonzero(np.concatenate(([True], sk[1:] != sk[:-1])))
+    if starts.shape[0] == sk.shape[0]:
+        return sk, values[order]
+    return sk[starts], np.add.reduceat(values[order], starts, axis=0)
+
+
+class _Refused(Exception):
+    """A request the server answers with an error reply (message says why)."""
+
+
+class _Entry:
+    __slots__ = ("id", "key", "kind", "name", "config", "canonical", "table", "dim",
+                 "start", "end", "shape", "lock")
+
+    def info(self):
+        d = {"id": self.id, "kind": self.kind, "name": self.name}
+        if self.kind == "sparse":
+            d.update(dim=self.dim, config=self.config)
+        else:
+            d.update(shape=list(self.shape), start=self.start, end=self.end)
+        return d
+
+
+def _canonical(cfg):
+    return json.dumps(cfg, sort_keys=True, separators=(",", ":"))
+
+
+def _dense_key(name, start, end):
+    return f"{name}[{start}:{end}]"
+
+
+class Server:
+    """One parameter-server endpoint.
+
+    Args:
+        endpoint: ``"host:port"`` (or ``"tcp://host:port"``); port 0 picks a free
+            port, readable afterwards as :attr:`endpoint`. Bound in the constructor.
+        server_index, server_num: this server's place among all servers.
+        worker_num: workers that will connect; :meth:`run` returns after each of
+            them called ``stop_worker``.
+        mode: ``"async"``, ``"sync"`` or ``"geo"``.
+        tables: table configs to create at start (see :meth:`create_tables`).
+        handler_threads: Python threads calling into the tables.
+        max_message_bytes: largest accepted message (``zmq.MAXMSGSIZE`` drops
+            the connection of a peer sending one larger frame; a message whose
+            frames add up to more gets an error reply).
+        heartbeat_timeout: seconds without a heartbeat after which a worker
+            missing at a barrier is declared dead and the barrier fails.
+        barrier_timeout: seconds a barrier may wait in all.
+        checkpoint_dir: root of ``save``/``load`` directories (None: refused).
+
+    Thread safety: :meth:`stop` may be called from any thread (or a signal
+    handler); everything else is driven by :meth:`run`.
+    """
+
+    def __init__(self, endpoint, server_index, server_num, worker_num, mode="async",
+                 tables=None, handler_threads=2, max_message_bytes=1 << 30,
+                 heartbeat_timeout=10.0, barrier_timeout=300.0, checkpoint_dir=None,
+                 context=None):
+        self.server_index, self.server_num = int(server_index), int(server_num)
+        self.worker_num = int(worker_num)
+        if not 0 <= self.server_index < self.server_num:
+            raise ValueError(f"server_index must be in [0, {self.server_num}), "
+                             f"got {server_index!r}")
+        if self.worker_num < 1:
+            raise ValueError(f"worker_num must be >= 1, got {worker_num!r}")
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if int(handler_threads) < 1:
+            raise ValueError(f"handler_threads must be >= 1, got {handler_threads!r}")
+        self.mode = mode
+        self.handler_threads = int(handler_threads)
+        self.max_message_bytes = int(max_message_bytes)
+        self.heartbeat_timeout = float(heartbeat_timeout)
+        self.barrier_timeout = float(barrier_timeout)
+        self.checkpoint_dir = None if checkpoint_dir is None else os.path.realpath(
+            str(checkpoint_dir))
+
+        self._lock = threading.RLock()           # tables, sync buffers, barrier, workers
+        self._entries = {}                        # id -> _Entry
+        self._by_key = {}                         # "name" / "name[s:e]" -> _Entry
+        self._sync_buf = {}                       # id -> [(worker, keys, grads)]
+        self._waiting = {}                        # worker -> (identity, Header)
+        self._barrier_started = None
+        self._barrier_count = 0
+        self._last_seen = {}
+        self._stopped = set()
+        self._counters = {}
+        self._counter_lock = threading.Lock()
+        self._house_lock = threading.Lock()
+        self._last_house = 0.0
+        self._done = threading.Event()
+        self._ran = False
+
+        self._ctx = context or zmq.Context.instance()
+        self._backend_addr = f"inproc://pyfleet-server-{id(self):x}"
+        self._frontend = self._ctx.socket(zmq.ROUTER)
+        self._frontend.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
+        self._frontend.setsockopt(zmq.LINGER, 1000)
+        self._frontend.setsockopt(zmq.SNDHWM, 0)
+        self._frontend.setsockopt(zmq.RCVHWM, 0)
+        host, port = _split_endpoint(endpoint)
+        if port == 0:
+            port = self._frontend.bind_to_random_port(f"tcp://{host}")
+        else:
+            self._frontend.bind(f"tcp://{host}:{port}")
+        self.endpoint = f"{host}:{port}"
+        self._backend = self._ctx.socket(zmq.DEALER)
+        self._backend.setsockopt(zmq.SNDHWM, 0)
+        self._backend.setsockopt(zmq.RCVHWM, 0)
+        self._backend.bind(self._backend_addr)
+        self._control_addr = self._backend_addr + "-control"
+        self._control = self._ctx.socket(zmq.PAIR)
+        self._control.bind(self._control_addr)
+        if tables:
+            self.create_tables(tables)
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def run(self):
+        """Serve until every worker has called ``stop_worker`` or :meth:`stop`.
+        Blocks; returns normally (closing the sockets) in both cases."""
+        if self._ran:
+            raise RuntimeError("Server.run() may be called once")
+        self._ran = True
+        control_peer = self._ctx.socket(zmq.PAIR)
+        control_peer.connect(self._control_addr)
+        proxy = threading.Thread(target=self._proxy, args=(control_peer,),
+                                 name="pyfleet-proxy", daemon=True)
+        handlers = [threading.Thread(target=self._handler_loop, name=f"pyfleet-handler-{i}",
+                                     daemon=True) for i in range(self.handler_threads)]
+        proxy.start()
+        for t in handlers:
+            t.start()
+        log.info("server %d/%d serving %s (%s mode)", self.server_index, self.server_num,
+                 self.endpoint, self.mode)
+        try:
+            while not self._done.wait(0.5):
+                pass
+        finally:
+            self._done.set()
+            # The final replies (stop_worker) are in flight through the proxy.
+            time.sleep(0.2)
+            self._control.send(b"TERMINATE")
+            proxy.join(5.0)
+            for t in handlers:
+                t.join(5.0)
+            self._frontend.close(linger=1000)
+            self._backend.close(linger=0)
+            self._control.close(linger=0)
+
+    def stop(self):
+        """Make :meth:`run` return. Thread-safe and idempotent."""
+        self._done.set()
+
+    def _proxy(self, control_peer):
+        try:
+            zmq.proxy_steerable(self._frontend, self._backend, None, control_peer)
+        except zmq.ZMQError as e:
+            if e.errno != zmq.ETERM:
+                log.error("proxy stopped: %s", e)
+        finally:
+            control_peer.close(linger=0)
+
+    def _handler_loop(self):
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 1000)
+        sock.setsockopt(zmq.SNDHWM, 0)
+        sock.setsockopt(zmq.RCVHWM, 0)
+        sock.connect(self._backend_addr)
+        try:
+            while not self._done.is_set():
+                if sock.poll(100):
+                    msg = sock.recv_multipart(copy=False)
+                    for out in self._handle(msg):
+                        sock.send_multipart(out, copy=False)
+                self._housekeeping(sock)
+        finally:
+            sock.close(linger=1000)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _count(self, name, n=1):
+        with self._counter_lock:
+            self._counters[name] = self._counters.get(name, 0) + n
+
+    def _entry(self, table_id, kind, op):
+        e = self._entries.get(table_id)
+        if e is None:
+            raise _Refused(f"unknown table id {table_id} for {op.name} on server "
+                           f"{self.server_index} (known: {sorted(self._entries)})")
+        if e.kind != kind:
+            raise _Refused(f"table {e.key!r} is {e.kind}, {op.name} needs a {kind} table")
+        return e
+
+    # ---------------------------------------------------------------- dispatch
+
+    def _handle(self, msg):
+        """Replies (each a frame list starting with the identity) for one message."""
+        ident, frames = msg[0], msg[1:]
+        if not frames:
+            self._count("protocol_errors")
+            return [[ident] + P.error_reply(0, 0, "empty message: no header frame")]
+        try:
+            h = P.unpack_header(frames[0].buffer)
+        except ProtocolError as e:
+            self._count("protocol_errors")
+            _log_bad(self._counters.get("protocol_errors", 0), e)
+            return [[ident] + P.error_reply(0, 0, e)]
+        try:
+            try:
+                op = Op(h.op)
+            except ValueError:
+                raise ProtocolError(f"unknown op {h.op}") from None
+            total = sum(len(f) for f in frames)
+            if total > self.max_message_bytes:
+                raise ProtocolError(f"message of {total} bytes exceeds max_message_bytes="
+                                    f"{self.max_message_bytes}")
+            if h.status and h.status - 1 < self.worker_num:
+                self._last_seen[h.status - 1] = time.monotonic()
+            self._count(f"op_{op.name.lower()}")
+            out = self._ops[op](self, h, op, frames[1:], ident)
+            return [] if out is None else out
+        except (ProtocolError, _Refused, ValueError, TypeError, KeyError, OSError) as e:
+            kind = "protocol_errors" if isinstance(e, ProtocolError) else "refused_requests"
+            self._count(kind)
+            _log_bad(self._counters.get(kind, 0), e)
+            msg = str(e) if not isinstance(e, KeyError) else f"missing field {e}"
+            return [[ident] + P.error_reply(h.op, h.request, f"{_op_name(h.op)}: {msg}",
+                                            table=h.table)]
+        except Exception as e:  # a server bug must not end the server
+            self._count("internal_errors")
+            log.exception("internal error on %s", _op_name(h.op))
+            return [[ident] + P.error_reply(h.op, h.request,
+                                            f"{_op_name(h.op)}: internal error: {e!r}")]
+
+    @staticmethod
+    def _frames(frames, n, op):
+        if len(frames) != n:
+            raise ProtocolError(f"{op.name} needs {n} payload frame(s), got {len(frames)}")
+
+    # ------------------------------------------------------------- data ops
+
+    def _pull_sparse(self, h, op, frames, ident):
+        self._frames(frames, 1, op)
+        e = self._entry(h.table, "sparse", op)
+        if h.dim != e.dim:
+            raise ProtocolError(f"dim {h.dim} does not match table {e.key!r} dim {e.dim}")
+        keys = P.keys_from(frames[0], h.count)
+        out = np.empty((h.count, e.dim), dtype=np.float32)
+        e.table.pull(keys, out=out)
+        return [[ident] + P.reply(h, values=out)]
+
+    def _push_sparse(self, h, op, frames, ident):
+        self._frames(frames, 2, op)
+        e = self._entry(h.table, "sparse", op)
+        if h.dim != e.dim:
+            raise ProtocolError(f"dim {h.dim} does not match table {e.key!r} dim {e.dim}")
+        keys = P.keys_from(frames[0], h.count)
+        grads = P.values_from(frames[1], h.count, e.dim, "grads")
+        delta = bool(h.flags & P.Flag.ADD_DELTA)
+        if self.mode == "geo" and not delta:
+            raise _Refused(f"geo-mode server takes deltas (ADD_DELTA) for sparse table "
+                           f"{e.key!r}, not gradients")
+        if self.mode != "geo" and delta:
+            raise _Refused(f"ADD_DELTA pushes need a geo-mode server (this one is {self.mode})")
+        self._apply(e, h, keys, grads, delta)
+        return [[ident] + P.reply(h)]
+
+    def _pull_dense(self, h, op, frames, ident):
+        self._frames(frames, 0, op)
+        e = self._entry(h.table, "dense", op)
+        out = e.table.pull().reshape(-1)
+        return [[ident] + P.reply(h, values=out, count=out.shape[0], dim=1)]
+
+    def _push_dense(self, h, op, frames, ident):
+        self._frames(frames, 1, op)
+        e = self._entry(h.table, "dense", op)
+        size = e.end - e.start
+        if h.count != size:
+            raise ProtocolError(f"dense push of {h.count} floats to {e.key!r} of {size}")
+        grads = P.values_from(frames[0], h.count, 1, "grad").reshape(-1)
+        delta = bool(h.flags & P.Flag.ADD_DELTA)
+        if self.mode != "geo" and delta:
+            raise _Refused(f"ADD_DELTA pushes need a geo-mode server (this one is {self.mode})")
+        self._apply(e, h, None, grads, delta)
+        return [[ident] + P.reply(h)]
+
+    def _apply(self, e, h, keys, grads, delta):
+        if self.mode == "sync":
+            if not np.isfinite(grads).all():
+                self._count("rejected_nonfinite")
+                raise _Refused(f"gradient for {e.key!r} holds NaN or Inf; push rejected")
+            if h.status == 0:
+                raise _Refused("a sync-mode push must carry the worker index in its header")
+            with self._lock:
+                self._sync_buf.setdefault(e.id, []).append((h.status - 1, keys, grads))
+            return
+        try:
+            if e.kind == "sparse":
+                # geo: the table runs SGD(lr=1), so push(-delta) is w + delta exactly.
+                e.table.push(keys, -grads if delta else grads)
+            elif delta:
+                with e.lock:
+                    e.table.set(e.table.pull().reshape(-1) + grads)
+            else:
+                e.table.push(grads.reshape(e.table.shape))
+        except ValueError:
+            if not np.isfinite(grads).all():
+                self._count("rejected_nonfinite")
+                raise _Refused(f"gradient for {e.key!r} holds NaN or Inf; push rejected") \
+                    from None
+            raise
+
+    def _apply_sync(self, n_live):
+        """Average and apply the buffered pushes; caller holds ``self._lock``."""
+        scale = np.float32(max(n_live, 1))
+        for tid, items in self._sync_buf.items():
+            e = self._entries[tid]
+            items.sort(key=lambda it: it[0])  # add workers' gradients in worker order
+            if e.kind == "sparse":
+                keys = np.concatenate([it[1] for it in items])
+                grads = np.concatenate([it[2] for it in items])
+                keys, grads = segment_sum(keys, grads)
+                e.table.push(keys, grads / scale)
+            else:
+                total = items[0][2].copy()
+                for it in items[1:]:
+                    total += it[2]
+                e.table.push((total / scale).reshape(e.table.shape))
+        self._sync_buf = {}
+
+    # ------------------------------------------------------------ control ops
+
+    def _control_payload(self, frames, op):
+        if len(frames) > 1:
+            raise ProtocolError(f"{op.name} takes at most one JSON frame, got {len(frames)}")
+        return P.parse_json(frames[0], _MAX_JSON_BYTES) if frames else {}
+
+    def _worker_of(self, payload):
+        w = payload.get("worker")
+        if isinstance(w, bool) or not isinstance(w, int) or not 0 <= w < self.worker_num:
+            raise _Refused(f"worker must be an integer in [0, {self.worker_num}), got {w!r}")
+        return w
+
+    def _barrier(self, h, op, frames, ident):
+        w = self._worker_of(self._control_payload(frames, op))
+        with self._lock:
+            self._last_seen[w] = time.monotonic()
+            if w in self._waiting:
+                raise _Refused(f"worker {w} is already waiting at this barrier")
+            if not self._waiting:
+                self._barrier_started = time.monotonic()
+            self._waiting[w] = (ident, h)
+            return self._complete_barrier_locked()
+
+    def _complete_barrier_locked(self):
+        live = set(range(self.worker_num)) - self._stopped
+        if not self._waiting or not live <= self._waiting.keys():
+            return None
+        if self.mode == "sync":
+            self._apply_sync(len(live))
+        self._barrier_count += 1
+        out = [[ident] + P.reply(hh, payload={"barrier": self._barrier_count})
+               for ident, hh in self._waiting.values()]
+        self._waiting = {}
+        self._barrier_started = None
+        return out
+
+    def _housekeeping(self, sock):
+        now = time.monotonic()
+        if now - self._last_house < 0.1 or not self._house_lock.acquire(blocking=False):
+            return
+        try:
+            self._last_house = now
+            with self._lock:
+                if not self._waiting:
+                    return
+                live = set(range(self.worker_num)) - self._stopped
+                missing = sorted(live - self._waiting.keys())
+                dead = [w for w in missing if w in self._last_seen
+                        and now - self._last_seen[w] > self.heartbeat_timeout]
+                waited = now - self._barrier_started
+                if dead:
+                    why = "; ".join(f"worker {w} sent nothing for "
+                                    f"{now - self._last_seen[w]:.1f} s (dead?)" for w in dead)
+                elif waited > self.barrier_timeout:
+                    why = (f"worker(s) {missing} did not reach the barrier within "
+                           f"{self.barrier_timeout:g} s")
+                else:
+                    return
+                msg = f"barrier failed on server {self.server_index} ({self.endpoint}): {why}"
+                log.error("%s", msg)
+                self._count("barrier_failures")
+                out = [[ident] + P.error_reply(hh.op, hh.request, msg, Status.BARRIER_FAILED)
+                       for ident, hh in self._waiting.values()]
+                self._waiting = {}
+                self._barrier_started = None
+                self._sync_buf = {}  # that step's gradients die with it
+            for m in out:
+                sock.send_multipart(m, copy=False)
+        finally:
+            self._house_lock.release()
+
+    def _heartbeat(self, h, op, frames, ident):
+        payload = self._control_payload(frames, op)
+        if "worker" in payload:
+            self._last_seen[self._worker_of(payload)] = time.monotonic()
+        return [[ident] + P.reply(h, payload={
+            "server_index": self.server_index, "server_num": self.server_num,
+            "worker_num": self.worker_num, "mode": self.mode,
+            "heartbeat_timeout": self.heartbeat_timeout, "barrier_timeout": self.barrier_timeout})]
+
+    def _stop_worker(self, h, op, frames, ident):
+        w = self._worker_of(self._control_payload(frames, op))
+        with self._lock:
+            self._stopped.add(w)
+            out = [[ident] + P.reply(h, payload={"stopped": sorted(self._stopped)})]
+            out += self._complete_barrier_locked() or []
+            if len(self._stopped) == self.worker_num:
+                log.info("every worker stopped; server %d exits", self.server_index)
+                self._done.set()
+        return out
+
+    def _checkpoint_path(self, payload):
+        if self.checkpoint_dir is None:
+            raise _Refused("this server has no checkpoint_dir; save/load are disabled")
+        rel = payload.get("dir")
+        if not isinstance(rel, str) or not rel:
+            raise _Refused(f"dir must be a non-empty relative path, got {rel!r}")
+        if os.path.isabs(rel) or "\x00" in rel:
+            raise _Refused(f"dir {rel!r} must be relative to the checkpoint dir")
+        path = os.path.realpath(os.path.join(self.checkpoint_dir, rel))
+        if os.path.commonpath([path, self.checkpoint_dir]) != self.checkpoint_dir:
+            raise _Refused(f"dir {rel!r} escapes the checkpoint dir")
+        return path
+
+    def _save(self, h, op, frames, ident):
+        payload = self._control_payload(frames, op)
+        path = self._checkpoint_path(payload)
+        mode = payload.get("mode", "full")
+        if mode not in ("full", "delta"):
+            raise _Refused(f"mode must be 'full' or 'delta', got {mode!r}")
+        os.makedirs(path, exist_ok=True)
+        rows, files = {}, []
+        with self._lock:
+            entries = list(self._entries.values())
+            for e in entries:
+                if e.kind == "sparse":
+                    f = os.path.join(path, f"{e.name}.shard{self.server_index}-of-"
+                                           f"{self.server_num}.bin")
+                    rows[e.key] = e.table.save(f, delta=(mode == "delta"))
+                else:
+                    f = os.path.join(path, f"{e.name}.{e.start}-{e.end}.bin")
+                    with e.lock:
+                        rows[e.key] = e.table.save(f)
+                files.append(os.path.basename(f))
+            manifest = {"server_index": self.server_index, "server_num": self.server_num,
+                        "mode": mode, "tables": [e.config for e in entries], "files": files}
+        mpath = os.path.join(path, f"server{self.server_index}-of-{self.server_num}.json")
+        with open(mpath + ".tmp", "w") as fh:
+            json.dump(manifest, fh, indent=1)
+        os.replace(mpath + ".tmp", mpath)
+        return [[ident] + P.reply(h, payload={"rows": rows, "files": files})]
+
+    def _load(self, h, op, frames, ident):
+        payload = self._control_payload(frames, op)
+        path = self._checkpoint_path(payload)
+        if not os.path.isdir(path):
+            raise _Refused(f"checkpoint dir {payload['dir']!r} does not exist")
+        names = os.listdir(path)
+        rows = {}
+        with self._lock:
+            for e in self._entries.values():
+                if e.kind == "sparse":
+                    pat = re.compile(re.escape(e.name) + r"\.shard(\d+)-of-(\d+)\.bin")
+                    shard_files = sorted(n for n in names if pat.fullmatch(n))
+                    if not shard_files:
+                        raise _Refused(f"no shard files for table {e.name!r} in {payload['dir']!r}")
+                    rows[e.key] = sum(e.table.load(os.path.join(path, n),
+                                                   filter=(self.server_num, self.server_index))
+                                      for n in shard_files)
+                else:
+                    rows[e.key] = self._load_dense(e, path, names, payload["dir"])
+        return [[ident] + P.reply(h, payload={"rows": rows})]
+
+    def _load_dense(self, e, path, names, rel):
+        exact = f"{e.name}.{e.start}-{e.end}.bin"
+        with e.lock:
+            if exact in names:
+                return e.table.load(os.path.join(path, exact))
+            # A different placement: assemble this block from overlapping blocks
+            # (optimizer state restarts, the weights are exact).
+            pat = re.compile(re.escape(e.name) + r"\.(\d+)-(\d+)\.bin")
+            out = np.full(e.end - e.start, np.nan, dtype=np.float32)
+            for n in names:
+                m = pat.fullmatch(n)
+                if not m:
+                    continue
+                s, t = int(m.group(1)), int(m.group(2))
+                lo, hi = max(s, e.start), min(t, e.end)
+                if lo >= hi:
+                    continue
+                block = pyfleet.DenseTable(t - s, e.table.optimizer)
+                block.load(os.path.join(path, n))
+                out[lo - e.start:hi - e.start] = block.pull()[lo - s:hi - s]
+            if np.isnan(out).any():
+                raise _Refused(f"files in {rel!r} do not cover dense block {e.key!r}")
+            e.table.set(out.reshape(e.table.shape))
+            return int(out.shape[0])
+
+    def _shrink(self, h, op, frames, ident):
+        payload = self._control_payload(frames, op)
+        allowed = {"max_unseen_passes", "min_update_count", "min_score", "decay", "tables"}
+        extra = set(payload) - allowed
+        if extra:
+            raise _Refused(f"unknown shrink argument(s) {sorted(extra)}")
+        names = payload.pop("tables", None)
+        dropped = {}
+        with self._lock:
+            for e in self._entries.values():
+                if e.kind == "sparse" and (names is None or e.name in names):
+                    dropped[e.name] = e.table.shrink(**payload)
+        return [[ident] + P.reply(h, payload={"dropped": dropped})]
+
+    def _stats(self, h, op, frames, ident):
+        self._control_payload(frames, op)
+        return [[ident] + P.reply(h, payload=self.stats())]
+
+    def stats(self):
+        """Counters of this server and of each table (JSON-friendly). Thread-safe."""
+        with self._counter_lock:
+            counters = dict(self._counters)
+        with self._lock:
+            tables = {}
+            for e in self._entries.values():
+                if e.kind == "sparse":
+                    tables[e.key] = {k: _jsonable(v) for k, v in e.table.stats().items()}
+                else:
+                    tables[e.key] = {"size": e.end - e.start,
+                                     "memory_bytes": int(e.table.memory_bytes())}
+            return {"server_index": self.server_index, "server_num": self.server_num,
+                    "endpoint": self.endpoint, "mode": self.mode, "counters": counters,
+                    "tables": tables, "stopped_workers": sorted(self._stopped),
+                    "barriers": self._barrier_count, "rss_bytes": _rss_bytes()}
+
+    def _tables(self, h, op, frames, ident):
+        self._control_payload(frames, op)
+        return [[ident] + P.reply(h, payload=self._table_map())]
+
+    def _table_map(self):
+        with self._lock:
+            return {"tables": {e.key: e.info() for e in self._entries.values()},
+                    "server_index": self.server_index, "server_num": self.server_num,
+                    "mode": self.mode}
+
+    def _create_tables_op(self, h, op, frames, ident):
+        payload = self._control_payload(frames, op)
+        configs = payload.get("tables")
+        if not isinstance(configs, list):
+            raise _Refused("CREATE_TABLES needs {'tables': [config, ...]}")
+        self.create_tables(configs)
+        return [[ident] + P.reply(h, payload=self._table_map())]
+
+    def create_tables(self, configs):
+        """Create tables from JSON configs (idempotent: an identical config again
+        is a no-op; a different config under an existing name is a ValueError).
+
+        Sparse: ``{"kind": "sparse", "name", **SparseTable.config()}``, holding
+        this server's shard. Dense: ``{"kind": "dense", "name", "shape",
+        "optimizer", "initial"?, "seed"?, "start"?, "end"?}``: this server holds
+        elements ``[start, end)`` of the flattened parameter (default: all);
+        ``initial`` is a flat list of the whole parameter or an initializer
+        config. Thread-safe. Returns the name -> id map."""
+        built = []
+        for cfg in configs:
+            if not isinstance(cfg, dict):
+                raise ValueError(f"a table config must be a JSON object, got {cfg!r}")
+            kind, name = cfg.get("kind"), cfg.get("name")
+            if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
+                raise ValueError(f"table name {name!r} must match {_NAME_RE.pattern}")
+            if kind == "sparse":
+                key = name
+            elif kind == "dense":
+                size = int(np.prod(_shape(cfg.get("shape"), name)))
+                start, end = int(cfg.get("start", 0)), int(cfg.get("end", size))
+                if not 0 <= start < end <= size:
+                    raise ValueError(f"dense {name!r}: block [{start}, {end}) not inside "
+                                     f"[0, {size})")
+                key = _dense_key(name, start, end)
+            else:
+                raise ValueError(f"table kind must be 'sparse' or 'dense', got {kind!r}")
+            built.append((key, cfg))
+        with self._lock:
+            for key, cfg in built:
+                old = self._by_key.get(key)
+                if old is not None:
+                    if old.canonical != _canonical(cfg):
+                        raise ValueError(f"table {key!r} already exists with a different "
+                                         f"config: {old.config} vs {cfg}")
+                    continue
+                if cfg["kind"] == "sparse" and any(
+                        e.kind == "sparse" and e.name == cfg["name"] for e in self._by_key.values()):
+                    raise ValueError(f"table {cfg['name']!r} already exists")
+                e = self._build(key, cfg)
+                e.id = len(self._entries) + 1
+                self._entries[e.id] = e
+                self._by_key[key] = e
+            return {k: e.id for k, e in self._by_key.items()}
+
+    def _build(self, key, cfg):
+        e = _Entry()
+        e.key, e.kind, e.name, e.config = key, cfg["kind"], cfg["name"], cfg
+        e.canonical = _canonical(cfg)
+        e.lock = threading.Lock()
+        if e.kind == "sparse":
+            c = {k: v for k, v in cfg.items() if k != "kind"}
+            if self.mode == "geo":
+                c["optimizer"] = _opt.SGD(1.0).to_config()
+            e.table = pyfleet.SparseTable.from_config(c)
+            e.dim = e.table.dim
+            e.start = e.end = e.shape = None
+        else:
+            e.shape = _shape(cfg["shape"], e.name)
+            size = int(np.prod(e.shape))
+            e.start, e.end = int(cfg.get("start", 0)), int(cfg.get("end", size))
+            opt = _opt.from_config(cfg["optimizer"])
+            initial = cfg.get("initial")
+            if isinstance(initial, dict):
+                initial = _init.from_config(initial).generate(
+                    e.shape, seed=int(cfg.get("seed", 0))).reshape(-1)
+            elif initial is not None:
+                initial = np.asarray(initial, dtype=np.float32).reshape(-1)
+                if initial.shape[0] != size:
+                    raise ValueError(f"dense {e.name!r}: initial has {initial.shape[0]} "
+                                     f"values, shape {e.shape} needs {size}")
+            if initial is not None:
+                initial = initial[e.start:e.end]
+            e.table = pyfleet.DenseTable(e.end - e.start, opt, initial=initial, name=key)
+            e.dim = 1
+        return e
+
+    _ops = {Op.PULL_SPARSE: _pull_sparse, Op.PUSH_SPARSE: _push_sparse,
+            Op.PULL_DENSE: _pull_dense, Op.PUSH_DENSE: _push_dense,
+            Op.BARRIER: _barrier, Op.HEARTBEAT: _heartbeat, Op.STOP_WORKER: _stop_worker,
+            Op.SAVE: _save, Op.LOAD: _load, Op.SHRINK: _shrink, Op.STATS: _stats,
+            Op.CREATE_TABLES: _create_tables_op, Op.TABLES: _tables}
+
+
+def _shape(shape, name):
+    if isinstance(shape, int) and not isinstance(shape, bool):
+        shape = [shape]
+    if (not isinstance(shape, (list, tuple)) or not shape
+            or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1
+                       for s in shape)):
+        raise ValueError(f"dense {name!r}: shape must be a list of positive ints, got {shape!r}")
+    return tuple(shape)
+
+
+def _split_endpoint(endpoint):
+    s = str(endpoint)
+    if s.startswith("tcp://"):
+        s = s[len("tcp://"):]
+    host, sep, port = s.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"endpoint must be 'host:port', got {endpoint!r}")
+    return host, int(port)
+
+
+def _op_name(op):
+    try:
+        return Op(op).name
+    except ValueError:
+        return f"op {op}"
+
+
+def _jsonable(v):
+    if isinstance(v, np.generic):
+        return v.item()
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    return v
+
+
+def _log_bad(n, err):
+    # Hostile peers must not flood the log: the first few, then every power of ten.
+    if n <= 10 or (n & (n - 1)) == 0:
+        log.warning("refused request (#%d): %s", n, err)
+
+
+def _rss_bytes():
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return -1
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m pyfleet.server", description=__doc__.split("\n")[0])
+    p.add_argument("--endpoint", required=True, help="host:port to bind (port 0: any free port)")
+    p.add_argument("--index", type=int, required=True, help="this server's index")
+    p.add_argument("--num-servers", type=int, required=True)
+    p.add_argument("--workers", type=int, required=True)
+    p.add_argument("--mode", choices=MODES, default="async")
+    p.add_argument("--handler-threads", type=int, default=2)
+    p.add_argument("--max-message-bytes", type=int, default=1 << 30)
+    p.add_argument("--heartbeat-timeout", type=float, default=10.0)
+    p.add_argument("--barrier-timeout", type=float, default=300.0)
+    p.add_argument("--checkpoint-dir", default=None)
+    p.add_argument("--tables", default=None, help="JSON file: a list of table configs")
+    p.add_argument("--log-level", default="WARNING")
+    a = p.parse_args(argv)
+    logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    tables = None
+    if a.tables:
+        with open(a.tables) as f:
+            tables = json.load(f)
+    server = Server(a.endpoint, a.index, a.num_servers, a.workers, mode=a.mode, tables=tables,
+                    handler_threads=a.handler_threads, max_message_bytes=a.max_message_bytes,
+                    heartbeat_timeout=a.heartbeat_timeout, barrier_timeout=a.barrier_timeout,
+                    checkpoint_dir=a.checkpoint_dir)
+    signal.signal(signal.SIGTERM, lambda *_: server.stop())
+    signal.signal(signal.SIGINT, lambda *_: server.stop())
+    print(f"pyfleet.server ready on {server.endpoint}", flush=True)
+    server.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
