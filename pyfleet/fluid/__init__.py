@@ -1,0 +1,40 @@
+"""``pyfleet.fluid``: the subset of PaddlePaddle Fluid 1.5 that CTR scripts use.
+
+Scripts written for Fluid run with ``import paddle.fluid as fluid`` replaced
+by ``import pyfleet.fluid as fluid``. Parameters live in a backend
+(:mod:`pyfleet.fluid.backend`): in-process tables by default, parameter
+servers under Fleet.
+"""
+
+from pyfleet import initializer, optimizer
+from pyfleet.fluid import backend, layers, unique_name
+from pyfleet.fluid.data_feeder import DataFeeder
+from pyfleet.fluid.executor import Executor
+from pyfleet.fluid.framework import (CPUPlace, CUDAPlace, LoDTensor, ParamAttr, Program,
+                                     Scope, Variable, create_lod_tensor,
+                                     default_main_program, default_startup_program,
+                                     global_scope, name_scope, program_guard, scope_guard)
+from pyfleet.fluid.reader import batch
+
+
+class CompiledProgram:
+    """Accepted by ``Executor.run``; data parallelism is a no-op on one CPU process."""
+
+    def __init__(self, program_or_graph, build_strategy=None):
+        self._program = program_or_graph
+
+    def with_data_parallel(self, loss_name=None, build_strategy=None, exec_strategy=None,
+                           share_vars_from=None, places=None):
+        return self
+
+
+def data(name, shape, dtype="float32", lod_level=0):
+    """Fluid 1.5's ``fluid.data``: ``shape`` includes the batch dimension."""
+    return layers.data(name, shape, dtype, lod_level, append_batch_size=False)
+
+
+__all__ = ["layers", "initializer", "optimizer", "backend", "unique_name", "DataFeeder",
+           "Executor", "CPUPlace", "CUDAPlace", "LoDTensor", "ParamAttr", "Program", "Scope",
+           "Variable", "create_lod_tensor", "default_main_program", "default_startup_program",
+           "global_scope", "name_scope", "program_guard", "scope_guard", "batch",
+           "CompiledProgram", "data"]

@@ -1,0 +1,130 @@
+"""Where a program's parameters live: the seam between the executor and the tables.
+
+The executor never owns a parameter. Every value it reads and every gradient
+it produces goes through the :class:`Backend` set on the program
+(``program._backend``), so one program trains in one process
+(:class:`LocalBackend`, the default) or through parameter servers (a remote
+backend over the network client, which implements the same methods).
+
+Per training step the executor makes, in this order:
+
+1. one :meth:`Backend.pull_dense_many` with the names of every dense
+   parameter the step reads;
+2. one :meth:`Backend.pull_sparse` per sparse table, with the *unique* ids of
+   every embedding slot sharing that table (sorted ascending);
+3. (forward and backward in numpy);
+4. one :meth:`Backend.push_sparse` per sparse table, with those unique ids and
+   float32 gradients already summed per id;
+5. one :meth:`Backend.push_dense_many` with a gradient per trained dense
+   parameter;
+6. :meth:`Backend.step_end`.
+
+Gradients are those of the loss the optimizer minimizes (normally a mean over
+the batch), exactly as Fluid computes them; the backend applies its optimizer.
+
+Thread safety: the executor calls a backend from one thread at a time; a
+backend shared by several executors in several threads must be thread-safe
+itself (:class:`LocalBackend` is, because the tables are).
+"""
+
+import numpy as np
+
+__all__ = ["Backend", "LocalBackend"]
+
+
+class Backend:
+    """Interface every parameter backend implements.
+
+    ``name`` is the parameter's name in the program (for a sparse table, the
+    ``param_attr`` name shared by the embeddings that use it). Keys are 1-D
+    uint64 arrays; values and gradients float32.
+    """
+
+    def create_sparse(self, name, dim, optimizer, initializer, seed):
+        """Create (or re-create, empty) the sparse table ``name``."""
+        raise NotImplementedError
+
+    def create_dense(self, name, initial_value, optimizer):
+        """Create (or overwrite) dense parameter ``name`` with ``initial_value``."""
+        raise NotImplementedError
+
+    def pull_sparse(self, name, keys):
+        """float32 ``[len(keys), dim]`` rows; missing keys get their initial row."""
+        raise NotImplementedError
+
+    def push_sparse(self, name, keys, grads):
+        """Apply the table's optimizer with ``grads`` (float32 ``[len(keys), dim]``)."""
+        raise NotImplementedError
+
+    def pull_dense(self, name):
+        """The current value of dense parameter ``name`` (a float32 array the caller owns)."""
+        raise NotImplementedError
+
+    def push_dense(self, name, grad):
+        """Apply the parameter's optimizer with ``grad`` (float32, the parameter's shape)."""
+        raise NotImplementedError
+
+    def pull_dense_many(self, names):
+        """``{name: value}`` for every name; override to make one round trip."""
+        return {n: self.pull_dense(n) for n in names}
+
+    def push_dense_many(self, grads):
+        """Push every ``{name: grad}``; override to make one round trip."""
+        for n, g in grads.items():
+            self.push_dense(n, g)
+
+    def set_dense(self, name, value):
+        """Overwrite a dense parameter's value (used by loaders); optional."""
+        raise NotImplementedError(f"{type(self).__name__} cannot set parameter {name!r}")
+
+    def step_end(self):
+        """End of one training step: a sync barrier for remote backends."""
+
+
+class LocalBackend(Backend):
+    """Parameters held in this process by :class:`pyfleet.SparseTable` and
+    :class:`pyfleet.DenseTable`. Thread-safe (the tables are)."""
+
+    def __init__(self):
+        self.sparse = {}
+        self.dense = {}
+
+    def create_sparse(self, name, dim, optimizer, initializer, seed):
+        from pyfleet.table import SparseTable
+        self.sparse[name] = SparseTable(dim, optimizer, initializer=initializer, seed=seed,
+                                        name=name)
+
+    def create_dense(self, name, initial_value, optimizer):
+        from pyfleet.table import DenseTable
+        initial_value = np.asarray(initial_value, dtype=np.float32)
+        self.dense[name] = DenseTable(initial_value.shape, optimizer, initial=initial_value,
+                                      name=name)
+
+    def _sparse(self, name):
+        try:
+            return self.sparse[name]
+        except KeyError:
+            raise ValueError(f"sparse table {name!r} does not exist: run the startup "
+                             "program before the main program") from None
+
+    def _dense(self, name):
+        try:
+            return self.dense[name]
+        except KeyError:
+            raise ValueError(f"parameter {name!r} does not exist: run the startup "
+                             "program before the main program") from None
+
+    def pull_sparse(self, name, keys):
+        return self._sparse(name).pull(keys)
+
+    def push_sparse(self, name, keys, grads):
+        self._sparse(name).push(keys, grads)
+
+    def pull_dense(self, name):
+        return self._dense(name).pull()
+
+    def push_dense(self, name, grad):
+        self._dense(name).push(grad)
+
+    def set_dense(self, name, value):
+        self._dense(name).set(value)

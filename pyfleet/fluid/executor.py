@@ -1,0 +1,532 @@
+"""The executor: runs a program's forward pass, backward pass and update.
+
+``Executor.run(startup_program)`` creates every parameter in the program's
+backend. ``Executor.run(main_program, feed, fetch_list)`` then runs one step:
+
+1. the feed is turned into arrays (:class:`LoDTensor` for ``lod_level=1``);
+2. the operators needed for the fetches (and the loss, when the program has
+   an optimizer; and stateful ops such as ``auc`` whose inputs are fed) run
+   forward. Dense parameters come from one ``pull_dense_many``; every
+   embedding sharing a sparse table is looked up with one ``pull_sparse`` of
+   the unique ids of all its slots;
+3. when the program has an optimizer, gradients of the loss flow backward;
+   embedding gradients are summed per unique id by a sort and
+   ``np.add.reduceat`` (no per-id Python), then pushed: one ``push_sparse``
+   per table, one ``push_dense_many`` for the dense parameters, then
+   ``step_end``.
+
+An executor is not thread-safe; use one per thread (they may share a program
+and a thread-safe backend).
+"""
+
+import numpy as np
+
+from pyfleet.fluid import framework, ops as _ops
+from pyfleet.fluid.framework import LoDTensor, Parameter, Program, Variable
+
+__all__ = ["Executor", "global_scope", "scope_guard", "as_numpy"]
+
+global_scope = framework.global_scope
+scope_guard = framework.scope_guard
+
+# Marks a program whose startup ran before optimizer.minimize: its tables
+# were created without the optimizer and cannot be trained.
+_NO_OPTIMIZER = object()
+
+
+def as_numpy(value):
+    if isinstance(value, (list, tuple)):
+        return [as_numpy(v) for v in value]
+    if isinstance(value, LoDTensor):
+        return value.data
+    return np.asarray(value)
+
+
+class _Plan:
+    """What one (program, feed names, fetch names) step runs; cached."""
+
+    def __init__(self, program, feed_names, fetch_vars, training):
+        block = program.global_block()
+        all_ops = block.ops
+        targets = {v.name for v in fetch_vars}
+        if training:
+            targets.add(program._loss.name)
+        needed = self._closure(all_ops, targets)
+        for op in all_ops:
+            if op.type in _ops.STATEFUL and id(op) not in needed:
+                extra = self._closure(all_ops, {v.name for v in op.output_vars()})
+                datas = self._data_inputs(all_ops, extra)
+                if datas <= feed_names:
+                    needed |= extra
+        self.ops = [op for op in all_ops if id(op) in needed]
+        produced = {v.name for op in self.ops for v in op.output_vars()}
+        for op in self.ops:
+            for v in op.input_vars():
+                if v.name in produced or isinstance(v, Parameter):
+                    continue
+                if v.name not in feed_names and not v.persistable:
+                    raise ValueError(f"variable {v.name!r} needed by op {op.type} is not in "
+                                     f"the feed (fed: {sorted(feed_names)})")
+        self.dense_params = []
+        self.lookup_params = {}
+        seen = set()
+        for op in self.ops:
+            if op.type == "lookup_table":
+                w = op.input("W")[0]
+                self.lookup_params.setdefault(w.name, []).append(op)
+                if w.is_sparse_table:
+                    continue
+            for v in op.input_vars():
+                if isinstance(v, Parameter) and not v.is_sparse_table and v.name not in seen:
+                    seen.add(v.name)
+                    self.dense_params.append(v.name)
+        for v in fetch_vars:
+            if isinstance(v, Parameter) and not v.is_sparse_table and v.name not in seen:
+                seen.add(v.name)
+                self.dense_params.append(v.name)
+        self.training = training
+        self.need = set()
+        self.backward_ops = []
+        if training:
+            allowed = program._trainable
+            for p in program.all_parameters():
+                if p.trainable and (allowed is None or p.name in allowed):
+                    self.need.add(p.name)
+            for op in self.ops:
+                if op.type in _ops.NO_GRAD or op.type not in _ops.BACKWARD and \
+                        op.type != "lookup_table":
+                    continue
+                if any(v.name in self.need for v in op.input_vars()):
+                    for v in op.output_vars():
+                        if v.dtype.kind == "f" and not v.stop_gradient:
+                            self.need.add(v.name)
+            if program._loss.name not in self.need:
+                raise ValueError(f"loss {program._loss.name!r} does not depend on any "
+                                 "trainable parameter")
+            self.backward_ops = [op for op in reversed(self.ops)
+                                 if any(v.name in self.need for v in op.output_vars())]
+        self.trained_dense = [n for n in self.dense_params if n in self.need]
+
+    @staticmethod
+    def _closure(all_ops, targets):
+        wanted = set(targets)
+        needed = set()
+        for op in reversed(all_ops):
+            if any(v.name in wanted for v in op.output_vars()):
+                needed.add(id(op))
+                wanted.update(v.name for v in op.input_vars())
+        return needed
+
+    @staticmethod
+    def _data_inputs(all_ops, op_ids):
+        out = set()
+        for op in all_ops:
+            if id(op) in op_ids:
+                out.update(v.name for v in op.input_vars() if v.is_data)
+        return out
+
+
+class _LookupGroup:
+    """Embedding lookups sharing one parameter, deduplicated together."""
+
+    __slots__ = ("param", "ops", "bounds", "keys", "order", "starts", "pad_masks", "grads",
+                 "rows", "inverse")
+
+
+class _Step:
+    """The state of one run: values, gradients, lookups. Kernels use its methods."""
+
+    def __init__(self, program, plan, scope, backend):
+        self.program = program
+        self.plan = plan
+        self.scope = scope
+        self.backend = backend
+        self.env = {}
+        self.grads = {}
+        self._aux = {}
+        self.groups = []
+        self.group_of = {}
+
+    # kernel interface
+    def value(self, var):
+        try:
+            return self.env[var.name]
+        except KeyError:
+            raise ValueError(f"variable {var.name!r} has no value in this step") from None
+
+    def data(self, var):
+        v = self.value(var)
+        return v.data if isinstance(v, LoDTensor) else v
+
+    def set(self, var, value):
+        self.env[var.name] = value
+
+    def grad(self, var):
+        return self.grads.get(var.name)
+
+    def needs_grad(self, var):
+        return var.name in self.plan.need
+
+    def add_grad(self, var, g):
+        prev = self.grads.get(var.name)
+        self.grads[var.name] = g if prev is None else prev + g
+
+    def set_aux(self, op, aux):
+        self._aux[id(op)] = aux
+
+    def aux(self, op):
+        return self._aux.get(id(op))
+
+    # lookups
+    def lookup(self, op):
+        if id(op) not in self.group_of:
+            self._pull_group(op)
+        grp = self.group_of[id(op)]
+        i = grp.ops.index(op)
+        a, b = grp.bounds[i], grp.bounds[i + 1]
+        rows = grp.rows[grp.inverse[a:b]]
+        pad = grp.pad_masks[i]
+        if pad is not None:
+            rows[pad] = 0
+        ids = self.value(op.input("Ids")[0])
+        if isinstance(ids, LoDTensor):
+            out = LoDTensor(rows, ids.offsets)
+            out._segment_ids, out._unit = ids._segment_ids, ids._unit
+            return out
+        shape = ids.shape[:-1] if ids.ndim >= 2 and ids.shape[-1] == 1 else ids.shape
+        return rows.reshape(tuple(shape) + (rows.shape[-1],))
+
+    def _pull_group(self, first):
+        w = first.input("W")[0]
+        ops = [op for op in self.plan.lookup_params[w.name]
+               if id(op) not in self.group_of and op.input("Ids")[0].name in self.env]
+        if first not in ops:
+            ops.append(first)
+        flat = []
+        for op in ops:
+            ids = self.value(op.input("Ids")[0])
+            ids = ids.data if isinstance(ids, LoDTensor) else ids
+            if ids.dtype.kind not in "iu":
+                raise ValueError(f"embedding ids {op.input('Ids')[0].name!r} must be integers, "
+                                 f"got dtype {ids.dtype}")
+            flat.append(ids.reshape(-1))
+        bounds = np.zeros(len(ops) + 1, dtype=np.int64)
+        np.cumsum([f.shape[0] for f in flat], out=bounds[1:])
+        if w.is_sparse_table:
+            flat = [f.view(np.uint64) if f.dtype == np.int64 else f.astype(np.uint64)
+                    for f in flat]
+        else:
+            flat = [f.astype(np.int64, copy=False) for f in flat]
+        keys = flat[0] if len(flat) == 1 else np.concatenate(flat)
+        if not w.is_sparse_table and keys.size:
+            lo, hi = keys.min(), keys.max()
+            if lo < 0 or hi >= w.shape[0]:
+                raise ValueError(f"embedding {w.name!r}: id {lo if lo < 0 else hi} is out of "
+                                 f"range [0, {w.shape[0]}); use is_distributed=True for a "
+                                 "table keyed by raw ids")
+        order = np.argsort(keys, kind="stable")
+        sk = keys[order]
+        new = np.empty(sk.shape[0], dtype=bool)
+        if sk.shape[0]:
+            new[0] = True
+            np.not_equal(sk[1:], sk[:-1], out=new[1:])
+        starts = np.flatnonzero(new)
+        uniq = sk[starts]
+        inverse = np.empty(keys.shape[0], dtype=np.int64)
+        inverse[order] = np.cumsum(new) - 1
+        if w.is_sparse_table:
+            rows = self.backend.pull_sparse(w.name, uniq)
+        else:
+            rows = self.data(w)[uniq]
+        pads = []
+        for op, f in zip(ops, flat):
+            pad = op.attrs.get("padding_idx")
+            if pad is None:
+                pads.append(None)
+            else:
+                m = f == (np.uint64(pad & 0xFFFFFFFFFFFFFFFF) if w.is_sparse_table else pad)
+                pads.append(m if m.any() else None)
+        grp = _LookupGroup()
+        grp.param, grp.ops, grp.bounds, grp.keys = w, ops, bounds, uniq
+        grp.order, grp.starts, grp.pad_masks, grp.grads = order, starts, pads, {}
+        grp.rows, grp.inverse = rows, inverse
+        for op in ops:
+            self.group_of[id(op)] = grp
+        self.groups.append(grp)
+
+    def lookup_backward(self, op):
+        g = self.grad(op.output("Out")[0])
+        if g is not None:
+            self.group_of[id(op)].grads[id(op)] = g
+
+    def summed_lookup_grads(self, grp):
+        """``(unique keys, gradient rows summed per key)`` of one group."""
+        dim = grp.rows.shape[1]
+        parts = []
+        for i, op in enumerate(grp.ops):
+            n = int(grp.bounds[i + 1] - grp.bounds[i])
+            g = grp.grads.get(id(op))
+            g = np.zeros((n, dim), dtype=grp.rows.dtype) if g is None else g.reshape(n, dim)
+            if grp.pad_masks[i] is not None:
+                g = g.copy()
+                g[grp.pad_masks[i]] = 0
+            parts.append(g)
+        occ = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        return grp.keys, _ops.segment_sum_sorted(occ, grp.order, grp.starts)
+
+
+def _merge_keys(keys_list, grads_list):
+    keys = np.concatenate(keys_list)
+    grads = np.concatenate(grads_list)
+    order = np.argsort(keys, kind="stable")
+    sk = keys[order]
+    new = np.ones(sk.shape[0], dtype=bool)
+    new[1:] = sk[1:] != sk[:-1]
+    starts = np.flatnonzero(new)
+    return sk[starts], _ops.segment_sum_sorted(grads, order, starts)
+
+
+def _feed_value(var, value):
+    """Turn one feed entry into the engine's value for ``var``."""
+    if var.lod_level > 0:
+        if isinstance(value, LoDTensor):
+            t = value
+        elif isinstance(value, tuple) and len(value) == 2:
+            data, offsets = np.asarray(value[0]), np.asarray(value[1])
+            t = LoDTensor(data.reshape(-1, 1) if data.ndim == 1 else data, offsets)
+        elif isinstance(value, list):
+            from pyfleet.fluid.data_feeder import sequences_to_lod
+            t = sequences_to_lod(value, var.dtype)
+        else:
+            raise ValueError(f"feed for {var.name!r} (lod_level={var.lod_level}) must be a "
+                             "LoDTensor, a (values, offsets) tuple or a list of sequences; "
+                             f"got {type(value).__name__}")
+        t.validate(f"feed {var.name!r}")
+        data = t.data
+        if data.dtype != var.dtype and not (var.dtype == np.int64 and data.dtype == np.uint64):
+            if var.dtype.kind in "iu" and data.dtype.kind not in "iu":
+                raise ValueError(f"feed {var.name!r}: ids must be integers, got {data.dtype}")
+            t = LoDTensor(data.astype(var.dtype), t.offsets)
+        return t
+    if isinstance(value, LoDTensor):
+        value = value.data
+    a = np.asarray(value)
+    if a.dtype != var.dtype:
+        if var.dtype.kind in "iu" and a.dtype.kind == "f":
+            if a.size and not np.all(np.isfinite(a)):
+                raise ValueError(f"feed {var.name!r}: non-finite value for an integer input")
+        a = a.astype(var.dtype)
+    if var.shape is not None and len(var.shape) > 0:
+        tail = var.shape[1:] if var.shape[0] == -1 else var.shape
+        if all(d > 0 for d in tail):
+            per = int(np.prod(tail)) if tail else 1
+            if var.shape[0] == -1:
+                if a.ndim == 0 or a.size % per:
+                    raise ValueError(f"feed {var.name!r}: shape {a.shape} does not fit "
+                                     f"declared shape {list(var.shape)}")
+                if a.shape[1:] != tuple(tail):
+                    a = a.reshape((-1,) + tuple(tail))
+            elif a.size != per:
+                raise ValueError(f"feed {var.name!r}: shape {a.shape} does not fit declared "
+                                 f"shape {list(var.shape)}")
+            else:
+                a = a.reshape(var.shape)
+    return a
+
+
+class Executor:
+    """Fluid's ``Executor(place)``: runs startup and main programs."""
+
+    def __init__(self, place=None):
+        self.place = place
+
+    def close(self):
+        """Nothing to release; kept for Fluid compatibility."""
+
+    def run(self, program=None, feed=None, fetch_list=None, feed_var_name="feed",
+            fetch_var_name="fetch", scope=None, return_numpy=True, use_program_cache=False):
+        if program is None:
+            program = framework.default_main_program()
+        program = getattr(program, "_program", program)   # CompiledProgram
+        if not isinstance(program, Program):
+            raise ValueError(f"program must be a fluid.Program, got {program!r}")
+        scope = scope or framework.global_scope()
+        if feed is None:
+            feed = {}
+        if not isinstance(feed, dict):
+            raise ValueError(f"feed must be a dict of variable name -> value, got "
+                             f"{type(feed).__name__}")
+        if program._init_params or program._init_states:
+            self._run_startup(program, scope)
+        fetch_vars = self._fetch_vars(program, fetch_list or [])
+        if not program.global_block().ops and not fetch_vars:
+            return []
+        return self._run_step(program, feed, fetch_vars, scope, return_numpy)
+
+    # --------------------------------------------------------------- startup
+    def _run_startup(self, startup, scope):
+        for p in startup._init_params:
+            main = p.block.program
+            backend = startup._backend or main._get_backend()
+            opt = p.optimizer
+            if opt is None:
+                from pyfleet.optimizer import SGD
+                opt = SGD(1.0)   # a placeholder: this table is never pushed
+                main._initialized_with = _NO_OPTIMIZER
+            else:
+                main._initialized_with = main._optimizer
+            if p.is_sparse_table:
+                backend.create_sparse(p.name, p.dim, opt, p.initializer, p.seed)
+            else:
+                backend.create_dense(p.name, p.initial_value(), opt)
+        for name, value in startup._init_states:
+            scope.vars[name] = np.array(value, copy=True)
+
+    # --------------------------------------------------------------- step
+    @staticmethod
+    def _fetch_vars(program, fetch_list):
+        block = program.global_block()
+        out = []
+        for f in fetch_list:
+            if isinstance(f, Variable):
+                if f.name not in block.vars:
+                    raise ValueError(f"fetch {f.name!r} is not a variable of this program")
+                out.append(block.vars[f.name])
+            elif isinstance(f, str):
+                out.append(block.var(f))
+            else:
+                raise ValueError(f"fetch_list entries must be Variables or names, got {f!r}")
+        return out
+
+    def _run_step(self, program, feed, fetch_vars, scope, return_numpy):
+        block = program.global_block()
+        training = program._optimizer is not None
+        if training and program._initialized_with is _NO_OPTIMIZER:
+            raise ValueError("the startup program ran before optimizer.minimize(loss): run "
+                             "it again after minimize so parameters get their optimizer")
+        fed = {}
+        for name, value in feed.items():
+            if name not in block.vars:
+                raise ValueError(f"feed {name!r} is not a variable of this program")
+            fed[name] = _feed_value(block.vars[name], value)
+        key = (program._version, frozenset(fed), tuple(v.name for v in fetch_vars), training)
+        plan = program._plan_cache.get(key)
+        if plan is None:
+            plan = _Plan(program, set(fed), fetch_vars, training)
+            program._plan_cache[key] = plan
+        backend = program._get_backend()
+        s = _Step(program, plan, scope, backend)
+        s.env.update(fed)
+        if plan.dense_params:
+            s.env.update(backend.pull_dense_many(plan.dense_params))
+        for op in plan.ops:
+            if op.type == "lookup_table":
+                s.set(op.output("Out")[0], s.lookup(op))
+            elif op.type == "auc":
+                _auc_forward(op, s)
+            else:
+                try:
+                    kernel = _ops.FORWARD[op.type]
+                except KeyError:
+                    raise ValueError(f"no kernel for op type {op.type!r}") from None
+                kernel(op, s)
+        if training:
+            self._backward_and_update(program, plan, s, backend)
+        results = []
+        for v in fetch_vars:
+            if v.name in s.env:
+                val = s.env[v.name]
+            elif v.persistable and v.name in scope.vars:
+                val = scope.vars[v.name].copy()
+            elif isinstance(v, Parameter) and v.is_sparse_table:
+                raise ValueError(f"cannot fetch sparse table {v.name!r}: pull its rows "
+                                 "through the backend")
+            else:
+                raise ValueError(f"fetch {v.name!r} was not computed in this step")
+            if return_numpy and isinstance(val, LoDTensor):
+                val = val.data
+            results.append(val)
+        return results
+
+    @staticmethod
+    def _backward_and_update(program, plan, s, backend):
+        loss = program._loss
+        lv = s.data(loss)
+        s.grads[loss.name] = np.ones_like(lv)
+        for op in plan.backward_ops:
+            if op.type == "lookup_table":
+                s.lookup_backward(op)
+                continue
+            if not any(v.name in s.grads for v in op.output_vars()):
+                continue
+            _ops.BACKWARD[op.type](op, s)
+        sparse = {}
+        row_dtype = {}
+        for grp in s.groups:
+            w = grp.param
+            if w.name not in plan.need:
+                continue
+            keys, g = s.summed_lookup_grads(grp)
+            if w.is_sparse_table:
+                sparse.setdefault(w.name, []).append((keys, g))
+                row_dtype[w.name] = grp.rows.dtype
+            else:
+                gw = np.zeros(w.shape, dtype=g.dtype)
+                gw[keys] = g
+                s.add_grad(w, gw)
+        for name, parts in sparse.items():
+            if len(parts) == 1:
+                keys, g = parts[0]
+            else:
+                keys, g = _merge_keys([p[0] for p in parts], [p[1] for p in parts])
+            backend.push_sparse(name, keys, np.ascontiguousarray(g, dtype=row_dtype[name]))
+        dense = {}
+        for name in plan.trained_dense:
+            g = s.grads.get(name)
+            if g is not None:
+                dense[name] = np.ascontiguousarray(g, dtype=s.env[name].dtype)
+        if dense:
+            backend.push_dense_many(dense)
+        backend.step_end()
+
+
+def _auc_forward(op, s):
+    """Fluid's auc op: bucket counts in scope state, AUC of the (window) sums."""
+    from pyfleet import metrics
+    pred = s.data(op.input("Predict")[0])
+    label = s.data(op.input("Label")[0]).reshape(-1)
+    if pred.ndim != 2 or pred.shape[0] != label.shape[0]:
+        raise ValueError(f"auc: input must be [batch, 2] probabilities with one label per "
+                         f"row, got input {pred.shape} and {label.shape[0]} labels")
+    t = op.attrs["num_thresholds"]
+    steps = op.attrs["slide_steps"]
+    pos, neg = metrics.bucket_counts(pred[:, -1], label, t)
+    pos_name, neg_name = op.output("StatPosOut")[0].name, op.output("StatNegOut")[0].name
+    bucket = t + 1
+    size = bucket if steps == 0 else (steps + 1) * bucket + 1
+    sp = s.scope.vars.get(pos_name)
+    sn = s.scope.vars.get(neg_name)
+    if sp is None or sp.size != size:
+        sp = np.zeros(size, dtype=np.int64)
+    if sn is None or sn.size != size:
+        sn = np.zeros(size, dtype=np.int64)
+    shape_p, shape_n = sp.shape, sn.shape
+    sp, sn = sp.reshape(-1).copy(), sn.reshape(-1).copy()
+    if steps == 0:
+        sp[:bucket] += pos
+        sn[:bucket] += neg
+        tot_p, tot_n = sp[:bucket], sn[:bucket]
+    else:
+        # Ring of `steps` batches, then their running sum, then the step counter.
+        cur = int(sp[-1]) % steps
+        cb, sb = cur * bucket, steps * bucket
+        sp[sb:sb + bucket] += pos - sp[cb:cb + bucket]
+        sn[sb:sb + bucket] += neg - sn[cb:cb + bucket]
+        sp[cb:cb + bucket], sn[cb:cb + bucket] = pos, neg
+        sp[-1] += 1
+        sn[-1] += 1
+        tot_p, tot_n = sp[sb:sb + bucket], sn[sb:sb + bucket]
+    s.scope.vars[pos_name] = sp.reshape(shape_p)
+    s.scope.vars[neg_name] = sn.reshape(shape_n)
+    s.set(op.output("AUC")[0], np.array([metrics.bucketed_auc(tot_p, tot_n)],
+                                        dtype=np.float64))

@@ -1,0 +1,477 @@
+"""Layer functions with the signatures of ``paddle.fluid.layers`` (1.5).
+
+Each call appends operators (and parameters) to the current main program
+(:func:`pyfleet.fluid.program_guard`) and returns the output
+:class:`~pyfleet.fluid.framework.Variable`. Every layer has a numpy kernel and
+a gradient (:mod:`pyfleet.fluid.ops`); ``docs/layers.md`` lists them with the
+differences from Fluid.
+
+Default initializers, as Fluid: fc weights ``Xavier``, biases ``Constant(0)``,
+dense embeddings ``Xavier``. A sparse-table embedding (``is_distributed=True``
+or a vocabulary of at least ``SPARSE_TABLE_MIN_VOCAB`` rows) defaults to
+``Uniform(-0.01, 0.01)`` per row (:data:`pyfleet.table.DEFAULT_INITIALIZER`);
+an explicit ``Xavier`` there uses the declared ``[vocab, dim]`` fans.
+"""
+
+import builtins
+
+import numpy as np
+
+from pyfleet.fluid import framework
+from pyfleet.fluid.framework import ParamAttr, Variable, convert_dtype, unique_name
+
+__all__ = ["data", "embedding", "fc", "concat", "sequence_pool", "sigmoid_cross_entropy_with_logits",
+           "cross_entropy", "log_loss", "square_error_cost", "mean", "reduce_sum",
+           "reduce_mean", "elementwise_add", "elementwise_sub", "elementwise_mul",
+           "elementwise_div", "sums", "cast", "sigmoid", "relu", "tanh", "softmax", "square",
+           "exp", "log", "scale", "matmul", "reshape", "slice", "fill_constant",
+           "create_parameter", "accuracy", "auc"]
+
+
+def _main():
+    return framework.default_main_program()
+
+
+def _block():
+    return _main().global_block()
+
+
+def _tmp(prefix, shape, dtype="float32", lod_level=0):
+    return _block().create_var(unique_name.generate(prefix + ".tmp"), shape, dtype, lod_level)
+
+
+def _check_var(x, what):
+    if not isinstance(x, Variable):
+        raise ValueError(f"{what} must be a fluid Variable, got {type(x).__name__}")
+    if x.block.program is not _main():
+        raise ValueError(f"{what} ({x.name}) belongs to another program than the current "
+                         "main program: build the whole network under one program_guard")
+    return x
+
+
+def _op(type, inputs, outputs, attrs=None):
+    return _block().append_op(type, inputs, outputs, attrs)
+
+
+def _unary(type, x, shape=None):
+    _check_var(x, f"{type} input")
+    out = _tmp(type, shape if shape is not None else x.shape, x.dtype)
+    _op(type, {"X": [x]}, {"Out": [out]})
+    return out
+
+
+def _act(x, act):
+    if act is None:
+        return x
+    if act not in ("relu", "sigmoid", "tanh", "softmax"):
+        raise ValueError(f"unsupported activation {act!r}; expected relu, sigmoid, tanh, "
+                         "softmax or None")
+    return _unary(act, x)
+
+
+def _param(attr, shape, dtype, default_initializer, prefix, is_sparse_table=False):
+    return framework.create_parameter_in(_main(), framework.default_startup_program(), attr,
+                                         shape, dtype, default_initializer, prefix,
+                                         is_sparse_table)
+
+
+# --------------------------------------------------------------------------- inputs
+
+def data(name, shape, dtype="float32", lod_level=0, append_batch_size=True,
+         type=None, stop_gradient=True):
+    """An input fed by name. ``lod_level=1``: a batch of variable-length
+    sequences (fed as a LoDTensor, a ``(values, offsets)`` tuple or a list of
+    sequences)."""
+    shape = [-1 if s is None else int(s) for s in shape]
+    if any(s < 0 for s in shape):
+        append_batch_size = False
+    if append_batch_size:
+        shape = [-1] + shape
+    if lod_level not in (0, 1):
+        raise ValueError(f"data {name!r}: only lod_level 0 or 1 is supported, got {lod_level}")
+    return _block().create_var(name, shape, dtype, lod_level, stop_gradient=stop_gradient,
+                               is_data=True)
+
+
+def embedding(input, size, is_sparse=False, is_distributed=False, padding_idx=None,
+              param_attr=None, dtype="float32"):
+    """Look up rows of ``size = [vocab, dim]`` for integer ids.
+
+    A ``lod_level=1`` input gives a LoD output of one row per id. Embeddings
+    with the same ``param_attr`` name share one parameter (or sparse table).
+    ``is_distributed=True``, or ``vocab >= SPARSE_TABLE_MIN_VOCAB``, makes the
+    parameter a sparse table keyed by the raw uint64 id (ids unbounded);
+    otherwise ids must lie in ``[0, vocab)``.
+    """
+    _check_var(input, "embedding input")
+    if input.dtype.kind not in "iu":
+        raise ValueError(f"embedding input {input.name} must hold integer ids, got "
+                         f"{input.dtype}")
+    if len(size) != 2 or int(size[0]) < 1 or int(size[1]) < 1:
+        raise ValueError(f"embedding size must be [vocab, dim] with positive entries, "
+                         f"got {size!r}")
+    vocab, dim = int(size[0]), int(size[1])
+    sparse_table = bool(is_distributed) or vocab >= framework.SPARSE_TABLE_MIN_VOCAB
+    attr = ParamAttr._to_attr(param_attr)
+    from pyfleet import initializer as _init
+    if sparse_table:
+        from pyfleet.table import DEFAULT_INITIALIZER
+        default = DEFAULT_INITIALIZER
+    else:
+        default = _init.Xavier()
+    w = _param(attr, [vocab, dim], dtype, default, "embedding", sparse_table)
+    if padding_idx is not None:
+        padding_idx = int(padding_idx)
+        if padding_idx < 0:
+            padding_idx += vocab
+    if input.shape and input.shape[-1] == 1:
+        shape = tuple(input.shape[:-1]) + (dim,)
+    else:
+        shape = tuple(input.shape or (-1,)) + (dim,)
+    out = _tmp("embedding", shape, dtype, input.lod_level)
+    _op("lookup_table", {"W": [w], "Ids": [input]}, {"Out": [out]},
+        {"is_sparse": bool(is_sparse), "is_distributed": bool(is_distributed),
+         "padding_idx": padding_idx})
+    return out
+
+
+def fc(input, size, num_flatten_dims=1, param_attr=None, bias_attr=None, act=None,
+       is_test=False, name=None):
+    """Fully connected: ``act(sum_i flatten(input_i) @ W_i + b)``; a list input
+    gets one weight per input, summed, as Fluid."""
+    inputs = list(input) if isinstance(input, (list, tuple)) else [input]
+    if not inputs:
+        raise ValueError("fc needs at least one input")
+    attrs = list(param_attr) if isinstance(param_attr, (list, tuple)) else \
+        [param_attr] * len(inputs)
+    if len(attrs) != len(inputs):
+        raise ValueError(f"fc: {len(attrs)} param_attrs for {len(inputs)} inputs")
+    size = int(size)
+    prefix = name or unique_name.generate("fc")
+    from pyfleet import initializer as _init
+    partial = []
+    for i, (x, a) in enumerate(zip(inputs, attrs)):
+        _check_var(x, "fc input")
+        feat = x.shape[num_flatten_dims:]
+        if any(d < 0 for d in feat):
+            raise ValueError(f"fc input {x.name} has unknown feature dims {x.shape}")
+        k = int(np.prod(feat))
+        attr = ParamAttr._to_attr(a)
+        if attr is False:
+            raise ValueError("fc weights cannot be disabled (param_attr=False)")
+        if attr.name is None:
+            attr = ParamAttr(f"{prefix}.w_{i}", attr.initializer, attr.learning_rate,
+                             trainable=attr.trainable)
+        w = _param(attr, [k, size], x.dtype, _init.Xavier(), "fc")
+        out = _tmp(prefix, tuple(x.shape[:num_flatten_dims]) + (size,), x.dtype)
+        _op("mul", {"X": [x], "Y": [w]}, {"Out": [out]},
+            {"x_num_col_dims": num_flatten_dims, "y_num_col_dims": 1})
+        partial.append(out)
+    pre = partial[0] if len(partial) == 1 else sums(partial)
+    battr = ParamAttr._to_attr(bias_attr)
+    if battr is not False:
+        if battr.name is None:
+            battr = ParamAttr(f"{prefix}.b_0", battr.initializer, battr.learning_rate,
+                              trainable=battr.trainable)
+        b = _param(battr, [size], pre.dtype, _init.Constant(0.0), "fc")
+        biased = _tmp(prefix, pre.shape, pre.dtype)
+        _op("elementwise_add", {"X": [pre], "Y": [b]}, {"Out": [biased]},
+            {"axis": num_flatten_dims})
+        pre = biased
+    return _act(pre, act)
+
+
+def create_parameter(shape, dtype, name=None, attr=None, is_bias=False,
+                     default_initializer=None):
+    """A free parameter usable by any layer (e.g. with matmul)."""
+    from pyfleet import initializer as _init
+    attr = ParamAttr._to_attr(attr)
+    if attr is False:
+        raise ValueError("create_parameter needs a ParamAttr, not False")
+    if name is not None and attr.name is None:
+        attr = ParamAttr(name, attr.initializer, attr.learning_rate, trainable=attr.trainable)
+    default = default_initializer or (_init.Constant(0.0) if is_bias else _init.Xavier())
+    return _param(attr, [int(s) for s in shape], dtype, default, "create_parameter")
+
+
+# --------------------------------------------------------------------------- shape ops
+
+def concat(input, axis=0, name=None):
+    xs = [_check_var(x, "concat input") for x in input]
+    if not xs:
+        raise ValueError("concat needs at least one input")
+    ref = xs[0].shape
+    ax = axis % len(ref)
+    total = 0
+    for x in xs:
+        if x.shape[ax] < 0:
+            total = -1
+            break
+        total += x.shape[ax]
+    shape = tuple(total if i == ax else d for i, d in enumerate(ref))
+    out = _tmp("concat", shape, xs[0].dtype)
+    _op("concat", {"X": xs}, {"Out": [out]}, {"axis": axis})
+    return out
+
+
+def sums(input, out=None):
+    xs = [_check_var(x, "sums input") for x in input]
+    res = _tmp("sum", xs[0].shape, xs[0].dtype)
+    _op("sum", {"X": xs}, {"Out": [res]})
+    return res
+
+
+def reshape(x, shape, actual_shape=None, act=None, inplace=False, name=None):
+    _check_var(x, "reshape input")
+    shape = [int(s) for s in shape]
+    if shape.count(-1) > 1:
+        raise ValueError(f"reshape: at most one -1 in shape, got {shape}")
+    static = tuple(x.shape[i] if d == 0 else d for i, d in enumerate(shape))
+    out = _tmp("reshape2", static, x.dtype)
+    _op("reshape2", {"X": [x]}, {"Out": [out]}, {"shape": shape})
+    return _act(out, act)
+
+
+def slice(input, axes, starts, ends):
+    _check_var(input, "slice input")
+    shape = list(input.shape)
+    for a, b, e in zip(axes, starts, ends):
+        if shape[a] >= 0:
+            shape[a] = len(range(*builtins.slice(b, e).indices(shape[a])))
+    out = _tmp("slice", tuple(shape), input.dtype)
+    _op("slice", {"Input": [input]}, {"Out": [out]},
+        {"axes": list(axes), "starts": list(starts), "ends": list(ends)})
+    return out
+
+
+def cast(x, dtype):
+    _check_var(x, "cast input")
+    out = _tmp("cast", x.shape, dtype, x.lod_level)
+    _op("cast", {"X": [x]}, {"Out": [out]}, {"out_dtype": convert_dtype(dtype).str})
+    return out
+
+
+def fill_constant(shape, dtype, value, force_cpu=False, out=None):
+    res = _tmp("fill_constant", tuple(int(s) for s in shape), dtype)
+    res.stop_gradient = True
+    _op("fill_constant", {}, {"Out": [res]},
+        {"shape": [int(s) for s in shape], "dtype": convert_dtype(dtype).str,
+         "value": float(value)})
+    return res
+
+
+# --------------------------------------------------------------------------- math
+
+def _elementwise(type, x, y, axis, act):
+    _check_var(x, f"{type} x")
+    _check_var(y, f"{type} y")
+    shape = x.shape if len(x.shape) >= len(y.shape) else y.shape
+    out = _tmp(type, shape, x.dtype)
+    _op(type, {"X": [x], "Y": [y]}, {"Out": [out]}, {"axis": int(axis)})
+    return _act(out, act)
+
+
+def elementwise_add(x, y, axis=-1, act=None, name=None):
+    return _elementwise("elementwise_add", x, y, axis, act)
+
+
+def elementwise_sub(x, y, axis=-1, act=None, name=None):
+    return _elementwise("elementwise_sub", x, y, axis, act)
+
+
+def elementwise_mul(x, y, axis=-1, act=None, name=None):
+    return _elementwise("elementwise_mul", x, y, axis, act)
+
+
+def elementwise_div(x, y, axis=-1, act=None, name=None):
+    return _elementwise("elementwise_div", x, y, axis, act)
+
+
+def matmul(x, y, transpose_x=False, transpose_y=False, alpha=1.0, name=None):
+    _check_var(x, "matmul x")
+    _check_var(y, "matmul y")
+    xs = list(x.shape[::-1][:2][::-1]) if not transpose_x else list(x.shape[-2:][::-1])
+    ys = list(y.shape[-2:]) if not transpose_y else list(y.shape[-2:][::-1])
+    shape = tuple(x.shape[:-2]) + (xs[0], ys[1])
+    out = _tmp("matmul", shape, x.dtype)
+    _op("matmul", {"X": [x], "Y": [y]}, {"Out": [out]},
+        {"transpose_x": bool(transpose_x), "transpose_y": bool(transpose_y),
+         "alpha": float(alpha)})
+    return out
+
+
+def scale(x, scale=1.0, bias=0.0, bias_after_scale=True, act=None, name=None):
+    _check_var(x, "scale input")
+    out = _tmp("scale", x.shape, x.dtype)
+    _op("scale", {"X": [x]}, {"Out": [out]},
+        {"scale": float(scale), "bias": float(bias), "bias_after_scale": bool(bias_after_scale)})
+    return _act(out, act)
+
+
+def sigmoid(x, name=None):
+    return _unary("sigmoid", x)
+
+
+def relu(x, name=None):
+    return _unary("relu", x)
+
+
+def tanh(x, name=None):
+    return _unary("tanh", x)
+
+
+def softmax(input, use_cudnn=False, name=None, axis=-1):
+    if axis not in (-1, len(input.shape) - 1):
+        raise ValueError("softmax: only the last axis is supported")
+    return _unary("softmax", input)
+
+
+def square(x, name=None):
+    return _unary("square", x)
+
+
+def exp(x, name=None):
+    return _unary("exp", x)
+
+
+def log(x, name=None):
+    return _unary("log", x)
+
+
+def mean(x, name=None):
+    _check_var(x, "mean input")
+    out = _tmp("mean", (1,), x.dtype)
+    _op("mean", {"X": [x]}, {"Out": [out]})
+    return out
+
+
+def _reduce(type, input, dim, keep_dim):
+    _check_var(input, f"{type} input")
+    nd = len(input.shape)
+    if dim is None:
+        shape = (1,) * nd if keep_dim else (1,)
+    else:
+        dims = {d % nd for d in ([dim] if np.isscalar(dim) else dim)}
+        shape = tuple(1 if i in dims else s for i, s in enumerate(input.shape)
+                      if keep_dim or i not in dims) or (1,)
+    out = _tmp(type, shape, input.dtype)
+    _op(type, {"X": [input]}, {"Out": [out]},
+        {"dim": dim, "keep_dim": bool(keep_dim), "reduce_all": dim is None})
+    return out
+
+
+def reduce_sum(input, dim=None, keep_dim=False, name=None):
+    return _reduce("reduce_sum", input, dim, keep_dim)
+
+
+def reduce_mean(input, dim=None, keep_dim=False, name=None):
+    return _reduce("reduce_mean", input, dim, keep_dim)
+
+
+# --------------------------------------------------------------------------- sequences
+
+def sequence_pool(input, pool_type, is_test=False, pad_value=0.0):
+    """Pool each sequence of a lod_level=1 input: ``sum``, ``average``,
+    ``sqrt`` (sum / sqrt(length)), ``max``, ``first`` or ``last``. An empty
+    sequence gives zeros."""
+    _check_var(input, "sequence_pool input")
+    if input.lod_level != 1:
+        raise ValueError(f"sequence_pool input {input.name} must have lod_level=1")
+    pool_type = str(pool_type).lower()
+    if pool_type not in ("sum", "average", "sqrt", "max", "first", "last"):
+        raise ValueError(f"sequence_pool: unknown pool_type {pool_type!r}")
+    if pad_value != 0.0:
+        raise ValueError("sequence_pool: only pad_value=0.0 is supported")
+    out = _tmp("sequence_pool", tuple(input.shape), input.dtype)
+    _op("sequence_pool", {"X": [input]}, {"Out": [out]}, {"pooltype": pool_type.upper()})
+    return out
+
+
+# --------------------------------------------------------------------------- losses
+
+def sigmoid_cross_entropy_with_logits(x, label, ignore_index=-100, name=None, normalize=False):
+    _check_var(x, "sigmoid_cross_entropy_with_logits x")
+    _check_var(label, "sigmoid_cross_entropy_with_logits label")
+    out = _tmp("sigmoid_cross_entropy_with_logits", x.shape, x.dtype)
+    _op("sigmoid_cross_entropy_with_logits", {"X": [x], "Label": [label]}, {"Out": [out]},
+        {"ignore_index": int(ignore_index), "normalize": bool(normalize)})
+    return out
+
+
+def cross_entropy(input, label, soft_label=False, ignore_index=-100):
+    """``-log(input[label])`` per row: ``input`` probabilities ``[B, C]``,
+    ``label`` int64 ``[B, 1]`` (or ``[B, C]`` with ``soft_label``)."""
+    _check_var(input, "cross_entropy input")
+    _check_var(label, "cross_entropy label")
+    out = _tmp("cross_entropy", tuple(input.shape[:-1]) + (1,), input.dtype)
+    _op("cross_entropy", {"X": [input], "Label": [label]}, {"Y": [out]},
+        {"soft_label": bool(soft_label), "ignore_index": int(ignore_index)})
+    return out
+
+
+def log_loss(input, label, epsilon=1e-4, name=None):
+    _check_var(input, "log_loss input")
+    out = _tmp("log_loss", input.shape, input.dtype)
+    _op("log_loss", {"Predicted": [input], "Labels": [label]}, {"Loss": [out]},
+        {"epsilon": float(epsilon)})
+    return out
+
+
+def square_error_cost(input, label):
+    return square(elementwise_sub(input, label))
+
+
+# --------------------------------------------------------------------------- metrics
+
+def accuracy(input, label, k=1, correct=None, total=None):
+    _check_var(input, "accuracy input")
+    out = _tmp("accuracy", (1,), "float32")
+    _op("accuracy", {"Out": [input], "Label": [label]}, {"Accuracy": [out]}, {"k": int(k)})
+    return out
+
+
+def auc(input, label, curve="ROC", num_thresholds=2 ** 12 - 1, topk=1, slide_steps=1):
+    """Fluid's auc layer: ``(auc_out, batch_auc_out, state_vars)``.
+
+    ``input`` is ``[B, 2]`` probabilities (column 1 = click), ``label`` int
+    ``[B, 1]``. The global AUC accumulates bucket counts over every step the
+    op runs; the batch AUC covers the last ``slide_steps`` batches. The four
+    state variables ``[batch_stat_pos, batch_stat_neg, stat_pos, stat_neg]``
+    live in the executor's scope (reset them with
+    ``global_scope().find_var(v.name).get_tensor().set(zeros, place)``).
+    """
+    _check_var(input, "auc input")
+    _check_var(label, "auc label")
+    if curve != "ROC":
+        raise ValueError(f"auc: only curve='ROC' is supported, got {curve!r}")
+    num_thresholds = int(num_thresholds)
+    slide_steps = int(slide_steps)
+    if num_thresholds < 1 or slide_steps < 0:
+        raise ValueError(f"auc: num_thresholds must be >= 1 and slide_steps >= 0, got "
+                         f"{num_thresholds} and {slide_steps}")
+    block = _block()
+    startup = framework.default_startup_program()
+    bucket = num_thresholds + 1
+
+    def state(shape):
+        v = block.create_var(unique_name.generate("_generated_var"), shape, "int64",
+                             persistable=True, stop_gradient=True)
+        startup._init_states.append((v.name, np.zeros(shape, dtype=np.int64)))
+        return v
+
+    window = max(slide_steps, 1)
+    batch_pos = state(((window + 1) * bucket + 1,))
+    batch_neg = state(((window + 1) * bucket + 1,))
+    stat_pos = state((1, bucket))
+    stat_neg = state((1, bucket))
+    auc_out = _tmp("auc", (1,), "float64")
+    batch_auc_out = _tmp("auc", (1,), "float64")
+    _op("auc", {"Predict": [input], "Label": [label], "StatPos": [batch_pos],
+                "StatNeg": [batch_neg]},
+        {"AUC": [batch_auc_out], "StatPosOut": [batch_pos], "StatNegOut": [batch_neg]},
+        {"curve": curve, "num_thresholds": num_thresholds, "slide_steps": window})
+    _op("auc", {"Predict": [input], "Label": [label], "StatPos": [stat_pos],
+                "StatNeg": [stat_neg]},
+        {"AUC": [auc_out], "StatPosOut": [stat_pos], "StatNegOut": [stat_neg]},
+        {"curve": curve, "num_thresholds": num_thresholds, "slide_steps": 0})
+    return auc_out, batch_auc_out, [batch_pos, batch_neg, stat_pos, stat_neg]
