@@ -4,6 +4,7 @@ Command line (also installed as ``fleetrun``)::
 
     python -m pyfleet.launch --servers 2 --workers 2 [--server-endpoints h:p,h:p]
         [--log-dir DIR] [--mode sync|async|geo] [--grace 30] [--timeout SECONDS]
+        [--stop-timeout 5]
         train.py [script arguments...]
 
 Each role gets the environment contract of ``docs/fleet.md``: pyfleet's variables
@@ -26,7 +27,7 @@ Supervision rules (the same from Python through :func:`launch_local`):
 - SIGINT, SIGTERM or SIGHUP to the launcher stops every role (exit code 128 + signal).
 
 Each role runs in its own session (process group), and "stop" means SIGTERM to the whole
-group, then SIGKILL after a few seconds, so helper processes a role started are stopped too.
+group, then SIGKILL after ``stop_timeout`` seconds (default 5), so helper processes a role started are stopped too.
 On Linux each role also gets SIGTERM if the launcher dies without cleaning up (PDEATHSIG).
 """
 
@@ -60,7 +61,7 @@ CONTRACT_VARS = (
     "PADDLE_TRAINER_ID", "POD_IP",
 )
 
-_STOP_WAIT = 5.0
+_REAP_WAIT = 5.0
 _POLL = 0.05
 
 
@@ -189,7 +190,7 @@ def launch_local(cmd_for_role: CmdForRole, servers: int, workers: int,
                  server_endpoints: Optional[Sequence[str]] = None,
                  mode: Optional[str] = None, grace_period: float = 30.0,
                  output: Optional[TextIO] = None, messages: Optional[TextIO] = None,
-                 host: str = "127.0.0.1") -> int:
+                 host: str = "127.0.0.1", stop_timeout: float = 5.0) -> int:
     """Run ``servers`` servers and ``workers`` workers locally and supervise them.
 
     ``cmd_for_role`` is the argv of every role, or a callable ``(role, index) -> argv`` with
@@ -197,7 +198,8 @@ def launch_local(cmd_for_role: CmdForRole, servers: int, workers: int,
     environment, below the contract variables. ``server_endpoints`` (default: free ports on
     ``host``) must have ``servers`` entries. ``output`` receives the prefixed role lines
     (default ``sys.stdout``), ``messages`` the launcher's own reports (default
-    ``sys.stderr``).
+    ``sys.stderr``). ``stop_timeout`` is how long a stopped role has between SIGTERM and
+    SIGKILL.
 
     Blocks until the job ends; returns 0 on success, else the failing role's exit code,
     :data:`EXIT_TIMEOUT` on timeout, or 128 + signal when interrupted. Every child process
@@ -213,6 +215,8 @@ def launch_local(cmd_for_role: CmdForRole, servers: int, workers: int,
         raise ConfigError(f"timeout must be > 0 seconds, got {timeout!r}")
     if not grace_period >= 0:
         raise ConfigError(f"grace_period must be >= 0 seconds, got {grace_period!r}")
+    if not stop_timeout > 0:
+        raise ConfigError(f"stop_timeout must be > 0 seconds, got {stop_timeout!r}")
     if mode is not None and mode not in ("sync", "async", "geo"):
         raise ConfigError(f"mode must be sync, async or geo, got {mode!r}")
     if server_endpoints is None:
@@ -281,12 +285,12 @@ def launch_local(cmd_for_role: CmdForRole, servers: int, workers: int,
             report(f"{servers} server(s) at {','.join(eps)}, {workers} worker(s)")
         return _supervise(roles, timeout, grace_period, signals_seen, report)
     finally:
-        _stop(roles, signals_seen, report)
+        _stop(roles, signals_seen, report, stop_timeout)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         for role in roles:
             if role.reader is not None:
-                role.reader.join(timeout=_STOP_WAIT)
+                role.reader.join(timeout=_REAP_WAIT)
             if role.log is not None:
                 with lock:
                     role.log.close()
@@ -327,14 +331,15 @@ def _supervise(roles: List[_Role], timeout, grace, signals_seen, report) -> int:
         time.sleep(_POLL)
 
 
-def _stop(roles: List[_Role], signals_seen: List[int], report) -> None:
+def _stop(roles: List[_Role], signals_seen: List[int], report, wait: float) -> None:
     started = [r for r in roles if r.proc is not None]
     for role in started:
         if role.proc.poll() is None:
             role.stopped_by_launcher = True
         _killpg(role.proc.pid, signal.SIGTERM)
     seen_before = len(signals_seen)
-    deadline = time.monotonic() + _STOP_WAIT
+    deadline = time.monotonic() + wait
+    # A second signal (a second Ctrl-C) skips the wait and goes straight to SIGKILL.
     while time.monotonic() < deadline and len(signals_seen) == seen_before:
         if all(r.proc.poll() is not None for r in started):
             break
@@ -346,7 +351,7 @@ def _stop(roles: List[_Role], signals_seen: List[int], report) -> None:
         _killpg(role.proc.pid, signal.SIGKILL)
     for role in started:
         try:
-            role.proc.wait(timeout=_STOP_WAIT)
+            role.proc.wait(timeout=_REAP_WAIT)
         except subprocess.TimeoutExpired:
             report(f"{role.label} (pid {role.proc.pid}) did not die after SIGKILL")
 
@@ -371,6 +376,8 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="seconds servers get to exit after the last worker (default 30)")
     p.add_argument("--timeout", type=float, default=None,
                    help="stop everything after this many seconds (exit code 124)")
+    p.add_argument("--stop-timeout", dest="stop_timeout", type=float, default=5.0,
+                   help="seconds a stopped role gets between SIGTERM and SIGKILL (default 5)")
     p.add_argument("script", help="the training script (a .py file is run with this Python)")
     p.add_argument("script_args", nargs=argparse.REMAINDER,
                    help="arguments passed to the script")
@@ -391,6 +398,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             args.servers = 2
         if args.timeout is not None and args.timeout <= 0:
             raise ConfigError(f"--timeout must be > 0, got {args.timeout}")
+        if args.stop_timeout <= 0:
+            raise ConfigError(f"--stop-timeout must be > 0, got {args.stop_timeout}")
         if args.grace < 0:
             raise ConfigError(f"--grace must be >= 0, got {args.grace}")
         if args.script.endswith(".py"):
@@ -399,7 +408,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             cmd = [args.script, *args.script_args]
         return launch_local(cmd, args.servers, args.workers, log_dir=args.log_dir,
                             timeout=args.timeout, server_endpoints=eps, mode=args.mode,
-                            grace_period=args.grace)
+                            grace_period=args.grace, stop_timeout=args.stop_timeout)
     except ConfigError as exc:
         parser.error(str(exc))
         return 2
