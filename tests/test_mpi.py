@@ -26,31 +26,38 @@ pytestmark = [
                        reason="mpi4py not installed: pip install mpi4py"),
 ]
 
+# Each rank writes its own file: mpirun may interleave the ranks' stdout within a line.
 SCRIPT = textwrap.dedent("""
-    import json, sys
+    import json, os, sys
     from pyfleet.errors import ConfigError
     from pyfleet.role_maker import MPISymetricRoleMaker, default_role_maker
     r = default_role_maker() if sys.argv[1] == "default" else MPISymetricRoleMaker()
+    out = os.path.join(sys.argv[2], "rank" + os.environ["OMPI_COMM_WORLD_RANK"])
     try:
         r.generate_role()
     except ConfigError as exc:
-        print("MPIERROR " + str(exc), flush=True)
+        with open(out + ".err", "w") as f:
+            f.write(str(exc))
         sys.exit(3)
     r._barrier_worker()
     r._barrier_server()
     r._barrier_all()
-    print("MPIROLE " + json.dumps({
-        "rank": r._comm.Get_rank(), "type": type(r).__name__, "worker": r.is_worker(),
-        "index": r.worker_index() if r.is_worker() else r.server_index(),
-        "endpoints": r.server_endpoints(), "current": r.current_endpoint(),
-        "worker_num": r.worker_num(), "server_num": r.server_num(),
-        "first": r.is_first_worker()}), flush=True)
+    with open(out + ".tmp", "w") as f:
+        json.dump({
+            "rank": r._comm.Get_rank(), "type": type(r).__name__, "worker": r.is_worker(),
+            "index": r.worker_index() if r.is_worker() else r.server_index(),
+            "endpoints": r.server_endpoints(), "current": r.current_endpoint(),
+            "worker_num": r.worker_num(), "server_num": r.server_num(),
+            "first": r.is_first_worker()}, f)
+    os.replace(out + ".tmp", out + ".json")
 """)
 
 
 def _mpirun(tmp_path, np, mode, extra_env=None):
     script = tmp_path / "mpi_roles.py"
     script.write_text(SCRIPT)
+    outdir = tmp_path / "out"
+    outdir.mkdir()
     env = {k: v for k, v in os.environ.items()
            if k not in CONTRACT_VARS and k not in MPI_ENV_VARS and k != "PYFLEET_MPI_BASE_PORT"}
     env.update({
@@ -63,13 +70,12 @@ def _mpirun(tmp_path, np, mode, extra_env=None):
     })
     env.update(extra_env or {})
     return subprocess.run(["mpirun", "-np", str(np), "--oversubscribe", "--allow-run-as-root",
-                           sys.executable, str(script), mode],
+                           sys.executable, str(script), mode, str(outdir)],
                           capture_output=True, text=True, timeout=120, env=env)
 
 
-def _roles(res):
-    rows = [json.loads(line[len("MPIROLE "):]) for line in res.stdout.splitlines()
-            if line.startswith("MPIROLE ")]
+def _roles(tmp_path):
+    rows = [json.loads(p.read_text()) for p in (tmp_path / "out").glob("*.json")]
     return sorted(rows, key=lambda r: r["rank"])
 
 
@@ -82,7 +88,7 @@ def test_symmetric_roles_indices_and_endpoints(tmp_path, base_port):
         extra["PYFLEET_MPI_BASE_PORT"] = str(base)
     res = _mpirun(tmp_path, 4, "symmetric", extra)
     assert res.returncode == 0, res.stdout + res.stderr
-    rows = _roles(res)
+    rows = _roles(tmp_path)
     assert [r["rank"] for r in rows] == [0, 1, 2, 3]
     eps = rows[0]["endpoints"]
     assert len(eps) == 2 and len(set(eps)) == 2
@@ -102,7 +108,7 @@ def test_symmetric_roles_indices_and_endpoints(tmp_path, base_port):
 def test_default_role_maker_picks_mpi_under_mpirun(tmp_path):
     res = _mpirun(tmp_path, 2, "default")
     assert res.returncode == 0, res.stdout + res.stderr
-    rows = _roles(res)
+    rows = _roles(tmp_path)
     assert [(r["type"], r["worker"]) for r in rows] == [("MPISymetricRoleMaker", False),
                                                        ("MPISymetricRoleMaker", True)]
 
@@ -110,7 +116,7 @@ def test_default_role_maker_picks_mpi_under_mpirun(tmp_path):
 def test_odd_world_size_is_a_clear_error(tmp_path):
     res = _mpirun(tmp_path, 3, "symmetric")
     assert res.returncode != 0
-    errors = [line for line in res.stdout.splitlines() if line.startswith("MPIERROR ")]
+    errors = [p.read_text() for p in (tmp_path / "out").glob("*.err")]
     # mpirun kills the other ranks as soon as one exits non-zero, so some may not print.
     assert errors
     assert all("even number of MPI processes" in e and "-np 4" in e for e in errors)
