@@ -158,7 +158,7 @@ cdef inline uint64_t scan_field_hash(const uint8_t** pp, const uint8_t* e,
             k = lim
         if k < 8 or lim == 8 or p[8] == delim:
             pp[0] = p + k
-            return mix64(LEN_SEED[k] ^ (w & LOW_MASK[k]))
+            return mix64(LEN_SEED[k] ^ (w & LOW_MASK[k])) if k else LEN_SEED[0]
     q = find_delim(p, e, bufend, delim, dmask)
     pp[0] = q
     return hash_bytes(p, q - p)

@@ -1,0 +1,590 @@
+"""Readers of CTR training data: raw Criteo TSV, CSV with a header, PaddleRec slot format.
+
+A :class:`Dataset` turns files into :class:`Batch` objects of numpy arrays. Files
+are read in large blocks (``block_size``, 8 MiB by default) cut at the last
+newline; each block is parsed by one call into :mod:`pyfleet.data._parse` that
+releases the GIL, so no Python object is made per line. The formats, the
+feature hash and the sharding rule are specified in ``docs/formats.md``.
+
+Thread safety: a :class:`Dataset` holds only its configuration and the
+statistics of its latest pass; iterate one pass at a time per object. Different
+objects may be used from different threads (parsing runs without the GIL).
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import re
+from dataclasses import dataclass
+from typing import Iterator, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from pyfleet.data import _parse
+
+__all__ = [
+    "Batch",
+    "Dataset",
+    "Schema",
+    "criteo_schema",
+    "feature_hash",
+    "parse_criteo_bytes",
+    "list_files",
+    "shard_files",
+]
+
+feature_hash = _parse.feature_hash
+
+BLOCK_SIZE = 8 << 20
+FORMATS = ("criteo", "csv", "slot")
+_GZIP_MAGIC = b"\x1f\x8b"
+
+PathLike = Union[str, os.PathLike]
+
+
+@dataclass(frozen=True)
+class Schema:
+    """What one example holds: a label, ``dense_names`` columns, ``slot_names`` slots.
+
+    ``columns`` is the CSV header in file order (empty for other formats). The
+    hash slot index of a slot is its position in ``slot_names``.
+    """
+
+    format: str
+    dense_names: Tuple[str, ...]
+    slot_names: Tuple[str, ...]
+    label_name: str = "label"
+    columns: Tuple[str, ...] = ()
+
+    @property
+    def n_dense(self) -> int:
+        return len(self.dense_names)
+
+    @property
+    def n_slots(self) -> int:
+        return len(self.slot_names)
+
+
+def criteo_schema() -> Schema:
+    """The Criteo schema: label, dense I1..I13, categorical slots C1..C26 (hash slots 0..25)."""
+    dense = tuple(f"I{i}" for i in range(1, 14))
+    slots = tuple(f"C{i}" for i in range(1, 27))
+    return Schema("criteo", dense, slots, "label", ("label",) + dense + slots)
+
+
+class Batch:
+    """One batch of examples, as numpy arrays.
+
+    - ``labels``: float32[B]
+    - ``dense``: float32[B, n_dense] (already transformed)
+    - ``sparse``: list, one ``(ids, offsets)`` per slot in ``slot_names`` order:
+      ``ids`` uint64[nnz], ``offsets`` int64[B + 1]; example ``i`` owns
+      ``ids[offsets[i]:offsets[i + 1]]`` (CSR). Every example has at least one id
+      in every slot (an absent value gets the slot's missing id).
+
+    The arrays may be views of a larger parse buffer: treat them as read-only.
+    """
+
+    __slots__ = ("labels", "dense", "sparse", "slot_names")
+
+    def __init__(self, labels: np.ndarray, dense: np.ndarray,
+                 sparse: List[Tuple[np.ndarray, np.ndarray]], slot_names: Sequence[str]):
+        self.labels = labels
+        self.dense = dense
+        self.sparse = sparse
+        self.slot_names = tuple(slot_names)
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    def ids_matrix(self) -> np.ndarray:
+        """uint64[B, n_slots] when every example has exactly one id per slot (Criteo TSV/CSV).
+
+        Raises ValueError for a batch with multi-id slots (use ``sparse``).
+        """
+        n = len(self)
+        out = np.empty((n, len(self.sparse)), dtype=np.uint64)
+        for s, (ids, offsets) in enumerate(self.sparse):
+            if ids.shape[0] != n:
+                raise ValueError(f"slot {self.slot_names[s]!r} has {ids.shape[0]} ids for "
+                                 f"{n} examples; use Batch.sparse for multi-id slots")
+            out[:, s] = ids
+        return out
+
+    def __repr__(self) -> str:
+        return (f"Batch(size={len(self)}, n_dense={self.dense.shape[1]}, "
+                f"slots={len(self.sparse)})")
+
+
+def parse_criteo_bytes(buf, dense_transform: str = "log", dense_min=None,
+                       dense_max=None) -> dict:
+    """Parse complete Criteo TSV lines held in ``buf`` (bytes-like) in one call.
+
+    Returns a dict with ``labels`` float32[n], ``dense`` float32[n, 13],
+    ``ids`` uint64[n, 26] (slot j = column C(j+1)), ``bad_lines`` int64 (0-based
+    line numbers of malformed lines), ``bad_reasons`` int8 (codes of
+    ``pyfleet.data._parse.REASONS``) and the counts ``lines``, ``blank``,
+    ``examples``, ``malformed``. The fast path the benchmark measures.
+    """
+    kind, index = _criteo_columns()
+    return _parse.parse_delimited(_as_bytes_view(buf), 9, kind, index, 13, 26,
+                                  dense_transform, dense_min, dense_max)
+
+
+def list_files(paths: Union[PathLike, Sequence[PathLike]]) -> List[str]:
+    """Expand files and directories into a sorted, de-duplicated list of files.
+
+    A directory contributes its regular files (not recursive), skipping names
+    that start with ``.`` or ``_`` (``_SUCCESS``, ``.crc``). Raises
+    FileNotFoundError for a missing path and ValueError when nothing is left.
+    """
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    out = set()
+    for p in paths:
+        p = os.fspath(p)
+        if os.path.isdir(p):
+            for name in os.listdir(p):
+                full = os.path.join(p, name)
+                if not name.startswith((".", "_")) and os.path.isfile(full):
+                    out.add(full)
+        elif os.path.isfile(p):
+            out.add(p)
+        else:
+            raise FileNotFoundError(f"no such data file or directory: {p!r}")
+    if not out:
+        raise ValueError(f"no data files found in {list(map(os.fspath, paths))!r}")
+    return sorted(out)
+
+
+def shard_files(files: Sequence[str], worker_index: int, worker_num: int):
+    """This worker's share: ``(files, line_mod, line_rem)``.
+
+    With at least as many files as workers, worker i reads ``files[i::N]``
+    whole (``line_mod == 1``). With fewer files, every worker reads every file
+    and keeps the data lines whose number (counted from 0 over all files in
+    order, header lines excluded, blank lines included) is i modulo N.
+    """
+    if not isinstance(worker_num, (int, np.integer)) or worker_num < 1:
+        raise ValueError(f"worker_num must be a positive integer, got {worker_num!r}")
+    if not isinstance(worker_index, (int, np.integer)) or not 0 <= worker_index < worker_num:
+        raise ValueError(f"worker_index must be in [0, {worker_num}), got {worker_index!r}")
+    files = list(files)
+    if len(files) >= worker_num:
+        return files[worker_index::worker_num], 1, 0
+    return files, int(worker_num), int(worker_index)
+
+
+class Dataset:
+    """An iterable of :class:`Batch` over CTR data files; each iteration is one pass.
+
+    ``paths``: a file, a directory of shards, or a list of either; plain or
+    gzip (detected by magic bytes). ``format``: ``"criteo"`` (TSV, no header),
+    ``"csv"`` (header names the columns: ``label``/``click``, ``I<k>`` dense,
+    ``C<k>`` categorical, ``Id`` ignored), ``"slot"`` (PaddleRec
+    ``click:1 dense_feature:0.5 ... 1:123 2:456``) or ``"auto"`` (from the first
+    line of the first file).
+
+    ``dense_transform``: ``"log"`` (``log(1 + max(x, 0))``), ``"minmax"``
+    (``(x - dense_min) / (dense_max - dense_min)`` per column) or ``"none"``; the
+    default ``None`` means "log" for criteo/csv and "none" for slot (its values
+    are already scaled). A missing dense value is 0.
+
+    Worker ``worker_index`` of ``worker_num`` reads its share (:func:`shard_files`).
+    ``shuffle`` visits this worker's files in a random order (file sharding
+    only) and shuffles examples within each block; ``seed`` and the pass number
+    fix the order. Malformed lines are skipped and counted (:meth:`stats`), or
+    with ``strict=True`` raise ValueError naming the file and line.
+
+    For the slot format, ``slots`` (names in order) defaults to the slot names
+    of the first line of the first file, in order of appearance; tokens of other
+    names are ignored and counted.
+    """
+
+    def __init__(self, paths, format: str = "criteo", batch_size: int = 512,
+                 worker_index: int = 0, worker_num: int = 1, strict: bool = False,
+                 dense_transform: Optional[str] = None, shuffle: bool = False, seed: int = 0,
+                 drop_last: bool = False, *, dense_min=None, dense_max=None,
+                 slots: Optional[Sequence[str]] = None, label_name: str = "click",
+                 dense_name: str = "dense_feature", block_size: int = BLOCK_SIZE,
+                 max_reported: int = 10):
+        if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        if block_size < 1:
+            raise ValueError(f"block_size must be positive, got {block_size!r}")
+        self.all_files = list_files(paths)
+        self.files, self._line_mod, self._line_rem = shard_files(
+            self.all_files, worker_index, worker_num)
+        if format == "auto":
+            format = _detect_format(self.all_files[0])
+        if format not in FORMATS:
+            raise ValueError(f"format must be one of {FORMATS + ('auto',)}, got {format!r}")
+        self.format = format
+        self.batch_size = int(batch_size)
+        self.worker_index, self.worker_num = int(worker_index), int(worker_num)
+        self.strict, self.shuffle, self.seed = bool(strict), bool(shuffle), int(seed)
+        self.drop_last = bool(drop_last)
+        self.block_size = int(block_size)
+        self.max_reported = int(max_reported)
+        self._label_name = label_name.encode()
+        self._dense_name = dense_name.encode()
+        if format == "criteo":
+            self.schema = criteo_schema()
+            self._kind, self._index = _criteo_columns()
+        elif format == "csv":
+            self.schema, self._kind, self._index = _csv_schema(
+                _read_first_line(self.all_files[0]), self.all_files[0])
+        else:
+            self.schema = _slot_schema(self.all_files[0], slots, label_name, dense_name)
+        if dense_transform is None:
+            dense_transform = "none" if format == "slot" else "log"
+        self.dense_transform = dense_transform
+        self._dense_min, self._dense_max = dense_min, dense_max
+        # Validates the transform and its parameters now rather than mid-pass.
+        _parse.parse_delimited(b"", 9, np.zeros(1, np.int8), np.zeros(1, np.int32),
+                               self.schema.n_dense, 0, dense_transform, dense_min, dense_max)
+        self._pass = 0
+        self._stats = self._empty_stats()
+
+    @property
+    def slot_names(self) -> Tuple[str, ...]:
+        return self.schema.slot_names
+
+    @property
+    def n_dense(self) -> int:
+        return self.schema.n_dense
+
+    def stats(self) -> dict:
+        """Counts of the latest (or current) pass over this worker's share.
+
+        ``lines`` (data lines of this worker, headers excluded), ``examples``,
+        ``malformed``, ``blank``, ``ignored_tokens`` (slot format), ``files``,
+        ``first_malformed`` [(file, line number from 1), ...] and
+        ``first_malformed_reasons`` (same order), ``malformed_by_reason``.
+        """
+        s = dict(self._stats)
+        s["first_malformed"] = list(s["first_malformed"])
+        s["first_malformed_reasons"] = list(s["first_malformed_reasons"])
+        s["malformed_by_reason"] = dict(s["malformed_by_reason"])
+        return s
+
+    def __iter__(self) -> Iterator[Batch]:
+        self._pass += 1
+        self._stats = self._empty_stats()
+        rng = np.random.default_rng([self.seed, self._pass]) if self.shuffle else None
+        files = list(self.files)
+        if rng is not None and self._line_mod == 1:
+            files = [files[i] for i in rng.permutation(len(files))]
+        return self._batches(files, rng)
+
+    def _batches(self, files, rng) -> Iterator[Batch]:
+        bs, names = self.batch_size, self.schema.slot_names
+        pending, pending_n = [], 0
+        for chunk in self._chunks(files):
+            if rng is not None and len(chunk) > 1:
+                chunk = chunk.permute(rng.permutation(len(chunk)))
+            n, a = len(chunk), 0
+            if pending_n:
+                a = min(bs - pending_n, n)
+                pending.append(chunk.take(0, a))
+                pending_n += a
+                if pending_n == bs:
+                    yield Batch(*_concat(pending), names)
+                    pending, pending_n = [], 0
+            while n - a >= bs:
+                yield Batch(*chunk.take(a, a + bs), names)
+                a += bs
+            if a < n:
+                pending, pending_n = [chunk.take(a, n)], n - a
+        if pending_n and not self.drop_last:
+            yield Batch(*_concat(pending), names)
+
+    def _chunks(self, files) -> Iterator["_Chunk"]:
+        data_line = 0  # data lines seen over all files: the line-sharding counter
+        for path in files:
+            self._stats["files"] += 1
+            line_no = 1
+            first = True
+            for buf in _blocks(path, self.block_size):
+                if first and self.format == "csv":
+                    nl = buf.obj.find(b"\n", 0, len(buf))
+                    header_end = nl + 1 if nl >= 0 else len(buf)
+                    self._check_header(bytes(buf[:header_end]), path)
+                    buf = buf[header_end:]
+                    line_no = 2
+                first = False
+                r = self._parse(buf, data_line)
+                data_line += r["lines"]
+                self._account(r, path, line_no)
+                line_no += r["lines"]
+                if r["examples"]:
+                    yield self._chunk(r)
+
+    def _parse(self, buf, data_line: int) -> dict:
+        if self.format == "slot":
+            return _parse.parse_slots(
+                buf, [s.encode() for s in self.schema.slot_names], self.schema.n_dense,
+                self._label_name, self._dense_name, self.dense_transform, self._dense_min,
+                self._dense_max, data_line, self._line_mod, self._line_rem)
+        delim = 9 if self.format == "criteo" else 44
+        return _parse.parse_delimited(
+            buf, delim, self._kind, self._index, self.schema.n_dense, self.schema.n_slots,
+            self.dense_transform, self._dense_min, self._dense_max, data_line,
+            self._line_mod, self._line_rem)
+
+    def _chunk(self, r) -> "_Chunk":
+        if self.format == "slot":
+            starts = r["slot_starts"]
+            ids = r["ids"]
+            slot_ids = [ids[starts[s]:starts[s + 1]] for s in range(self.schema.n_slots)]
+            return _Chunk(r["labels"], r["dense"], slot_ids, r["offsets"])
+        ids_t = np.ascontiguousarray(r["ids"].T)
+        return _Chunk(r["labels"], r["dense"], list(ids_t), None)
+
+    def _check_header(self, header: bytes, path: str) -> None:
+        names = tuple(_split_header(header))
+        if names != self.schema.columns:
+            raise ValueError(f"{path}:1: CSV header {names!r} differs from the header of "
+                             f"{self.all_files[0]!r}: {self.schema.columns!r}")
+
+    def _account(self, r: dict, path: str, line_no: int) -> None:
+        st = self._stats
+        st["lines"] += r["lines"] - r["other_shard"]
+        st["examples"] += r["examples"]
+        st["blank"] += r["blank"]
+        st["ignored_tokens"] += r["ignored_tokens"]
+        if not r["malformed"]:
+            return
+        bad = r["bad_lines"] + line_no
+        reasons = r["bad_reasons"]
+        if self.strict:
+            raise ValueError(f"{path}:{int(bad[0])}: malformed line "
+                             f"({_parse.REASONS[int(reasons[0])]})")
+        st["malformed"] += r["malformed"]
+        codes, counts = np.unique(reasons, return_counts=True)
+        for code, count in zip(codes.tolist(), counts.tolist()):
+            word = _parse.REASONS[code]
+            st["malformed_by_reason"][word] = st["malformed_by_reason"].get(word, 0) + count
+        room = self.max_reported - len(st["first_malformed"])
+        for line, code in zip(bad[:room].tolist(), reasons[:room].tolist()):
+            st["first_malformed"].append((path, line))
+            st["first_malformed_reasons"].append(_parse.REASONS[code])
+
+    @staticmethod
+    def _empty_stats() -> dict:
+        return {"lines": 0, "examples": 0, "malformed": 0, "blank": 0, "ignored_tokens": 0,
+                "files": 0, "first_malformed": [], "first_malformed_reasons": [],
+                "malformed_by_reason": {}}
+
+    def __repr__(self) -> str:
+        return (f"Dataset(format={self.format!r}, files={len(self.files)}/{len(self.all_files)}, "
+                f"batch_size={self.batch_size}, worker={self.worker_index}/{self.worker_num})")
+
+
+class _Chunk:
+    """Parsed examples of one block: per-slot id arrays, CSR offsets or one id per row."""
+
+    __slots__ = ("labels", "dense", "slot_ids", "offsets")
+
+    def __init__(self, labels, dense, slot_ids, offsets):
+        self.labels = labels
+        self.dense = dense
+        self.slot_ids = slot_ids
+        self.offsets = offsets  # int64[n + 1, n_slots], or None for one id per row
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    def take(self, a: int, b: int):
+        if self.offsets is None:
+            off = np.arange(b - a + 1, dtype=np.int64)
+            sparse = [(ids[a:b], off) for ids in self.slot_ids]
+        else:
+            o = self.offsets[a:b + 1]
+            lo, hi = o[0], o[-1]
+            rel = o - lo
+            sparse = [(ids[lo[s]:hi[s]], np.ascontiguousarray(rel[:, s]))
+                      for s, ids in enumerate(self.slot_ids)]
+        return self.labels[a:b], self.dense[a:b], sparse
+
+    def permute(self, perm: np.ndarray) -> "_Chunk":
+        if self.offsets is None:
+            return _Chunk(self.labels[perm], self.dense[perm],
+                          [ids[perm] for ids in self.slot_ids], None)
+        n = perm.shape[0]
+        new_off = np.zeros_like(self.offsets)
+        slot_ids = []
+        for s, ids in enumerate(self.slot_ids):
+            col = self.offsets[:, s]
+            lens = (col[1:] - col[:-1])[perm]
+            np.cumsum(lens, out=new_off[1:, s])
+            src = np.repeat(col[:-1][perm] - new_off[:n, s], lens)
+            src += np.arange(src.shape[0], dtype=np.int64)
+            slot_ids.append(ids[src])
+        return _Chunk(self.labels[perm], self.dense[perm], slot_ids, new_off)
+
+
+def _concat(parts):
+    """Join (labels, dense, sparse) pieces of consecutive examples into one batch."""
+    if len(parts) == 1:
+        return parts[0]
+    labels = np.concatenate([p[0] for p in parts])
+    dense = np.concatenate([p[1] for p in parts])
+    sparse = []
+    for s in range(len(parts[0][2])):
+        ids = np.concatenate([p[2][s][0] for p in parts])
+        offs, base = [np.zeros(1, dtype=np.int64)], 0
+        for p in parts:
+            o = p[2][s][1]
+            offs.append(o[1:] + base)
+            base += int(o[-1])
+        sparse.append((ids, np.concatenate(offs)))
+    return labels, dense, sparse
+
+
+def _as_bytes_view(buf):
+    mv = memoryview(buf)
+    if mv.ndim != 1 or mv.itemsize != 1:
+        mv = mv.cast("B")
+    return mv
+
+
+def _open(path: str):
+    f = open(path, "rb")
+    try:
+        magic = f.read(2)
+        f.seek(0)
+    except BaseException:
+        f.close()
+        raise
+    if magic == _GZIP_MAGIC:
+        return gzip.GzipFile(fileobj=f, mode="rb"), f
+    return f, None
+
+
+def _blocks(path: str, block_size: int) -> Iterator[memoryview]:
+    """Successive buffers of whole lines of a file (the last may lack its newline)."""
+    f, raw = _open(path)
+    try:
+        carry = b""
+        while True:
+            try:
+                block = f.read(block_size)
+            except (OSError, EOFError) as e:
+                raise ValueError(f"{path}: cannot read ({e})") from e
+            if not block:
+                break
+            data = carry + block if carry else block
+            cut = data.rfind(b"\n") + 1
+            if cut == 0:
+                carry = data
+                continue
+            yield memoryview(data)[:cut]
+            carry = data[cut:]
+        if carry:
+            yield memoryview(carry)
+    finally:
+        f.close()
+        if raw is not None:
+            raw.close()
+
+
+def _read_first_line(path: str, limit: int = 1 << 20) -> bytes:
+    f, raw = _open(path)
+    try:
+        line = f.readline(limit)
+    finally:
+        f.close()
+        if raw is not None:
+            raw.close()
+    return line.rstrip(b"\r\n")
+
+
+def _criteo_columns():
+    kind = np.array([_parse.KIND_LABEL] + [_parse.KIND_DENSE] * 13 + [_parse.KIND_SLOT] * 26,
+                    dtype=np.int8)
+    index = np.array([0] + list(range(13)) + list(range(26)), dtype=np.int32)
+    return kind, index
+
+
+def _split_header(header: bytes) -> List[str]:
+    try:
+        text = header.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"CSV header is not UTF-8: {header[:80]!r}") from e
+    return [name.strip().strip('"') for name in text.rstrip("\r\n").split(",")]
+
+
+_DENSE_RE = re.compile(r"^I(\d+)$", re.IGNORECASE)
+_SLOT_RE = re.compile(r"^C(\d+)$", re.IGNORECASE)
+
+
+def _csv_schema(header: bytes, path: str):
+    names = _split_header(header)
+    kind = np.zeros(len(names), dtype=np.int8)
+    index = np.zeros(len(names), dtype=np.int32)
+    label_col, dense, slots = None, [], []
+    for c, name in enumerate(names):
+        low = name.lower()
+        if low in ("label", "click"):
+            if label_col is not None:
+                raise ValueError(f"{path}:1: CSV header has two label columns: {name!r}")
+            label_col = c
+        elif _DENSE_RE.match(name):
+            dense.append((int(_DENSE_RE.match(name).group(1)), c, name))
+        elif _SLOT_RE.match(name):
+            slots.append((int(_SLOT_RE.match(name).group(1)), c, name))
+        elif low != "id":
+            raise ValueError(f"{path}:1: unknown CSV column {name!r}; expected label/click, "
+                             f"Id, I<k> (dense) or C<k> (categorical)")
+    if label_col is None:
+        raise ValueError(f"{path}:1: CSV header has no 'label' or 'click' column: {names!r}")
+    if not dense and not slots:
+        raise ValueError(f"{path}:1: CSV header has no I<k> or C<k> columns: {names!r}")
+    kind[label_col] = _parse.KIND_LABEL
+    dense.sort()
+    slots.sort()
+    for j, (_, c, _) in enumerate(dense):
+        kind[c], index[c] = _parse.KIND_DENSE, j
+    for j, (_, c, _) in enumerate(slots):
+        kind[c], index[c] = _parse.KIND_SLOT, j
+    schema = Schema("csv", tuple(n for _, _, n in dense), tuple(n for _, _, n in slots),
+                    names[label_col], tuple(names))
+    return schema, kind, index
+
+
+def _slot_schema(path: str, slots, label_name: str, dense_name: str) -> Schema:
+    first = _read_first_line(path).decode("utf-8", "replace").split()
+    n_dense = sum(1 for tok in first if tok.split(":", 1)[0] == dense_name)
+    if slots is None:
+        seen = {}
+        for tok in first:
+            name = tok.split(":", 1)[0]
+            if ":" in tok and name not in (label_name, dense_name):
+                seen.setdefault(name, None)
+        slots = tuple(seen)
+        if not slots:
+            raise ValueError(f"{path}:1: no slot tokens ('<slot>:<id>') in the first line")
+    slots = tuple(str(s) for s in slots)
+    if len(set(slots)) != len(slots) or any(not s or ":" in s or " " in s for s in slots):
+        raise ValueError(f"slot names must be distinct, non-empty, without ':' or spaces: "
+                         f"{slots!r}")
+    dense_names = tuple(f"{dense_name}_{j}" for j in range(n_dense))
+    return Schema("slot", dense_names, slots, label_name)
+
+
+def _detect_format(path: str) -> str:
+    line = _read_first_line(path)
+    if not line:
+        raise ValueError(f"{path}: cannot detect the format from an empty first line; "
+                         f"pass format='criteo', 'csv' or 'slot'")
+    first = line.split(b" ", 1)[0]
+    if b":" in first and b"\t" not in line:
+        return "slot"
+    if b"," in line and not line.split(b",", 1)[0].strip().replace(b".", b"").isdigit():
+        return "csv"
+    if b"\t" in line:
+        return "criteo"
+    raise ValueError(f"{path}: cannot detect the format of {line[:80]!r}; "
+                     f"pass format='criteo', 'csv' or 'slot'")
