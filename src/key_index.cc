@@ -10,7 +10,8 @@ namespace {
 constexpr size_t kMinCapacity = 16;
 
 IndexSlot* AllocSlots(size_t capacity) {
-  auto* slots = static_cast<IndexSlot*>(PageAlloc(capacity * sizeof(IndexSlot)));
+  const size_t bytes = capacity * sizeof(IndexSlot);
+  auto* slots = static_cast<IndexSlot*>(PageAlloc(bytes, bytes >= (size_t{4} << 20)));
   for (size_t i = 0; i < capacity; ++i) slots[i].value = KeyIndex::kEmpty;
   return slots;
 }

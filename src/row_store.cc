@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <new>
 
@@ -14,11 +15,25 @@ constexpr size_t kPage = 4096;
 inline size_t RoundUp(size_t bytes) { return (bytes + kPage - 1) / kPage * kPage; }
 }  // namespace
 
-void* PageAlloc(size_t bytes) {
-  void* p = mmap(nullptr, RoundUp(bytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                 -1, 0);
-  if (p == MAP_FAILED) throw std::bad_alloc();
-  return p;
+void* PageAlloc(size_t bytes, bool huge) {
+  constexpr size_t kHuge = size_t{2} << 20;
+  const size_t size = RoundUp(bytes);
+  if (!huge || size < kHuge) {
+    void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    return p;
+  }
+  // Over-allocate by one huge page, then trim to a 2 MiB-aligned start.
+  void* raw = mmap(nullptr, size + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                   -1, 0);
+  if (raw == MAP_FAILED) throw std::bad_alloc();
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(raw);
+  const uintptr_t aligned = (begin + kHuge - 1) & ~(kHuge - 1);
+  if (aligned > begin) munmap(raw, aligned - begin);
+  const uintptr_t end = begin + size + kHuge;
+  if (end > aligned + size) munmap(reinterpret_cast<void*>(aligned + size), end - aligned - size);
+  madvise(reinterpret_cast<void*>(aligned), size / kHuge * kHuge, MADV_HUGEPAGE);
+  return reinterpret_cast<void*>(aligned);
 }
 
 void PageFree(void* p, size_t bytes) {
@@ -28,11 +43,13 @@ void PageFree(void* p, size_t bytes) {
 RowStore::RowStore(size_t dim, size_t state_dim) : dim_(dim), state_dim_(state_dim) {}
 
 RowStore::~RowStore() {
-  for (float* c : chunks_) PageFree(c, ChunkBytes());
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    PageFree(chunks_[c], ChunkBytes(c == 0 ? kFirstChunkRows : kChunkRows));
+  }
 }
 
-size_t RowStore::ChunkBytes() const {
-  return kChunkRows * ((dim_ + state_dim_) * sizeof(float) + sizeof(RowMeta));
+size_t RowStore::ChunkBytes(size_t rows) const {
+  return rows * ((dim_ + state_dim_) * sizeof(float) + sizeof(RowMeta));
 }
 
 uint32_t RowStore::Allocate() {
@@ -41,11 +58,11 @@ uint32_t RowStore::Allocate() {
     free_rows_.pop_back();
     return row;
   }
-  if (next_row_ % kChunkRows == 0 && next_row_ / kChunkRows == chunks_.size()) {
-    if (chunks_.size() >= (size_t{0xFFFFFFFEu} / kChunkRows)) {
-      ThrowRuntime("a table shard is full (2^32 rows)");
-    }
-    chunks_.push_back(static_cast<float*>(PageAlloc(ChunkBytes())));
+  if (next_row_ == 0xFFFFFFFEu) ThrowRuntime("a table shard is full (2^32 - 2 rows)");
+  if (Locate(next_row_).chunk == chunks_.size()) {
+    const bool first = chunks_.empty();
+    chunks_.push_back(static_cast<float*>(
+        PageAlloc(ChunkBytes(first ? kFirstChunkRows : kChunkRows), !first)));
   }
   return next_row_++;
 }
@@ -53,8 +70,11 @@ uint32_t RowStore::Allocate() {
 void RowStore::Free(uint32_t row) { free_rows_.push_back(row); }
 
 size_t RowStore::MemoryBytes() const {
-  return chunks_.size() * RoundUp(ChunkBytes()) + free_rows_.capacity() * sizeof(uint32_t) +
-         chunks_.capacity() * sizeof(float*);
+  size_t bytes = free_rows_.capacity() * sizeof(uint32_t) + chunks_.capacity() * sizeof(float*);
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    bytes += RoundUp(ChunkBytes(c == 0 ? kFirstChunkRows : kChunkRows));
+  }
+  return bytes;
 }
 
 }  // namespace pyfleet

@@ -61,6 +61,7 @@ struct SparseTable::Batch {
   std::vector<uint8_t> is_dup;    // push: an earlier equal key carries this one
   std::vector<uint32_t> table;    // push: dedup hash table
   std::vector<uint32_t> misses;
+  std::vector<float> grads;       // push: gradients regrouped like keys
   std::vector<float> w, s, g;     // one row's private copy
   size_t starts[kShards + 1];
 };
@@ -94,7 +95,8 @@ SparseTable::SparseTable(size_t dim, const OptimizerConfig& opt, const Initializ
 
 SparseTable::~SparseTable() = default;
 
-void SparseTable::GroupByShard(const uint64_t* keys, size_t n, Batch& b) const {
+void SparseTable::GroupByShard(const uint64_t* keys, size_t n, Batch& b,
+                               const float* grads) const {
   b.keys.resize(n);
   b.h.resize(n);
   b.pos.resize(n);
@@ -111,6 +113,9 @@ void SparseTable::GroupByShard(const uint64_t* keys, size_t n, Batch& b) const {
     b.keys[j] = keys[i];
     b.h[j] = h;
     b.pos[j] = static_cast<uint32_t>(i);
+    // 64 sequential write streams: the apply loop then reads gradients in
+    // order instead of one cache miss per key into the caller's array.
+    if (grads != nullptr) std::memcpy(&b.grads[j * dim_], grads + i * dim_, dim_ * sizeof(float));
   }
 }
 
@@ -167,64 +172,66 @@ void SparseTable::Pull(const uint64_t* keys, size_t n, float* out) {
   pull_keys_.fetch_add(n, std::memory_order_relaxed);
   if (n == 0) return;
   thread_local Batch b;
-  GroupByShard(keys, n, b);
-  for (size_t s = 0; s < kShards; ++s) {
-    if (b.starts[s] < b.starts[s + 1]) PullShard(*shards_[s], b, b.starts[s], b.starts[s + 1], out);
-  }
-}
-
-void SparseTable::PullShard(Shard& s, Batch& b, size_t lo, size_t hi, float* out) {
-  uint32_t* rows = b.rows.data();
+  b.h.resize(n);
+  b.rows.resize(n);
+  b.misses.clear();
+  for (size_t i = 0; i < n; ++i) b.h[i] = Mix64(keys[i]);
   const size_t row_bytes = dim_ * sizeof(float);
-  auto copy_rows = [&] {
-    for (size_t j = lo; j < hi; ++j) {
-      if (j + kPrefetch < hi && rows[j + kPrefetch] != KeyIndex::kEmpty) {
-        PrefetchSpan(s.rows.Weights(rows[j + kPrefetch]), row_bytes);
+  {
+    // Keys are served in the caller's order, so `out` is written
+    // sequentially; every shard is held shared for the call. Writers take one
+    // shard at a time and readers take them in the same order: no cycle.
+    for (const auto& sp : shards_) sp->mu.lock_shared();
+    uint32_t* rows = b.rows.data();
+    for (size_t i = 0; i < n; ++i) {
+      if (i + kPrefetch < n) shards_[ShardOf(b.h[i + kPrefetch])]->index.Prefetch(b.h[i + kPrefetch]);
+      rows[i] = shards_[ShardOf(b.h[i])]->index.Find(keys[i], b.h[i]);
+    }
+    for (size_t i = 0; i < n; ++i) {
+      if (i + kPrefetch < n && rows[i + kPrefetch] != KeyIndex::kEmpty) {
+        PrefetchSpan(shards_[ShardOf(b.h[i + kPrefetch])]->rows.Weights(rows[i + kPrefetch]),
+                     row_bytes);
       }
-      float* dst = out + static_cast<size_t>(b.pos[j]) * dim_;
-      if (rows[j] == KeyIndex::kEmpty) {
-        pyfleet::InitialValues(init_, seed_, b.keys[j], dst, dim_);
-        candidate_pulls_.fetch_add(1, std::memory_order_relaxed);
+      if (rows[i] == KeyIndex::kEmpty) {
+        b.misses.push_back(static_cast<uint32_t>(i));
         continue;
       }
-      const float* src = s.rows.Weights(rows[j]);
-      for (size_t i = 0; i < dim_; ++i) dst[i] = LoadRelaxed(src + i);
+      const float* src = shards_[ShardOf(b.h[i])]->rows.Weights(rows[i]);
+      float* dst = out + i * dim_;
+      for (size_t k = 0; k < dim_; ++k) dst[k] = LoadRelaxed(src + k);
     }
-  };
-  auto probe = [&] {
-    size_t misses = 0;
-    for (size_t j = lo; j < hi; ++j) {
-      if (j + kPrefetch < hi) s.index.Prefetch(b.h[j + kPrefetch]);
-      rows[j] = s.index.Find(b.keys[j], b.h[j]);
-      misses += rows[j] == KeyIndex::kEmpty;
-    }
-    return misses;
-  };
-  {
-    std::shared_lock lock(s.mu);
-    if (probe() == 0) {
-      copy_rows();
-      return;
-    }
+    for (const auto& sp : shards_) sp->mu.unlock_shared();
   }
-  // Some keys have no row: take the shard exclusively, look again (another
-  // thread may have inserted them, or a shrink dropped others), then admit
-  // each distinct missing key once.
-  std::unique_lock lock(s.mu);
-  probe();
-  b.misses.clear();
-  for (size_t j = lo; j < hi; ++j) {
-    if (rows[j] == KeyIndex::kEmpty) b.misses.push_back(static_cast<uint32_t>(j));
-  }
-  std::sort(b.misses.begin(), b.misses.end(),
-            [&](uint32_t x, uint32_t y) { return b.keys[x] < b.keys[y]; });
+  if (!b.misses.empty()) PullMisses(keys, b, out);
+}
+
+void SparseTable::PullMisses(const uint64_t* keys, Batch& b, float* out) {
+  // Keys without a row: per shard, exclusively, look again (another thread
+  // may have inserted them) and admit each distinct key once.
+  std::sort(b.misses.begin(), b.misses.end(), [&](uint32_t x, uint32_t y) {
+    const size_t sx = ShardOf(b.h[x]), sy = ShardOf(b.h[y]);
+    return sx != sy ? sx < sy : keys[x] < keys[y];
+  });
   const uint64_t salt = draw_counter_.fetch_add(1, std::memory_order_relaxed);
   for (size_t m = 0; m < b.misses.size();) {
-    const size_t j = b.misses[m];
-    const uint32_t row = AdmitLocked(s, b.keys[j], b.h[j], salt);
-    for (; m < b.misses.size() && b.keys[b.misses[m]] == b.keys[j]; ++m) rows[b.misses[m]] = row;
+    const size_t shard = ShardOf(b.h[b.misses[m]]);
+    Shard& s = *shards_[shard];
+    std::unique_lock lock(s.mu);
+    while (m < b.misses.size() && ShardOf(b.h[b.misses[m]]) == shard) {
+      const size_t i = b.misses[m];
+      uint32_t row = s.index.Find(keys[i], b.h[i]);
+      if (row == KeyIndex::kEmpty) row = AdmitLocked(s, keys[i], b.h[i], salt);
+      for (; m < b.misses.size() && keys[b.misses[m]] == keys[i]; ++m) {
+        float* dst = out + static_cast<size_t>(b.misses[m]) * dim_;
+        if (row == KeyIndex::kEmpty) {
+          pyfleet::InitialValues(init_, seed_, keys[i], dst, dim_);
+          candidate_pulls_.fetch_add(1, std::memory_order_relaxed);
+        } else {
+          std::memcpy(dst, s.rows.Weights(row), dim_ * sizeof(float));
+        }
+      }
+    }
   }
-  copy_rows();
 }
 
 void SparseTable::Push(const uint64_t* keys, size_t n, const float* grads, bool add_delta) {
@@ -239,7 +246,8 @@ void SparseTable::Push(const uint64_t* keys, size_t n, const float* grads, bool 
   push_keys_.fetch_add(n, std::memory_order_relaxed);
   if (n == 0) return;
   thread_local Batch b;
-  GroupByShard(keys, n, b);
+  b.grads.resize(n * dim_);
+  GroupByShard(keys, n, b, grads);
   b.dup_next.assign(n, kNone);
   b.is_dup.assign(n, 0);
   b.w.resize(dim_);
@@ -247,7 +255,7 @@ void SparseTable::Push(const uint64_t* keys, size_t n, const float* grads, bool 
   b.g.resize(dim_);
   for (size_t s = 0; s < kShards; ++s) {
     if (b.starts[s] < b.starts[s + 1]) {
-      PushShard(*shards_[s], b, b.starts[s], b.starts[s + 1], grads, add_delta);
+      PushShard(*shards_[s], b, b.starts[s], b.starts[s + 1], b.grads.data(), add_delta);
     }
   }
 }
@@ -294,11 +302,12 @@ void SparseTable::PushShard(Shard& s, Batch& b, size_t lo, size_t hi, const floa
     float* w = b.w.data();
     float* st = b.s.data();
     for (size_t j = lo; j < hi; ++j) {
-      if (j + kPrefetch / 2 < hi) {
-        const uint32_t r = rows[j + kPrefetch / 2];
-        if (!b.is_dup[j + kPrefetch / 2] && r != KeyIndex::kEmpty) {
+      if (j + kPrefetch < hi && !b.is_dup[j + kPrefetch]) {
+        const uint32_t r = rows[j + kPrefetch];
+        if (r != KeyIndex::kEmpty) {
           PrefetchSpan(s.rows.Weights(r), w_bytes);
           if (s_bytes) PrefetchSpan(s.rows.State(r), s_bytes);
+          __builtin_prefetch(s.rows.Meta(r), 1);
         }
       }
       if (b.is_dup[j]) continue;
@@ -309,12 +318,12 @@ void SparseTable::PushShard(Shard& s, Batch& b, size_t lo, size_t hi, const floa
         dropped_push_keys_.fetch_add(dropped, std::memory_order_relaxed);
         continue;
       }
-      const float* g = grads + static_cast<size_t>(b.pos[j]) * dim_;
+      const float* g = grads + j * dim_;
       if (b.dup_next[j] != kNone) {
         float* sum = b.g.data();
         std::memcpy(sum, g, w_bytes);
         for (uint32_t d = b.dup_next[j]; d != kNone; d = b.dup_next[d]) {
-          const float* gd = grads + static_cast<size_t>(b.pos[d]) * dim_;
+          const float* gd = grads + static_cast<size_t>(d) * dim_;
           for (size_t i = 0; i < dim_; ++i) sum[i] += gd[i];
         }
         g = sum;

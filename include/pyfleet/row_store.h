@@ -3,10 +3,12 @@
 // A row is addressed by a uint32 row id; rows never move when the store grows
 // (chunks are appended, never reallocated), so a reader holding a row id under
 // its shard's shared lock may use it while other rows are added elsewhere.
-// Each chunk holds kChunkRows rows, split into three column blocks so that a
-// pull touches only the weights:
+// The first chunk holds kFirstChunkRows rows (small tables stay small), every
+// later one kChunkRows on transparent huge pages (large tables spend no TLB
+// misses). A chunk is split into three column blocks so that a pull touches
+// only the weights:
 //
-//   chunk: | weights[kChunkRows][dim] | state[kChunkRows][state_dim] | meta[kChunkRows] |
+//   chunk: | weights[rows][dim] | state[rows][state_dim] | meta[rows] |
 //
 //   RowMeta (16 bytes):
 //   +--------------+---------------+-------+------+-------+
@@ -35,7 +37,9 @@ inline constexpr uint16_t kRowTouched = 2;  // pushed since the last shrink
 
 class RowStore {
  public:
-  static constexpr uint32_t kChunkRows = 4096;
+  static constexpr uint32_t kFirstChunkRows = 4096;
+  static constexpr uint32_t kChunkShift = 15;
+  static constexpr uint32_t kChunkRows = 1u << kChunkShift;
 
   RowStore(size_t dim, size_t state_dim);
   ~RowStore();
@@ -48,15 +52,17 @@ class RowStore {
   void Free(uint32_t row);
 
   float* Weights(uint32_t row) const {
-    return chunks_[row / kChunkRows] + (row % kChunkRows) * dim_;
+    const Where w = Locate(row);
+    return chunks_[w.chunk] + w.offset * dim_;
   }
   float* State(uint32_t row) const {
-    return chunks_[row / kChunkRows] + kChunkRows * dim_ + (row % kChunkRows) * state_dim_;
+    const Where w = Locate(row);
+    return chunks_[w.chunk] + w.capacity * dim_ + w.offset * state_dim_;
   }
   RowMeta* Meta(uint32_t row) const {
-    return reinterpret_cast<RowMeta*>(chunks_[row / kChunkRows] +
-                                      kChunkRows * (dim_ + state_dim_)) +
-           row % kChunkRows;
+    const Where w = Locate(row);
+    return reinterpret_cast<RowMeta*>(chunks_[w.chunk] + w.capacity * (dim_ + state_dim_)) +
+           w.offset;
   }
 
   size_t dim() const { return dim_; }
@@ -64,7 +70,15 @@ class RowStore {
   size_t MemoryBytes() const;
 
  private:
-  size_t ChunkBytes() const;
+  struct Where {
+    size_t chunk, offset, capacity;
+  };
+  static Where Locate(uint32_t row) {
+    if (row < kFirstChunkRows) return {0, row, kFirstChunkRows};
+    const uint32_t r = row - kFirstChunkRows;
+    return {1 + (r >> kChunkShift), r & (kChunkRows - 1), kChunkRows};
+  }
+  size_t ChunkBytes(size_t rows) const;
 
   size_t dim_;
   size_t state_dim_;
@@ -75,7 +89,10 @@ class RowStore {
 
 // Page-granular allocation straight from the kernel, so memory freed by a
 // rehash or a shrink goes back to the system instead of staying in the heap.
-void* PageAlloc(size_t bytes);  // zero-filled
+// With huge = true the block starts on a 2 MiB boundary and its whole 2 MiB
+// pages are advised as transparent huge pages (the tail stays on small pages,
+// so nothing untouched becomes resident).
+void* PageAlloc(size_t bytes, bool huge = false);  // zero-filled
 void PageFree(void* p, size_t bytes);
 
 }  // namespace pyfleet

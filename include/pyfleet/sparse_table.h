@@ -102,8 +102,9 @@ class SparseTable {
   struct Shard;
   struct Batch;
 
-  void GroupByShard(const uint64_t* keys, size_t n, Batch& b) const;
-  void PullShard(Shard& s, Batch& b, size_t lo, size_t hi, float* out);
+  // Regroups keys (and grads, if given) by shard into b.
+  void GroupByShard(const uint64_t* keys, size_t n, Batch& b, const float* grads) const;
+  void PullMisses(const uint64_t* keys, Batch& b, float* out);
   void PushShard(Shard& s, Batch& b, size_t lo, size_t hi, const float* grads,
                  bool add_delta);
   // Under the exclusive lock: the row of key, creating it if the entry policy
