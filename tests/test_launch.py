@@ -299,3 +299,21 @@ def test_a_missing_program_is_reported():
 def test_free_ports_are_distinct():
     ports = free_ports(20)
     assert len(set(ports)) == 20 and all(0 < p < 65536 for p in ports)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PDEATHSIG is Linux-only")
+def test_roles_die_with_a_killed_launcher(script):
+    path, piddir = script
+    proc = subprocess.Popen([sys.executable, "-m", "pyfleet.launch", "--servers", "1",
+                             "--workers", "2", str(path), str(piddir), "fail:nobody:0"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env())
+    try:
+        _wait_pid_files(piddir, 3, proc)
+        pids = _pids(piddir)
+        proc.kill()  # no chance to clean up: the kernel's PDEATHSIG must do it
+        proc.wait(timeout=30)
+        _assert_all_gone(pids)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

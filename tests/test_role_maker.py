@@ -266,3 +266,39 @@ def test_mpi_role_maker_without_mpi4py_says_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "mpi4py", None)
     with pytest.raises(ImportError, match="pip install"):
         rm.MPISymetricRoleMaker()
+
+
+# ---------------------------------------------------------------- the Kubernetes sample
+
+def test_kubernetes_sample_gives_every_pod_a_valid_role():
+    yaml = pytest.importorskip("yaml")
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "k8s" / "pyfleet-job.yaml"
+    docs = list(yaml.safe_load_all(path.read_text()))
+    service = next(d for d in docs if d["kind"] == "Service")
+    jobs = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Job"}
+    servers, workers = jobs["pyfleet-server"], jobs["pyfleet-worker"]
+    assert servers["spec"]["template"]["spec"]["subdomain"] == service["metadata"]["name"]
+    port = service["spec"]["ports"][0]["port"]
+    n_servers, n_workers = servers["spec"]["completions"], workers["spec"]["completions"]
+    expected_eps = [f"pyfleet-server-{i}.{service['metadata']['name']}:{port}"
+                    for i in range(n_servers)]
+    for job, kind in ((servers, "server"), (workers, "worker")):
+        assert job["spec"]["completionMode"] == "Indexed"
+        for index in range(job["spec"]["completions"]):
+            env = {}
+            for var in job["spec"]["template"]["spec"]["containers"][0]["env"]:
+                if "value" in var:
+                    env[var["name"]] = var["value"]
+                else:
+                    path_ = var["valueFrom"]["fieldRef"]["fieldPath"]
+                    assert "job-completion-index" in path_
+                    env[var["name"]] = str(index)
+            r = PaddleCloudRoleMaker(env=env)
+            assert r.server_endpoints() == expected_eps
+            assert r.worker_num() == n_workers
+            if kind == "server":
+                assert r.server_index() == index
+            else:
+                assert r.worker_index() == index
