@@ -521,6 +521,8 @@ _SLOT_RE = re.compile(r"^C(\d+)$", re.IGNORECASE)
 
 
 def _csv_schema(header: bytes, path: str):
+    if not header.strip():
+        raise ValueError(f"{path}:1: a CSV file must start with a header naming its columns")
     names = _split_header(header)
     kind = np.zeros(len(names), dtype=np.int8)
     index = np.zeros(len(names), dtype=np.int32)
