@@ -129,8 +129,7 @@ class _Plan:
 class _LookupGroup:
     """Embedding lookups sharing one parameter, deduplicated together."""
 
-    __slots__ = ("param", "ops", "bounds", "keys", "order", "starts", "pad_masks", "grads",
-                 "rows", "inverse")
+    __slots__ = ("param", "ops", "bounds", "keys", "pad_masks", "grads", "rows", "inverse")
 
 
 class _Step:
@@ -146,6 +145,7 @@ class _Step:
         self._aux = {}
         self.groups = []
         self.group_of = {}
+        self.cache = {}
 
     # kernel interface
     def value(self, var):
@@ -183,10 +183,11 @@ class _Step:
             self._pull_group(op)
         grp = self.group_of[id(op)]
         i = grp.ops.index(op)
-        a, b = grp.bounds[i], grp.bounds[i + 1]
-        rows = grp.rows[grp.inverse[a:b]]
+        # A view into the group's gathered rows: kernels never write their inputs.
+        rows = grp.rows[grp.bounds[i]:grp.bounds[i + 1]]
         pad = grp.pad_masks[i]
         if pad is not None:
+            rows = rows.copy()
             rows[pad] = 0
         ids = self.value(op.input("Ids")[0])
         if isinstance(ids, LoDTensor):
@@ -224,20 +225,12 @@ class _Step:
                 raise ValueError(f"embedding {w.name!r}: id {lo if lo < 0 else hi} is out of "
                                  f"range [0, {w.shape[0]}); use is_distributed=True for a "
                                  "table keyed by raw ids")
-        order = np.argsort(keys, kind="stable")
-        sk = keys[order]
-        new = np.empty(sk.shape[0], dtype=bool)
-        if sk.shape[0]:
-            new[0] = True
-            np.not_equal(sk[1:], sk[:-1], out=new[1:])
-        starts = np.flatnonzero(new)
-        uniq = sk[starts]
-        inverse = np.empty(keys.shape[0], dtype=np.int64)
-        inverse[order] = np.cumsum(new) - 1
+        uniq, inverse = _unique_inverse(keys)
         if w.is_sparse_table:
-            rows = self.backend.pull_sparse(w.name, uniq)
+            urows = self.backend.pull_sparse(w.name, uniq)
         else:
-            rows = self.data(w)[uniq]
+            urows = np.take(self.data(w), uniq, axis=0)
+        rows = np.take(urows, inverse, axis=0)
         pads = []
         for op, f in zip(ops, flat):
             pad = op.attrs.get("padding_idx")
@@ -248,7 +241,7 @@ class _Step:
                 pads.append(m if m.any() else None)
         grp = _LookupGroup()
         grp.param, grp.ops, grp.bounds, grp.keys = w, ops, bounds, uniq
-        grp.order, grp.starts, grp.pad_masks, grp.grads = order, starts, pads, {}
+        grp.pad_masks, grp.grads = pads, {}
         grp.rows, grp.inverse = rows, inverse
         for op in ops:
             self.group_of[id(op)] = grp
@@ -272,18 +265,26 @@ class _Step:
                 g[grp.pad_masks[i]] = 0
             parts.append(g)
         occ = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        return grp.keys, _ops.segment_sum_sorted(occ, grp.order, grp.starts)
+        return grp.keys, _ops.segment_sum(occ, grp.inverse, grp.keys.shape[0])
+
+
+def _unique_inverse(keys):
+    """``(sorted unique keys, index of each key's unique)`` by one argsort."""
+    order = np.argsort(keys)
+    sk = np.take(keys, order)
+    new = np.empty(sk.shape[0], dtype=bool)
+    if sk.shape[0]:
+        new[0] = True
+        np.not_equal(sk[1:], sk[:-1], out=new[1:])
+    inverse = np.empty(keys.shape[0], dtype=np.int64)
+    inverse[order] = np.cumsum(new) - 1
+    return sk[new], inverse
 
 
 def _merge_keys(keys_list, grads_list):
     keys = np.concatenate(keys_list)
-    grads = np.concatenate(grads_list)
-    order = np.argsort(keys, kind="stable")
-    sk = keys[order]
-    new = np.ones(sk.shape[0], dtype=bool)
-    new[1:] = sk[1:] != sk[:-1]
-    starts = np.flatnonzero(new)
-    return sk[starts], _ops.segment_sum_sorted(grads, order, starts)
+    uniq, inverse = _unique_inverse(keys)
+    return uniq, _ops.segment_sum(np.concatenate(grads_list), inverse, uniq.shape[0])
 
 
 def _feed_value(var, value):
@@ -500,7 +501,12 @@ def _auc_forward(op, s):
                          f"row, got input {pred.shape} and {label.shape[0]} labels")
     t = op.attrs["num_thresholds"]
     steps = op.attrs["slide_steps"]
-    pos, neg = metrics.bucket_counts(pred[:, -1], label, t)
+    # The batch and the global auc ops of one layer see the same input.
+    key = ("auc", op.input("Predict")[0].name, op.input("Label")[0].name, t)
+    counts = s.cache.get(key)
+    if counts is None:
+        counts = s.cache[key] = metrics.bucket_counts(pred[:, -1], label, t)
+    pos, neg = counts
     pos_name, neg_name = op.output("StatPosOut")[0].name, op.output("StatNegOut")[0].name
     bucket = t + 1
     size = bucket if steps == 0 else (steps + 1) * bucket + 1

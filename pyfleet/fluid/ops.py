@@ -18,7 +18,7 @@ import numpy as np
 
 from pyfleet.fluid.framework import LoDTensor
 
-__all__ = ["FORWARD", "BACKWARD", "NO_GRAD", "STATEFUL", "segment_sum_sorted",
+__all__ = ["FORWARD", "BACKWARD", "NO_GRAD", "STATEFUL", "segment_sum",
            "sequence_pool_forward", "sequence_pool_backward"]
 
 FORWARD = {}
@@ -246,7 +246,7 @@ def _softmax(x):
     return e / e.sum(axis=-1, keepdims=True)
 
 
-_register("relu", *_unary(lambda x: np.maximum(x, 0), lambda g, x, y: g * (y > 0)))
+_register("relu", *_unary(lambda x: np.maximum(x, 0), lambda g, x, y: np.where(y > 0, g, 0)))
 _register("sigmoid", *_unary(_sigmoid, lambda g, x, y: g * y * (1 - y)))
 _register("tanh", *_unary(np.tanh, lambda g, x, y: g * (1 - y * y)))
 _register("square", *_unary(np.square, lambda g, x, y: g * 2 * x))
@@ -545,12 +545,15 @@ _register("accuracy", _accuracy_fwd)
 
 # --------------------------------------------------------------------------- sequences
 
-def segment_sum_sorted(values, order, starts):
-    """Sum rows of ``values`` grouped by a sort: ``order`` sorts rows by group,
-    ``starts`` are the first sorted positions of each group."""
-    if values.shape[0] == 0:
-        return np.zeros((0,) + values.shape[1:], dtype=values.dtype)
-    return np.add.reduceat(values[order], starts, axis=0)
+def segment_sum(values, segment, num_segments):
+    """``out[k] = sum of values[i] with segment[i] == k`` for 2-D ``values``.
+
+    One float64 ``bincount`` per column: faster here than ``np.add.at`` or a
+    sort plus ``np.add.reduceat``, and exact to float32 precision."""
+    out = np.empty((num_segments, values.shape[1]), dtype=values.dtype)
+    for j in range(values.shape[1]):
+        out[:, j] = np.bincount(segment, weights=values[:, j], minlength=num_segments)
+    return out
 
 
 def _seq_info(x):
@@ -577,7 +580,7 @@ def sequence_pool_forward(x, pool_type):
     data = x.data
     pool_type = pool_type.lower()
     if _is_unit(x):
-        return data.copy(), None
+        return data, None
     off, lens, nonempty = _seq_info(x)
     b = lens.shape[0]
     out = np.zeros((b,) + data.shape[1:], dtype=data.dtype)
