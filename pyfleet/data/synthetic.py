@@ -21,9 +21,10 @@ test rows, reported by :func:`generate` as ``truth_auc_test`` and
 ``truth_logloss_test``.
 
 Determinism: the same ``(rows, seed)`` gives identical arrays and byte-identical
-files on any machine (numpy's PCG64 streams, keyed by seed and a 65,536-row
-block number, so the first rows do not depend on ``rows``). Everything is
-vectorized over blocks of rows; nothing loops per row in Python.
+files on any machine with the same numpy release (PCG64 streams keyed by the
+seed and a 65,536-row block number; numpy may change how its Generator draws
+distributions between releases). Everything is vectorized over blocks
+of rows; nothing loops per row in Python.
 """
 
 from __future__ import annotations
