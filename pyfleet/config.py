@@ -35,22 +35,23 @@ import difflib
 import math
 import numbers
 import os
-from typing import Iterable, List, NamedTuple, Optional, Sequence, Tuple
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
 
 from pyfleet.errors import ConfigError
 
 __all__ = [
+    "MODES",
+    "Block",
     "DistributeTranspilerConfig",
-    "RuntimeConfig",
+    "HashName",
     "PSDispatcher",
     "RoundRobin",
-    "HashName",
-    "Block",
+    "RuntimeConfig",
+    "block_name",
     "place_dense",
     "slice_variable",
-    "block_name",
     "stable_hash",
-    "MODES",
 ]
 
 MODES = ("sync", "async", "geo")
@@ -97,7 +98,7 @@ class PSDispatcher:
         self.reset()
 
     @property
-    def eps(self) -> List[str]:
+    def eps(self) -> list[str]:
         """The endpoints blocks are dispatched to (a copy)."""
         return list(self._eps)
 
@@ -108,7 +109,7 @@ class PSDispatcher:
         """Return the index of the endpoint that the next block, named ``name``, goes to."""
         raise NotImplementedError
 
-    def dispatch(self, varlist: Iterable) -> List[str]:
+    def dispatch(self, varlist: Iterable) -> list[str]:
         """Return one endpoint per entry of ``varlist`` (names, or objects with ``.name``)."""
         out = []
         for var in varlist:
@@ -194,7 +195,7 @@ class RuntimeConfig:
         return {k: getattr(self, k) for k in self._FIELDS}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "RuntimeConfig":
+    def from_dict(cls, d: dict) -> RuntimeConfig:
         unknown = set(d) - set(cls._FIELDS)
         if unknown:
             raise ConfigError(f"unknown runtime config keys: {sorted(unknown)}")
@@ -257,7 +258,7 @@ class DistributeTranspilerConfig:
             self.mode = env_mode.strip().lower()
 
     @classmethod
-    def _defaults(cls) -> "DistributeTranspilerConfig":
+    def _defaults(cls) -> DistributeTranspilerConfig:
         cfg = cls.__new__(cls)
         cfg._set_defaults()
         return cfg
@@ -292,9 +293,8 @@ class DistributeTranspilerConfig:
             if _check_bool(key, value):
                 raise ConfigError("enable_dc_asgd=True (DC-ASGD) is not supported by pyfleet")
             value = False
-        elif key == "runtime":
-            if not isinstance(value, RuntimeConfig):
-                raise ConfigError(f"runtime must be a RuntimeConfig, got {value!r}")
+        elif key == "runtime" and not isinstance(value, RuntimeConfig):
+            raise ConfigError(f"runtime must be a RuntimeConfig, got {value!r}")
         object.__setattr__(self, key, value)
 
     @property
@@ -384,7 +384,7 @@ class DistributeTranspilerConfig:
         }
 
     @classmethod
-    def from_dict(cls, d: dict) -> "DistributeTranspilerConfig":
+    def from_dict(cls, d: dict) -> DistributeTranspilerConfig:
         """Rebuild a config from :meth:`to_dict`'s output, validating every field.
 
         ``$PYFLEET_MODE`` is not consulted: ``d["mode"]`` is authoritative when present.
@@ -432,7 +432,7 @@ class Block(NamedTuple):
         return self.end - self.start
 
 
-def _numel(name: str, shape) -> Tuple[int, Tuple[int, ...]]:
+def _numel(name: str, shape) -> tuple[int, tuple[int, ...]]:
     if isinstance(shape, numbers.Integral) and not isinstance(shape, bool):
         shape = (int(shape),)
     try:
@@ -447,7 +447,7 @@ def _numel(name: str, shape) -> Tuple[int, Tuple[int, ...]]:
     return math.prod(int(d) for d in dims), tuple(int(d) for d in dims)
 
 
-def slice_variable(shape, slice_count: int, min_block_size: int = 8192) -> List[int]:
+def slice_variable(shape, slice_count: int, min_block_size: int = 8192) -> list[int]:
     """Return the sizes (in elements) of the blocks Fluid 1.5 cuts a parameter into.
 
     ``shape`` is the parameter's shape; ``slice_count`` the number of servers. The sizes add
@@ -465,8 +465,8 @@ def slice_variable(shape, slice_count: int, min_block_size: int = 8192) -> List[
     return [min(block_size, numel - i * block_size) for i in range(split_count)]
 
 
-def place_dense(params: Iterable[Tuple[str, Sequence[int]]], server_num: int,
-                config: Optional[DistributeTranspilerConfig] = None) -> List[Block]:
+def place_dense(params: Iterable[tuple[str, Sequence[int]]], server_num: int,
+                config: DistributeTranspilerConfig | None = None) -> list[Block]:
     """Cut dense parameters into blocks and assign each block to a server.
 
     ``params`` is a list of ``(name, shape)`` in a fixed order (the same on every process:
@@ -484,7 +484,7 @@ def place_dense(params: Iterable[Tuple[str, Sequence[int]]], server_num: int,
         raise ValueError(f"config must be a DistributeTranspilerConfig, got {config!r}")
     dispatcher = config.split_method([str(i) for i in range(server_num)])
     seen = set()
-    blocks: List[Block] = []
+    blocks: list[Block] = []
     for entry in params:
         try:
             name, shape = entry

@@ -27,7 +27,8 @@ Supervision rules (the same from Python through :func:`launch_local`):
 - SIGINT, SIGTERM or SIGHUP to the launcher stops every role (exit code 128 + signal).
 
 Each role runs in its own session (process group), and "stop" means SIGTERM to the whole
-group, then SIGKILL after ``stop_timeout`` seconds (default 5), so helper processes a role started are stopped too.
+group, then SIGKILL after ``stop_timeout`` seconds (default 5), so helper processes a role
+started are stopped too.
 On Linux each role also gets SIGTERM if the launcher dies without cleaning up (PDEATHSIG).
 """
 
@@ -42,13 +43,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, TextIO, Union
+from typing import Callable, TextIO, Union
 
 from pyfleet.errors import ConfigError
 from pyfleet.role_maker import parse_endpoints
 
-__all__ = ["launch_local", "main", "free_ports", "role_env", "CONTRACT_VARS", "EXIT_TIMEOUT"]
+__all__ = ["CONTRACT_VARS", "EXIT_TIMEOUT", "free_ports", "launch_local", "main", "role_env"]
 
 EXIT_TIMEOUT = 124
 
@@ -65,7 +67,7 @@ _REAP_WAIT = 5.0
 _POLL = 0.05
 
 
-def free_ports(n: int, host: str = "127.0.0.1") -> List[int]:
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
     """Return ``n`` distinct TCP ports that were free on ``host`` a moment ago.
 
     The sockets are held open until all ``n`` are chosen, so the ports are distinct; they
@@ -84,7 +86,7 @@ def free_ports(n: int, host: str = "127.0.0.1") -> List[int]:
 
 
 def role_env(role: str, index: int, server_endpoints: Sequence[str], worker_num: int,
-             mode: Optional[str] = None) -> Dict[str, str]:
+             mode: str | None = None) -> dict[str, str]:
     """The environment contract for one role (``role`` is ``"server"`` or ``"worker"``)."""
     eps = ",".join(server_endpoints)
     env = {
@@ -130,13 +132,13 @@ class _Role:
     def __init__(self, kind: str, index: int):
         self.kind, self.index = kind, index
         self.label = f"{kind}.{index}"
-        self.proc: Optional[subprocess.Popen] = None
-        self.reader: Optional[threading.Thread] = None
+        self.proc: subprocess.Popen | None = None
+        self.reader: threading.Thread | None = None
         self.log = None
         self.stopped_by_launcher = False
 
     @property
-    def returncode(self) -> Optional[int]:
+    def returncode(self) -> int | None:
         return None if self.proc is None else self.proc.poll()
 
 
@@ -180,16 +182,17 @@ def _pump(role: _Role, out: TextIO, lock: threading.Lock) -> None:
     role.proc.stdout.close()
 
 
+# typing.Union: this alias is evaluated at run time, and Python 3.9 has no `|` for types.
 CmdForRole = Union[Sequence[str], Callable[[str, int], Sequence[str]]]
 
 
 def launch_local(cmd_for_role: CmdForRole, servers: int, workers: int,
-                 env: Optional[Mapping[str, str]] = None,
-                 log_dir: Optional[Union[str, os.PathLike]] = None,
-                 timeout: Optional[float] = None, *,
-                 server_endpoints: Optional[Sequence[str]] = None,
-                 mode: Optional[str] = None, grace_period: float = 30.0,
-                 output: Optional[TextIO] = None, messages: Optional[TextIO] = None,
+                 env: Mapping[str, str] | None = None,
+                 log_dir: str | os.PathLike | None = None,
+                 timeout: float | None = None, *,
+                 server_endpoints: Sequence[str] | None = None,
+                 mode: str | None = None, grace_period: float = 30.0,
+                 output: TextIO | None = None, messages: TextIO | None = None,
                  host: str = "127.0.0.1", stop_timeout: float = 5.0) -> int:
     """Run ``servers`` servers and ``workers`` workers locally and supervise them.
 
@@ -231,7 +234,9 @@ def launch_local(cmd_for_role: CmdForRole, servers: int, workers: int,
         fixed = list(cmd_for_role)
         if not fixed:
             raise ConfigError("the command to run is empty")
-        make_cmd = lambda role, index: fixed  # noqa: E731
+
+        def make_cmd(role, index):
+            return fixed
 
     out = sys.stdout if output is None else output
     msg = sys.stderr if messages is None else messages
@@ -251,7 +256,7 @@ def launch_local(cmd_for_role: CmdForRole, servers: int, workers: int,
     if log_dir is not None:
         Path(log_dir).mkdir(parents=True, exist_ok=True)
 
-    signals_seen: List[int] = []
+    signals_seen: list[int] = []
     previous = {}
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -268,11 +273,13 @@ def launch_local(cmd_for_role: CmdForRole, servers: int, workers: int,
             child_env = dict(base)
             child_env.update(role_env(role.kind, role.index, eps, workers, mode))
             if log_dir is not None:
-                role.log = open(Path(log_dir) / f"{role.label}.log", "w", encoding="utf-8")
+                role.log = open(Path(log_dir) / f"{role.label}.log", "w",  # noqa: SIM115
+                                encoding="utf-8")  # closed in the finally below
             try:
                 role.proc = subprocess.Popen(argv, env=child_env, stdin=subprocess.DEVNULL,
                                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                             start_new_session=True, preexec_fn=preexec)
+                                             start_new_session=True,
+                                             preexec_fn=preexec)  # noqa: PLW1509
             except OSError as exc:
                 report(f"cannot start {role.label} ({' '.join(argv)}): {exc}")
                 return 1
@@ -296,7 +303,7 @@ def launch_local(cmd_for_role: CmdForRole, servers: int, workers: int,
                     role.log.close()
 
 
-def _supervise(roles: List[_Role], timeout, grace, signals_seen, report) -> int:
+def _supervise(roles: list[_Role], timeout, grace, signals_seen, report) -> int:
     start = time.monotonic()
     workers_done_at = None
     servers = [r for r in roles if r.kind == "server"]
@@ -331,7 +338,7 @@ def _supervise(roles: List[_Role], timeout, grace, signals_seen, report) -> int:
         time.sleep(_POLL)
 
 
-def _stop(roles: List[_Role], signals_seen: List[int], report, wait: float) -> None:
+def _stop(roles: list[_Role], signals_seen: list[int], report, wait: float) -> None:
     started = [r for r in roles if r.proc is not None]
     for role in started:
         if role.proc.poll() is None:
@@ -384,7 +391,7 @@ def _build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m pyfleet.launch`` and ``fleetrun``; returns the exit code."""
     parser = _build_parser()
     args = parser.parse_args(argv)

@@ -25,21 +25,21 @@ import enum
 import os
 import socket
 import threading
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import List, Mapping, Optional, Sequence, Tuple
 
 from pyfleet.errors import ConfigError
 
 __all__ = [
+    "MPI_ENV_VARS",
+    "MPISymetricRoleMaker",
+    "PaddleCloudRoleMaker",
     "Role",
     "RoleInfo",
     "RoleMakerBase",
     "UserDefinedRoleMaker",
-    "PaddleCloudRoleMaker",
-    "MPISymetricRoleMaker",
     "default_role_maker",
     "parse_endpoints",
-    "MPI_ENV_VARS",
 ]
 
 # Variables that an MPI launcher sets in each rank: OpenMPI, MPICH/Intel MPI (Hydra), PMIx.
@@ -60,8 +60,8 @@ class RoleInfo:
     role: Role
     index: int
     worker_num: int
-    server_endpoints: Tuple[str, ...]
-    current_endpoint: Optional[str]
+    server_endpoints: tuple[str, ...]
+    current_endpoint: str | None
 
     def describe(self) -> str:
         name = "worker" if self.role == Role.WORKER else "server"
@@ -82,7 +82,7 @@ def _check_endpoint(ep, what: str) -> str:
     return f"{host}:{int(port)}"
 
 
-def parse_endpoints(value, what: str) -> Tuple[str, ...]:
+def parse_endpoints(value, what: str) -> tuple[str, ...]:
     """Validate server endpoints given as ``"h:p,h:p"`` or a list of ``"h:p"``.
 
     Returns them as a tuple in the given order (the order defines server indices). Raises
@@ -117,7 +117,7 @@ class RoleMakerBase:
     """
 
     def __init__(self):
-        self._info: Optional[RoleInfo] = None
+        self._info: RoleInfo | None = None
         self._lock = threading.Lock()
 
     def _resolve(self) -> RoleInfo:
@@ -170,15 +170,15 @@ class RoleMakerBase:
     def server_num(self) -> int:
         return len(self.info.server_endpoints)
 
-    def server_endpoints(self) -> List[str]:
+    def server_endpoints(self) -> list[str]:
         """Every server's ``host:port``, in server-index order (a new list)."""
         return list(self.info.server_endpoints)
 
-    def get_pserver_endpoints(self) -> List[str]:
+    def get_pserver_endpoints(self) -> list[str]:
         """Fluid's name for :meth:`server_endpoints`."""
         return self.server_endpoints()
 
-    def current_endpoint(self) -> Optional[str]:
+    def current_endpoint(self) -> str | None:
         """A server's own ``host:port`` (its entry in :meth:`server_endpoints`); None on a worker."""
         return self.info.current_endpoint
 
@@ -240,7 +240,7 @@ class UserDefinedRoleMaker(RoleMakerBase):
     """
 
     def __init__(self, current_id: int = 0, role: Role = Role.WORKER, worker_num: int = 0,
-                 server_endpoints: Optional[Sequence[str]] = None):
+                 server_endpoints: Sequence[str] | None = None):
         super().__init__()
         current_id = _as_int(current_id, "current_id", 0)
         role = _as_role(role, "role")
@@ -265,7 +265,7 @@ class UserDefinedRoleMaker(RoleMakerBase):
         return self._given
 
 
-def _env_get(env: Mapping[str, str], name: str) -> Optional[str]:
+def _env_get(env: Mapping[str, str], name: str) -> str | None:
     value = env.get(name)
     if value is None:
         return None
@@ -284,7 +284,7 @@ def _env_int(env: Mapping[str, str], name: str, minimum: int) -> int:
     return value
 
 
-def _first_set(env: Mapping[str, str], names: Sequence[str]) -> Optional[str]:
+def _first_set(env: Mapping[str, str], names: Sequence[str]) -> str | None:
     for name in names:
         if _env_get(env, name) is not None:
             return name
@@ -311,7 +311,7 @@ class PaddleCloudRoleMaker(RoleMakerBase):
     ``is_collective=True`` (Fluid's collective mode) is not supported.
     """
 
-    def __init__(self, is_collective: bool = False, env: Optional[Mapping[str, str]] = None):
+    def __init__(self, is_collective: bool = False, env: Mapping[str, str] | None = None):
         super().__init__()
         if is_collective:
             raise ConfigError("PaddleCloudRoleMaker(is_collective=True) is Fluid's collective "
@@ -354,7 +354,7 @@ class PaddleCloudRoleMaker(RoleMakerBase):
         return Role.WORKER if raw == "TRAINER" else Role.SERVER
 
     @staticmethod
-    def _read_endpoints(env) -> Tuple[str, ...]:
+    def _read_endpoints(env) -> tuple[str, ...]:
         name = _first_set(env, ("PYFLEET_SERVER_ENDPOINTS", "PADDLE_PSERVERS_IP_PORT_LIST"))
         if name is not None:
             return parse_endpoints(env[name], name)
@@ -386,7 +386,7 @@ class PaddleCloudRoleMaker(RoleMakerBase):
         return _env_int(env, name, minimum)
 
     @staticmethod
-    def _read_server_index(env, eps: Tuple[str, ...]) -> int:
+    def _read_server_index(env, eps: tuple[str, ...]) -> int:
         if _env_get(env, "PYFLEET_SERVER_INDEX") is not None:
             index = _env_int(env, "PYFLEET_SERVER_INDEX", 0)
             if index >= len(eps):
@@ -513,7 +513,7 @@ class MPISymetricRoleMaker(RoleMakerBase):
             self._node_type_comm.barrier()
 
 
-def default_role_maker(env: Optional[Mapping[str, str]] = None) -> RoleMakerBase:
+def default_role_maker(env: Mapping[str, str] | None = None) -> RoleMakerBase:
     """The role maker ``fleet.init()`` uses when given none.
 
     In order: ``PYFLEET_ROLE`` set -> :class:`PaddleCloudRoleMaker` (an explicit pyfleet

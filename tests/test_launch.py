@@ -91,7 +91,7 @@ def _env():
 
 
 def _run_launcher(args, timeout=90):
-    return subprocess.run([sys.executable, "-m", "pyfleet.launch", *map(str, args)],
+    return subprocess.run([sys.executable, "-m", "pyfleet.launch", *map(str, args)], check=False,
                           capture_output=True, text=True, timeout=timeout, env=_env())
 
 
@@ -187,7 +187,7 @@ def test_signal_to_the_launcher_leaves_no_process(script, sig):
         _wait_pid_files(piddir, 6, proc)  # 3 roles + 3 helpers they started
         pids = _pids(piddir)
         os.kill(proc.pid, sig)
-        out, err = proc.communicate(timeout=60)
+        _out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -208,7 +208,7 @@ def test_a_role_ignoring_sigterm_is_killed(script):
         _wait_pid_files(piddir, 4, proc)
         pids = _pids(piddir)
         os.kill(proc.pid, signal.SIGTERM)
-        out, err = proc.communicate(timeout=60)
+        _out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()

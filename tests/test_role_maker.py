@@ -8,8 +8,13 @@ import pytest
 import pyfleet.role_maker as rm
 from pyfleet.errors import ConfigError
 from pyfleet.role_maker import (
-    PaddleCloudRoleMaker, Role, RoleInfo, RoleMakerBase, UserDefinedRoleMaker,
-    default_role_maker, parse_endpoints,
+    PaddleCloudRoleMaker,
+    Role,
+    RoleInfo,
+    RoleMakerBase,
+    UserDefinedRoleMaker,
+    default_role_maker,
+    parse_endpoints,
 )
 
 EPS = ["127.0.0.1:6001", "127.0.0.1:6002", "127.0.0.1:6003"]
@@ -58,27 +63,27 @@ def test_user_defined_server_and_first_worker():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(current_id=-1), "current_id"),
-    (dict(current_id="0"), "current_id"),
-    (dict(current_id=True), "current_id"),
-    (dict(role="boss"), "role"),
-    (dict(role=3), "role"),
-    (dict(worker_num=0), "worker_num"),
-    (dict(worker_num=2.0), "worker_num"),
-    (dict(server_endpoints=None), "server_endpoints"),
-    (dict(server_endpoints="127.0.0.1:6001"), "server_endpoints"),
-    (dict(server_endpoints=[]), "server_endpoints"),
-    (dict(server_endpoints=["localhost"]), "host:port"),
-    (dict(server_endpoints=["h:0"]), "port"),
-    (dict(server_endpoints=["h:70000"]), "port"),
-    (dict(server_endpoints=["h:x"]), "port"),
-    (dict(server_endpoints=[":6000"]), "host:port"),
-    (dict(server_endpoints=["h:1", "h:1"]), "more than once"),
-    (dict(current_id=2, worker_num=2), "current_id"),
-    (dict(current_id=3, role=Role.SERVER), "current_id"),
+    ({"current_id": -1}, "current_id"),
+    ({"current_id": "0"}, "current_id"),
+    ({"current_id": True}, "current_id"),
+    ({"role": "boss"}, "role"),
+    ({"role": 3}, "role"),
+    ({"worker_num": 0}, "worker_num"),
+    ({"worker_num": 2.0}, "worker_num"),
+    ({"server_endpoints": None}, "server_endpoints"),
+    ({"server_endpoints": "127.0.0.1:6001"}, "server_endpoints"),
+    ({"server_endpoints": []}, "server_endpoints"),
+    ({"server_endpoints": ["localhost"]}, "host:port"),
+    ({"server_endpoints": ["h:0"]}, "port"),
+    ({"server_endpoints": ["h:70000"]}, "port"),
+    ({"server_endpoints": ["h:x"]}, "port"),
+    ({"server_endpoints": [":6000"]}, "host:port"),
+    ({"server_endpoints": ["h:1", "h:1"]}, "more than once"),
+    ({"current_id": 2, "worker_num": 2}, "current_id"),
+    ({"current_id": 3, "role": Role.SERVER}, "current_id"),
 ])
 def test_user_defined_errors_name_the_argument(kwargs, match):
-    args = dict(current_id=0, role=Role.WORKER, worker_num=2, server_endpoints=EPS)
+    args = {"current_id": 0, "role": Role.WORKER, "worker_num": 2, "server_endpoints": EPS}
     args.update(kwargs)
     with pytest.raises(ConfigError, match=match):
         UserDefinedRoleMaker(**args)
