@@ -75,26 +75,31 @@ class RecordingBackend(Backend):
 
 
 def check_gradients(main_program, startup_program, loss, feed, eps=1e-6, rtol=1e-4,
-                    atol=1e-8, max_elements=12, seed=0):
+                    atol=1e-8, max_elements=12, seed=0, jitter=0.0):
     """Compare the executor's gradients of ``loss`` with central differences.
 
     ``main_program`` must have an optimizer (``minimize(loss)``) and a float64
     network. Up to ``max_elements`` entries of each dense parameter and of
-    each pulled sparse row are perturbed. Raises AssertionError with the
-    worst mismatch; returns the number of entries checked.
+    each pulled sparse row are perturbed. ``jitter`` adds uniform noise of
+    that size to every dense parameter after initialization, so that zero
+    biases do not put relu inputs exactly on their kink. Raises
+    AssertionError listing mismatches; returns the number of entries checked.
     """
     from pyfleet.fluid.executor import Executor
     be = RecordingBackend()
     main_program._backend = be
     exe = Executor()
     exe.run(startup_program)
+    rng = np.random.default_rng(seed)
+    if jitter:
+        for value in be.dense.values():
+            value += rng.uniform(-jitter, jitter, value.shape)
     exe.run(main_program, feed=feed, fetch_list=[loss])
     test = main_program.clone(for_test=True)
 
     def f():
         return float(np.asarray(exe.run(test, feed=feed, fetch_list=[loss])[0]).reshape(-1)[0])
 
-    rng = np.random.default_rng(seed)
     checked = 0
     problems = []
 
