@@ -28,7 +28,7 @@ __all__ = ["GeoClient"]
 
 
 class _LocalCopy:
-    __slots__ = ("table", "keys", "base", "snap")
+    __slots__ = ("base", "keys", "snap", "table")
 
     def __init__(self, table, dim):
         self.table = table

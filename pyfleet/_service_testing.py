@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-__all__ = ["ServerGroup", "start_worker", "batch", "SCENARIOS"]
+__all__ = ["SCENARIOS", "ServerGroup", "batch", "start_worker"]
 
 
 class ServerGroup:

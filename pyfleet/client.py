@@ -44,7 +44,7 @@ from pyfleet.errors import BarrierError, PeerTimeout, PyfleetError, RemoteError
 from pyfleet.protocol import Op, Status
 from pyfleet.server import segment_sum
 
-__all__ = ["Client", "GeoClient", "PullFuture"]
+__all__ = ["Client", "GeoClient", "PullFuture", "unique_keys"]
 
 log = logging.getLogger("pyfleet.client")
 
@@ -54,7 +54,7 @@ _RIDS = itertools.count(1)
 class _Call:
     """One request to one server, waiting for its reply."""
 
-    __slots__ = ("server", "op", "timeout", "deadline", "reply", "error", "done")
+    __slots__ = ("deadline", "done", "error", "op", "reply", "server", "timeout")
 
     def __init__(self, server, op, timeout):
         self.server, self.op, self.timeout = server, op, timeout
@@ -134,16 +134,17 @@ class _Channel:
         servers = {c.server for c in self.pending.values()}
         if not servers:
             return
-        poller = zmq.Poller()
-        for s in servers:
-            poller.register(self.socks[s], zmq.POLLIN)
-        for sock, _ in poller.poll(wait_ms):
-            while True:
-                try:
-                    msg = sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
-                except zmq.Again:
-                    break
-                self._dispatch(msg)
+        if len(servers) == 1:
+            sock = self.socks[servers.pop()]
+            ready = [sock] if sock.poll(wait_ms) else []
+        else:
+            poller = zmq.Poller()
+            for s in servers:
+                poller.register(self.socks[s], zmq.POLLIN)
+            ready = [sock for sock, _ in poller.poll(wait_ms)]
+        for sock in ready:
+            while sock.get(zmq.EVENTS) & zmq.POLLIN:
+                self._dispatch(sock.recv_multipart(copy=False))
 
     def _dispatch(self, msg):
         try:
@@ -200,16 +201,15 @@ class PullFuture:
         if self._value is not None:
             return self._value
         replies = self._channel.wait(self._calls)
-        dim = self._dim
-        if len(replies) == 1 and self._positions[0] is None:
+        dim, inverse = self._dim, self._inverse
+        if self._positions[0] is None:  # one server, keys in the caller's order
             h, frames = replies[0]
-            vals = P.values_from(frames[0], h.count, dim)
-            self._value = vals[self._inverse]
+            uniq = P.values_from(frames[0], h.count, dim)  # a view of the reply
         else:
             uniq = np.empty((self._n_unique, dim), dtype=np.float32)
             for (h, frames), pos in zip(replies, self._positions):
                 uniq[pos] = P.values_from(frames[0], h.count, dim)
-            self._value = uniq[self._inverse]
+        self._value = uniq if inverse is None else uniq[inverse]
         self._calls = self._positions = self._inverse = None
         return self._value
 
@@ -267,8 +267,11 @@ class _Pusher:
             for item in batch:
                 groups.setdefault((item[0], item[1]), []).append(item)
             for (table, flags), items in groups.items():
-                keys = np.concatenate([it[2] for it in items])
-                grads = np.concatenate([it[3] for it in items])
+                if len(items) == 1:
+                    keys, grads = items[0][2], items[0][3]
+                else:
+                    keys = np.concatenate([it[2] for it in items])
+                    grads = np.concatenate([it[3] for it in items])
                 try:
                     self.client._push_now(table, keys, grads, flags)
                     err = None
@@ -308,7 +311,7 @@ class Client:
                  heartbeat_interval=None, max_queued_pushes=16, context=None):
         if isinstance(endpoints, str):
             endpoints = [e for e in endpoints.split(",") if e]
-        self.endpoints = [e[len("tcp://"):] if e.startswith("tcp://") else e for e in endpoints]
+        self.endpoints = [e.removeprefix("tcp://") for e in endpoints]
         if not self.endpoints:
             raise ValueError("endpoints must name at least one server")
         self.worker_index = int(worker_index)
@@ -427,13 +430,10 @@ class Client:
         if self.num_servers == 1:
             return [(0, uniq, None)]
         owner = pyfleet.route(uniq, self.num_servers)
-        order = np.argsort(owner, kind="stable")
-        bounds = np.searchsorted(owner[order], np.arange(self.num_servers + 1))
         parts = []
         for s in range(self.num_servers):
-            a, b = bounds[s], bounds[s + 1]
-            if a < b:
-                pos = order[a:b]
+            pos = np.flatnonzero(owner == s)
+            if pos.shape[0]:
                 parts.append((s, uniq[pos], pos))
         return parts
 
@@ -444,7 +444,7 @@ class Client:
         order of ``keys``) come from ``.result()``. Lets a trainer prefetch."""
         keys = _check_keys(keys)
         dim = self._sparse_dim(table)
-        uniq, inverse = np.unique(keys, return_inverse=True)
+        uniq, inverse = unique_keys(keys)
         ch = self._channel()
         calls, positions = [], []
         for s, sub, pos in self._split(uniq):
@@ -453,9 +453,7 @@ class Client:
             positions.append(pos)
         if not calls:  # no keys at all
             return _Done(np.empty((0, dim), dtype=np.float32))
-        if len(calls) == 1 and self.num_servers > 1:
-            positions = [positions[0]]
-        return PullFuture(ch, calls, positions, inverse.reshape(-1), uniq.shape[0], dim)
+        return PullFuture(ch, calls, positions, inverse, uniq.shape[0], dim)
 
     def pull_sparse(self, table, keys):
         """Rows of ``keys`` (uint64 1-D) as float32 ``[len(keys), dim]``. Blocks."""
@@ -657,6 +655,25 @@ class _Done:
         return self._value
 
 
+def unique_keys(keys):
+    """``(unique, inverse)`` with ``unique[inverse] == keys``; ``(keys, None)``
+    when there is no duplicate (checked with one sort, the common case of
+    pre-deduplicated batches costs no gather)."""
+    n = keys.shape[0]
+    if n > 1:
+        s = np.sort(keys)
+        if (s[1:] == s[:-1]).any():
+            order = np.argsort(keys)
+            sk = keys[order]
+            first = np.empty(n, dtype=bool)
+            first[0] = True
+            np.not_equal(sk[1:], sk[:-1], out=first[1:])
+            inverse = np.empty(n, dtype=np.intp)
+            inverse[order] = np.cumsum(first) - 1
+            return sk[first], inverse
+    return keys, None
+
+
 def _check_keys(keys):
     if not isinstance(keys, np.ndarray) or keys.dtype != np.uint64 or keys.ndim != 1:
         got = (f"dtype {keys.dtype} shape {keys.shape}" if isinstance(keys, np.ndarray)
@@ -674,4 +691,4 @@ def _check_values(values, shape, what):
     return np.ascontiguousarray(values)
 
 
-from pyfleet._service_geo import GeoClient  # noqa: E402  (re-exported)
+from pyfleet._service_geo import GeoClient

@@ -28,7 +28,7 @@ reaches this module's parsers.
 
 Keys and values travel as raw little-endian buffers: senders pass numpy arrays
 to ``send_multipart(copy=False)``; receivers wrap ``frame.buffer`` with
-``np.frombuffer`` (read-only views, no copy). Control payloads are JSON.
+``np.frombuffer`` (views of the received message, no copy). Control payloads are JSON.
 Nothing that crosses the socket is unpickled.
 
 The functions here are pure (no sockets, no state) and safe from any thread.
@@ -45,10 +45,26 @@ import sys
 import numpy as np
 
 __all__ = [
-    "MAGIC", "PROTOCOL_VERSION", "HEADER_FORMAT", "HEADER_SIZE", "Op", "Flag", "Status",
-    "Header", "ProtocolError", "pack_header", "unpack_header", "request", "reply",
-    "error_reply", "json_frame", "parse_json", "keys_from", "values_from",
-    "CONTROL_OPS", "DATA_OPS",
+    "CONTROL_OPS",
+    "DATA_OPS",
+    "HEADER_FORMAT",
+    "HEADER_SIZE",
+    "MAGIC",
+    "PROTOCOL_VERSION",
+    "Flag",
+    "Header",
+    "Op",
+    "ProtocolError",
+    "Status",
+    "error_reply",
+    "json_frame",
+    "keys_from",
+    "pack_header",
+    "parse_json",
+    "reply",
+    "request",
+    "unpack_header",
+    "values_from",
 ]
 
 MAGIC = b"PFPS"
@@ -100,7 +116,7 @@ class ProtocolError(ValueError):
 class Header:
     """A decoded header. Plain attributes; ``op`` is the raw int (may be unknown)."""
 
-    __slots__ = ("op", "flags", "table", "status", "request", "count", "dim")
+    __slots__ = ("count", "dim", "flags", "op", "request", "status", "table")
 
     def __init__(self, op, flags, table, status, request, count, dim):
         self.op, self.flags, self.table, self.status = op, flags, table, status
@@ -201,7 +217,7 @@ def _buffer(frame):
 
 
 def keys_from(frame, count):
-    """A read-only uint64 view of a keys frame holding exactly ``count`` keys."""
+    """A uint64 view (no copy) of a keys frame holding exactly ``count`` keys."""
     buf = _buffer(frame)
     if len(buf) != 8 * count:
         raise ProtocolError(f"keys frame has {len(buf)} bytes, header says {count} keys "
@@ -210,7 +226,7 @@ def keys_from(frame, count):
 
 
 def values_from(frame, count, dim, what="values"):
-    """A read-only float32 ``[count, dim]`` view of a values frame."""
+    """A float32 ``[count, dim]`` view (no copy) of a values frame."""
     buf = _buffer(frame)
     n = count * dim
     if len(buf) != 4 * n:

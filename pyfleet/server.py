@@ -6,12 +6,16 @@ A :class:`Server` holds, for one ``server_index`` among ``server_num``:
   here), as a :class:`pyfleet.SparseTable`;
 - the dense parameter blocks placed on it, as :class:`pyfleet.DenseTable`.
 
-Threads: a ROUTER socket (the endpoint) and an inproc DEALER are joined by a
-``zmq.proxy`` running in C; ``handler_threads`` Python threads each own a DEALER
-connected to that inproc socket and call into the C++ tables, which release
-the GIL, so pulls and pushes of different workers run in parallel. A barrier
-never parks a thread: the waiting requests' envelopes are kept and answered by
-whichever thread completes (or fails) the barrier.
+Threads: the thread calling :meth:`run` owns the ROUTER socket (the
+endpoint). It answers small requests itself (at most ``inline_limit`` floats
+of keys x dim, and cheap control ops): a 1-key pull then costs no more thread
+hand-offs than a bare echo. Larger requests, and save/load/shrink/
+create_tables, go over inproc PUSH/PULL sockets to ``handler_threads`` Python
+threads that call into the C++ tables (which release the GIL), so the big
+pulls and pushes of different workers run in parallel; their replies come
+back the same way and leave through the ROUTER. A barrier never parks a
+thread: the waiting requests' envelopes are kept and answered when the
+barrier completes (or fails, detected by the ROUTER thread's housekeeping).
 
 Modes (see docs/service.md):
 
@@ -43,6 +47,7 @@ import logging
 import os
 import re
 import signal
+import struct
 import sys
 import threading
 import time
@@ -56,7 +61,7 @@ from pyfleet import optimizer as _opt
 from pyfleet import protocol as P
 from pyfleet.protocol import Op, ProtocolError, Status
 
-__all__ = ["Server", "segment_sum", "main"]
+__all__ = ["Server", "main", "segment_sum"]
 
 log = logging.getLogger("pyfleet.server")
 
@@ -64,15 +69,20 @@ MODES = ("async", "sync", "geo")
 # Table names become file names: no separators, no leading dot.
 _NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@:+-]{0,199}")
 _MAX_JSON_BYTES = 64 << 20
+# op (u8 at 5), count (u64 at 24), dim (u32 at 32) of a header, read without decoding it all.
+_PEEK = struct.Struct("<5xB18xQI")
+# Control ops that may take long: never answered by the ROUTER thread.
+_HANDLER_OPS = frozenset({int(Op.SAVE), int(Op.LOAD), int(Op.SHRINK), int(Op.CREATE_TABLES)})
 
 
 def segment_sum(keys, values):
     """``(unique_keys, sums)``: rows of ``values`` with equal keys summed.
 
     Sort-based (stable, so each key's rows are added in input order), no
-    per-key Python loop. ``values`` is float32 ``[n, dim]``."""
-    if keys.shape[0] == 0:
-        return keys.copy(), values.reshape(0, values.shape[1]).copy()
+    per-key Python loop. ``values`` is float32 ``[n, dim]``. Without
+    duplicates the inputs themselves are returned (not copies)."""
+    if keys.shape[0] < 2 or not (np.diff(np.sort(keys)) == 0).any():
+        return keys, values
     order = np.argsort(keys, kind="stable")
     sk = keys[order]
     starts = np.flatnonzero(np.concatenate(([True], sk[1:] != sk[:-1])))
@@ -86,8 +96,20 @@ class _Refused(Exception):
 
 
 class _Entry:
-    __slots__ = ("id", "key", "kind", "name", "config", "canonical", "table", "dim",
-                 "start", "end", "shape", "lock")
+    __slots__ = (
+        "canonical",
+        "config",
+        "dim",
+        "end",
+        "id",
+        "key",
+        "kind",
+        "lock",
+        "name",
+        "shape",
+        "start",
+        "table",
+    )
 
     def info(self):
         d = {"id": self.id, "kind": self.kind, "name": self.name}
@@ -125,6 +147,8 @@ class Server:
             missing at a barrier is declared dead and the barrier fails.
         barrier_timeout: seconds a barrier may wait in all.
         checkpoint_dir: root of ``save``/``load`` directories (None: refused).
+        inline_limit: requests of at most this many floats (keys x dim) are
+            answered by the ROUTER thread itself; 0 sends all to the handlers.
 
     Thread safety: :meth:`stop` may be called from any thread (or a signal
     handler); everything else is driven by :meth:`run`.
@@ -133,7 +157,7 @@ class Server:
     def __init__(self, endpoint, server_index, server_num, worker_num, mode="async",
                  tables=None, handler_threads=2, max_message_bytes=1 << 30,
                  heartbeat_timeout=10.0, barrier_timeout=300.0, checkpoint_dir=None,
-                 context=None):
+                 inline_limit=16384, context=None):
         self.server_index, self.server_num = int(server_index), int(server_num)
         self.worker_num = int(worker_num)
         if not 0 <= self.server_index < self.server_num:
@@ -152,6 +176,7 @@ class Server:
         self.barrier_timeout = float(barrier_timeout)
         self.checkpoint_dir = None if checkpoint_dir is None else os.path.realpath(
             str(checkpoint_dir))
+        self.inline_limit = int(inline_limit)
 
         self._lock = threading.RLock()           # tables, sync buffers, barrier, workers
         self._entries = {}                        # id -> _Entry
@@ -164,13 +189,11 @@ class Server:
         self._stopped = set()
         self._counters = {}
         self._counter_lock = threading.Lock()
-        self._house_lock = threading.Lock()
         self._last_house = 0.0
         self._done = threading.Event()
         self._ran = False
 
         self._ctx = context or zmq.Context.instance()
-        self._backend_addr = f"inproc://pyfleet-server-{id(self):x}"
         self._frontend = self._ctx.socket(zmq.ROUTER)
         self._frontend.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
         self._frontend.setsockopt(zmq.LINGER, 1000)
@@ -182,17 +205,22 @@ class Server:
         else:
             self._frontend.bind(f"tcp://{host}:{port}")
         self.endpoint = f"{host}:{port}"
-        self._backend = self._ctx.socket(zmq.DEALER)
-        self._backend.setsockopt(zmq.SNDHWM, 0)
-        self._backend.setsockopt(zmq.RCVHWM, 0)
-        self._backend.bind(self._backend_addr)
-        self._control_addr = self._backend_addr + "-control"
-        self._control = self._ctx.socket(zmq.PAIR)
-        self._control.bind(self._control_addr)
+        inproc = f"inproc://pyfleet-server-{id(self):x}"
+        self._work_addr, self._reply_addr = inproc + "-work", inproc + "-reply"
+        self._work = self._inproc(zmq.PUSH, self._work_addr)
+        self._replies = self._inproc(zmq.PULL, self._reply_addr)
         if tables:
             self.create_tables(tables)
 
     # ---------------------------------------------------------------- lifecycle
+
+    def _inproc(self, kind, addr, bind=True):
+        sock = self._ctx.socket(kind)
+        sock.setsockopt(zmq.SNDHWM, 0)
+        sock.setsockopt(zmq.RCVHWM, 0)
+        sock.setsockopt(zmq.LINGER, 1000)
+        (sock.bind if bind else sock.connect)(addr)
+        return sock
 
     def run(self):
         """Serve until every worker has called ``stop_worker`` or :meth:`stop`.
@@ -200,60 +228,71 @@ class Server:
         if self._ran:
             raise RuntimeError("Server.run() may be called once")
         self._ran = True
-        control_peer = self._ctx.socket(zmq.PAIR)
-        control_peer.connect(self._control_addr)
-        proxy = threading.Thread(target=self._proxy, args=(control_peer,),
-                                 name="pyfleet-proxy", daemon=True)
         handlers = [threading.Thread(target=self._handler_loop, name=f"pyfleet-handler-{i}",
                                      daemon=True) for i in range(self.handler_threads)]
-        proxy.start()
         for t in handlers:
             t.start()
         log.info("server %d/%d serving %s (%s mode)", self.server_index, self.server_num,
                  self.endpoint, self.mode)
+        front, replies = self._frontend, self._replies
+        poller = zmq.Poller()
+        poller.register(front, zmq.POLLIN)
+        poller.register(replies, zmq.POLLIN)
         try:
-            while not self._done.wait(0.5):
-                pass
+            while not self._done.is_set():
+                ready = dict(poller.poll(100))
+                if replies in ready:
+                    self._forward_replies()
+                if front in ready:
+                    while front.get(zmq.EVENTS) & zmq.POLLIN:
+                        msg = front.recv_multipart(copy=False)
+                        if self._inline(msg):
+                            for out in self._handle(msg):
+                                front.send_multipart(out, copy=False)
+                        else:
+                            self._work.send_multipart(msg, copy=False)
+                        if self._done.is_set():
+                            break
+                self._housekeeping(front)
         finally:
             self._done.set()
-            # The final replies (stop_worker) are in flight through the proxy.
-            time.sleep(0.2)
-            self._control.send(b"TERMINATE")
-            proxy.join(5.0)
             for t in handlers:
-                t.join(5.0)
+                t.join(self.handler_join_timeout)
+            self._forward_replies()
             self._frontend.close(linger=1000)
-            self._backend.close(linger=0)
-            self._control.close(linger=0)
+            self._work.close(linger=0)
+            self._replies.close(linger=0)
+
+    handler_join_timeout = 30.0
+
+    def _forward_replies(self):
+        while self._replies.get(zmq.EVENTS) & zmq.POLLIN:
+            self._frontend.send_multipart(self._replies.recv_multipart(copy=False), copy=False)
+
+    def _inline(self, msg):
+        """Whether the ROUTER thread answers ``msg`` itself (cheap requests)."""
+        if len(msg) < 2 or len(msg[1]) != P.HEADER_SIZE:
+            return True  # an error reply
+        op, count, dim = _PEEK.unpack_from(msg[1].buffer)
+        if op in _HANDLER_OPS:
+            return False
+        return count * max(dim, 1) <= self.inline_limit
 
     def stop(self):
         """Make :meth:`run` return. Thread-safe and idempotent."""
         self._done.set()
 
-    def _proxy(self, control_peer):
-        try:
-            zmq.proxy_steerable(self._frontend, self._backend, None, control_peer)
-        except zmq.ZMQError as e:
-            if e.errno != zmq.ETERM:
-                log.error("proxy stopped: %s", e)
-        finally:
-            control_peer.close(linger=0)
-
     def _handler_loop(self):
-        sock = self._ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 1000)
-        sock.setsockopt(zmq.SNDHWM, 0)
-        sock.setsockopt(zmq.RCVHWM, 0)
-        sock.connect(self._backend_addr)
+        work = self._inproc(zmq.PULL, self._work_addr, bind=False)
+        out = self._inproc(zmq.PUSH, self._reply_addr, bind=False)
         try:
             while not self._done.is_set():
-                if sock.poll(100):
-                    msg = sock.recv_multipart(copy=False)
-                    for out in self._handle(msg):
-                        sock.send_multipart(out, copy=False)
-                self._housekeeping(sock)
+                if work.poll(100):
+                    for reply in self._handle(work.recv_multipart(copy=False)):
+                        out.send_multipart(reply, copy=False)
         finally:
-            sock.close(linger=1000)
+            work.close(linger=0)
+            out.close(linger=1000)
 
     # ------------------------------------------------------------------ helpers
 
@@ -445,39 +484,38 @@ class Server:
         return out
 
     def _housekeeping(self, sock):
+        """Fail a barrier whose missing worker died or that waited too long.
+        Called by the ROUTER thread only (``sock`` is the ROUTER)."""
         now = time.monotonic()
-        if now - self._last_house < 0.1 or not self._house_lock.acquire(blocking=False):
+        if now - self._last_house < 0.1:
             return
-        try:
-            self._last_house = now
-            with self._lock:
-                if not self._waiting:
-                    return
-                live = set(range(self.worker_num)) - self._stopped
-                missing = sorted(live - self._waiting.keys())
-                dead = [w for w in missing if w in self._last_seen
-                        and now - self._last_seen[w] > self.heartbeat_timeout]
-                waited = now - self._barrier_started
-                if dead:
-                    why = "; ".join(f"worker {w} sent nothing for "
-                                    f"{now - self._last_seen[w]:.1f} s (dead?)" for w in dead)
-                elif waited > self.barrier_timeout:
-                    why = (f"worker(s) {missing} did not reach the barrier within "
-                           f"{self.barrier_timeout:g} s")
-                else:
-                    return
-                msg = f"barrier failed on server {self.server_index} ({self.endpoint}): {why}"
-                log.error("%s", msg)
-                self._count("barrier_failures")
-                out = [[ident] + P.error_reply(hh.op, hh.request, msg, Status.BARRIER_FAILED)
-                       for ident, hh in self._waiting.values()]
-                self._waiting = {}
-                self._barrier_started = None
-                self._sync_buf = {}  # that step's gradients die with it
-            for m in out:
-                sock.send_multipart(m, copy=False)
-        finally:
-            self._house_lock.release()
+        self._last_house = now
+        with self._lock:
+            if not self._waiting:
+                return
+            live = set(range(self.worker_num)) - self._stopped
+            missing = sorted(live - self._waiting.keys())
+            dead = [w for w in missing if w in self._last_seen
+                    and now - self._last_seen[w] > self.heartbeat_timeout]
+            waited = now - self._barrier_started
+            if dead:
+                why = "; ".join(f"worker {w} sent nothing for "
+                                f"{now - self._last_seen[w]:.1f} s (dead?)" for w in dead)
+            elif waited > self.barrier_timeout:
+                why = (f"worker(s) {missing} did not reach the barrier within "
+                       f"{self.barrier_timeout:g} s")
+            else:
+                return
+            msg = f"barrier failed on server {self.server_index} ({self.endpoint}): {why}"
+            log.error("%s", msg)
+            self._count("barrier_failures")
+            out = [[ident] + P.error_reply(hh.op, hh.request, msg, Status.BARRIER_FAILED)
+                   for ident, hh in self._waiting.values()]
+            self._waiting = {}
+            self._barrier_started = None
+            self._sync_buf = {}  # that step's gradients die with it
+        for m in out:
+            sock.send_multipart(m, copy=False)
 
     def _heartbeat(self, h, op, frames, ident):
         payload = self._control_payload(frames, op)
@@ -736,8 +774,7 @@ def _shape(shape, name):
 
 def _split_endpoint(endpoint):
     s = str(endpoint)
-    if s.startswith("tcp://"):
-        s = s[len("tcp://"):]
+    s = s.removeprefix("tcp://")
     host, sep, port = s.rpartition(":")
     if not sep or not host or not port.isdigit() or int(port) > 65535:
         raise ValueError(f"endpoint must be 'host:port', got {endpoint!r}")

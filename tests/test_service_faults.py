@@ -15,7 +15,6 @@ from pyfleet import protocol as P
 from pyfleet._service_testing import ServerGroup, batch, start_worker
 from pyfleet.client import Client
 from pyfleet.errors import BarrierError, PeerTimeout, RemoteError
-from pyfleet.initializer import Constant
 from pyfleet.optimizer import SGD, Adam
 from pyfleet.protocol import Op
 from pyfleet.server import Server
