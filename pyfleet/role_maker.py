@@ -495,6 +495,14 @@ class MPISymetricRoleMaker(RoleMakerBase):
         self._node_type_comm = self._comm.Split(0 if role == Role.SERVER else 1, rank)
         return RoleInfo(role, index, size // 2, eps, mine if role == Role.SERVER else None)
 
+    def _get_rank(self) -> int:
+        """This process's rank in ``MPI.COMM_WORLD`` (Fluid's name)."""
+        return self._comm.Get_rank()
+
+    def _get_size(self) -> int:
+        """The number of MPI processes (Fluid's name)."""
+        return self._comm.Get_size()
+
     def _barrier_all(self) -> None:
         """Block until every rank reaches this call."""
         self.generate_role()

@@ -44,7 +44,7 @@ SCRIPT = textwrap.dedent("""
     r._barrier_all()
     with open(out + ".tmp", "w") as f:
         json.dump({
-            "rank": r._comm.Get_rank(), "type": type(r).__name__, "worker": r.is_worker(),
+            "rank": r._get_rank(), "size": r._get_size(), "type": type(r).__name__, "worker": r.is_worker(),
             "index": r.worker_index() if r.is_worker() else r.server_index(),
             "endpoints": r.server_endpoints(), "current": r.current_endpoint(),
             "worker_num": r.worker_num(), "server_num": r.server_num(),
@@ -96,7 +96,7 @@ def test_symmetric_roles_indices_and_endpoints(tmp_path, base_port):
     if base_port:
         assert eps == [f"127.0.0.1:{base}", f"127.0.0.1:{base + 1}"]
     for r in rows:
-        assert r["type"] == "MPISymetricRoleMaker"
+        assert r["type"] == "MPISymetricRoleMaker" and r["size"] == 4
         assert r["worker"] == (r["rank"] % 2 == 1)  # even ranks serve, odd ranks train
         assert r["index"] == r["rank"] // 2
         assert r["endpoints"] == eps
