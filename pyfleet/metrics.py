@@ -18,8 +18,16 @@ import json
 
 import numpy as np
 
-__all__ = ["DEFAULT_NUM_THRESHOLDS", "exact_auc", "bucket_index", "bucket_counts",
-           "bucketed_auc", "logloss", "SlidingAuc", "MetricStats"]
+__all__ = [
+    "DEFAULT_NUM_THRESHOLDS",
+    "MetricStats",
+    "SlidingAuc",
+    "bucket_counts",
+    "bucket_index",
+    "bucketed_auc",
+    "exact_auc",
+    "logloss",
+]
 
 DEFAULT_NUM_THRESHOLDS = 2 ** 12 - 1
 

@@ -20,7 +20,7 @@ The reference configuration: embedding dim 16, layers 256-128-64, Adam lr
 from pyfleet.fluid import layers as L
 from pyfleet.fluid.framework import ParamAttr
 
-__all__ = ["CTRModel", "LR", "DNN", "WideDeep", "DeepFM", "MODELS", "build"]
+__all__ = ["DNN", "LR", "MODELS", "CTRModel", "DeepFM", "WideDeep", "build"]
 
 
 class CTRModel:

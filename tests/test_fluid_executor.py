@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 
 import pyfleet
-import pyfleet.fluid as fluid
-from pyfleet import metrics
+from pyfleet import fluid, metrics
 from pyfleet.fluid.backend import LocalBackend
 from pyfleet.fluid.testing import RecordingBackend
 from pyfleet.optimizer import SGD, Adam
@@ -52,7 +51,7 @@ def _build(opt=None, seed=0, **kw):
 
 
 def test_minimize_returns_params_grads_and_exposes_parameters():
-    main, startup, net, (ops, params_grads) = _build(Adam(0.01))
+    main, _startup, _net, (ops, params_grads) = _build(Adam(0.01))
     assert ops == []
     names = {p.name for p, g in params_grads}
     assert names == {"emb", "fc_0.w_0", "fc_0.b_0", "fc_1.w_0", "fc_1.b_0"}
@@ -81,7 +80,7 @@ def test_param_attr_learning_rate_scales_the_optimizer():
 def test_startup_initialization_is_deterministic_per_seed():
     vals = []
     for seed in (1, 1, 2):
-        main, startup, net, _ = _build(seed=seed)
+        main, startup, _net, _ = _build(seed=seed)
         be = RecordingBackend()
         main._backend = be
         fluid.Executor().run(startup)
@@ -165,7 +164,7 @@ def test_startup_before_minimize_is_refused_for_training():
 
 
 def test_main_before_startup_names_the_missing_parameter():
-    main, startup, net, _ = _build()
+    main, _startup, net, _ = _build()
     with pytest.raises(ValueError, match="startup"):
         fluid.Executor().run(main, feed=_feed(np.random.default_rng(0)), fetch_list=[net[-1]])
 

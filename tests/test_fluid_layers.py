@@ -4,7 +4,7 @@ central finite differences (float64 networks, RecordingBackend)."""
 import numpy as np
 import pytest
 
-import pyfleet.fluid as fluid
+from pyfleet import fluid
 from pyfleet.fluid.testing import check_gradients
 from pyfleet.optimizer import SGD
 
@@ -70,7 +70,7 @@ def test_fc_list_input_sums_one_weight_per_input():
     def build():
         da, db = L.data("a", [3], dtype=F64), L.data("b", [2], dtype=F64)
         return _weighted_loss(L.fc([da, db], 2, act="tanh"), (4, 2))
-    main, startup, loss = _check(build, {"a": a, "b": b, "loss_w": _w((4, 2))})
+    main, _startup, loss = _check(build, {"a": a, "b": b, "loss_w": _w((4, 2))})
     names = sorted(p.name for p in main.all_parameters())
     assert names == ["fc_0.b_0", "fc_0.w_0", "fc_0.w_1"]
     # forward equals the numpy formula
@@ -162,7 +162,7 @@ def test_sparse_table_shared_by_slots_one_pull_one_push_unique_ids():
     a_vals, a_off = _lod_feed([[int(np.uint64(x).astype(np.int64)) if x >= 2**63 else x
                                 for x in s] for s in s1])
     feed = {"a": (a_vals, a_off), "b": _lod_feed(s2), "loss_w": _w((3, 6))}
-    main, startup, loss = _check(build, feed)
+    main, _startup, _loss = _check(build, feed)
     be = main._backend
     params = main.all_parameters()
     assert [p.name for p in params if p.is_sparse_table] == ["SparseFeatFactors"]
@@ -170,7 +170,7 @@ def test_sparse_table_shared_by_slots_one_pull_one_push_unique_ids():
     pushes = [c for c in be.calls if c[0] == "push_sparse"]
     assert pulls[0] == ("pull_sparse", "SparseFeatFactors", 3)   # unique ids of both slots
     assert pushes == [("push_sparse", "SparseFeatFactors", 3)]
-    keys, grads = be.pushed_sparse["SparseFeatFactors"]
+    keys, _grads = be.pushed_sparse["SparseFeatFactors"]
     np.testing.assert_array_equal(keys, np.array(sorted([5, 10**12, 2**63 + 7]), np.uint64))
 
 
@@ -182,7 +182,7 @@ def test_embedding_dense_vocab_range_checked_and_padding_idx():
                               name="e", initializer=fluid.initializer.Uniform(-1, 1)))
         return _weighted_loss(emb, (4, 2))
     feed = {"ids": np.array([[1], [5], [1], [0]]), "loss_w": _w((4, 2))}
-    main, startup, loss = _check(build, feed)
+    main, _startup, loss = _check(build, feed)
     g = main._backend.pushed_dense["e"]
     np.testing.assert_array_equal(g[5], 0.0)        # padding row gets no gradient
     out = fluid.Executor().run(main.clone(for_test=True), feed=feed, fetch_list=[
@@ -200,7 +200,7 @@ def test_huge_vocab_becomes_sparse_table_unbounded_ids():
         ids = L.data("ids", [1], dtype="int64", lod_level=1)
         emb = L.embedding(ids, [fluid.framework.SPARSE_TABLE_MIN_VOCAB, 4], is_sparse=True)
         out = L.sequence_pool(emb, "sum")
-    (got,), be = _run_forward(main, startup, {"ids": _lod_feed([[10**15], [3]])}, [out])
+    (got,), _be = _run_forward(main, startup, {"ids": _lod_feed([[10**15], [3]])}, [out])
     p = main.all_parameters()[0]
     assert p.is_sparse_table and p.dim == 4
     assert got.shape == (2, 4) and np.all(np.abs(got) <= 0.01) and np.any(got != 0)
@@ -269,7 +269,7 @@ def test_sigmoid_cross_entropy_gradients_and_value():
         lab = L.data("y", [1], dtype=F64)
         logit = L.fc(d, 1)
         return L.mean(L.sigmoid_cross_entropy_with_logits(logit, lab))
-    main, startup, loss = _check(build, {"x": x, "y": y})
+    main, _startup, loss = _check(build, {"x": x, "y": y})
     be = main._backend
     z = x @ be.dense["fc_0.w_0"] + be.dense["fc_0.b_0"]
     ref = np.mean(np.log1p(np.exp(-z)) * y + np.log1p(np.exp(z)) * (1 - y))
@@ -298,7 +298,7 @@ def test_cross_entropy_softmax_gradients_int64_label():
         label = L.data("label", [1], dtype="int64")
         prob = L.fc(d, 4, act="softmax")
         return L.mean(L.cross_entropy(prob, label))
-    main, startup, loss = _check(build, {"x": x, "label": lab})
+    main, _startup, loss = _check(build, {"x": x, "label": lab})
     be = main._backend
     z = x @ be.dense["fc_0.w_0"] + be.dense["fc_0.b_0"]
     p = np.exp(z) / np.exp(z).sum(1, keepdims=True)

@@ -4,12 +4,11 @@ training steps of each model lowering its loss."""
 import numpy as np
 import pytest
 
-import pyfleet.fluid as fluid
-from pyfleet import models
+from pyfleet import fluid, models
 from pyfleet.fluid.testing import check_gradients
 from pyfleet.optimizer import SGD, Adam
 
-SMALL = dict(num_dense=3, num_slots=3, embedding_dim=4, layers=(5, 3))
+SMALL = {"num_dense": 3, "num_slots": 3, "embedding_dim": 4, "layers": (5, 3)}
 
 
 def _feed(rng, b, num_dense, num_slots, max_len=3, vocab=30):
@@ -62,7 +61,7 @@ def test_model_interface_and_training_lowers_loss(name):
     test = main.clone(for_test=True)
     before = exe.run(test, feed=feed, fetch_list=[m.avg_cost], scope=scope)[0][0]
     for _ in range(15):
-        loss, a, ba, pred = exe.run(main, feed=feed, fetch_list=[m.avg_cost, m.auc,
+        _loss, a, ba, pred = exe.run(main, feed=feed, fetch_list=[m.avg_cost, m.auc,
                                                                m.batch_auc, m.predict],
                                     scope=scope)
     after = exe.run(test, feed=feed, fetch_list=[m.avg_cost], scope=scope)[0][0]

@@ -10,10 +10,22 @@ from pyfleet import initializer, optimizer
 from pyfleet.fluid import backend, layers, unique_name
 from pyfleet.fluid.data_feeder import DataFeeder
 from pyfleet.fluid.executor import Executor
-from pyfleet.fluid.framework import (CPUPlace, CUDAPlace, LoDTensor, ParamAttr, Program,
-                                     Scope, Variable, create_lod_tensor,
-                                     default_main_program, default_startup_program,
-                                     global_scope, name_scope, program_guard, scope_guard)
+from pyfleet.fluid.framework import (
+    CPUPlace,
+    CUDAPlace,
+    LoDTensor,
+    ParamAttr,
+    Program,
+    Scope,
+    Variable,
+    create_lod_tensor,
+    default_main_program,
+    default_startup_program,
+    global_scope,
+    name_scope,
+    program_guard,
+    scope_guard,
+)
 from pyfleet.fluid.reader import batch
 
 
@@ -33,8 +45,29 @@ def data(name, shape, dtype="float32", lod_level=0):
     return layers.data(name, shape, dtype, lod_level, append_batch_size=False)
 
 
-__all__ = ["layers", "initializer", "optimizer", "backend", "unique_name", "DataFeeder",
-           "Executor", "CPUPlace", "CUDAPlace", "LoDTensor", "ParamAttr", "Program", "Scope",
-           "Variable", "create_lod_tensor", "default_main_program", "default_startup_program",
-           "global_scope", "name_scope", "program_guard", "scope_guard", "batch",
-           "CompiledProgram", "data"]
+__all__ = [
+    "CPUPlace",
+    "CUDAPlace",
+    "CompiledProgram",
+    "DataFeeder",
+    "Executor",
+    "LoDTensor",
+    "ParamAttr",
+    "Program",
+    "Scope",
+    "Variable",
+    "backend",
+    "batch",
+    "create_lod_tensor",
+    "data",
+    "default_main_program",
+    "default_startup_program",
+    "global_scope",
+    "initializer",
+    "layers",
+    "name_scope",
+    "optimizer",
+    "program_guard",
+    "scope_guard",
+    "unique_name",
+]

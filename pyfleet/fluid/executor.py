@@ -21,10 +21,11 @@ and a thread-safe backend).
 
 import numpy as np
 
-from pyfleet.fluid import framework, ops as _ops
+from pyfleet.fluid import framework
+from pyfleet.fluid import ops as _ops
 from pyfleet.fluid.framework import LoDTensor, Parameter, Program, Variable
 
-__all__ = ["Executor", "global_scope", "scope_guard", "as_numpy"]
+__all__ = ["Executor", "as_numpy", "global_scope", "scope_guard"]
 
 global_scope = framework.global_scope
 scope_guard = framework.scope_guard
@@ -129,7 +130,7 @@ class _Plan:
 class _LookupGroup:
     """Embedding lookups sharing one parameter, deduplicated together."""
 
-    __slots__ = ("param", "ops", "bounds", "keys", "pad_masks", "grads", "rows", "inverse")
+    __slots__ = ("bounds", "grads", "inverse", "keys", "ops", "pad_masks", "param", "rows")
 
 
 class _Step:
@@ -313,9 +314,9 @@ def _feed_value(var, value):
         value = value.data
     a = np.asarray(value)
     if a.dtype != var.dtype:
-        if var.dtype.kind in "iu" and a.dtype.kind == "f":
-            if a.size and not np.all(np.isfinite(a)):
-                raise ValueError(f"feed {var.name!r}: non-finite value for an integer input")
+        if var.dtype.kind in "iu" and a.dtype.kind == "f" and a.size and \
+                not np.all(np.isfinite(a)):
+            raise ValueError(f"feed {var.name!r}: non-finite value for an integer input")
         a = a.astype(var.dtype)
     if var.shape is not None and len(var.shape) > 0:
         tail = var.shape[1:] if var.shape[0] == -1 else var.shape

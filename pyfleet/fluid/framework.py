@@ -26,11 +26,30 @@ import zlib
 
 import numpy as np
 
-__all__ = ["Variable", "Parameter", "Operator", "Block", "Program", "ParamAttr",
-           "program_guard", "default_main_program", "default_startup_program",
-           "switch_main_program", "switch_startup_program", "minimize", "CPUPlace",
-           "CUDAPlace", "LoDTensor", "create_lod_tensor", "Scope", "global_scope",
-           "scope_guard", "unique_name", "SPARSE_TABLE_MIN_VOCAB", "name_scope"]
+__all__ = [
+    "SPARSE_TABLE_MIN_VOCAB",
+    "Block",
+    "CPUPlace",
+    "CUDAPlace",
+    "LoDTensor",
+    "Operator",
+    "ParamAttr",
+    "Parameter",
+    "Program",
+    "Scope",
+    "Variable",
+    "create_lod_tensor",
+    "default_main_program",
+    "default_startup_program",
+    "global_scope",
+    "minimize",
+    "name_scope",
+    "program_guard",
+    "scope_guard",
+    "switch_main_program",
+    "switch_startup_program",
+    "unique_name",
+]
 
 # From this many rows on, an embedding is a sparse table even without
 # is_distributed: a dense [vocab, dim] parameter would be pulled whole each step.

@@ -20,12 +20,41 @@ import numpy as np
 from pyfleet.fluid import framework
 from pyfleet.fluid.framework import ParamAttr, Variable, convert_dtype, unique_name
 
-__all__ = ["data", "embedding", "fc", "concat", "sequence_pool", "sigmoid_cross_entropy_with_logits",
-           "cross_entropy", "log_loss", "square_error_cost", "mean", "reduce_sum",
-           "reduce_mean", "elementwise_add", "elementwise_sub", "elementwise_mul",
-           "elementwise_div", "sums", "cast", "sigmoid", "relu", "tanh", "softmax", "square",
-           "exp", "log", "scale", "matmul", "reshape", "slice", "fill_constant",
-           "create_parameter", "accuracy", "auc"]
+__all__ = [
+    "accuracy",
+    "auc",
+    "cast",
+    "concat",
+    "create_parameter",
+    "cross_entropy",
+    "data",
+    "elementwise_add",
+    "elementwise_div",
+    "elementwise_mul",
+    "elementwise_sub",
+    "embedding",
+    "exp",
+    "fc",
+    "fill_constant",
+    "log",
+    "log_loss",
+    "matmul",
+    "mean",
+    "reduce_mean",
+    "reduce_sum",
+    "relu",
+    "reshape",
+    "scale",
+    "sequence_pool",
+    "sigmoid",
+    "sigmoid_cross_entropy_with_logits",
+    "slice",
+    "softmax",
+    "square",
+    "square_error_cost",
+    "sums",
+    "tanh",
+]
 
 
 def _main():

@@ -18,8 +18,15 @@ import numpy as np
 
 from pyfleet.fluid.framework import LoDTensor
 
-__all__ = ["FORWARD", "BACKWARD", "NO_GRAD", "STATEFUL", "segment_sum",
-           "sequence_pool_forward", "sequence_pool_backward"]
+__all__ = [
+    "BACKWARD",
+    "FORWARD",
+    "NO_GRAD",
+    "STATEFUL",
+    "segment_sum",
+    "sequence_pool_backward",
+    "sequence_pool_forward",
+]
 
 FORWARD = {}
 BACKWARD = {}
