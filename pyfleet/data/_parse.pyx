@@ -353,14 +353,16 @@ def parse_delimited(const uint8_t[::1] buf, int delim, const int8_t[::1] kind,
     cdef int n_cols = kind.shape[0]
     if index.shape[0] != n_cols or n_cols == 0:
         raise ValueError("parse_delimited: kind and index must be non-empty and of equal length")
+    _check_columns(np.asarray(kind), np.asarray(index), n_dense, n_slots)
     cdef int transform = _transform_code(dense_transform)
     dmin, dscale = _minmax(transform, n_dense, dense_min, dense_max)
     cdef const double[::1] dmin_v = dmin
     cdef const double[::1] dscale_v = dscale
     cdef Py_ssize_t max_lines = _count_lines(buf)
+    # Every field of a kept line is written, so the rows need no clearing.
     labels = np.empty(max_lines, dtype=np.float32)
-    dense = np.zeros((max_lines, n_dense), dtype=np.float32)
-    ids = np.zeros((max_lines, n_slots), dtype=np.uint64)
+    dense = np.empty((max_lines, n_dense), dtype=np.float32)
+    ids = np.empty((max_lines, n_slots), dtype=np.uint64)
     bad_lines = np.empty(max_lines, dtype=np.int64)
     bad_reasons = np.empty(max_lines, dtype=np.int8)
     counters = np.zeros(N_COUNTERS, dtype=np.int64)
@@ -664,6 +666,24 @@ cdef Py_ssize_t _count_lines(const uint8_t[::1] buf):
     if n == 0:
         return 0
     return _count_byte(buf, 10) + (buf[n - 1] != 10)
+
+
+def _check_columns(kind, index, int n_dense, int n_slots):
+    """Each dense column and slot must be filled by exactly one field: the parser
+    writes through these indices without further checks."""
+    if (kind == KIND_LABEL).sum() != 1:
+        raise ValueError("parse_delimited: exactly one column must be the label")
+    for k, n, what in ((KIND_DENSE, n_dense, "dense"), (KIND_SLOT, n_slots, "slot")):
+        if sorted(index[kind == k].tolist()) != list(range(n)):
+            raise ValueError(f"parse_delimited: the {what} columns must map onto 0..{n - 1} "
+                             f"exactly once")
+    if ((kind < 0) | (kind > KIND_SLOT)).any():
+        raise ValueError("parse_delimited: column kinds must be 0..3")
+
+
+def check_dense_transform(str name, int n_dense, dense_min=None, dense_max=None):
+    """Raise ValueError unless the transform name and its min/max fit n_dense columns."""
+    _minmax(_transform_code(name), n_dense, dense_min, dense_max)
 
 
 def _transform_code(str name):

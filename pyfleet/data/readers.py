@@ -242,8 +242,7 @@ class Dataset:
         self.dense_transform = dense_transform
         self._dense_min, self._dense_max = dense_min, dense_max
         # Validates the transform and its parameters now rather than mid-pass.
-        _parse.parse_delimited(b"", 9, np.zeros(1, np.int8), np.zeros(1, np.int32),
-                               self.schema.n_dense, 0, dense_transform, dense_min, dense_max)
+        _parse.check_dense_transform(dense_transform, self.schema.n_dense, dense_min, dense_max)
         self._pass = 0
         self._stats = self._empty_stats()
 
