@@ -317,3 +317,14 @@ def test_roles_die_with_a_killed_launcher(script):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_cli_counts_servers_from_the_endpoints_and_passes_script_options(capsys):
+    eps = ",".join(f"127.0.0.1:{p}" for p in free_ports(3))
+    code = "import os,sys;print(os.environ['PYFLEET_SERVER_ENDPOINTS'], sys.argv[1:])"
+    rc = main(["--server-endpoints", eps, "--workers", "1", sys.executable, "-c", code,
+               "--servers", "9"])
+    assert rc == 0
+    lines = sorted(capsys.readouterr().out.splitlines())
+    assert lines == sorted(f"[{label}] {eps} ['--servers', '9']"
+                           for label in ("server.0", "server.1", "server.2", "worker.0"))
