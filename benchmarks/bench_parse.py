@@ -15,7 +15,7 @@ core, in the same run:
 Prints a table of lines/s and the ratio to the Python baseline. Targets:
 the Cython parser >= 1,000,000 lines/s and >= 50x the baseline.
 
-    python benchmarks/bench_parse.py [--rows 200000] [--baseline-rows 50000] [--repeat 3]
+    python benchmarks/bench_parse.py [--rows 200000] [--baseline-rows 50000] [--repeat 5]
 """
 
 import argparse
@@ -59,7 +59,7 @@ def main():
     ap.add_argument("--rows", type=int, default=200_000)
     ap.add_argument("--baseline-rows", type=int, default=50_000,
                     help="lines given to the slow Python baseline (a prefix of the same data)")
-    ap.add_argument("--repeat", type=int, default=3, help="best of this many runs")
+    ap.add_argument("--repeat", type=int, default=5, help="best of this many runs")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
 
@@ -107,6 +107,7 @@ def main():
         rate = lines / sec
         print(f"{name:<14} {lines:>9} {sec:>9.3f} {rate:>12,.0f} {rate / base:>9.1f}x")
     cy = n / t_cy
+    print(f"load average (1 min) during the run: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     print(f"target: cython parse >= 1,000,000 lines/s: {'met' if cy >= 1e6 else 'NOT met'} "
           f"({cy:,.0f}); >= 50x python: {'met' if cy / base >= 50 else 'NOT met'} "
           f"({cy / base:.0f}x)")
