@@ -369,3 +369,80 @@ def test_dnn_trains_on_criteo_tiny_loss_goes_down():
     assert np.mean(batch_losses[-16:]) < np.mean(batch_losses[:16])
     pred = exe.run(test, feed=full, fetch_list=[m.predict], scope=scope)[0]
     assert metrics.exact_auc(pred, label) > 0.75      # on the training rows it has seen
+
+
+@pytest.mark.skipif(not TINY.exists(), reason="shared Criteo sample not available")
+def test_fluid_ctr_example_script_runs_with_only_imports_changed():
+    """Fluid 1.5's CTR DNN example, as users wrote it: default programs, a
+    sample reader, paddle.batch, DataFeeder, embedding outputs concatenated
+    directly (one id per slot), reduce_sum loss, accuracy and auc."""
+    import math
+    import zlib
+
+    hash_dim = 1000001
+
+    def reader():
+        with open(TINY, newline="") as f:
+            for row in csv.DictReader(f):
+                dense = [np.log1p(max(float(row[f"I{j}"]), 0.0)) if row[f"I{j}"] else 0.0
+                         for j in range(1, 14)]
+                sparse = [[zlib.crc32(f"{j}{row[f'C{j}']}".encode()) % hash_dim]
+                          for j in range(1, 27)]
+                yield [dense] + sparse + [[int(row["Label"])]]
+
+    def ctr_dnn_model(embedding_size, sparse_feature_dim):
+        dense_input = fluid.layers.data(name="dense_input", shape=[13], dtype="float32")
+        sparse_input_ids = [fluid.layers.data(name="C" + str(i), shape=[1], lod_level=1,
+                                              dtype="int64") for i in range(1, 27)]
+        label = fluid.layers.data(name="label", shape=[1], dtype="int64")
+
+        def embedding_layer(input):
+            return fluid.layers.embedding(
+                input=input, is_sparse=True, size=[sparse_feature_dim, embedding_size],
+                param_attr=fluid.ParamAttr(name="SparseFeatFactors",
+                                           initializer=fluid.initializer.Uniform()))
+
+        sparse_embed_seq = list(map(embedding_layer, sparse_input_ids))
+        concated = fluid.layers.concat(sparse_embed_seq + [dense_input], axis=1)
+        fc1 = fluid.layers.fc(input=concated, size=64, act="relu",
+                              param_attr=fluid.ParamAttr(initializer=fluid.initializer.Normal(
+                                  scale=1 / math.sqrt(concated.shape[1]))))
+        fc2 = fluid.layers.fc(input=fc1, size=32, act="relu",
+                              param_attr=fluid.ParamAttr(initializer=fluid.initializer.Normal(
+                                  scale=1 / math.sqrt(fc1.shape[1]))))
+        predict = fluid.layers.fc(input=fc2, size=2, act="softmax",
+                                  param_attr=fluid.ParamAttr(
+                                      initializer=fluid.initializer.Normal(
+                                          scale=1 / math.sqrt(fc2.shape[1]))))
+        cost = fluid.layers.cross_entropy(input=predict, label=label)
+        avg_cost = fluid.layers.reduce_sum(cost)
+        accuracy = fluid.layers.accuracy(input=predict, label=label)
+        auc_var, batch_auc_var, auc_states = fluid.layers.auc(
+            input=predict, label=label, num_thresholds=2 ** 12, slide_steps=20)
+        data_list = [dense_input] + sparse_input_ids + [label]
+        return avg_cost, auc_var, batch_auc_var, accuracy, data_list
+
+    with fluid.program_guard(fluid.Program(), fluid.Program()), fluid.scope_guard(
+            fluid.Scope()), fluid.unique_name.guard():
+        loss, auc_var, batch_auc_var, accuracy, data_list = ctr_dnn_model(8, hash_dim)
+        optimizer = fluid.optimizer.Adam(learning_rate=1e-3)
+        optimizer.minimize(loss)
+        place = fluid.CPUPlace()
+        exe = fluid.Executor(place)
+        feeder = fluid.DataFeeder(feed_list=data_list, place=place)
+        exe.run(fluid.default_startup_program())
+        train_reader = fluid.batch(reader, batch_size=200)
+        results = []
+        for pass_id in range(2):
+            for batch_id, data in enumerate(train_reader()):
+                loss_val, auc_val, batch_auc_val, acc = exe.run(
+                    fluid.default_main_program(), feed=feeder.feed(data),
+                    fetch_list=[loss, auc_var, batch_auc_var, accuracy])
+                results.append((pass_id, batch_id, float(loss_val[0]), float(auc_val[0])))
+        table = fluid.default_main_program().global_block().var("SparseFeatFactors")
+        assert table.is_sparse_table and table.dim == 8
+    assert len(results) == 20
+    first_pass = np.mean([r[2] for r in results if r[0] == 0])
+    second_pass = np.mean([r[2] for r in results if r[0] == 1])
+    assert second_pass < first_pass
+    assert 0.5 < results[-1][3] <= 1.0         # the global AUC over both passes
