@@ -188,18 +188,18 @@ def format_tsv(labels, dense, dense_missing, cat, cat_missing) -> bytes:
     m[:, 0] = labels.astype(np.uint8) + ord("0")
     m[:, 1] = ord("\t")
     keep[:, :2] = True
-    powers = 10 ** np.arange(w - 1, -1, -1, dtype=np.int64)
     thresholds = 10 ** np.arange(1, w, dtype=np.int64)
     for i in range(N_DENSE):
         x = dense[:, i]
         base = 2 + i * field
         mag = np.abs(x)
-        digits = (mag[:, None] // powers) % 10
         ndig = 1 + (mag[:, None] >= thresholds).sum(axis=1)
         present = ~dense_missing[:, i]
         m[:, base] = ord("-")
         keep[:, base] = present & (x < 0)
-        m[:, base + 1:base + 1 + w] = digits + ord("0")
+        for k in range(w - 1, -1, -1):  # a scalar divisor keeps numpy's fast path
+            m[:, base + 1 + k] = mag % 10 + ord("0")
+            mag //= 10
         keep[:, base + 1:base + 1 + w] = present[:, None] & (
             np.arange(w)[None, :] >= (w - ndig)[:, None])
         m[:, base + 1 + w] = ord("\t")
