@@ -548,3 +548,31 @@ def test_truncated_gzip_is_a_value_error(tmp_path):
     f.write_bytes(data[: len(data) // 2])
     with pytest.raises(ValueError, match="cut.gz"):
         list(Dataset(f))
+
+
+# ---------------------------------------------------------------- prefetch, BOM
+
+def test_prefetch_gives_the_same_batches_and_errors(tmp_path):
+    import threading
+
+    lines = synthetic_lines(200)
+    write(tmp_path / "a.tsv", lines[:120])
+    write(tmp_path / "b.tsv", lines[120:] + ["1\t2"])
+    plain = Dataset(tmp_path, batch_size=16, block_size=500)
+    ahead = Dataset(tmp_path, batch_size=16, block_size=500, prefetch=3)
+    assert_rows_equal(collect(ahead), collect(plain))
+    assert ahead.stats() == plain.stats() and ahead.stats()["malformed"] == 1
+    with pytest.raises(ValueError, match=r"b\.tsv:81: malformed line"):
+        list(Dataset(tmp_path, batch_size=16, strict=True, prefetch=2))
+    it = iter(ahead)
+    next(it)
+    it.close()  # abandoning a pass stops its thread
+    assert not [t for t in threading.enumerate() if t.name == "pyfleet-data-prefetch"]
+    with pytest.raises(ValueError):
+        Dataset(tmp_path, prefetch=-1)
+
+
+def test_csv_with_byte_order_mark(tmp_path):
+    f = tmp_path / "bom.csv"
+    f.write_bytes(b"\xef\xbb\xbf" + need(DEEPCTR).read_bytes())
+    assert_rows_equal(collect(Dataset(f, format="csv")), ref_csv(DEEPCTR))

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import gzip
 import os
+import queue
 import re
+import threading
 from dataclasses import dataclass
 from typing import Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -200,6 +202,11 @@ class Dataset:
     For the slot format, ``slots`` (names in order) defaults to the slot names
     of the first line of the first file, in order of appearance; tokens of other
     names are ignored and counted.
+
+    ``prefetch > 0`` reads and parses in a background thread, up to that many
+    batches ahead (parsing releases the GIL, so it overlaps the training step);
+    an error in the thread is raised from the iteration, and abandoning the
+    iteration stops the thread.
     """
 
     def __init__(self, paths, format: str = "criteo", batch_size: int = 512,
@@ -208,11 +215,13 @@ class Dataset:
                  drop_last: bool = False, *, dense_min=None, dense_max=None,
                  slots: Optional[Sequence[str]] = None, label_name: str = "click",
                  dense_name: str = "dense_feature", block_size: int = BLOCK_SIZE,
-                 max_reported: int = 10):
+                 max_reported: int = 10, prefetch: int = 0):
         if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         if block_size < 1:
             raise ValueError(f"block_size must be positive, got {block_size!r}")
+        if not isinstance(prefetch, (int, np.integer)) or prefetch < 0:
+            raise ValueError(f"prefetch must be a non-negative integer, got {prefetch!r}")
         self.all_files = list_files(paths)
         self.files, self._line_mod, self._line_rem = shard_files(
             self.all_files, worker_index, worker_num)
@@ -227,6 +236,7 @@ class Dataset:
         self.drop_last = bool(drop_last)
         self.block_size = int(block_size)
         self.max_reported = int(max_reported)
+        self.prefetch = int(prefetch)
         self._label_name = label_name.encode()
         self._dense_name = dense_name.encode()
         if format == "criteo":
@@ -275,6 +285,8 @@ class Dataset:
         files = list(self.files)
         if rng is not None and self._line_mod == 1:
             files = [files[i] for i in rng.permutation(len(files))]
+        if self.prefetch:
+            return _prefetched(self._batches(files, rng), self.prefetch)
         return self._batches(files, rng)
 
     def _batches(self, files, rng) -> Iterator[Batch]:
@@ -398,6 +410,7 @@ class _Chunk:
     def take(self, a: int, b: int):
         if self.offsets is None:
             off = np.arange(b - a + 1, dtype=np.int64)
+            off.flags.writeable = False  # shared by every slot of the batch
             sparse = [(ids[a:b], off) for ids in self.slot_ids]
         else:
             o = self.offsets[a:b + 1]
@@ -422,6 +435,56 @@ class _Chunk:
             src += np.arange(src.shape[0], dtype=np.int64)
             slot_ids.append(ids[src])
         return _Chunk(self.labels[perm], self.dense[perm], slot_ids, new_off)
+
+
+_DONE = object()
+
+
+class _Failure:
+    __slots__ = ("error",)
+
+    def __init__(self, error):
+        self.error = error
+
+
+def _prefetched(batches: Iterator[Batch], depth: int) -> Iterator[Batch]:
+    """Run the batches generator in a daemon thread, `depth` batches ahead."""
+    q: "queue.Queue" = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce():
+        try:
+            for b in batches:
+                if not put(b):
+                    return
+            put(_DONE)
+        except BaseException as e:  # handed to the consumer, which re-raises it
+            put(_Failure(e))
+        finally:
+            batches.close()
+
+    thread = threading.Thread(target=produce, name="pyfleet-data-prefetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = q.get()
+            if item is _DONE:
+                return
+            if isinstance(item, _Failure):
+                raise item.error
+            yield item
+    finally:
+        stop.set()
+        thread.join(timeout=10.0)
 
 
 def _concat(parts):
@@ -512,6 +575,7 @@ def _split_header(header: bytes) -> List[str]:
         text = header.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ValueError(f"CSV header is not UTF-8: {header[:80]!r}") from e
+    text = text.lstrip("\ufeff")  # a UTF-8 byte order mark, as spreadsheet exports write
     return [name.strip().strip('"') for name in text.rstrip("\r\n").split(",")]
 
 
