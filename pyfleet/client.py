@@ -91,11 +91,12 @@ class _Channel:
     def send(self, server, frames, op, timeout, rid):
         call = _Call(server, op, timeout)
         deadline = call.deadline
+        copy = P.copy_is_cheaper(frames)
         backoff = 0.001
         with self.lock:
             while True:
                 try:
-                    self.socks[server].send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+                    self.socks[server].send_multipart(frames, flags=zmq.NOBLOCK, copy=copy)
                     break
                 except zmq.Again:
                     pass
@@ -302,13 +303,17 @@ class Client:
             servers' heartbeat timeout; 0 disables the heartbeat thread.
         max_queued_pushes: pushes that may wait for the pusher thread before
             ``push_sparse_async`` blocks.
+        max_request_keys: larger shares of a pull or push are cut into several
+            requests to the same server, so its handler threads work on them in
+            parallel while earlier ones travel.
 
     The constructor returns once every server answered (or raises PeerTimeout).
     Use as a context manager, or call :meth:`close`.
     """
 
     def __init__(self, endpoints, worker_index=0, timeout=30.0, connect_deadline=60.0,
-                 heartbeat_interval=None, max_queued_pushes=16, context=None):
+                 heartbeat_interval=None, max_queued_pushes=16, max_request_keys=32768,
+                 context=None):
         if isinstance(endpoints, str):
             endpoints = [e for e in endpoints.split(",") if e]
         self.endpoints = [e.removeprefix("tcp://") for e in endpoints]
@@ -318,6 +323,9 @@ class Client:
         self.timeout = float(timeout)
         self.connect_deadline = float(connect_deadline)
         self.num_servers = len(self.endpoints)
+        self.max_request_keys = int(max_request_keys)
+        if self.max_request_keys < 1:
+            raise ValueError(f"max_request_keys must be >= 1, got {max_request_keys!r}")
         self._ctx = context or zmq.Context.instance()
         self._local = threading.local()
         self._channels = []
@@ -426,15 +434,28 @@ class Client:
         return self._dense[name]
 
     def _split(self, uniq):
-        """``[(server, keys, positions)]``; positions None when one server has all."""
+        """``[(server, keys, positions)]``: each server's share of ``uniq``, cut
+        into requests of at most ``max_request_keys`` keys. ``positions`` index
+        ``uniq``; None when one request carries all of it in order."""
         if self.num_servers == 1:
-            return [(0, uniq, None)]
-        owner = pyfleet.route(uniq, self.num_servers)
+            shares = [(0, uniq, None)]
+        else:
+            owner = pyfleet.route(uniq, self.num_servers)
+            shares = []
+            for s in range(self.num_servers):
+                pos = np.flatnonzero(owner == s)
+                if pos.shape[0]:
+                    shares.append((s, uniq[pos], pos))
+        step = self.max_request_keys
+        if all(sub.shape[0] <= step for _, sub, _ in shares):
+            return shares
+        # Several requests per server: the server pulls one chunk on a handler
+        # thread while the previous one is on the wire.
         parts = []
-        for s in range(self.num_servers):
-            pos = np.flatnonzero(owner == s)
-            if pos.shape[0]:
-                parts.append((s, uniq[pos], pos))
+        for s, sub, pos in shares:
+            for a in range(0, sub.shape[0], step):
+                b = min(a + step, sub.shape[0])
+                parts.append((s, sub[a:b], slice(a, b) if pos is None else pos[a:b]))
         return parts
 
     # ---------------------------------------------------------- sparse data

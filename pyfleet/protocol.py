@@ -56,6 +56,7 @@ __all__ = [
     "Op",
     "ProtocolError",
     "Status",
+    "copy_is_cheaper",
     "error_reply",
     "json_frame",
     "keys_from",
@@ -192,6 +193,19 @@ def reply(header, values=None, payload=None, count=None, dim=None):
 def error_reply(op, rid, message, status=Status.ERROR, table=0):
     return [pack_header(op, rid, table, 0, 0, Flag.REPLY, status),
             json_frame({"error": str(message)})]
+
+
+# Below this size pyzmq copies a frame anyway; a plain copying send then
+# skips building zero-copy Frame objects.
+_COPY_LIMIT = 1 << 16
+
+
+def copy_is_cheaper(frames):
+    """Whether to send ``frames`` with ``copy=True`` (every one is small)."""
+    for f in frames:
+        if (f.nbytes if hasattr(f, "nbytes") else len(f)) >= _COPY_LIMIT:
+            return False
+    return True
 
 
 def json_frame(obj):

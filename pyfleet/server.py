@@ -72,6 +72,8 @@ _MAX_JSON_BYTES = 64 << 20
 # op (u8 at 5), count (u64 at 24), dim (u32 at 32) of a header, read without decoding it all.
 _PEEK = struct.Struct("<5xB18xQI")
 # Control ops that may take long: never answered by the ROUTER thread.
+_OP_BY_INT = {int(o): o for o in Op}
+_OP_COUNTER = {o: f"op_{o.name.lower()}" for o in Op}
 _HANDLER_OPS = frozenset({int(Op.SAVE), int(Op.LOAD), int(Op.SHRINK), int(Op.CREATE_TABLES)})
 
 
@@ -248,7 +250,7 @@ class Server:
                         msg = front.recv_multipart(copy=False)
                         if self._inline(msg):
                             for out in self._handle(msg):
-                                front.send_multipart(out, copy=False)
+                                front.send_multipart(out, copy=P.copy_is_cheaper(out))
                         else:
                             self._work.send_multipart(msg, copy=False)
                         if self._done.is_set():
@@ -289,7 +291,7 @@ class Server:
             while not self._done.is_set():
                 if work.poll(100):
                     for reply in self._handle(work.recv_multipart(copy=False)):
-                        out.send_multipart(reply, copy=False)
+                        out.send_multipart(reply, copy=P.copy_is_cheaper(reply))
         finally:
             work.close(linger=0)
             out.close(linger=1000)
@@ -324,17 +326,16 @@ class Server:
             _log_bad(self._counters.get("protocol_errors", 0), e)
             return [[ident] + P.error_reply(0, 0, e)]
         try:
-            try:
-                op = Op(h.op)
-            except ValueError:
-                raise ProtocolError(f"unknown op {h.op}") from None
+            op = _OP_BY_INT.get(h.op)
+            if op is None:
+                raise ProtocolError(f"unknown op {h.op}")
             total = sum(len(f) for f in frames)
             if total > self.max_message_bytes:
                 raise ProtocolError(f"message of {total} bytes exceeds max_message_bytes="
                                     f"{self.max_message_bytes}")
             if h.status and h.status - 1 < self.worker_num:
                 self._last_seen[h.status - 1] = time.monotonic()
-            self._count(f"op_{op.name.lower()}")
+            self._count(_OP_COUNTER[op])
             out = self._ops[op](self, h, op, frames[1:], ident)
             return [] if out is None else out
         except (ProtocolError, _Refused, ValueError, TypeError, KeyError, OSError) as e:

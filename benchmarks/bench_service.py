@@ -1,0 +1,171 @@
+"""Service pull/push throughput against a raw pyzmq round trip of the same bytes.
+
+    python benchmarks/bench_service.py [--sizes 1000 16000 128000] [--dim 16]
+                                       [--servers 1 2] [--seconds 1.0]
+
+Everything on loopback, measured in the same run:
+
+- ``raw``: a DEALER/ROUTER echo process (no table, no protocol): the request
+  carries the bytes of the keys (pull) or keys + gradients (push), the reply the
+  bytes of the rows (pull) or 8 bytes (push);
+- ``service``: ``Client.pull_sparse`` / ``push_sparse`` through 1 and 2
+  ``pyfleet.server`` processes (Adam, dim 16, rows already present, batches of
+  distinct keys);
+- ``in-process``: the same calls on a ``pyfleet.SparseTable`` in this process.
+
+Targets: at 16k keys and more, service pull >= 0.5x the raw round trip of the
+same bytes; a 1-key pull's latency <= 1.5x a raw round trip. Times are medians
+of repeated calls; the table prints keys/s and the ratios.
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import zmq
+
+import pyfleet
+from pyfleet._service_testing import ServerGroup
+from pyfleet.client import Client
+from pyfleet.optimizer import Adam
+
+
+def echo_main():
+    """The raw baseline: reply to [size, payload...] with ``size`` bytes."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    port = sock.bind_to_random_port("tcp://127.0.0.1")
+    print(port, flush=True)
+    replies = {}
+    while True:
+        ident, size, *_ = sock.recv_multipart(copy=False)
+        n = int.from_bytes(size.buffer, "little")
+        if n not in replies:
+            replies[n] = np.zeros(n, np.uint8)
+        sock.send_multipart([ident, replies[n]], copy=False)
+
+
+def interleaved_medians(fns, seconds, min_rounds=5):
+    """Median seconds per call of each function, called in turn round after
+    round so that every one sees the same machine load."""
+    for fn in fns.values():
+        fn()  # warm
+    times = {name: [] for name in fns}
+    end = time.perf_counter() + seconds * len(fns)
+    rounds = 0
+    while rounds < min_rounds or time.perf_counter() < end:
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+        rounds += 1
+    return {name: float(np.median(t)) for name, t in times.items()}
+
+
+def calls(n, dim, batches, raw, table, clients):
+    """``{op: {who: fn}}`` for batches of ``n`` distinct keys."""
+    bs = batches(n)
+    grads = np.full((n, dim), 1e-3, np.float32)
+    it = iter(range(10**12))
+
+    def nxt():
+        return bs[next(it) % len(bs)]
+
+    pull = {"raw": lambda: raw([bs[0]], n * dim * 4),
+            "in-process": lambda: table.pull(nxt())}
+    push = {"raw": lambda: raw([bs[0], grads], 8),
+            "in-process": lambda: table.push(nxt(), grads)}
+    for who, c in clients.items():
+        pull[who] = lambda c=c: c.pull_sparse("emb", nxt())
+        push[who] = lambda c=c: c.push_sparse("emb", nxt(), grads)
+    return {"pull": pull, "push": push}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[1000, 16000, 128000])
+    ap.add_argument("--dim", type=int, default=16)
+    ap.add_argument("--servers", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--seconds", type=float, default=1.0,
+                    help="measuring time per (batch, op, contender)")
+    a = ap.parse_args()
+    dim = a.dim
+    rng = np.random.default_rng(0)
+    pool = rng.choice(2**62, size=4 * max(a.sizes), replace=False).astype(np.uint64)
+
+    def batches(n):
+        return [pool[i * n:(i + 1) * n] for i in range(4)]
+
+    config = {"kind": "sparse", **pyfleet.SparseTable(dim, Adam(0.001), name="emb").config()}
+    echo = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--echo"],
+                            stdout=subprocess.PIPE, text=True)
+    groups, clients = [], {}
+    try:
+        port = int(echo.stdout.readline())
+        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock.connect(f"tcp://127.0.0.1:{port}")
+
+        def raw(frames, reply_bytes):
+            sock.send_multipart([reply_bytes.to_bytes(8, "little"), *frames], copy=False)
+            sock.recv_multipart(copy=False)
+
+        table = pyfleet.SparseTable(dim, Adam(0.001), name="emb")
+        table.pull(pool)
+        for S in a.servers:
+            g = ServerGroup(S, 1, handler_threads=2)
+            groups.append(g)
+            c = clients[f"service S={S}"] = Client(g.endpoints, timeout=60)
+            c.create_tables([config])
+            for i in range(0, pool.shape[0], 100_000):
+                c.pull_sparse("emb", pool[i:i + 100_000])
+        sizes = [1, *a.sizes]
+        t = {}
+        for n in sizes:
+            for op, fns in calls(n, dim, batches, raw, table, clients).items():
+                for who, sec in interleaved_medians(fns, a.seconds).items():
+                    t[(n, op, who)] = sec
+        for c in clients.values():
+            c.stop_worker()
+            c.close()
+    finally:
+        for g in groups:
+            g.stop()
+        echo.kill()
+        echo.wait()
+
+    whos = ["raw", "in-process", *clients]
+    print(f"\nloopback, dim {dim}, median of repeated calls (keys/s; 1-key rows: microseconds)")
+    print(f"{'keys':>7} {'op':>5} " + " ".join(f"{w:>14}" for w in whos)
+          + "  " + " ".join(f"{'S=' + str(S) + '/raw':>9}" for S in a.servers))
+    verdicts = []
+    for n in sizes:
+        for op in ("pull", "push"):
+            if n == 1:
+                cells = [f"{t[(n, op, w)] * 1e6:>12.0f}us" for w in whos]
+                ratios = [t[(n, op, f"service S={S}")] / t[(n, op, "raw")] for S in a.servers]
+                print(f"{n:>7} {op:>5} " + " ".join(cells) + "  "
+                      + " ".join(f"{r:>8.2f}x" for r in ratios) + "  (latency ratio)")
+                if op == "pull":
+                    verdicts.append(("1-key pull latency <= 1.5x raw", ratios[0] <= 1.5,
+                                     f"{ratios[0]:.2f}x"))
+            else:
+                cells = [f"{n / t[(n, op, w)]:>14.3g}" for w in whos]
+                ratios = [t[(n, op, "raw")] / t[(n, op, f"service S={S}")] for S in a.servers]
+                print(f"{n:>7} {op:>5} " + " ".join(cells) + "  "
+                      + " ".join(f"{r:>8.2f}x" for r in ratios))
+                if op == "pull" and n >= 16000:
+                    verdicts.append((f"{n}-key pull >= 0.5x raw (S=1)", ratios[0] >= 0.5,
+                                     f"{ratios[0]:.2f}x"))
+    print()
+    for what, ok, value in verdicts:
+        print(f"{'PASS' if ok else 'MISS'}  {what}: {value}")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--echo"]:
+        echo_main()
+    else:
+        main()
