@@ -288,7 +288,13 @@ def test_empty_files(tmp_path):
     ecsv = tmp_path / "empty.csv"
     ecsv.write_bytes(b"")
     with pytest.raises(ValueError, match="header"):
-        Dataset(ecsv, format="csv")  # the first file must name the columns
+        Dataset(ecsv, format="csv")  # some file must name the columns
+    d = tmp_path / "csvs"
+    d.mkdir()
+    (d / "a.csv").write_bytes(b"")  # an empty first shard does not hide the header
+    (d / "b.csv").write_bytes(need(DEEPCTR).read_bytes())
+    ds = Dataset(d, format="auto")
+    assert ds.format == "csv" and sum(len(b) for b in ds) == 200
     d = tmp_path / "mixed"
     d.mkdir()
     (d / "a").write_bytes(b"")

@@ -186,7 +186,8 @@ class Dataset:
     ``"csv"`` (header names the columns: ``label``/``click``, ``I<k>`` dense,
     ``C<k>`` categorical, ``Id`` ignored), ``"slot"`` (PaddleRec
     ``click:1 dense_feature:0.5 ... 1:123 2:456``) or ``"auto"`` (from the first
-    line of the first file).
+    line of the first non-empty file, which also gives the CSV header and the
+    slot names).
 
     ``dense_transform``: ``"log"`` (``log(1 + max(x, 0))``), ``"minmax"``
     (``(x - dense_min) / (dense_max - dense_min)`` per column) or ``"none"``; the
@@ -225,8 +226,11 @@ class Dataset:
         self.all_files = list_files(paths)
         self.files, self._line_mod, self._line_rem = shard_files(
             self.all_files, worker_index, worker_num)
+        # The schema comes from the first file with a first line, the same for every worker.
+        self._schema_file = next((f for f in self.all_files if _read_first_line(f)),
+                                 self.all_files[0])
         if format == "auto":
-            format = _detect_format(self.all_files[0])
+            format = _detect_format(self._schema_file)
         if format not in FORMATS:
             raise ValueError(f"format must be one of {FORMATS + ('auto',)}, got {format!r}")
         self.format = format
@@ -244,9 +248,9 @@ class Dataset:
             self._kind, self._index = _criteo_columns()
         elif format == "csv":
             self.schema, self._kind, self._index = _csv_schema(
-                _read_first_line(self.all_files[0]), self.all_files[0])
+                _read_first_line(self._schema_file), self._schema_file)
         else:
-            self.schema = _slot_schema(self.all_files[0], slots, label_name, dense_name)
+            self.schema = _slot_schema(self._schema_file, slots, label_name, dense_name)
         if dense_transform is None:
             dense_transform = "none" if format == "slot" else "log"
         self.dense_transform = dense_transform
@@ -357,7 +361,7 @@ class Dataset:
         names = tuple(_split_header(header))
         if names != self.schema.columns:
             raise ValueError(f"{path}:1: CSV header {names!r} differs from the header of "
-                             f"{self.all_files[0]!r}: {self.schema.columns!r}")
+                             f"{self._schema_file!r}: {self.schema.columns!r}")
 
     def _account(self, r: dict, path: str, line_no: int) -> None:
         st = self._stats
