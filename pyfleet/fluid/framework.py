@@ -176,7 +176,7 @@ class LoDTensor:
 
     def _set_offsets(self, offsets):
         off = np.asarray(offsets)
-        if off.ndim != 1 or off.size < 1 or not np.issubdtype(off.dtype, np.integer):
+        if off.ndim != 1 or off.size < 1 or off.dtype.kind not in "iu":
             raise ValueError(f"lod offsets must be a 1-D integer array of B+1 entries, got "
                              f"dtype {off.dtype} shape {off.shape}")
         self._offsets = off.astype(np.int64, copy=False)
@@ -203,10 +203,13 @@ class LoDTensor:
             raise ValueError(f"{name}: LoDTensor has no lod (sequence offsets)")
         off = self._offsets
         n = self._data.shape[0] if self._data.ndim else 0
-        if off[0] != 0 or off[-1] != n or (off.size > 1 and np.any(np.diff(off) < 0)):
+        shortest = int(np.diff(off).min()) if off.size > 1 else 0
+        if off[0] != 0 or off[-1] != n or shortest < 0:
             raise ValueError(f"{name}: lod offsets must start at 0, never decrease and end "
                              f"at the number of rows ({n}); got first={off[0]} "
                              f"last={off[-1]}")
+        # n rows in n sequences, none empty: every sequence has one row.
+        self._unit = off.size - 1 == n and (n == 0 or shortest >= 1)
         return self
 
     def segment_ids(self):
