@@ -85,6 +85,10 @@ class _Channel:
         s.setsockopt(zmq.RECONNECT_IVL_MAX, 500)
         s.setsockopt(zmq.SNDHWM, 0)
         s.setsockopt(zmq.RCVHWM, 0)
+        keys = self.client._curve
+        if keys is not None:
+            s.curve_serverkey = keys[0][i]
+            s.curve_publickey, s.curve_secretkey = keys[1]
         s.connect("tcp://" + self.client.endpoints[i])
         return s
 
@@ -306,6 +310,8 @@ class Client:
         max_request_keys: larger shares of a pull or push are cut into several
             requests to the same server, so its handler threads work on them in
             parallel while earlier ones travel.
+        curve_server_keys: the servers' Z85 CURVE public keys (one, or one per
+            endpoint) when they run with ``curve_secret_key``.
 
     The constructor returns once every server answered (or raises PeerTimeout).
     Use as a context manager, or call :meth:`close`.
@@ -313,7 +319,7 @@ class Client:
 
     def __init__(self, endpoints, worker_index=0, timeout=30.0, connect_deadline=60.0,
                  heartbeat_interval=None, max_queued_pushes=16, max_request_keys=32768,
-                 context=None):
+                 curve_server_keys=None, context=None):
         if isinstance(endpoints, str):
             endpoints = [e for e in endpoints.split(",") if e]
         self.endpoints = [e.removeprefix("tcp://") for e in endpoints]
@@ -326,6 +332,16 @@ class Client:
         self.max_request_keys = int(max_request_keys)
         if self.max_request_keys < 1:
             raise ValueError(f"max_request_keys must be >= 1, got {max_request_keys!r}")
+        self._curve = None
+        if curve_server_keys is not None:
+            if isinstance(curve_server_keys, (str, bytes)):
+                curve_server_keys = [curve_server_keys] * self.num_servers
+            if len(curve_server_keys) != self.num_servers:
+                raise ValueError(f"curve_server_keys needs one key per endpoint "
+                                 f"({self.num_servers}), got {len(curve_server_keys)}")
+            # This client's own key pair is throwaway: servers check no client list.
+            self._curve = ([k.encode() if isinstance(k, str) else bytes(k)
+                            for k in curve_server_keys], zmq.curve_keypair())
         self._ctx = context or zmq.Context.instance()
         self._local = threading.local()
         self._channels = []

@@ -151,6 +151,9 @@ class Server:
         checkpoint_dir: root of ``save``/``load`` directories (None: refused).
         inline_limit: requests of at most this many floats (keys x dim) are
             answered by the ROUTER thread itself; 0 sends all to the handlers.
+        curve_secret_key: a Z85 secret key (``zmq.curve_keypair()[1]``): the
+            endpoint then speaks CURVE (encrypted; a client needs the matching
+            public key). None: plain TCP, for trusted networks.
 
     Thread safety: :meth:`stop` may be called from any thread (or a signal
     handler); everything else is driven by :meth:`run`.
@@ -159,7 +162,7 @@ class Server:
     def __init__(self, endpoint, server_index, server_num, worker_num, mode="async",
                  tables=None, handler_threads=2, max_message_bytes=1 << 30,
                  heartbeat_timeout=10.0, barrier_timeout=300.0, checkpoint_dir=None,
-                 inline_limit=16384, context=None):
+                 inline_limit=16384, curve_secret_key=None, context=None):
         self.server_index, self.server_num = int(server_index), int(server_num)
         self.worker_num = int(worker_num)
         if not 0 <= self.server_index < self.server_num:
@@ -196,23 +199,34 @@ class Server:
         self._ran = False
 
         self._ctx = context or zmq.Context.instance()
-        self._frontend = self._ctx.socket(zmq.ROUTER)
-        self._frontend.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
-        self._frontend.setsockopt(zmq.LINGER, 1000)
-        self._frontend.setsockopt(zmq.SNDHWM, 0)
-        self._frontend.setsockopt(zmq.RCVHWM, 0)
         host, port = _split_endpoint(endpoint)
-        if port == 0:
-            port = self._frontend.bind_to_random_port(f"tcp://{host}")
-        else:
-            self._frontend.bind(f"tcp://{host}:{port}")
-        self.endpoint = f"{host}:{port}"
-        inproc = f"inproc://pyfleet-server-{id(self):x}"
-        self._work_addr, self._reply_addr = inproc + "-work", inproc + "-reply"
-        self._work = self._inproc(zmq.PUSH, self._work_addr)
-        self._replies = self._inproc(zmq.PULL, self._reply_addr)
-        if tables:
-            self.create_tables(tables)
+        self._frontend = self._ctx.socket(zmq.ROUTER)
+        self._work = self._replies = None
+        try:
+            self._frontend.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
+            self._frontend.setsockopt(zmq.LINGER, 1000)
+            self._frontend.setsockopt(zmq.SNDHWM, 0)
+            self._frontend.setsockopt(zmq.RCVHWM, 0)
+            if curve_secret_key is not None:
+                # Encrypted, and clients must know this server's public key.
+                self._frontend.curve_server = True
+                self._frontend.curve_secretkey = _z85(curve_secret_key)
+            if port == 0:
+                port = self._frontend.bind_to_random_port(f"tcp://{host}")
+            else:
+                self._frontend.bind(f"tcp://{host}:{port}")
+            self.endpoint = f"{host}:{port}"
+            inproc = f"inproc://pyfleet-server-{id(self):x}"
+            self._work_addr, self._reply_addr = inproc + "-work", inproc + "-reply"
+            self._work = self._inproc(zmq.PUSH, self._work_addr)
+            self._replies = self._inproc(zmq.PULL, self._reply_addr)
+            if tables:
+                self.create_tables(tables)
+        except BaseException:
+            for sock in (self._frontend, self._work, self._replies):
+                if sock is not None:
+                    sock.close(linger=0)
+            raise
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -703,6 +717,10 @@ class Server:
                 if not 0 <= start < end <= size:
                     raise ValueError(f"dense {name!r}: block [{start}, {end}) not inside "
                                      f"[0, {size})")
+                if 4 * (end - start) > self.max_message_bytes:
+                    raise ValueError(f"dense {name!r}: a block of {end - start} floats does "
+                                     f"not fit in max_message_bytes={self.max_message_bytes}; "
+                                     f"slice it over more blocks")
                 key = _dense_key(name, start, end)
             else:
                 raise ValueError(f"table kind must be 'sparse' or 'dense', got {kind!r}")
@@ -773,6 +791,13 @@ def _shape(shape, name):
     return tuple(shape)
 
 
+def _z85(key):
+    key = key.encode() if isinstance(key, str) else bytes(key)
+    if len(key) != 40:
+        raise ValueError("a CURVE key must be 40 Z85 characters (zmq.curve_keypair())")
+    return key
+
+
 def _split_endpoint(endpoint):
     s = str(endpoint)
     s = s.removeprefix("tcp://")
@@ -824,10 +849,16 @@ def main(argv=None):
     p.add_argument("--barrier-timeout", type=float, default=300.0)
     p.add_argument("--checkpoint-dir", default=None)
     p.add_argument("--tables", default=None, help="JSON file: a list of table configs")
+    p.add_argument("--curve-secret-key-file", default=None,
+                   help="file holding a Z85 CURVE secret key: encrypt the endpoint")
     p.add_argument("--log-level", default="WARNING")
     a = p.parse_args(argv)
     logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    curve = None
+    if a.curve_secret_key_file:
+        with open(a.curve_secret_key_file) as f:
+            curve = f.read().strip()
     tables = None
     if a.tables:
         with open(a.tables) as f:
@@ -835,7 +866,7 @@ def main(argv=None):
     server = Server(a.endpoint, a.index, a.num_servers, a.workers, mode=a.mode, tables=tables,
                     handler_threads=a.handler_threads, max_message_bytes=a.max_message_bytes,
                     heartbeat_timeout=a.heartbeat_timeout, barrier_timeout=a.barrier_timeout,
-                    checkpoint_dir=a.checkpoint_dir)
+                    checkpoint_dir=a.checkpoint_dir, curve_secret_key=curve)
     signal.signal(signal.SIGTERM, lambda *_: server.stop())
     signal.signal(signal.SIGINT, lambda *_: server.stop())
     print(f"pyfleet.server ready on {server.endpoint}", flush=True)

@@ -293,3 +293,24 @@ def test_after_fuzzing_the_server_is_correct_and_small(fuzz_target):
     c.push_sparse("emb", fresh, grads)
     ref.push(fresh, grads)
     np.testing.assert_array_equal(c.pull_sparse("emb", fresh), ref.pull(fresh))
+
+
+def test_curve_endpoint_needs_the_servers_public_key():
+    public, secret = zmq.curve_keypair()
+    server = Server("127.0.0.1:0", 0, 1, 1, tables=[SPARSE], curve_secret_key=secret)
+    t = threading.Thread(target=server.run)
+    t.start()
+    try:
+        with pytest.raises(PeerTimeout, match="HEARTBEAT"):
+            Client([server.endpoint], timeout=1, connect_deadline=1.5)
+        with pytest.raises(PeerTimeout):
+            Client([server.endpoint], timeout=1, connect_deadline=1.5,
+                   curve_server_keys=zmq.curve_keypair()[0])
+        with Client([server.endpoint], timeout=10, curve_server_keys=public) as c:
+            assert c.pull_sparse("emb", np.array([9], np.uint64)).shape == (1, 4)
+            c.stop_worker()
+        t.join(10)
+        assert not t.is_alive()
+    finally:
+        server.stop()
+        t.join(10)
