@@ -7,7 +7,7 @@ servers under Fleet.
 """
 
 from pyfleet import initializer, optimizer
-from pyfleet.fluid import backend, layers, unique_name
+from pyfleet.fluid import backend, io, layers, unique_name
 from pyfleet.fluid.data_feeder import DataFeeder
 from pyfleet.fluid.executor import Executor
 from pyfleet.fluid.framework import (
@@ -64,6 +64,7 @@ __all__ = [
     "default_startup_program",
     "global_scope",
     "initializer",
+    "io",
     "layers",
     "name_scope",
     "optimizer",

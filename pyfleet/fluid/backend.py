@@ -27,9 +27,36 @@ backend shared by several executors in several threads must be thread-safe
 itself (:class:`LocalBackend` is, because the tables are).
 """
 
+import os
+
 import numpy as np
 
-__all__ = ["Backend", "LocalBackend"]
+__all__ = ["Backend", "LocalBackend", "param_path"]
+
+
+def param_path(dirname, param):
+    """The file of one parameter under ``dirname`` (``.npy`` dense, ``.table`` sparse)."""
+    name = param.name
+    if not name or name.startswith(".") or "/" in name or os.sep in name or "\0" in name:
+        raise ValueError(f"parameter name {name!r} cannot be used as a file name")
+    return os.path.join(dirname, name + (".table" if param.is_sparse_table else ".npy"))
+
+
+def _save_npy_atomic(path, value):
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "wb") as f:
+        np.save(f, np.ascontiguousarray(value), allow_pickle=False)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _placeholder_optimizer(param):
+    opt = param.optimizer or getattr(param, "_saved_optimizer", None)
+    if opt is None:
+        from pyfleet.optimizer import SGD
+        opt = SGD(1.0)
+    return opt
 
 
 class Backend:
@@ -78,7 +105,17 @@ class Backend:
         raise NotImplementedError(f"{type(self).__name__} cannot set parameter {name!r}")
 
     def step_end(self):
-        """End of one training step: a sync barrier for remote backends."""
+        """End of one training step (called after the pushes of every training
+        step, never after a forward-only run): a sync barrier for remote backends."""
+
+    def save(self, dirname, params):
+        """Write each of ``params`` (:class:`~pyfleet.fluid.framework.Parameter`)
+        under ``dirname``: ``<name>.npy`` for dense, ``<name>.table`` for sparse."""
+        raise NotImplementedError(f"{type(self).__name__} cannot save parameters")
+
+    def load(self, dirname, params):
+        """Read what :meth:`save` wrote, creating missing parameters."""
+        raise NotImplementedError(f"{type(self).__name__} cannot load parameters")
 
 
 class LocalBackend(Backend):
@@ -128,3 +165,41 @@ class LocalBackend(Backend):
 
     def set_dense(self, name, value):
         self._dense(name).set(value)
+
+    def save(self, dirname, params):
+        os.makedirs(dirname, exist_ok=True)
+        for p in params:
+            path = param_path(dirname, p)
+            if p.is_sparse_table:
+                self._sparse(p.name).save(path)
+            else:
+                _save_npy_atomic(path, self._dense(p.name).pull())
+
+    def load(self, dirname, params):
+        """Dense values replace the parameter (its optimizer state restarts);
+        a sparse table is replaced by the file's rows, with their optimizer
+        state. A parameter not yet created is created with its recorded optimizer."""
+        for p in params:
+            path = param_path(dirname, p)
+            if not os.path.exists(path):
+                raise ValueError(f"no saved value for parameter {p.name!r}: {path} is missing")
+            if p.is_sparse_table:
+                # A checkpoint replaces the whole table, as Fluid's load does:
+                # rows trained since must not survive beside the loaded ones.
+                old = self.sparse.get(p.name)
+                if old is None:
+                    self.create_sparse(p.name, p.dim, _placeholder_optimizer(p), p.initializer,
+                                       p.seed)
+                else:
+                    self.create_sparse(p.name, old.dim, old.optimizer, old.initializer,
+                                       old.seed)
+                self.sparse[p.name].load(path)
+                continue
+            value = np.load(path, allow_pickle=False)
+            if tuple(value.shape) != tuple(p.shape):
+                raise ValueError(f"{path} holds shape {value.shape}, parameter {p.name!r} "
+                                 f"has shape {p.shape}")
+            if p.name in self.dense:
+                self.dense[p.name].set(value)
+            else:
+                self.create_dense(p.name, value, _placeholder_optimizer(p))
