@@ -176,15 +176,18 @@ class RuntimeConfig:
     ``connect_timeout``: how long a worker waits for the servers to come up at ``init_worker``.
     ``barrier_timeout``: how long a sync-mode barrier waits for the slowest worker before it
     fails with :class:`~pyfleet.errors.BarrierError`.
+    ``heartbeat_timeout``: seconds without a heartbeat after which a server declares a worker
+    dead (a sync barrier waiting for it then fails at once, naming it).
     """
 
-    _FIELDS = ("request_timeout", "connect_timeout", "barrier_timeout")
+    _FIELDS = ("request_timeout", "connect_timeout", "barrier_timeout", "heartbeat_timeout")
 
     def __init__(self, request_timeout: float = 60.0, connect_timeout: float = 60.0,
-                 barrier_timeout: float = 300.0):
+                 barrier_timeout: float = 300.0, heartbeat_timeout: float = 10.0):
         self.request_timeout = request_timeout
         self.connect_timeout = connect_timeout
         self.barrier_timeout = barrier_timeout
+        self.heartbeat_timeout = heartbeat_timeout
 
     def __setattr__(self, key, value):
         if key not in self._FIELDS:

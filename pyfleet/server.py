@@ -595,24 +595,35 @@ class Server:
 
     def _load(self, h, op, frames, ident):
         payload = self._control_payload(frames, op)
-        path = self._checkpoint_path(payload)
-        if not os.path.isdir(path):
-            raise _Refused(f"checkpoint dir {payload['dir']!r} does not exist")
-        names = os.listdir(path)
-        rows = {}
-        with self._lock:
-            for e in self._entries.values():
-                if e.kind == "sparse":
-                    pat = re.compile(re.escape(e.name) + r"\.shard(\d+)-of-(\d+)\.bin")
-                    shard_files = sorted(n for n in names if pat.fullmatch(n))
-                    if not shard_files:
-                        raise _Refused(f"no shard files for table {e.name!r} in {payload['dir']!r}")
-                    rows[e.key] = sum(e.table.load(os.path.join(path, n),
-                                                   filter=(self.server_num, self.server_index))
-                                      for n in shard_files)
-                else:
-                    rows[e.key] = self._load_dense(e, path, names, payload["dir"])
+        rows = self.load_checkpoint(payload.get("dir"))
         return [[ident] + P.reply(h, payload={"rows": rows})]
+
+    def load_checkpoint(self, rel):
+        """Load every table from ``<checkpoint_dir>/<rel>`` (written by any
+        number of servers). Returns ``{table: rows}``; raises ValueError naming
+        what is missing or refused. Thread-safe."""
+        try:
+            path = self._checkpoint_path({"dir": rel})
+            if not os.path.isdir(path):
+                raise _Refused(f"checkpoint dir {rel!r} does not exist")
+            names = os.listdir(path)
+            rows = {}
+            with self._lock:
+                for e in self._entries.values():
+                    if e.kind == "sparse":
+                        pat = re.compile(re.escape(e.name) + r"\.shard(\d+)-of-(\d+)\.bin")
+                        shard_files = sorted(n for n in names if pat.fullmatch(n))
+                        if not shard_files:
+                            raise _Refused(f"no shard files for table {e.name!r} in {rel!r}")
+                        rows[e.key] = sum(e.table.load(os.path.join(path, n),
+                                                       filter=(self.server_num,
+                                                               self.server_index))
+                                          for n in shard_files)
+                    else:
+                        rows[e.key] = self._load_dense(e, path, names, rel)
+            return rows
+        except _Refused as e:
+            raise ValueError(str(e)) from None
 
     def _load_dense(self, e, path, names, rel):
         exact = f"{e.name}.{e.start}-{e.end}.bin"

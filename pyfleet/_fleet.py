@@ -1,0 +1,367 @@
+"""Fleet: PaddlePaddle Fluid 1.5's parameter-server Fleet API over pyfleet's service.
+
+``from pyfleet import fleet`` gives the module-level singleton, used as in Paddle::
+
+    fleet.init(role_maker)                        # role resolved once, validated, frozen
+    optimizer = fleet.distributed_optimizer(Adam(learning_rate=0.001), config)
+    optimizer.minimize(avg_cost)                  # tables and dense placement decided here
+    if fleet.is_server():
+        fleet.init_server(model_dir)              # create this server's shards; maybe load
+        fleet.run_server()                        # serve until every worker stopped
+    elif fleet.is_worker():
+        fleet.init_worker()                       # connect (waiting for servers), create tables
+        exe.run(fleet.startup_program)
+        ... exe.run(fleet.main_program, feed=..., fetch_list=...)
+        fleet.save_persistables(exe, dirname)     # every server saves its shards, in parallel
+        fleet.stop_worker()
+
+Where things live: every sparse embedding table (an ``embedding`` with
+``is_distributed=True``/``is_sparse=True``, named by its ``param_attr``) is
+sharded over all servers by ``pyfleet.route(key, S)``; every dense parameter
+is placed by ``DistributeTranspilerConfig.split_method`` (cut into blocks by
+``slice_var_up``), the same placement computed on every process. Every process
+of a job must build the same program (as in Paddle).
+
+Checkpoint paths: servers write under their checkpoint root, which is
+``$PYFLEET_CHECKPOINT_DIR`` or, unset, the directory the process started in
+(the launcher starts every role in the same one). ``dirname`` may be relative
+to it or an absolute path inside it; a path outside it is refused, so no
+request from the network can write elsewhere.
+"""
+
+import json
+import os
+import time
+
+from pyfleet import config as _config
+from pyfleet.errors import ConfigError
+from pyfleet.fluid.backend import Backend
+
+__all__ = ["Fleet", "DistributedOptimizer", "RemoteBackend", "fleet", "checkpoint_root",
+           "MANIFEST_NAME"]
+
+MANIFEST_NAME = "MANIFEST.json"
+MANIFEST_VERSION = 1
+
+
+def checkpoint_root():
+    """The directory every save/load path is confined to (see the module doc)."""
+    return os.path.realpath(os.environ.get("PYFLEET_CHECKPOINT_DIR") or os.getcwd())
+
+
+def _relative_to_root(dirname):
+    root = checkpoint_root()
+    path = os.path.realpath(os.path.join(root, os.fspath(dirname)))
+    if os.path.commonpath([path, root]) != root or path == root:
+        raise ValueError(f"checkpoint directory {os.fspath(dirname)!r} must be inside the "
+                         f"checkpoint root {root} (set PYFLEET_CHECKPOINT_DIR to change it)")
+    return os.path.relpath(path, root), path
+
+
+class RemoteBackend(Backend):
+    """The executor's parameters, held by the servers (see :mod:`pyfleet.fluid.backend`).
+
+    - async: sparse pushes go out in the background (merged while queued);
+      every push is applied on arrival.
+    - sync: pushes are buffered by the servers; :meth:`step_end` is the
+      barrier after which the averaged update is applied, so the next pull
+      sees every worker's step.
+    - geo: sparse rows train on a local copy; deltas every ``geo_k_steps``.
+
+    Tables are created by :meth:`Fleet.init_worker` from the program, so the
+    startup program's ``create_*`` calls only check that the table exists.
+    """
+
+    def __init__(self, client, mode, geo_k_steps=100):
+        self.client = client
+        self.mode = mode
+        self.geo = None
+        if mode == "geo":
+            from pyfleet.client import GeoClient
+            self.geo = GeoClient(client, geo_k_steps)
+        self._sparse = self.geo or client
+
+    def create_sparse(self, name, dim, optimizer, initializer, seed):
+        self.client._sparse_dim(name)  # raises if init_worker did not create it
+
+    def create_dense(self, name, initial_value, optimizer):
+        self.client._dense_blocks(name)
+
+    def pull_sparse(self, name, keys):
+        return self._sparse.pull_sparse(name, keys)
+
+    def push_sparse(self, name, keys, grads):
+        if self.mode == "async":
+            self.client.push_sparse_async(name, keys, grads)
+        else:
+            self._sparse.push_sparse(name, keys, grads)
+
+    def pull_dense(self, name):
+        return self.client.pull_dense(name)
+
+    def push_dense(self, name, grad):
+        self.client.push_dense(name, grad)
+
+    def step_end(self):
+        if self.mode == "sync":
+            self.client.barrier()
+        elif self.geo is not None:
+            self.geo.step()
+
+    def finish(self):
+        """Send what is still local or queued (geo deltas, async pushes)."""
+        if self.geo is not None:
+            self.geo.sync()
+        self.client.flush()
+
+
+class DistributedOptimizer:
+    """``fleet.distributed_optimizer(optimizer, strategy)``: ``minimize`` builds the
+    program as usual and decides where every parameter lives."""
+
+    def __init__(self, fleet_, optimizer, strategy):
+        self._fleet = fleet_
+        self._optimizer = optimizer
+        self._strategy = strategy
+
+    def minimize(self, loss, startup_program=None, parameter_list=None, no_grad_set=None):
+        from pyfleet.fluid import framework
+        result = framework.minimize(self._optimizer, loss, startup_program=startup_program,
+                                    parameter_list=parameter_list, no_grad_set=no_grad_set)
+        self._fleet._set_program(loss.block.program,
+                                 startup_program or framework.default_startup_program(),
+                                 self._strategy)
+        return result
+
+
+class Fleet:
+    """The parameter-server Fleet (one per process: use :data:`fleet`)."""
+
+    def __init__(self):
+        self._role = None
+        self._strategy = None
+        self._server = None
+        self._client = None
+        self._backend = None
+        self._tables = None
+        self._placement = None
+        self.main_program = None
+        self.startup_program = None
+
+    # ----------------------------------------------------------------- roles
+    def init(self, role_maker=None):
+        """Resolve this process's role once (default: MPI under mpirun, else the
+        environment contract of docs/fleet.md, else a ConfigError saying what to set)."""
+        from pyfleet.role_maker import RoleMakerBase, default_role_maker
+        if role_maker is None:
+            role_maker = default_role_maker()
+        if not isinstance(role_maker, RoleMakerBase):
+            raise ConfigError(f"role_maker must be a pyfleet.role_maker role maker, "
+                              f"got {role_maker!r}")
+        role_maker.generate_role()
+        self._role = role_maker
+
+    def _role_maker(self):
+        if self._role is None:
+            raise ConfigError("call fleet.init(role_maker) first")
+        return self._role
+
+    def is_worker(self):
+        return self._role_maker().is_worker()
+
+    def is_server(self):
+        return self._role_maker().is_server()
+
+    def is_first_worker(self):
+        return self._role_maker().is_first_worker()
+
+    def worker_index(self):
+        return self._role_maker().worker_index()
+
+    def server_index(self):
+        return self._role_maker().server_index()
+
+    def worker_num(self):
+        return self._role_maker().worker_num()
+
+    def server_num(self):
+        return self._role_maker().server_num()
+
+    def server_endpoints(self, to_string=False):
+        eps = self._role_maker().server_endpoints()
+        return ",".join(eps) if to_string else list(eps)
+
+    # ------------------------------------------------------------- programs
+    def distributed_optimizer(self, optimizer, strategy=None):
+        """Wrap ``optimizer`` with a :class:`DistributeTranspilerConfig` (default one if None)."""
+        from pyfleet.optimizer import Optimizer
+        if not isinstance(optimizer, Optimizer):
+            raise ValueError(f"optimizer must be a pyfleet.optimizer rule, got {optimizer!r}")
+        if strategy is None:
+            strategy = _config.DistributeTranspilerConfig()
+        if not isinstance(strategy, _config.DistributeTranspilerConfig):
+            raise ValueError(f"strategy must be a DistributeTranspilerConfig, got {strategy!r}")
+        return DistributedOptimizer(self, optimizer, strategy)
+
+    def _set_program(self, main, startup, strategy):
+        self.main_program, self.startup_program, self._strategy = main, startup, strategy
+        self._tables, dense_shapes = table_configs(main)
+        self._placement = [
+            (b.name, b.start, b.end, b.server_index)
+            for b in _config.place_dense(dense_shapes, self.server_num(), strategy)]
+
+    def _require_program(self, what):
+        if self._tables is None:
+            raise ConfigError(f"{what} needs the program: call "
+                              "fleet.distributed_optimizer(...).minimize(loss) first")
+
+    # --------------------------------------------------------------- server
+    def init_server(self, model_dir=None, **kwargs):
+        """Create this server's shard of every table; with ``model_dir``, load
+        the parameters saved there (by any number of servers)."""
+        from pyfleet.server import Server
+        role = self._role_maker()
+        if not role.is_server():
+            raise ConfigError("fleet.init_server() called on a worker")
+        self._require_program("init_server")
+        rt = self._strategy.runtime
+        self._server = Server(role.current_endpoint(), role.server_index(), role.server_num(),
+                              role.worker_num(), mode=self._strategy.mode,
+                              tables=server_table_configs(self._tables, self._placement,
+                                                          role.server_index()),
+                              heartbeat_timeout=rt.heartbeat_timeout,
+                              barrier_timeout=rt.barrier_timeout,
+                              checkpoint_dir=checkpoint_root(), **kwargs)
+        if model_dir is not None:
+            rel, _ = _relative_to_root(model_dir)
+            self._server.load_checkpoint(rel)
+
+    def run_server(self):
+        """Serve until every worker called ``stop_worker`` (then return)."""
+        if self._server is None:
+            raise ConfigError("call fleet.init_server() before fleet.run_server()")
+        try:
+            self._server.run()
+        finally:
+            self._server = None
+
+    # --------------------------------------------------------------- worker
+    def init_worker(self):
+        """Connect to every server (waiting up to ``runtime.connect_timeout`` for
+        them to come up), create the tables, and point the programs at them."""
+        from pyfleet.client import Client
+        role = self._role_maker()
+        if not role.is_worker():
+            raise ConfigError("fleet.init_worker() called on a server")
+        self._require_program("init_worker")
+        rt = self._strategy.runtime
+        self._client = Client(role.server_endpoints(), worker_index=role.worker_index(),
+                              timeout=rt.request_timeout, connect_deadline=rt.connect_timeout)
+        self._client.create_tables(self._tables, self._placement)
+        self._backend = RemoteBackend(self._client, self._strategy.mode,
+                                      self._strategy.geo_k_steps)
+        self.main_program._backend = self._backend
+        self.startup_program._backend = self._backend
+
+    def _require_worker(self, what):
+        if self._client is None:
+            raise ConfigError(f"{what} needs fleet.init_worker() first")
+        return self._client
+
+    def stop_worker(self):
+        """Send what is pending, tell every server this worker is done, disconnect."""
+        client = self._require_worker("stop_worker")
+        try:
+            self._backend.finish()
+            client.stop_worker()
+        finally:
+            client.close()
+            self._client = None
+
+    def barrier_worker(self):
+        """Wait for every worker (a server-side barrier)."""
+        self._require_worker("barrier_worker").barrier()
+
+    def save_persistables(self, executor=None, dirname=None, main_program=None, mode="full"):
+        """Every server saves its shard of every table (with optimizer state) and
+        its dense blocks into ``dirname``, in parallel; then a manifest is written
+        last. ``mode="delta"`` writes only rows changed since the previous save.
+        Call it from one worker (normally worker 0). Returns the manifest."""
+        client = self._require_worker("save_persistables")
+        if dirname is None:
+            raise ValueError("save_persistables needs dirname")
+        rel, path = _relative_to_root(dirname)
+        self._backend.finish()
+        started = time.time()
+        replies = client.save(rel, mode=mode)
+        manifest = {
+            "format": "pyfleet-checkpoint", "version": MANIFEST_VERSION, "mode": mode,
+            "created": started, "server_num": len(replies),
+            "tables": self._tables, "placement": self._placement,
+            "servers": [{"rows": r.get("rows"), "files": r.get("files")} for r in replies],
+        }
+        os.makedirs(path, exist_ok=True)
+        tmp = os.path.join(path, MANIFEST_NAME + ".tmp")
+        with open(tmp, "w") as f:
+            json.dump(manifest, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, os.path.join(path, MANIFEST_NAME))
+        return manifest
+
+    def save_inference_model(self, executor, dirname, feeded_var_names, target_vars,
+                             main_program=None, export_for_deployment=True):
+        """A self-contained prediction directory: the network, the dense weights
+        and every embedding row (optimizer state dropped), gathered from the
+        servers. ``pyfleet.inference.load(dirname)`` predicts from it."""
+        from pyfleet import inference
+        client = self._require_worker("save_inference_model")
+        self._backend.finish()
+        program = main_program or self.main_program
+        return inference.save(dirname, program, feeded_var_names, target_vars,
+                              inference.RemoteSource(client, self._tables))
+
+    def stats(self):
+        """Every server's counters and table stats (workers only)."""
+        return self._require_worker("stats").stats()
+
+
+def table_configs(program):
+    """``(configs, dense_shapes)`` of a minimized program: a create_tables
+    config per sparse table and dense parameter, and ``[(name, shape)]`` of the
+    dense ones in program order (the order placement depends on)."""
+    opt = program._optimizer
+    if opt is None:
+        raise ConfigError("the program has no optimizer: call minimize(loss) first")
+    configs, dense = [], []
+    for p in program.all_parameters():
+        popt = p.optimizer or opt
+        if p.is_sparse_table:
+            configs.append({"kind": "sparse", "name": p.name, "dim": p.dim,
+                            "optimizer": popt.to_config(),
+                            "initializer": p.initializer.to_config(), "seed": p.seed,
+                            "entry": None})
+        else:
+            shape = [int(s) for s in p.shape]
+            configs.append({"kind": "dense", "name": p.name, "shape": shape,
+                            "optimizer": popt.to_config(),
+                            "initial": p.initializer.to_config(), "seed": p.seed})
+            dense.append((p.name, shape))
+    return configs, dense
+
+
+def server_table_configs(configs, placement, server_index):
+    """The configs server ``server_index`` holds: every sparse table, and its
+    dense blocks (as ``pyfleet.client.Client.create_tables`` sends them)."""
+    out = []
+    for cfg in configs:
+        if cfg["kind"] == "sparse":
+            out.append(cfg)
+            continue
+        for name, start, end, s in placement:
+            if name == cfg["name"] and s == server_index:
+                out.append({**cfg, "start": start, "end": end})
+    return out
+
+
+fleet = Fleet()

@@ -1,0 +1,232 @@
+"""The ``pyfleet`` command line.
+
+    pyfleet train [options]      train a CTR model on a local cluster (the main job)
+    pyfleet gen-data [options]   write the synthetic Criteo-format data set
+    pyfleet predict [options]    score a data file with a saved inference model
+    pyfleet keygen DIR           write CURVE key pairs for authenticated clusters
+
+``pyfleet train`` with no argument is the embedded default: it generates a
+synthetic data set with a known ground truth, starts 1 server and 2 workers on
+127.0.0.1, trains the DNN for one pass, evaluates on the held-out split, and
+prints a summary (also in ``RUN_DIR/summary.json``).
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+__all__ = ["main"]
+
+DEFAULT_ROWS = 200_000
+
+
+def _train_parser(sub):
+    p = sub.add_parser("train", help="train a CTR model on a local cluster",
+                       description="Train a CTR model with a local parameter-server cluster "
+                                   "on 127.0.0.1. With no data given, a synthetic data set "
+                                   "is generated first.")
+    p.add_argument("--train", help="training data: a file, a directory of shards, or a "
+                                   "comma-separated list (default: generated)")
+    p.add_argument("--test", help="held-out data (default: the generated test split)")
+    p.add_argument("--format", default="criteo", choices=["criteo", "csv", "slot", "auto"])
+    p.add_argument("--model", default="dnn", choices=["lr", "dnn", "widedeep", "deepfm"])
+    p.add_argument("--servers", type=int, default=1)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--mode", default="async", choices=["sync", "async", "geo"])
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--batch-size", type=int, default=512)
+    p.add_argument("--embedding-dim", type=int, default=16)
+    p.add_argument("--layers", default="256,128,64", help="hidden layer sizes")
+    p.add_argument("--lr", type=float, default=0.001, help="Adam learning rate")
+    p.add_argument("--rows", type=int, default=DEFAULT_ROWS,
+                   help="rows of the generated data set (with no --train)")
+    p.add_argument("--run-dir", help="where to write everything (default: runs/<time>)")
+    p.add_argument("--checkpoint-dir", help="alias of --run-dir's checkpoint location: the "
+                                            "run directory to write (kept for Paddle users)")
+    p.add_argument("--resume", help="a previous run directory: continue from its checkpoint")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="stop the job after this many seconds")
+    return p
+
+
+def _split_paths(value):
+    if value is None:
+        return None
+    parts = [v for v in value.split(",") if v]
+    return parts[0] if len(parts) == 1 else parts
+
+
+def _format_summary(s):
+    rows = [("test AUC", f"{s['test_auc']:.4f}" if "test_auc" in s else "-"),
+            ("test logloss", f"{s['test_logloss']:.4f}" if "test_logloss" in s else "-")]
+    if "truth_auc_test" in s:
+        rows.append(("ground-truth AUC", f"{s['truth_auc_test']:.4f}"))
+    rows += [("train AUC", f"{s['train_auc']:.4f}"),
+             ("train logloss", f"{s['train_logloss']:.4f}"),
+             ("train examples", f"{s['train_examples']:,}"),
+             ("train examples/s", f"{s['train_examples_per_sec']:,.0f}"),
+             ("train seconds", f"{s['train_seconds']:.1f}")]
+    for name, n in sorted(s.get("table_rows", {}).items()):
+        rows.append((f"rows in {name}", f"{n:,}"))
+    for i, rss in enumerate(s.get("server_rss_bytes", [])):
+        rows.append((f"server {i} memory (RSS)", f"{rss / 2**20:,.1f} MiB"))
+    rows += [("model", s["model"]), ("cluster", f"{s['servers']} server(s), "
+                                               f"{s['workers']} worker(s), {s['mode']}"),
+             ("run directory", s["run_dir"])]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _plot(run_dir):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        lines = [json.loads(x) for x in f if x.strip()]
+    if not lines:
+        return None
+    t0 = lines[0]["time"]
+    t = [x["time"] - t0 for x in lines]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.5))
+    a.plot(t, [x["loss"] for x in lines])
+    a.set_xlabel("seconds")
+    a.set_ylabel("logloss (window)")
+    b.plot(t, [x["auc"] for x in lines])
+    b.set_xlabel("seconds")
+    b.set_ylabel("running AUC")
+    fig.tight_layout()
+    out = os.path.join(run_dir, "training.png")
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def cmd_train(args):
+    from pyfleet.launch import launch_local
+    from pyfleet.trainer import JOB_DEFAULTS, summarize
+
+    if args.servers < 1 or args.workers < 1:
+        raise SystemExit("pyfleet train: --servers and --workers must be >= 1")
+    run_dir = args.run_dir or args.checkpoint_dir or os.path.join(
+        "runs", time.strftime("%Y%m%d-%H%M%S"))
+    run_dir = os.path.abspath(run_dir)
+    os.makedirs(run_dir, exist_ok=True)
+    truth = None
+    train, test, fmt = _split_paths(args.train), _split_paths(args.test), args.format
+    if train is None:
+        from pyfleet.data import synthetic
+        print(f"generating {args.rows:,} synthetic rows (seed {args.seed}) into "
+              f"{run_dir}/data ...", flush=True)
+        truth = synthetic.generate(os.path.join(run_dir, "data"), rows=args.rows, seed=args.seed)
+        train, test, fmt = truth["train"], truth["test"], "criteo"
+    from pyfleet.data import Dataset
+    schema = Dataset(train, format=fmt).schema
+    resume = os.path.abspath(args.resume) if args.resume else None
+    if resume and not os.path.exists(os.path.join(resume, "checkpoint", "MANIFEST.json")):
+        raise SystemExit(f"pyfleet train: --resume {args.resume}: no checkpoint there "
+                         f"(expected {resume}/checkpoint/MANIFEST.json)")
+    job = {**JOB_DEFAULTS, "train": train, "test": test, "format": fmt, "model": args.model,
+           "embedding_dim": args.embedding_dim,
+           "layers": [int(x) for x in args.layers.split(",") if x],
+           "lr": args.lr, "batch_size": args.batch_size, "epochs": args.epochs,
+           "mode": args.mode, "seed": args.seed, "run_dir": run_dir, "resume": resume,
+           "n_dense": schema.n_dense, "n_slots": schema.n_slots}
+    job_path = os.path.join(run_dir, "job.json")
+    with open(job_path, "w") as f:
+        json.dump(job, f, indent=1)
+    # Servers may only save and load below this directory.
+    root = os.path.commonpath([run_dir] + ([resume] if resume else []))
+    env = dict(os.environ, PYFLEET_CHECKPOINT_DIR=root)
+    cmd = [sys.executable, "-m", "pyfleet.trainer", job_path]
+    started = time.time()
+    code = launch_local(lambda role, index: cmd, servers=args.servers, workers=args.workers,
+                        env=env, log_dir=os.path.join(run_dir, "logs"), timeout=args.timeout,
+                        mode=args.mode)
+    if code != 0:
+        print(f"pyfleet train: the job failed (exit code {code}); logs in {run_dir}/logs",
+              file=sys.stderr)
+        return code
+    summary = summarize(run_dir, args.workers)
+    summary.update({"model": args.model, "servers": args.servers, "workers": args.workers,
+                    "mode": args.mode, "run_dir": run_dir, "wall_seconds": time.time() - started,
+                    "checkpoint": os.path.join(run_dir, "checkpoint"),
+                    "inference_model": os.path.join(run_dir, "model")})
+    if truth is not None:
+        summary["truth_auc_test"] = truth["truth_auc_test"]
+        summary["truth_logloss_test"] = truth["truth_logloss_test"]
+    plot = _plot(run_dir)
+    if plot:
+        summary["plot"] = plot
+    with open(os.path.join(run_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(_format_summary(summary))
+    return 0
+
+
+def cmd_gen_data(args):
+    from pyfleet.data import synthetic
+    info = synthetic.generate(args.out, rows=args.rows, seed=args.seed,
+                              test_fraction=args.test_fraction, train_shards=args.shards)
+    print(json.dumps(info, indent=1))
+    return 0
+
+
+def cmd_predict(args):
+    from pyfleet import inference
+    model = inference.load(args.model)
+    n = model.predict_file(args.data, args.out, format=args.format,
+                           batch_size=args.batch_size)
+    print(f"wrote {n:,} predictions to {args.out}")
+    return 0
+
+
+def cmd_keygen(args):
+    from pyfleet import auth
+    paths = auth.keygen(args.dir, names=args.names)
+    for p in paths:
+        print(p)
+    return 0
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="pyfleet", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command")
+    _train_parser(sub)
+    g = sub.add_parser("gen-data", help="write the synthetic Criteo-format data set")
+    g.add_argument("--out", default="pyfleet-data")
+    g.add_argument("--rows", type=int, default=DEFAULT_ROWS)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--test-fraction", type=float, default=0.1)
+    g.add_argument("--shards", type=int, default=1)
+    p = sub.add_parser("predict", help="score a data file with a saved inference model")
+    p.add_argument("--model", required=True, help="a directory from save_inference_model")
+    p.add_argument("--data", required=True)
+    p.add_argument("--format", default="criteo", choices=["criteo", "csv", "slot", "auto"])
+    p.add_argument("--out", default="predictions.txt")
+    p.add_argument("--batch-size", type=int, default=4096)
+    k = sub.add_parser("keygen", help="write CURVE key pairs (server and client)")
+    k.add_argument("dir")
+    k.add_argument("--names", nargs="+", default=["server", "client"])
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    return {"train": cmd_train, "gen-data": cmd_gen_data, "predict": cmd_predict,
+            "keygen": cmd_keygen}[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,260 @@
+"""The training job behind ``pyfleet train``: one function per role, driven by a job file.
+
+``pyfleet train`` writes ``job.json`` into the run directory and starts a local
+cluster with :func:`pyfleet.launch.launch_local`; every role runs
+``python -m pyfleet.trainer RUN_DIR/job.json`` and learns its role from the
+launcher's environment contract (``fleet.init()`` with no argument), exactly as
+a user's own Fleet script would. The same command runs a role on a real
+cluster, with the environment set by mpirun or Kubernetes.
+
+Every worker reads its share of the training files (``Dataset`` with
+``worker_index``/``worker_num``), trains the chosen model for ``epochs``
+passes, evaluates its share of the test files and writes
+``RUN_DIR/worker<i>.json`` (throughput, and the statistics of its test
+predictions); worker 0 also writes ``metrics.jsonl`` (one line per progress
+report), saves the checkpoint (``RUN_DIR/checkpoint``) after every pass and the
+inference model (``RUN_DIR/model``) at the end. :func:`summarize` combines the
+workers' files: the test AUC and logloss are computed from every worker's
+predictions together, never from worker 0's alone.
+"""
+
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+__all__ = ["JOB_DEFAULTS", "feed_of", "run_role", "summarize"]
+
+JOB_DEFAULTS = {
+    "train": None, "test": None, "format": "criteo", "model": "dnn", "embedding_dim": 16,
+    "layers": [256, 128, 64], "lr": 0.001, "batch_size": 512, "epochs": 1, "mode": "async",
+    "seed": 0, "run_dir": None, "resume": None, "progress_interval": 2.0,
+    "request_timeout": 60.0, "connect_timeout": 120.0, "barrier_timeout": 300.0,
+    "heartbeat_timeout": 10.0, "save_model": True, "geo_k_steps": 100,
+}
+
+
+def feed_of(batch, model):
+    """The feed dict of a :class:`pyfleet.data.Batch` for a :mod:`pyfleet.models`
+    network: no per-example Python (CSR slots go in as ``(ids, offsets)``)."""
+    feed = {model.dense_input.name: batch.dense,
+            model.label.name: batch.labels.astype(np.int64).reshape(-1, 1)}
+    for var, (ids, offsets) in zip(model.slots, batch.sparse):
+        feed[var.name] = (ids, offsets)
+    return feed
+
+
+def _dataset(job, paths, worker_index, worker_num, shuffle=False, prefetch=4):
+    from pyfleet.data import Dataset
+    return Dataset(paths, format=job["format"], batch_size=job["batch_size"],
+                   worker_index=worker_index, worker_num=worker_num, shuffle=shuffle,
+                   seed=job["seed"], prefetch=prefetch)
+
+
+def build_program(job, n_dense, n_slots):
+    """``(main, startup, model)`` of the job's network (no optimizer yet)."""
+    from pyfleet import fluid, models
+    main, startup = fluid.Program(), fluid.Program()
+    main.random_seed = startup.random_seed = int(job["seed"])
+    with fluid.program_guard(main, startup):
+        model = models.build(job["model"], num_dense=n_dense, num_slots=n_slots,
+                             embedding_dim=int(job["embedding_dim"]),
+                             layers=tuple(int(x) for x in job["layers"]))
+    return main, startup, model
+
+
+def strategy_of(job):
+    from pyfleet.config import DistributeTranspilerConfig
+    cfg = DistributeTranspilerConfig()
+    cfg.mode = job["mode"]
+    cfg.geo_k_steps = int(job["geo_k_steps"])
+    rt = cfg.runtime
+    rt.request_timeout = job["request_timeout"]
+    rt.connect_timeout = job["connect_timeout"]
+    rt.barrier_timeout = job["barrier_timeout"]
+    rt.heartbeat_timeout = job["heartbeat_timeout"]
+    return cfg
+
+
+class _Progress:
+    """Running loss/AUC and throughput, printed every ``interval`` seconds."""
+
+    def __init__(self, interval, metrics_path, worker_index):
+        from pyfleet.metrics import MetricStats
+        self.stats = MetricStats()
+        self.window = MetricStats()
+        self.interval = float(interval)
+        self.metrics = open(metrics_path, "a") if metrics_path else None
+        self.worker = worker_index
+        self.start = self.last = time.perf_counter()
+        self.examples = 0
+        self.steps = 0
+        self.loss_sum = 0.0
+
+    def update(self, epoch, pred, labels, loss):
+        n = labels.shape[0]
+        self.examples += n
+        self.steps += 1
+        self.loss_sum += float(loss) * n
+        self.stats.update(pred, labels)
+        self.window.update(pred, labels)
+        now = time.perf_counter()
+        if now - self.last >= self.interval:
+            self.report(epoch, now)
+
+    def report(self, epoch, now=None):
+        if self.window.count == 0:
+            return
+        now = now or time.perf_counter()
+        rate = self.examples / max(now - self.start, 1e-9)
+        line = {"time": time.time(), "worker": self.worker, "pass": epoch, "step": self.steps,
+                "examples": self.examples, "examples_per_sec": rate,
+                "loss": self.window.logloss(), "auc": self.stats.auc(),
+                "window_auc": self.window.auc()}
+        print(f"pass {epoch}  step {self.steps:>6}  examples {self.examples:>10,}  "
+              f"{rate:>9,.0f} ex/s  loss {line['loss']:.4f}  auc {line['auc']:.4f}",
+              flush=True)
+        if self.metrics:
+            self.metrics.write(json.dumps(line) + "\n")
+            self.metrics.flush()
+        from pyfleet.metrics import MetricStats
+        self.window = MetricStats()
+        self.last = now
+
+    def close(self):
+        if self.metrics:
+            self.metrics.close()
+
+
+def run_role(job):
+    """Run this process's role (from the environment contract) of the job."""
+    from pyfleet import fluid
+    from pyfleet import fleet
+    from pyfleet.optimizer import Adam
+
+    job = {**JOB_DEFAULTS, **job}
+    run_dir = job["run_dir"]
+    n_dense, n_slots = job.get("n_dense"), job.get("n_slots")
+    if n_dense is None or n_slots is None:  # servers may not see the data: the CLI fills these
+        schema = _dataset(job, job["train"], 0, 1, prefetch=0).schema
+        n_dense, n_slots = schema.n_dense, schema.n_slots
+    main, startup, model = build_program(job, n_dense, n_slots)
+    fleet.init()
+    with fluid.program_guard(main, startup):
+        fleet.distributed_optimizer(Adam(learning_rate=job["lr"]),
+                                    strategy_of(job)).minimize(model.avg_cost)
+
+    if fleet.is_server():
+        resume = job["resume"]
+        fleet.init_server(os.path.join(resume, "checkpoint") if resume else None)
+        fleet.run_server()
+        return 0
+
+    wi, wn = fleet.worker_index(), fleet.worker_num()
+    fleet.init_worker()
+    exe = fluid.Executor(fluid.CPUPlace())
+    exe.run(fleet.startup_program)
+    test_program = main.clone(for_test=True)
+    test_program._backend = main._backend
+    progress = _Progress(job["progress_interval"],
+                         os.path.join(run_dir, "metrics.jsonl") if wi == 0 else None, wi)
+    train_seconds = 0.0
+    history = []
+    for epoch in range(1, int(job["epochs"]) + 1):
+        data = _dataset(job, job["train"], wi, wn, shuffle=True)
+        t0 = time.perf_counter()
+        for batch in data:
+            loss, pred = exe.run(main, feed=feed_of(batch, model),
+                                 fetch_list=[model.avg_cost, model.predict])
+            progress.update(epoch, pred.reshape(-1), batch.labels, loss.reshape(-1)[0])
+        train_seconds += time.perf_counter() - t0
+        progress.report(epoch)
+        history.append({"pass": epoch, "examples": progress.examples,
+                        "seconds": train_seconds, "malformed": data.stats()["malformed"]})
+        fleet.barrier_worker()  # every worker finished the pass: the checkpoint is of it
+        if wi == 0:
+            fleet.save_persistables(exe, os.path.join(run_dir, "checkpoint"))
+    progress.close()
+
+    from pyfleet.metrics import MetricStats
+    test_stats = MetricStats()
+    preds, labels = [], []
+    if job["test"]:
+        for batch in _dataset(job, job["test"], wi, wn):
+            (pred,) = exe.run(test_program, feed=feed_of(batch, model),
+                              fetch_list=[model.predict])
+            preds.append(pred.reshape(-1))
+            labels.append(batch.labels)
+        if preds:
+            test_stats.update(np.concatenate(preds), np.concatenate(labels))
+    result = {"worker": wi, "examples": progress.examples, "train_seconds": train_seconds,
+              "passes": history, "test_stats": test_stats.to_json(),
+              "train_stats": progress.stats.to_json()}
+    if preds:
+        np.savez(os.path.join(run_dir, f"worker{wi}.test.npz"), pred=np.concatenate(preds),
+                 label=np.concatenate(labels))
+    if wi == 0:
+        result["servers"] = fleet.stats()
+        if job["save_model"]:
+            try:
+                fleet.save_inference_model(exe, os.path.join(run_dir, "model"),
+                                           [v.name for v in model.inputs if v is not model.label],
+                                           [model.predict])
+            except ImportError as e:  # inference export not available in this build
+                print(f"inference model not saved: {e}", file=sys.stderr)
+    with open(os.path.join(run_dir, f"worker{wi}.json"), "w") as f:
+        json.dump(result, f)
+    fleet.stop_worker()
+    return 0
+
+
+def summarize(run_dir, workers):
+    """Combine every worker's file into the job summary (a JSON-friendly dict)."""
+    from pyfleet.metrics import MetricStats, exact_auc, logloss
+    results = []
+    for i in range(workers):
+        with open(os.path.join(run_dir, f"worker{i}.json")) as f:
+            results.append(json.load(f))
+    test = MetricStats.sum([MetricStats.from_json(r["test_stats"]) for r in results])
+    train = MetricStats.sum([MetricStats.from_json(r["train_stats"]) for r in results])
+    summary = {"workers": workers, "train_examples": sum(r["examples"] for r in results)}
+    seconds = max(r["train_seconds"] for r in results)
+    summary["train_seconds"] = seconds
+    summary["train_examples_per_sec"] = summary["train_examples"] / max(seconds, 1e-9)
+    summary["train_logloss"] = train.logloss()
+    summary["train_auc"] = train.auc()
+    parts = [np.load(os.path.join(run_dir, f"worker{i}.test.npz"))
+             for i in range(workers)
+             if os.path.exists(os.path.join(run_dir, f"worker{i}.test.npz"))]
+    if parts:
+        pred = np.concatenate([p["pred"] for p in parts])
+        label = np.concatenate([p["label"] for p in parts])
+        summary["test_examples"] = int(label.shape[0])
+        summary["test_auc"] = float(exact_auc(pred, label))
+        summary["test_auc_bucketed"] = test.auc()
+        summary["test_logloss"] = float(logloss(pred, label))
+    servers = results[0].get("servers") or []
+    rows = {}
+    for s in servers:
+        for name, t in s.get("tables", {}).items():
+            if "rows" in t:
+                rows[name] = rows.get(name, 0) + int(t["rows"])
+    summary["table_rows"] = rows
+    summary["server_rss_bytes"] = [int(s.get("rss_bytes", 0)) for s in servers]
+    return summary
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m pyfleet.trainer JOB.json", file=sys.stderr)
+        return 2
+    with open(argv[0]) as f:
+        job = json.load(f)
+    return run_role(job)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
