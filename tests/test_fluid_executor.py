@@ -417,7 +417,7 @@ def test_fluid_ctr_example_script_runs_with_only_imports_changed():
         cost = fluid.layers.cross_entropy(input=predict, label=label)
         avg_cost = fluid.layers.reduce_sum(cost)
         accuracy = fluid.layers.accuracy(input=predict, label=label)
-        auc_var, batch_auc_var, auc_states = fluid.layers.auc(
+        auc_var, batch_auc_var, _auc_states = fluid.layers.auc(
             input=predict, label=label, num_thresholds=2 ** 12, slide_steps=20)
         data_list = [dense_input] + sparse_input_ids + [label]
         return avg_cost, auc_var, batch_auc_var, accuracy, data_list
@@ -439,6 +439,7 @@ def test_fluid_ctr_example_script_runs_with_only_imports_changed():
                     fluid.default_main_program(), feed=feeder.feed(data),
                     fetch_list=[loss, auc_var, batch_auc_var, accuracy])
                 results.append((pass_id, batch_id, float(loss_val[0]), float(auc_val[0])))
+                assert 0.0 <= batch_auc_val[0] <= 1.0 and 0.0 <= acc[0] <= 1.0
         table = fluid.default_main_program().global_block().var("SparseFeatFactors")
         assert table.is_sparse_table and table.dim == 8
     assert len(results) == 20

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-import pyfleet.fluid as fluid
+import pyfleet.fluid as fluid  # noqa: PLR0402 (the line Fluid users write)
 from pyfleet import models
 from pyfleet.optimizer import Adam
 
@@ -36,7 +36,7 @@ def _trained(name="deepfm", steps=3):
 
 @pytest.mark.parametrize("name", ["dnn", "deepfm"])
 def test_inference_model_round_trip_predicts_the_same(tmp_path, name):
-    main, startup, m, exe = _trained(name)
+    main, _startup, m, exe = _trained(name)
     feed = _feed(np.random.default_rng(5))
     feed_names = [v.name for v in m.inputs if v.name != "label"]
     want = exe.run(main.clone(for_test=True), feed=feed, fetch_list=[m.predict])[0]
@@ -53,7 +53,7 @@ def test_inference_model_round_trip_predicts_the_same(tmp_path, name):
 
 
 def test_persistables_round_trip_restores_parameters_and_auc_state(tmp_path):
-    main, startup, m, exe = _trained("wide_deep")
+    main, _startup, m, exe = _trained("wide_deep")
     feed = _feed(np.random.default_rng(6))
     fluid.io.save_persistables(exe, str(tmp_path), main)
     want = exe.run(main.clone(for_test=True), feed=feed, fetch_list=[m.predict, m.auc])
@@ -80,7 +80,7 @@ def test_load_refuses_bad_files(tmp_path):
     (tmp_path / "__model__.json").write_text(json.dumps({"format": "something else"}))
     with pytest.raises(ValueError, match="not a pyfleet.fluid program"):
         fluid.io.load_inference_model(str(tmp_path), fluid.Executor())
-    main, startup, m, exe = _trained("lr", steps=1)
+    main, _startup, _m, exe = _trained("lr", steps=1)
     fluid.io.save_persistables(exe, str(tmp_path / "p"), main)
     np.save(tmp_path / "p" / "fc_0.w_0.npy", np.zeros((3, 3), np.float32))
     with pytest.raises(ValueError, match="shape"):

@@ -18,8 +18,15 @@ import numpy as np
 from pyfleet.fluid import framework
 from pyfleet.fluid.framework import Parameter, Program, Variable
 
-__all__ = ["save_persistables", "load_persistables", "save_params", "load_params",
-           "save_inference_model", "load_inference_model", "MODEL_FILENAME"]
+__all__ = [
+    "MODEL_FILENAME",
+    "load_inference_model",
+    "load_params",
+    "load_persistables",
+    "save_inference_model",
+    "save_params",
+    "save_persistables",
+]
 
 MODEL_FILENAME = "__model__.json"
 
