@@ -82,6 +82,15 @@ def test_fc_list_input_sums_one_weight_per_input():
     np.testing.assert_allclose(out[0], ref, rtol=1e-12)
 
 
+def test_fc_num_flatten_dims_2_gradients():
+    def build():
+        x = _param([3, 2, 4], "x")
+        y = L.fc(x, 5, num_flatten_dims=2, act="tanh")     # [3, 2, 5], bias on the last axis
+        assert y.shape == (3, 2, 5)
+        return _weighted_loss(L.reshape(y, [0, 10]), (3, 10))
+    _check(build, {"loss_w": _w((3, 10))})
+
+
 def test_fc_forward_matches_numpy_and_default_init():
     x = np.random.default_rng(2).normal(size=(6, 5)).astype(np.float32)
     main, startup = _program()
@@ -356,3 +365,26 @@ def test_missing_feed_is_named():
         y = L.fc(a, 1)
     with pytest.raises(ValueError, match="'a'"):
         _run_forward(main, startup, {}, [y])
+
+
+def test_sparse_padding_and_off_path_lookups_push_no_rows():
+    """Ids whose lookups get no gradient (padding, or an embedding feeding only
+    a fetched non-loss output) are not pushed: momentum must not move them."""
+    def build():
+        a = L.data("a", [1], dtype="int64", lod_level=1)
+        b = L.data("b", [1], dtype="int64", lod_level=1)
+        attr = fluid.ParamAttr(name="t", initializer=fluid.initializer.Uniform(-1, 1))
+        ea = L.sequence_pool(L.embedding(a, [10, 2], is_distributed=True, padding_idx=0,
+                                         param_attr=attr, dtype=F64), "sum")
+        off_path.append(L.sequence_pool(L.embedding(b, [10, 2], is_distributed=True,
+                                                    param_attr=attr, dtype=F64), "sum"))
+        return _weighted_loss(ea, (2, 2))
+    off_path = []
+    feed = {"a": _lod_feed([[0, 3], [4, 0]]), "b": _lod_feed([[7], [3]]),
+            "loss_w": _w((2, 2))}
+    main, startup, loss = _check(build, feed)
+    fluid.Executor().run(main, feed=feed, fetch_list=[loss, off_path[0]])
+    assert ("pull_sparse", "t", 4) in main._backend.calls      # ids 0, 3, 4, 7 pulled once
+    keys, grads = main._backend.pushed_sparse["t"]
+    np.testing.assert_array_equal(keys, np.array([3, 4], np.uint64))
+    assert np.all(grads != 0)

@@ -215,8 +215,8 @@ class _Step:
         bounds = np.zeros(len(ops) + 1, dtype=np.int64)
         np.cumsum([f.shape[0] for f in flat], out=bounds[1:])
         if w.is_sparse_table:
-            flat = [f.view(np.uint64) if f.dtype == np.int64 else f.astype(np.uint64)
-                    for f in flat]
+            flat = [f.view(np.uint64) if f.dtype == np.int64 else
+                    f.astype(np.uint64, copy=False) for f in flat]
         else:
             flat = [f.astype(np.int64, copy=False) for f in flat]
         keys = flat[0] if len(flat) == 1 else np.concatenate(flat)
@@ -254,19 +254,37 @@ class _Step:
             self.group_of[id(op)].grads[id(op)] = g
 
     def summed_lookup_grads(self, grp):
-        """``(unique keys, gradient rows summed per key)`` of one group."""
+        """``(keys, gradient rows summed per key)`` of one group, or None.
+
+        Only ids whose lookups received a gradient are included (padding ids
+        and lookups off the loss path are left out, so an optimizer with
+        momentum does not move rows that did not take part)."""
         dim = grp.rows.shape[1]
-        parts = []
+        grads, invs = [], []
+        complete = True
         for i, op in enumerate(grp.ops):
-            n = int(grp.bounds[i + 1] - grp.bounds[i])
+            a, b = int(grp.bounds[i]), int(grp.bounds[i + 1])
             g = grp.grads.get(id(op))
-            g = np.zeros((n, dim), dtype=grp.rows.dtype) if g is None else g.reshape(n, dim)
-            if grp.pad_masks[i] is not None:
-                g = g.copy()
-                g[grp.pad_masks[i]] = 0
-            parts.append(g)
-        occ = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        return grp.keys, _ops.segment_sum(occ, grp.inverse, grp.keys.shape[0])
+            if g is None:
+                complete = False
+                continue
+            g = g.reshape(b - a, dim)
+            inv = grp.inverse[a:b]
+            pad = grp.pad_masks[i]
+            if pad is not None:
+                g, inv = g[~pad], inv[~pad]
+                complete = False
+            grads.append(g)
+            invs.append(inv)
+        if not grads:
+            return None
+        occ = grads[0] if len(grads) == 1 else np.concatenate(grads)
+        n = grp.keys.shape[0]
+        if complete:
+            return grp.keys, _ops.segment_sum(occ, grp.inverse, n)
+        inv = np.concatenate(invs)
+        touched = np.bincount(inv, minlength=n) > 0
+        return grp.keys[touched], _ops.segment_sum(occ, inv, n)[touched]
 
 
 def _unique_inverse(keys):
@@ -468,7 +486,10 @@ class Executor:
             w = grp.param
             if w.name not in plan.need:
                 continue
-            keys, g = s.summed_lookup_grads(grp)
+            summed = s.summed_lookup_grads(grp)
+            if summed is None:
+                continue
+            keys, g = summed
             if w.is_sparse_table:
                 sparse.setdefault(w.name, []).append((keys, g))
                 row_dtype[w.name] = grp.rows.dtype
