@@ -95,17 +95,20 @@ cdef inline uint64_t slot_salt(uint64_t slot) noexcept nogil:
 
 
 
-cdef uint64_t[9] LEN_SEED
 cdef uint64_t[9] LOW_MASK
 for _i in range(9):
-    LEN_SEED[_i] = mix64(PF_SEED ^ <uint64_t>_i)
     LOW_MASK[_i] = (((<uint64_t>1) << (8 * _i)) - 1) if _i < 8 else ~(<uint64_t>0)
 
 
-cdef inline uint64_t hash_bytes(const uint8_t* p, Py_ssize_t n) noexcept nogil:
-    """The value part of the feature hash: mix64(SEED ^ n), then mix64(h ^ w) for each
-    little-endian 8-byte word w of the value, the last one zero-extended."""
-    cdef uint64_t h = mix64(PF_SEED ^ <uint64_t>n)
+cdef inline uint64_t hash_start(uint64_t n, uint64_t salt) noexcept nogil:
+    """The hash state before the words of an n-byte value in the slot with this salt;
+    also the id of the empty value."""
+    return mix64((PF_SEED ^ n) + salt)
+
+
+cdef inline uint64_t hash_words(uint64_t h, const uint8_t* p, Py_ssize_t n) noexcept nogil:
+    """h = mix64(h ^ w) for each little-endian 8-byte word w of p[:n], the last one
+    zero-extended."""
     cdef uint64_t w
     cdef Py_ssize_t i
     while n >= 8:
@@ -118,6 +121,10 @@ cdef inline uint64_t hash_bytes(const uint8_t* p, Py_ssize_t n) noexcept nogil:
             w |= (<uint64_t>p[i]) << (8 * i)
         h = mix64(h ^ w)
     return h
+
+
+cdef inline uint64_t hash_value(const uint8_t* p, Py_ssize_t n, uint64_t salt) noexcept nogil:
+    return hash_words(hash_start(<uint64_t>n, salt), p, n)
 
 
 cdef inline uint64_t zero_bytes(uint64_t x) noexcept nogil:
@@ -142,10 +149,11 @@ cdef inline const uint8_t* find_delim(const uint8_t* p, const uint8_t* e,
 
 
 cdef inline uint64_t scan_field_hash(const uint8_t** pp, const uint8_t* e,
-                                     const uint8_t* bufend, uint8_t delim,
-                                     uint64_t dmask) noexcept nogil:
-    """hash_bytes of the field at *pp (up to delim or e); *pp moves to its end.
-    A field of at most 8 bytes (all Criteo categorical values) takes one word load."""
+                                     const uint8_t* bufend, uint8_t delim, uint64_t dmask,
+                                     const uint64_t* start, uint64_t salt) noexcept nogil:
+    """The id of the field at *pp (up to delim or e); *pp moves to its end. start[n]
+    is hash_start(n, salt) for n <= 8: a field of at most 8 bytes (every Criteo
+    categorical value) costs one word load and one mix."""
     cdef const uint8_t* p = pp[0]
     cdef const uint8_t* q
     cdef Py_ssize_t lim = e - p, k
@@ -158,21 +166,32 @@ cdef inline uint64_t scan_field_hash(const uint8_t** pp, const uint8_t* e,
             k = lim
         if k < 8 or lim == 8 or p[8] == delim:
             pp[0] = p + k
-            return mix64(LEN_SEED[k] ^ (w & LOW_MASK[k])) if k else LEN_SEED[0]
+            return mix64(start[k] ^ (w & LOW_MASK[k])) if k else start[0]
     q = find_delim(p, e, bufend, delim, dmask)
     pp[0] = q
-    return hash_bytes(p, q - p)
+    return hash_value(p, q - p, salt)
+
+
+def _start_table(int n_slots):
+    """uint64[n_slots, 9]: hash_start(n, slot_salt(s)) for n = 0..8."""
+    out = np.empty((max(n_slots, 1), 9), dtype=np.uint64)
+    cdef uint64_t[:, ::1] o = out
+    cdef int s, n
+    for s in range(n_slots):
+        for n in range(9):
+            o[s, n] = hash_start(n, slot_salt(s))
+    return out
 
 
 def feature_hash(slot, value):
     """The 64-bit id of raw value bytes in a slot (defined in ``docs/formats.md``).
 
-    ``h = mix64(SEED ^ len(value))``; ``h = mix64(h ^ w)`` for each little-endian
-    8-byte word ``w`` of the value (the last one zero-extended); the id is
-    ``mix64(h + (slot + 1) * 0x9E3779B97F4A7C15 mod 2**64)``. ``mix64`` is the
-    splitmix64 finalizer and ``SEED = 0xCBF29CE484222325``. ``value`` is
-    ``bytes`` or ``str`` (UTF-8); an empty value gives the slot's missing id.
-    Returns a Python ``int`` in ``[0, 2**64)``.
+    ``h = mix64((SEED ^ len(value)) + (slot + 1) * 0x9E3779B97F4A7C15)``, then
+    ``h = mix64(h ^ w)`` for each little-endian 8-byte word ``w`` of the value
+    (the last one zero-extended); the id is ``h``. Arithmetic is modulo 2**64,
+    ``mix64`` is the splitmix64 finalizer and ``SEED = 0xCBF29CE484222325``.
+    ``value`` is ``bytes`` or ``str`` (UTF-8); an empty value gives the slot's
+    missing id. Returns a Python ``int`` in ``[0, 2**64)``.
     """
     if isinstance(value, str):
         value = value.encode("utf-8")
@@ -182,7 +201,7 @@ def feature_hash(slot, value):
         raise ValueError(f"feature_hash: slot must be in [0, 2**32), got {slot!r}")
     cdef bytes b = bytes(value)
     cdef const uint8_t* p = b
-    return int(mix64(hash_bytes(p, len(b)) + slot_salt(<uint64_t>slot)))
+    return int(hash_value(p, len(b), slot_salt(<uint64_t>slot)))
 
 
 def missing_ids(int n_slots):
@@ -191,7 +210,7 @@ def missing_ids(int n_slots):
     cdef uint64_t[::1] o = out
     cdef int s
     for s in range(n_slots):
-        o[s] = mix64(LEN_SEED[0] + slot_salt(s))
+        o[s] = hash_start(0, slot_salt(s))
     return out
 
 
@@ -298,18 +317,18 @@ cdef int parse_delimited_line(const uint8_t* p, const uint8_t* e, const uint8_t*
                               uint8_t delim, uint64_t dmask,
                               const int8_t* kind, const int32_t* index, int n_cols,
                               int transform, const double* dmin, const double* dscale,
-                              const uint64_t* salt, float* label, float* dense,
+                              const uint64_t* salt, const uint64_t* start,
+                              float* label, float* dense,
                               uint64_t* ids) noexcept nogil:
     cdef int c = 0, st
     cdef int8_t k
-    cdef uint64_t h
     cdef const uint8_t* q
     cdef double v
     while True:
         k = kind[c]
         if k == 3:
-            h = scan_field_hash(&p, e, bufend, delim, dmask)
-            ids[index[c]] = mix64(h + salt[index[c]])
+            ids[index[c]] = scan_field_hash(&p, e, bufend, delim, dmask,
+                                            start + 9 * index[c], salt[index[c]])
         elif k == 2:
             st = scan_number(p, e, &q, &v)
             if st < 0 or (q < e and q[0] != delim):
@@ -367,6 +386,7 @@ def parse_delimited(const uint8_t[::1] buf, int delim, const int8_t[::1] kind,
     bad_reasons = np.empty(max_lines, dtype=np.int8)
     counters = np.zeros(N_COUNTERS, dtype=np.int64)
     salt_arr = np.array([slot_salt(k) for k in range(n_slots)], dtype=np.uint64)
+    cdef const uint64_t[:, ::1] start_v = _start_table(n_slots)
     cdef float[::1] lab_v = labels
     cdef float[:, ::1] den_v = dense
     cdef uint64_t[:, ::1] ids_v = ids
@@ -401,7 +421,7 @@ def parse_delimited(const uint8_t[::1] buf, int delim, const int8_t[::1] kind,
                 else:
                     rc = parse_delimited_line(
                         p, e, end, <uint8_t>delim, dmask, &kind[0], &index[0], n_cols, transform,
-                        dmin_p, dscale_p, salt_p, &lab_v[n_ok],
+                        dmin_p, dscale_p, salt_p, &start_v[0, 0], &lab_v[n_ok],
                         dptr + (n_ok * n_dense if n_dense else 0),
                         iptr + (n_ok * n_slots if n_slots else 0))
                     if rc == 0:
@@ -514,7 +534,6 @@ def parse_slots(const uint8_t[::1] buf, slot_names, int n_dense,
     cdef int64_t li = 0, n_ok = 0, n_bad = 0, ntok = 0, line_tok, ignored, ti
     cdef int rc, s, guess, nd, st
     cdef bint have_label
-    cdef uint64_t h
     cdef double v
     cdef int64_t* row
     cdef const double* dmin_p = &dmin_v[0] if n_dense else NULL
@@ -591,9 +610,8 @@ def parse_slots(const uint8_t[::1] buf, slot_names, int n_dense,
                             if q != p:
                                 rc = R_TOKEN
                                 break
-                            h = hash_bytes(colon + 1, p - colon - 1)
                             ts_v[ntok] = s
-                            ti_v[ntok] = mix64(h + salt_v[s])
+                            ti_v[ntok] = hash_value(colon + 1, p - colon - 1, salt_v[s])
                             ntok += 1
                             row[s] += 1
                     while p < e and is_space(p[0]):
