@@ -108,7 +108,8 @@ def main():
         rate = lines / sec
         print(f"{name:<14} {lines:>9} {sec:>9.3f} {rate:>12,.0f} {rate / base:>9.1f}x")
     cy = n / t_cy
-    print(f"load average (1 min) during the run: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+    load = os.getloadavg()[0]
+    print(f"load average (1 min) during the run: {load:.2f} on {os.cpu_count()} cores")
     print(f"target: cython parse >= 1,000,000 lines/s: {'met' if cy >= 1e6 else 'NOT met'} "
           f"({cy:,.0f}); >= 50x python: {'met' if cy / base >= 50 else 'NOT met'} "
           f"({cy / base:.0f}x)")
