@@ -201,8 +201,8 @@ class Dataset:
     with ``strict=True`` raise ValueError naming the file and line.
 
     For the slot format, ``slots`` (names in order) defaults to the slot names
-    of the first line of the first file, in order of appearance; tokens of other
-    names are ignored and counted.
+    of the first line of the first non-empty file, in order of appearance;
+    tokens of other names are ignored and counted.
 
     ``prefetch > 0`` reads and parses in a background thread, up to that many
     batches ahead (parsing releases the GIL, so it overlaps the training step);
