@@ -382,9 +382,25 @@ def test_sparse_padding_and_off_path_lookups_push_no_rows():
     off_path = []
     feed = {"a": _lod_feed([[0, 3], [4, 0]]), "b": _lod_feed([[7], [3]]),
             "loss_w": _w((2, 2))}
-    main, startup, loss = _check(build, feed)
+    main, _startup, loss = _check(build, feed)
     fluid.Executor().run(main, feed=feed, fetch_list=[loss, off_path[0]])
     assert ("pull_sparse", "t", 4) in main._backend.calls      # ids 0, 3, 4, 7 pulled once
     keys, grads = main._backend.pushed_sparse["t"]
     np.testing.assert_array_equal(keys, np.array([3, 4], np.uint64))
     assert np.all(grads != 0)
+
+
+def test_fluid_embedding_v2_keeps_field_axis_deepfm_style_gradients():
+    """PaddleRec's DeepFM idiom: fluid.embedding over [B, F] ids, scaled by
+    [B, F, 1] values, reduced over fields."""
+    idx = np.array([[1, 4, 2], [0, 4, 4]], dtype=np.int64)
+    val = np.random.default_rng(9).normal(size=(2, 3, 1))
+
+    def build():
+        ids = L.data("idx", [3], dtype="int64")
+        v = L.data("val", [3, 1], dtype=F64)
+        emb = fluid.embedding(ids, [6, 4], padding_idx=0, dtype=F64, param_attr=fluid.ParamAttr(
+            name="feat", initializer=fluid.initializer.Uniform(-1, 1)))
+        assert emb.shape == (-1, 3, 4)
+        return _weighted_loss(L.reduce_sum(emb * v, dim=1), (2, 4))
+    _check(build, {"idx": idx, "val": val, "loss_w": _w((2, 4))})

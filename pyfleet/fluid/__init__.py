@@ -40,6 +40,13 @@ class CompiledProgram:
         return self
 
 
+def embedding(input, size, is_sparse=False, is_distributed=False, padding_idx=None,
+              param_attr=None, dtype="float32"):
+    """Fluid 1.5's ``fluid.embedding``: output shape = ids' shape + ``[dim]``."""
+    return layers.embedding_v2(input, size, is_sparse, is_distributed, padding_idx,
+                               param_attr, dtype)
+
+
 def data(name, shape, dtype="float32", lod_level=0):
     """Fluid 1.5's ``fluid.data``: ``shape`` includes the batch dimension."""
     return layers.data(name, shape, dtype, lod_level, append_batch_size=False)
@@ -62,6 +69,7 @@ __all__ = [
     "data",
     "default_main_program",
     "default_startup_program",
+    "embedding",
     "global_scope",
     "initializer",
     "io",

@@ -195,7 +195,8 @@ class _Step:
             out = LoDTensor(rows, ids.offsets)
             out._segment_ids, out._unit = ids._segment_ids, ids._unit
             return out
-        shape = ids.shape[:-1] if ids.ndim >= 2 and ids.shape[-1] == 1 else ids.shape
+        v1_squeeze = ids.ndim >= 2 and ids.shape[-1] == 1 and not op.attrs.get("keep_last_dim")
+        shape = ids.shape[:-1] if v1_squeeze else ids.shape
         return rows.reshape(tuple(shape) + (rows.shape[-1],))
 
     def _pull_group(self, first):

@@ -33,6 +33,7 @@ __all__ = [
     "elementwise_mul",
     "elementwise_sub",
     "embedding",
+    "embedding_v2",
     "exp",
     "fc",
     "fill_constant",
@@ -126,12 +127,27 @@ def embedding(input, size, is_sparse=False, is_distributed=False, padding_idx=No
               param_attr=None, dtype="float32"):
     """Look up rows of ``size = [vocab, dim]`` for integer ids.
 
-    A ``lod_level=1`` input gives a LoD output of one row per id. Embeddings
-    with the same ``param_attr`` name share one parameter (or sparse table).
-    ``is_distributed=True``, or ``vocab >= SPARSE_TABLE_MIN_VOCAB``, makes the
-    parameter a sparse table keyed by the raw uint64 id (ids unbounded);
-    otherwise ids must lie in ``[0, vocab)``.
+    A ``lod_level=1`` input gives a LoD output of one row per id; ids shaped
+    ``[..., 1]`` give ``[..., dim]``. Embeddings with the same ``param_attr``
+    name share one parameter (or sparse table). ``is_distributed=True``, or
+    ``vocab >= SPARSE_TABLE_MIN_VOCAB``, makes the parameter a sparse table
+    keyed by the raw uint64 id (ids unbounded); otherwise ids must lie in
+    ``[0, vocab)``.
     """
+    return _embedding(input, size, is_sparse, is_distributed, padding_idx, param_attr, dtype,
+                      keep_last_dim=False)
+
+
+def embedding_v2(input, size, is_sparse=False, is_distributed=False, padding_idx=None,
+                 param_attr=None, dtype="float32"):
+    """``fluid.embedding`` (Fluid 1.5's lookup_table_v2): the output shape is
+    the ids' shape plus ``[dim]`` (a trailing 1 is kept)."""
+    return _embedding(input, size, is_sparse, is_distributed, padding_idx, param_attr, dtype,
+                      keep_last_dim=True)
+
+
+def _embedding(input, size, is_sparse, is_distributed, padding_idx, param_attr, dtype,
+               keep_last_dim):
     _check_var(input, "embedding input")
     if input.dtype.kind not in "iu":
         raise ValueError(f"embedding input {input.name} must hold integer ids, got "
@@ -153,14 +169,14 @@ def embedding(input, size, is_sparse=False, is_distributed=False, padding_idx=No
         padding_idx = int(padding_idx)
         if padding_idx < 0:
             padding_idx += vocab
-    if input.shape and input.shape[-1] == 1:
+    if input.shape and input.shape[-1] == 1 and not keep_last_dim:
         shape = tuple(input.shape[:-1]) + (dim,)
     else:
         shape = tuple(input.shape or (-1,)) + (dim,)
     out = _tmp("embedding", shape, dtype, input.lod_level)
     _op("lookup_table", {"W": [w], "Ids": [input]}, {"Out": [out]},
         {"is_sparse": bool(is_sparse), "is_distributed": bool(is_distributed),
-         "padding_idx": padding_idx})
+         "padding_idx": padding_idx, "keep_last_dim": bool(keep_last_dim)})
     return out
 
 
