@@ -39,6 +39,7 @@ import numpy as np
 import zmq
 
 import pyfleet
+from pyfleet import _service_zmq as Z
 from pyfleet import protocol as P
 from pyfleet.errors import BarrierError, PeerTimeout, PyfleetError, RemoteError
 from pyfleet.protocol import Op, Status
@@ -100,7 +101,7 @@ class _Channel:
         with self.lock:
             while True:
                 try:
-                    self.socks[server].send_multipart(frames, flags=zmq.NOBLOCK, copy=copy)
+                    Z.send_frames(self.socks[server], frames, copy, Z.NOBLOCK)
                     break
                 except zmq.Again:
                     pass
@@ -116,20 +117,18 @@ class _Channel:
         return call
 
     def wait(self, calls):
-        """Block until every call is answered; raise the first failure."""
-        while True:
-            with self.lock:
-                open_calls = [c for c in calls if not c.done]
-                if not open_calls:
-                    break
-                now = time.monotonic()
-                late = [c for c in open_calls if c.deadline <= now]
-                if late:
-                    self._expire(late[0].server)
-                    continue
-                wait_ms = max(1, int(1000 * (min(c.deadline for c in open_calls) - now)))
-                # Short slices let other threads use this channel too.
-                self._pump(min(wait_ms, 50))
+        """Block until every call is answered or expired; raise the first failure."""
+        for c in calls:
+            while not c.done:
+                with self.lock:
+                    if c.done:
+                        break
+                    left = c.deadline - time.monotonic()
+                    if left <= 0:
+                        self._expire(c.server)
+                        break
+                    # Short slices let other threads use this channel too.
+                    self._pump(min(50, max(1, int(1000 * left))))
         for c in calls:
             if c.error is not None:
                 raise c.error
@@ -139,17 +138,8 @@ class _Channel:
         servers = {c.server for c in self.pending.values()}
         if not servers:
             return
-        if len(servers) == 1:
-            sock = self.socks[servers.pop()]
-            ready = [sock] if sock.poll(wait_ms) else []
-        else:
-            poller = zmq.Poller()
-            for s in servers:
-                poller.register(self.socks[s], zmq.POLLIN)
-            ready = [sock for sock, _ in poller.poll(wait_ms)]
-        for sock in ready:
-            while sock.get(zmq.EVENTS) & zmq.POLLIN:
-                self._dispatch(sock.recv_multipart(copy=False))
+        for sock in Z.readable([self.socks[s] for s in servers], wait_ms):
+            self._dispatch(Z.recv_frames(sock))
 
     def _dispatch(self, msg):
         try:
@@ -352,15 +342,19 @@ class Client:
         self._sparse_cfg = {}  # name -> config
         self._dense = {}    # name -> (shape, [(start, end, server, id)])
         self._closed = False
-        hello = self._control_all(Op.HEARTBEAT, {"worker": self.worker_index},
-                                  timeout=self.connect_deadline)
+        try:
+            hello = self._control_all(Op.HEARTBEAT, {"worker": self.worker_index},
+                                      timeout=self.connect_deadline)
+            for i, info in enumerate(hello):
+                if info.get("server_index") != i or info.get("server_num") != self.num_servers:
+                    raise PyfleetError(
+                        f"server at {self.endpoints[i]} says it is server "
+                        f"{info.get('server_index')} of {info.get('server_num')}, expected "
+                        f"{i} of {self.num_servers}: check the endpoint order")
+        except BaseException:
+            self._close_channels()
+            raise
         self.server_info = hello
-        for i, info in enumerate(hello):
-            if info.get("server_index") != i or info.get("server_num") != self.num_servers:
-                raise PyfleetError(
-                    f"server at {self.endpoints[i]} says it is server "
-                    f"{info.get('server_index')} of {info.get('server_num')}, expected "
-                    f"{i} of {self.num_servers}: check the endpoint order")
         self.mode = hello[0].get("mode")
         self.barrier_timeout = max(float(h.get("barrier_timeout", 300.0)) for h in hello)
         hb = min(float(h.get("heartbeat_timeout", 10.0)) for h in hello)
@@ -669,6 +663,9 @@ class Client:
         self._pusher.close()
         if self._hb_thread is not None:
             self._hb_thread.join(self.heartbeat_interval + self.timeout)
+        self._close_channels()
+
+    def _close_channels(self):
         with self._channels_lock:
             for ch in self._channels:
                 ch.close()

@@ -56,6 +56,7 @@ import numpy as np
 import zmq
 
 import pyfleet
+from pyfleet import _service_zmq as Z
 from pyfleet import initializer as _init
 from pyfleet import optimizer as _opt
 from pyfleet import protocol as P
@@ -72,6 +73,7 @@ _MAX_JSON_BYTES = 64 << 20
 # op (u8 at 5), count (u64 at 24), dim (u32 at 32) of a header, read without decoding it all.
 _PEEK = struct.Struct("<5xB18xQI")
 # Control ops that may take long: never answered by the ROUTER thread.
+_ADD_DELTA = int(P.Flag.ADD_DELTA)
 _OP_BY_INT = {int(o): o for o in Op}
 _OP_COUNTER = {o: f"op_{o.name.lower()}" for o in Op}
 _HANDLER_OPS = frozenset({int(Op.SAVE), int(Op.LOAD), int(Op.SHRINK), int(Op.CREATE_TABLES)})
@@ -251,24 +253,17 @@ class Server:
         log.info("server %d/%d serving %s (%s mode)", self.server_index, self.server_num,
                  self.endpoint, self.mode)
         front, replies = self._frontend, self._replies
-        poller = zmq.Poller()
-        poller.register(front, zmq.POLLIN)
-        poller.register(replies, zmq.POLLIN)
         try:
             while not self._done.is_set():
-                ready = dict(poller.poll(100))
-                if replies in ready:
-                    self._forward_replies()
-                if front in ready:
-                    while front.get(zmq.EVENTS) & zmq.POLLIN:
-                        msg = front.recv_multipart(copy=False)
-                        if self._inline(msg):
-                            for out in self._handle(msg):
-                                front.send_multipart(out, copy=P.copy_is_cheaper(out))
-                        else:
-                            self._work.send_multipart(msg, copy=False)
-                        if self._done.is_set():
-                            break
+                for sock in Z.readable([front, replies], 100):
+                    msg = Z.recv_frames(sock)
+                    if sock is replies:
+                        Z.send_frames(front, msg, copy=False)
+                    elif self._inline(msg):
+                        for out in self._handle(msg):
+                            Z.send_frames(front, out, P.copy_is_cheaper(out))
+                    else:
+                        Z.send_frames(self._work, msg, copy=False)
                 self._housekeeping(front)
         finally:
             self._done.set()
@@ -282,8 +277,8 @@ class Server:
     handler_join_timeout = 30.0
 
     def _forward_replies(self):
-        while self._replies.get(zmq.EVENTS) & zmq.POLLIN:
-            self._frontend.send_multipart(self._replies.recv_multipart(copy=False), copy=False)
+        while Z.readable([self._replies], 0):
+            Z.send_frames(self._frontend, Z.recv_frames(self._replies), copy=False)
 
     def _inline(self, msg):
         """Whether the ROUTER thread answers ``msg`` itself (cheap requests)."""
@@ -303,9 +298,9 @@ class Server:
         out = self._inproc(zmq.PUSH, self._reply_addr, bind=False)
         try:
             while not self._done.is_set():
-                if work.poll(100):
-                    for reply in self._handle(work.recv_multipart(copy=False)):
-                        out.send_multipart(reply, copy=P.copy_is_cheaper(reply))
+                if Z.readable([work], 100):
+                    for reply in self._handle(Z.recv_frames(work)):
+                        Z.send_frames(out, reply, P.copy_is_cheaper(reply))
         finally:
             work.close(linger=0)
             out.close(linger=1000)
@@ -343,7 +338,7 @@ class Server:
             op = _OP_BY_INT.get(h.op)
             if op is None:
                 raise ProtocolError(f"unknown op {h.op}")
-            total = sum(len(f) for f in frames)
+            total = sum(len(f) for f in frames) if len(frames) > 2 else 0
             if total > self.max_message_bytes:
                 raise ProtocolError(f"message of {total} bytes exceeds max_message_bytes="
                                     f"{self.max_message_bytes}")
@@ -389,7 +384,7 @@ class Server:
             raise ProtocolError(f"dim {h.dim} does not match table {e.key!r} dim {e.dim}")
         keys = P.keys_from(frames[0], h.count)
         grads = P.values_from(frames[1], h.count, e.dim, "grads")
-        delta = bool(h.flags & P.Flag.ADD_DELTA)
+        delta = bool(h.flags & _ADD_DELTA)
         if self.mode == "geo" and not delta:
             raise _Refused(f"geo-mode server takes deltas (ADD_DELTA) for sparse table "
                            f"{e.key!r}, not gradients")
@@ -411,7 +406,7 @@ class Server:
         if h.count != size:
             raise ProtocolError(f"dense push of {h.count} floats to {e.key!r} of {size}")
         grads = P.values_from(frames[0], h.count, 1, "grad").reshape(-1)
-        delta = bool(h.flags & P.Flag.ADD_DELTA)
+        delta = bool(h.flags & _ADD_DELTA)
         if self.mode != "geo" and delta:
             raise _Refused(f"ADD_DELTA pushes need a geo-mode server (this one is {self.mode})")
         self._apply(e, h, None, grads, delta)
@@ -530,7 +525,7 @@ class Server:
             self._barrier_started = None
             self._sync_buf = {}  # that step's gradients die with it
         for m in out:
-            sock.send_multipart(m, copy=False)
+            Z.send_frames(sock, m, copy=False)
 
     def _heartbeat(self, h, op, frames, ident):
         payload = self._control_payload(frames, op)

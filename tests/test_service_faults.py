@@ -314,3 +314,9 @@ def test_curve_endpoint_needs_the_servers_public_key():
     finally:
         server.stop()
         t.join(10)
+
+
+def test_endpoints_in_the_wrong_order_are_refused():
+    with ServerGroup(2, 1) as g:
+        with pytest.raises(pyfleet.errors.PyfleetError, match="check the endpoint order"):
+            Client(g.endpoints[::-1], timeout=5)
