@@ -404,3 +404,35 @@ def test_fluid_embedding_v2_keeps_field_axis_deepfm_style_gradients():
         assert emb.shape == (-1, 3, 4)
         return _weighted_loss(L.reduce_sum(emb * v, dim=1), (2, 4))
     _check(build, {"idx": idx, "val": val, "loss_w": _w((2, 4))})
+
+
+def test_soft_label_cross_entropy_and_ignore_index_normalize_gradients():
+    x = np.random.default_rng(10).normal(size=(4, 3))
+    soft = np.random.default_rng(11).dirichlet(np.ones(3), size=4)
+    y = np.array([[1.0], [-100.0], [0.0], [1.0]])      # row 1 ignored
+
+    def build():
+        d = L.data("x", [3], dtype=F64)
+        s = L.data("soft", [3], dtype=F64)
+        lab = L.data("y", [1], dtype=F64)
+        prob = L.fc(d, 3, act="softmax")
+        ce = L.mean(L.cross_entropy(prob, s, soft_label=True))
+        sce = L.reduce_sum(L.sigmoid_cross_entropy_with_logits(L.fc(d, 1), lab,
+                                                               normalize=True))
+        return L.elementwise_add(ce, sce)
+    _check(build, {"x": x, "soft": soft, "y": y})
+
+
+def test_sigmoid_cross_entropy_ignore_index_and_normalize_values():
+    z = np.array([[0.5], [2.0], [-1.0]])
+    y = np.array([[1.0], [-100.0], [0.0]])
+    main, startup = _program()
+    with fluid.program_guard(main, startup):
+        x = L.data("x", [1], dtype=F64)
+        lab = L.data("y", [1], dtype=F64)
+        plain = L.sigmoid_cross_entropy_with_logits(x, lab)
+        norm = L.sigmoid_cross_entropy_with_logits(x, lab, normalize=True)
+    (a, b), _ = _run_forward(main, startup, {"x": z, "y": y}, [plain, norm])
+    ref = np.array([np.log1p(np.exp(-0.5)), 0.0, np.log1p(np.exp(-1.0))])
+    np.testing.assert_allclose(a.ravel(), ref, rtol=1e-12)
+    np.testing.assert_allclose(b.ravel(), ref / 2, rtol=1e-12)   # 2 rows not ignored

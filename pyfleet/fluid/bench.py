@@ -25,7 +25,7 @@ def _clock(fn, n):
 
 
 def main(argv=None):
-    import pyfleet.fluid as fluid
+    from pyfleet import fluid
     from pyfleet import models
     from pyfleet.optimizer import Adam
 
