@@ -25,8 +25,7 @@ def _clock(fn, n):
 
 
 def main(argv=None):
-    from pyfleet import fluid
-    from pyfleet import models
+    from pyfleet import fluid, models
     from pyfleet.optimizer import Adam
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
