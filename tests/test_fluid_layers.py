@@ -343,7 +343,7 @@ def test_variable_arithmetic_operators():
     def build():
         a = _param([2, 3], "a")
         b = _param([2, 3], "b")
-        out = (a + b) * 2.0 - b / 4.0 + 1.0 - (-a) * b
+        out = (a + b) * 2.0 - b / 4.0 + 1.0 - (-a) * b + 3.0 / (a * a + 1.0) - (2.0 - b)
         return _weighted_loss(out, (2, 3))
     _check(build, {"loss_w": _w((2, 3))})
 

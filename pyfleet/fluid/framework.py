@@ -369,6 +369,9 @@ class Variable:
     def __truediv__(self, o):
         return self._binary(o, "elementwise_div")
 
+    def __rtruediv__(self, o):
+        return self._binary(o, "elementwise_div", True)
+
     def __neg__(self):
         from pyfleet.fluid import layers
         return layers.scale(self, scale=-1.0)

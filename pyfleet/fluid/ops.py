@@ -135,7 +135,7 @@ _register("matmul", _matmul_fwd, _matmul_bwd)
 
 def _align_y(x, y, axis):
     """Fluid's broadcast: y's dims match x's starting at ``axis`` (-1: trailing)."""
-    if y.ndim == x.ndim or y.ndim == 0:
+    if y.ndim >= x.ndim or y.ndim == 0:
         return y.shape
     if axis == -1:
         axis = x.ndim - y.ndim
