@@ -430,6 +430,14 @@ class Client:
                                  f"(known: {sorted(self._sparse)})")
         return self._sparse[table]
 
+    def sparse_dim(self, name):
+        """The row width of sparse table ``name``; ValueError if no server has it."""
+        return self._sparse_dim(name)
+
+    def dense_shape(self, name):
+        """The shape of dense parameter ``name``; ValueError unless fully placed."""
+        return self._dense_blocks(name)[0]
+
     def _sparse_configs(self):
         """``{name: config}`` of every sparse table the servers hold."""
         self._refresh_tables()

@@ -562,10 +562,19 @@ class Server:
 
     def _save(self, h, op, frames, ident):
         payload = self._control_payload(frames, op)
-        path = self._checkpoint_path(payload)
-        mode = payload.get("mode", "full")
+        out = self.save_checkpoint(payload.get("dir"), payload.get("mode", "full"))
+        return [[ident] + P.reply(h, payload=out)]
+
+    def save_checkpoint(self, rel, mode="full"):
+        """Save every table under ``<checkpoint_dir>/<rel>`` (``mode="delta"``:
+        sparse rows changed since the last save). Returns ``{"rows": {table:
+        rows}, "files": [...]}``; raises ValueError when refused. Thread-safe."""
         if mode not in ("full", "delta"):
-            raise _Refused(f"mode must be 'full' or 'delta', got {mode!r}")
+            raise ValueError(f"mode must be 'full' or 'delta', got {mode!r}")
+        try:
+            path = self._checkpoint_path({"dir": rel})
+        except _Refused as e:
+            raise ValueError(str(e)) from None
         os.makedirs(path, exist_ok=True)
         rows, files = {}, []
         with self._lock:
@@ -586,7 +595,7 @@ class Server:
         with open(mpath + ".tmp", "w") as fh:
             json.dump(manifest, fh, indent=1)
         os.replace(mpath + ".tmp", mpath)
-        return [[ident] + P.reply(h, payload={"rows": rows, "files": files})]
+        return {"rows": rows, "files": files}
 
     def _load(self, h, op, frames, ident):
         payload = self._control_payload(frames, op)
