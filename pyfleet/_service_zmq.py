@@ -9,7 +9,7 @@ are sent and received atomically. Not thread-safe beyond the socket's own rules
 
 import zmq
 
-__all__ = ["send_frames", "recv_frames", "readable"]
+__all__ = ["readable", "recv_frames", "send_frames"]
 
 _SNDMORE = int(zmq.SNDMORE)
 _POLLIN = int(zmq.POLLIN)

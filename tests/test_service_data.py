@@ -107,17 +107,42 @@ def test_bad_requests_raise_remote_errors_and_value_errors():
 
 def test_sync_one_worker_reproduces_single_process_training():
     ref = pyfleet.SparseTable(DIM, Adam(learning_rate=0.05), seed=3, name="emb")
+    dense_ref = pyfleet.DenseTable(6, Adam(0.1), initial=np.linspace(-1, 1, 6, dtype=np.float32))
     with ServerGroup(2, 1, mode="sync") as g, Client(g.endpoints, timeout=20) as c:
-        c.create_tables([{"kind": "sparse", **ref.config()}])
+        c.create_tables([{"kind": "sparse", **ref.config()},
+                         {"kind": "dense", "name": "b", "shape": [6],
+                          "optimizer": Adam(0.1).to_config(),
+                          "initial": np.linspace(-1, 1, 6, dtype=np.float32).tolist()}],
+                        placement=[("b", 0, 4, 0), ("b", 4, 6, 1)])
         for step in range(8):
             keys, grads = batch(0, step, 300, DIM, num_keys=200)
             keep = _no_triples(keys)
             keys, grads = keys[keep], grads[keep]
             np.testing.assert_array_equal(c.pull_sparse("emb", keys), ref.pull(keys))
+            np.testing.assert_array_equal(c.pull_dense("b"), dense_ref.pull())
             c.push_sparse("emb", keys, grads)
+            c.push_dense("b", grads[:6, 0].copy())
             c.barrier()
             ref.push(keys, grads)
+            dense_ref.push(grads[:6, 0].copy())
         np.testing.assert_array_equal(c.pull_sparse("emb", ref.keys()), ref.pull(ref.keys()))
+        np.testing.assert_array_equal(c.pull_dense("b"), dense_ref.pull())
+
+
+def test_shrink_through_the_service_matches_the_table():
+    ref = pyfleet.SparseTable(4, SGD(0.1), name="emb")
+    with ServerGroup(3, 1) as g, Client(g.endpoints, timeout=20) as c:
+        c.create_tables([{"kind": "sparse", **ref.config()}])
+        seen = np.arange(1, 1001, dtype=np.uint64)
+        pushed = seen[::3].copy()
+        c.pull_sparse("emb", seen)
+        ref.pull(seen)
+        c.push_sparse("emb", pushed, np.ones((pushed.shape[0], 4), np.float32))
+        ref.push(pushed, np.ones((pushed.shape[0], 4), np.float32))
+        dropped = sum(r["dropped"]["emb"] for r in c.shrink(max_unseen_passes=0))
+        assert dropped == ref.shrink(max_unseen_passes=0) == 1000 - pushed.shape[0]
+        assert sum(s["tables"]["emb"]["rows"] for s in c.stats()) == len(ref) == pushed.shape[0]
+        np.testing.assert_array_equal(c.pull_sparse("emb", pushed), ref.pull(pushed))
 
 
 def test_sync_two_workers_apply_the_average(tmp_path):
