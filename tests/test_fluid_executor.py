@@ -447,3 +447,65 @@ def test_fluid_ctr_example_script_runs_with_only_imports_changed():
     second_pass = np.mean([r[2] for r in results if r[0] == 1])
     assert second_pass < first_pass
     assert 0.5 < results[-1][3] <= 1.0         # the global AUC over both passes
+
+
+def _samples(rng, n):
+    out = []
+    for _ in range(n):
+        out.append((rng.normal(size=2).tolist(), rng.integers(0, 40, rng.integers(0, 4)).tolist(),
+                    rng.integers(0, 40, rng.integers(1, 3)).tolist(), [int(rng.integers(0, 2))]))
+    return out
+
+
+@pytest.mark.parametrize("double_buffer", [False, True])
+def test_non_iterable_py_reader_feeds_until_eof(double_buffer):
+    samples = _samples(np.random.default_rng(12), 23)
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        net = _small_net()
+        reader = fluid.layers.create_py_reader_by_data(
+            capacity=4, feed_list=[net[0], net[1][0], net[1][1], net[2]],
+            use_double_buffer=double_buffer)
+    test = main.clone(for_test=True)
+    exe = fluid.Executor()
+    exe.run(startup)
+    reader.decorate_paddle_reader(fluid.batch(lambda: iter(samples), 5))
+    feeder = fluid.DataFeeder([net[0], net[1][0], net[1][1], net[2]], program=main)
+    for _ in range(2):                                   # two passes
+        reader.start()
+        losses = []
+        try:
+            while True:
+                losses.append(exe.run(test, fetch_list=[net[-1]])[0][0])
+        except fluid.core.EOFException:
+            reader.reset()
+        expect = [exe.run(test, feed=feeder.feed(samples[a:a + 5]), fetch_list=[net[-1]])[0][0]
+                  for a in range(0, 23, 5)]
+        np.testing.assert_allclose(losses, expect, rtol=1e-6)
+
+
+def test_py_reader_iterable_batch_generator_and_errors():
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        net = _small_net()
+    exe = fluid.Executor()
+    exe.run(startup)
+    feeds = [_feed(np.random.default_rng(i)) for i in range(3)]
+    names = ["dense", "s0", "s1", "label"]
+    reader = fluid.io.PyReader(feed_list=[net[0], net[1][0], net[1][1], net[2]], capacity=2)
+    reader.decorate_batch_generator(lambda: iter([tuple(f[n] for n in names) for f in feeds]))
+    got = [exe.run(main.clone(for_test=True), feed=data, fetch_list=[net[-1]])[0][0]
+           for data in reader()]
+    want = [exe.run(main.clone(for_test=True), feed=f, fetch_list=[net[-1]])[0][0]
+            for f in feeds]
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+    def broken():
+        yield feeds[0]
+        raise RuntimeError("disk gone")
+    bad = fluid.io.PyReader(feed_list=[net[0]], capacity=2)
+    bad.decorate_batch_generator(broken)
+    with pytest.raises(RuntimeError, match="disk gone"):
+        list(bad())
+    with pytest.raises(ValueError, match="not iterable"):
+        next(fluid.layers.create_py_reader_by_data(2, [net[0]])())

@@ -7,7 +7,7 @@ servers under Fleet.
 """
 
 from pyfleet import initializer, optimizer
-from pyfleet.fluid import backend, io, layers, unique_name
+from pyfleet.fluid import backend, core, io, layers, unique_name
 from pyfleet.fluid.data_feeder import DataFeeder
 from pyfleet.fluid.executor import Executor
 from pyfleet.fluid.framework import (
@@ -65,6 +65,7 @@ __all__ = [
     "Variable",
     "backend",
     "batch",
+    "core",
     "create_lod_tensor",
     "data",
     "default_main_program",

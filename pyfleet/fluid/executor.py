@@ -372,6 +372,13 @@ class Executor:
         if not isinstance(program, Program):
             raise ValueError(f"program must be a fluid.Program, got {program!r}")
         scope = scope or framework.global_scope()
+        if isinstance(feed, (list, tuple)):
+            # An iterable PyReader yields one feed dict per place; there is one place.
+            if len(feed) != 1 or not isinstance(feed[0], dict):
+                raise ValueError("a list feed must hold exactly one dict (one CPU place)")
+            feed = feed[0]
+        if not feed and program._py_readers and program.global_block().ops:
+            feed = self._reader_feed(program)
         if feed is None:
             feed = {}
         if not isinstance(feed, dict):
@@ -383,6 +390,20 @@ class Executor:
         if not program.global_block().ops and not fetch_vars:
             return []
         return self._run_step(program, feed, fetch_vars, scope, return_numpy)
+
+    @staticmethod
+    def _reader_feed(program):
+        from pyfleet.fluid.core import EOFException
+        started = [r for r in program._py_readers if r._iter is not None]
+        if not started:
+            return None
+        feed = {}
+        for r in started:
+            f = r._next_feed()
+            if f is None:
+                raise EOFException("the PyReader feeding this program has no batch left")
+            feed.update(f)
+        return feed
 
     # --------------------------------------------------------------- startup
     def _run_startup(self, startup, scope):

@@ -540,6 +540,7 @@ class Program:
         self._version = 0
         self._plan_cache = {}
         self._initialized_with = None  # the optimizer in force when the startup ran
+        self._py_readers = []          # non-iterable PyReaders feeding this program
 
     def global_block(self):
         return self.blocks[0]
@@ -592,6 +593,7 @@ class Program:
         p._plan_cache = {}
         p._init_params = list(self._init_params)
         p._init_states = list(self._init_states)
+        p._py_readers = self._py_readers
         if for_test:
             p._optimizer = None
             p._loss = None

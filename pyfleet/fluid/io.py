@@ -17,9 +17,11 @@ import numpy as np
 
 from pyfleet.fluid import framework
 from pyfleet.fluid.framework import Parameter, Program, Variable
+from pyfleet.fluid.reader import PyReader
 
 __all__ = [
     "MODEL_FILENAME",
+    "PyReader",
     "load_inference_model",
     "load_params",
     "load_persistables",

@@ -26,6 +26,7 @@ __all__ = [
     "cast",
     "concat",
     "create_parameter",
+    "create_py_reader_by_data",
     "cross_entropy",
     "data",
     "elementwise_add",
@@ -121,6 +122,13 @@ def data(name, shape, dtype="float32", lod_level=0, append_batch_size=True,
         raise ValueError(f"data {name!r}: only lod_level 0 or 1 is supported, got {lod_level}")
     return _block().create_var(name, shape, dtype, lod_level, stop_gradient=stop_gradient,
                                is_data=True)
+
+
+def create_py_reader_by_data(capacity, feed_list, name=None, use_double_buffer=True):
+    """A non-iterable :class:`~pyfleet.fluid.reader.PyReader` filling ``feed_list``:
+    ``start()``, ``exe.run(program)`` until ``fluid.core.EOFException``, ``reset()``."""
+    from pyfleet.fluid.reader import PyReader
+    return PyReader(feed_list, capacity, use_double_buffer, iterable=False)
 
 
 def embedding(input, size, is_sparse=False, is_distributed=False, padding_idx=None,

@@ -1,6 +1,21 @@
-"""``batch(reader, batch_size)``: Paddle's ``paddle.batch``."""
+"""Readers: ``batch`` (Paddle's ``paddle.batch``) and Fluid's ``PyReader``.
 
-__all__ = ["batch"]
+A ``PyReader`` turns a Python generator into feeds. Iterable
+(``iterable=True``): ``for data in reader(): exe.run(feed=data)``.
+Non-iterable (``fluid.layers.create_py_reader_by_data``, ``iterable=False``):
+``reader.start()``, then ``exe.run(program)`` without a feed takes the next
+batch, until it raises ``fluid.core.EOFException``; ``reader.reset()`` ends
+the pass. With ``use_double_buffer`` one background thread converts the next
+``capacity`` batches while the executor computes; an exception in the
+generator is raised by the ``exe.run`` that would have consumed its batch.
+
+A PyReader is used by one executor thread at a time.
+"""
+
+import queue
+import threading
+
+__all__ = ["PyReader", "batch"]
 
 
 def batch(reader, batch_size, drop_last=False):
@@ -21,3 +36,147 @@ def batch(reader, batch_size, drop_last=False):
             yield b
 
     return batch_reader
+
+
+_END = object()
+
+
+class _Failure:
+    def __init__(self, error):
+        self.error = error
+
+
+class PyReader:
+    """Fluid 1.5's ``fluid.io.PyReader(feed_list, capacity, use_double_buffer,
+    iterable, return_list)`` on one CPU place."""
+
+    def __init__(self, feed_list=None, capacity=64, use_double_buffer=True, iterable=True,
+                 return_list=False):
+        if not feed_list:
+            raise ValueError("PyReader needs feed_list: the data variables it fills")
+        self.feed_list = list(feed_list)
+        self.capacity = max(int(capacity), 1)
+        self.use_double_buffer = bool(use_double_buffer)
+        self.iterable = bool(iterable)
+        self.return_list = bool(return_list)
+        self._source = None
+        self._iter = None
+        self._thread = None
+        self._queue = None
+        self._stop = None
+        if not self.iterable:
+            program = self.feed_list[0].block.program
+            program._py_readers.append(self)
+
+    # ------------------------------------------------------------- sources
+    def decorate_sample_generator(self, sample_generator, batch_size, drop_last=True,
+                                  places=None):
+        """``sample_generator()`` yields one sample (a tuple in feed_list order)."""
+        self.decorate_sample_list_generator(batch(sample_generator, batch_size, drop_last),
+                                            places)
+
+    def decorate_sample_list_generator(self, reader, places=None):
+        """``reader()`` yields lists of samples (as ``paddle.batch`` makes)."""
+        from pyfleet.fluid.data_feeder import DataFeeder
+        feeder = DataFeeder(self.feed_list, program=self.feed_list[0].block.program)
+
+        def feeds():
+            for samples in reader():
+                yield feeder.feed(samples)
+        self._source = feeds
+
+    decorate_paddle_reader = decorate_sample_list_generator
+
+    def decorate_batch_generator(self, reader, places=None):
+        """``reader()`` yields one batch: a tuple/list of arrays in feed_list
+        order (a lod input as ``(values, offsets)`` or LoDTensor), or a dict."""
+        names = [v.name for v in self.feed_list]
+
+        def feeds():
+            for item in reader():
+                if isinstance(item, dict):
+                    yield item
+                    continue
+                if len(item) != len(names):
+                    raise ValueError(f"batch generator yielded {len(item)} arrays for "
+                                     f"{len(names)} feed variables {names}")
+                yield dict(zip(names, item))
+        self._source = feeds
+
+    decorate_tensor_provider = decorate_batch_generator
+
+    # ------------------------------------------------------------- running
+    def _feeds(self):
+        if self._source is None:
+            raise ValueError("PyReader has no data source: call a decorate_* method first")
+        if not self.use_double_buffer:
+            yield from self._source()
+            return
+        q = queue.Queue(maxsize=self.capacity)
+        stop = threading.Event()
+
+        def produce():
+            try:
+                for f in self._source():
+                    while not stop.is_set():
+                        try:
+                            q.put(f, timeout=0.1)
+                            break
+                        except queue.Full:
+                            continue
+                    if stop.is_set():
+                        return
+                item = _END
+            except Exception as e:  # noqa: BLE001 (handed to the consumer, raised there)
+                item = _Failure(e)
+            while not stop.is_set():
+                try:
+                    q.put(item, timeout=0.1)
+                    return
+                except queue.Full:
+                    continue
+
+        t = threading.Thread(target=produce, name="pyfleet-pyreader", daemon=True)
+        self._thread, self._stop = t, stop
+        t.start()
+        try:
+            while True:
+                item = q.get()
+                if item is _END:
+                    return
+                if isinstance(item, _Failure):
+                    raise item.error
+                yield item
+        finally:
+            stop.set()
+
+    def __call__(self):
+        if not self.iterable:
+            raise ValueError("this PyReader is not iterable: use start(), exe.run(), reset()")
+        for f in self._feeds():
+            yield [f[v.name] for v in self.feed_list] if self.return_list else [f]
+
+    def __iter__(self):
+        return self()
+
+    def start(self):
+        if self.iterable:
+            raise ValueError("start() is for non-iterable readers; iterate this one")
+        if self._iter is not None:
+            raise ValueError("PyReader already started: call reset() after EOFException")
+        self._iter = self._feeds()
+
+    def reset(self):
+        if self._iter is not None:
+            self._iter.close()
+        self._iter = None
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def _next_feed(self):
+        """The next feed dict; None when exhausted (or never started)."""
+        if self._iter is None:
+            return None
+        return next(self._iter, None)
