@@ -344,6 +344,22 @@ def test_numbers_and_transforms(tmp_path):
     np.testing.assert_allclose(b.dense[0], np.float32(want), rtol=1e-6)
 
 
+def test_long_and_extreme_numbers(tmp_path):
+    cats = "\t".join(["abc"] * 26)
+    texts = ["12345678901234567890123", "0.000000000000000000000000012345", "1234567890",
+             "000000000000000000000000000042", "-0", "3.14159265358979323846", "1E+2",
+             "9999999999", "4095", "4096", "0.1", "65535", "2e-3"]
+    f = write(tmp_path / "x.tsv", ["1\t" + "\t".join(texts) + "\t" + cats,
+                                    "1\t1e400\t" + "\t".join(texts[1:]) + "\t" + cats])
+    ds = Dataset(f, dense_transform="none")
+    (b,) = list(ds)
+    np.testing.assert_allclose(b.dense[0], np.float32([float(t) for t in texts]), rtol=1e-6)
+    assert ds.stats()["first_malformed_reasons"] == ["bad dense value"]
+    (b,) = list(Dataset(f))
+    want = [math.log1p(max(float(t), 0.0)) for t in texts]
+    np.testing.assert_allclose(b.dense[0], np.float32(want), rtol=1e-6)
+
+
 def test_parse_criteo_bytes_equals_dataset():
     buf = need(TSV).read_bytes()
     r = parse_criteo_bytes(buf)

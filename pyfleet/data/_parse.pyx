@@ -30,6 +30,7 @@ cdef extern from *:
     #define PF_MIX_M2 0x94d049bb133111ebULL
     #define PF_ONES 0x0101010101010101ULL
     #define PF_HIGHS 0x8080808080808080ULL
+    #define MANT_LIMIT 100000000000000000ULL
     static inline uint64_t pf_load64(const uint8_t* p) { uint64_t w; memcpy(&w, p, 8); return w; }
     static inline int pf_ctz64(uint64_t x) { return __builtin_ctzll(x); }
     """
@@ -39,6 +40,7 @@ cdef extern from *:
     const uint64_t PF_MIX_M2
     const uint64_t PF_ONES
     const uint64_t PF_HIGHS
+    const uint64_t MANT_LIMIT
     uint64_t pf_load64(const uint8_t* p) noexcept nogil
     int pf_ctz64(uint64_t x) noexcept nogil
 
@@ -222,28 +224,25 @@ cdef inline int scan_number(const uint8_t* p, const uint8_t* e, const uint8_t** 
     cdef const uint8_t* s = p
     cdef bint neg = False
     cdef uint64_t mant = 0
-    cdef int sig = 0, ndig = 0, exp10 = 0, ex = 0, exdig = 0
+    cdef int ndig = 0, exp10 = 0, ex = 0, exdig = 0
     cdef bint exneg = False
     cdef double v
     if p < e and (p[0] == 45 or p[0] == 43):  # '-' '+'
         neg = p[0] == 45
         p += 1
-    while p < e and 48 <= p[0] <= 57:
-        if sig < 19:
+    # Digits beyond the 18th significant one only scale the value.
+    while p < e and <unsigned int>(p[0] - 48) <= 9:
+        if mant < MANT_LIMIT:
             mant = mant * 10 + (p[0] - 48)
-            if mant:
-                sig += 1
         else:
             exp10 += 1
         ndig += 1
         p += 1
     if p < e and p[0] == 46:  # '.'
         p += 1
-        while p < e and 48 <= p[0] <= 57:
-            if sig < 19:
+        while p < e and <unsigned int>(p[0] - 48) <= 9:
+            if mant < MANT_LIMIT:
                 mant = mant * 10 + (p[0] - 48)
-                if mant:
-                    sig += 1
                 exp10 -= 1
             ndig += 1
             p += 1
@@ -324,17 +323,36 @@ cdef int parse_delimited_line(const uint8_t* p, const uint8_t* e, const uint8_t*
     cdef int8_t k
     cdef const uint8_t* q
     cdef double v
+    cdef uint64_t m
     while True:
         k = kind[c]
         if k == 3:
             ids[index[c]] = scan_field_hash(&p, e, bufend, delim, dmask,
                                             start + 9 * index[c], salt[index[c]])
         elif k == 2:
-            st = scan_number(p, e, &q, &v)
-            if st < 0 or (q < e and q[0] != delim):
-                return R_DENSE
-            dense[index[c]] = 0.0 if st else transform_dense(v, transform, dmin, dscale, index[c])
-            p = q
+            # Most dense fields are short plain counts: read them without the
+            # general number scanner's sign, fraction and exponent branches.
+            q = p
+            m = 0
+            while q < e and <unsigned int>(q[0] - 48) <= 9:
+                m = m * 10 + (q[0] - 48)
+                q += 1
+            if q - p <= 9 and (q == e or q[0] == delim):
+                if q == p:
+                    dense[index[c]] = 0.0
+                elif transform == 1 and m < 4096:
+                    dense[index[c]] = LOG1P_INT[m]
+                else:
+                    dense[index[c]] = transform_dense(<double>m, transform, dmin, dscale,
+                                                      index[c])
+                p = q
+            else:
+                st = scan_number(p, e, &q, &v)
+                if st < 0 or (q < e and q[0] != delim):
+                    return R_DENSE
+                dense[index[c]] = 0.0 if st else transform_dense(v, transform, dmin, dscale,
+                                                                 index[c])
+                p = q
         elif k == 1:
             st = scan_number(p, e, &q, &v)
             if st != 0 or (q < e and q[0] != delim) or not (0.0 <= v <= 1.0):
