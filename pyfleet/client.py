@@ -196,14 +196,15 @@ class PullFuture:
         if self._value is not None:
             return self._value
         replies = self._channel.wait(self._calls)
-        dim, inverse = self._dim, self._inverse
+        dim, inverse, n = self._dim, self._inverse, self._n_unique
         if self._positions[0] is None:  # one server, keys in the caller's order
             h, frames = replies[0]
-            uniq = P.values_from(frames[0], h.count, dim)  # a view of the reply
+            uniq = P.values_from(frames[0], _expect(h.count, n), dim)  # a view of the reply
         else:
-            uniq = np.empty((self._n_unique, dim), dtype=np.float32)
+            uniq = np.empty((n, dim), dtype=np.float32)
             for (h, frames), pos in zip(replies, self._positions):
-                uniq[pos] = P.values_from(frames[0], h.count, dim)
+                m = pos.stop - pos.start if isinstance(pos, slice) else pos.shape[0]
+                uniq[pos] = P.values_from(frames[0], _expect(h.count, m), dim)
         self._value = uniq if inverse is None else uniq[inverse]
         self._calls = self._positions = self._inverse = None
         return self._value
@@ -529,7 +530,7 @@ class Client:
 
     def flush(self):
         """Wait until every queued push is applied; raise the first push error
-        not yet seen through its future or an earlier flush."""
+        since the previous flush (each error is also set on its future)."""
         self._pusher.flush()
 
     # ----------------------------------------------------------- dense data
@@ -695,6 +696,12 @@ class _Done:
 
     def result(self):
         return self._value
+
+
+def _expect(count, n):
+    if count != n:
+        raise RemoteError(f"a server answered {count} rows for {n} keys")
+    return count
 
 
 def unique_keys(keys):

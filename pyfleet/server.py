@@ -70,12 +70,14 @@ MODES = ("async", "sync", "geo")
 # Table names become file names: no separators, no leading dot.
 _NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@:+-]{0,199}")
 _MAX_JSON_BYTES = 64 << 20
+# How long run() waits at exit for a handler busy with (say) a save.
+_HANDLER_JOIN_SECONDS = 30.0
 # op (u8 at 5), count (u64 at 24), dim (u32 at 32) of a header, read without decoding it all.
 _PEEK = struct.Struct("<5xB18xQI")
-# Control ops that may take long: never answered by the ROUTER thread.
 _ADD_DELTA = int(P.Flag.ADD_DELTA)
 _OP_BY_INT = {int(o): o for o in Op}
 _OP_COUNTER = {o: f"op_{o.name.lower()}" for o in Op}
+# Control ops that may take long: never answered by the ROUTER thread.
 _HANDLER_OPS = frozenset({int(Op.SAVE), int(Op.LOAD), int(Op.SHRINK), int(Op.CREATE_TABLES)})
 
 
@@ -85,13 +87,14 @@ def segment_sum(keys, values):
     Sort-based (stable, so each key's rows are added in input order), no
     per-key Python loop. ``values`` is float32 ``[n, dim]``. Without
     duplicates the inputs themselves are returned (not copies)."""
-    if keys.shape[0] < 2 or not (np.diff(np.sort(keys)) == 0).any():
+    if keys.shape[0] < 2:
+        return keys, values
+    s = np.sort(keys)
+    if not (s[1:] == s[:-1]).any():
         return keys, values
     order = np.argsort(keys, kind="stable")
     sk = keys[order]
     starts = np.flatnonzero(np.concatenate(([True], sk[1:] != sk[:-1])))
-    if starts.shape[0] == sk.shape[0]:
-        return sk, values[order]
     return sk[starts], np.add.reduceat(values[order], starts, axis=0)
 
 
@@ -268,13 +271,11 @@ class Server:
         finally:
             self._done.set()
             for t in handlers:
-                t.join(self.handler_join_timeout)
+                t.join(_HANDLER_JOIN_SECONDS)
             self._forward_replies()
             self._frontend.close(linger=1000)
             self._work.close(linger=0)
             self._replies.close(linger=0)
-
-    handler_join_timeout = 30.0
 
     def _forward_replies(self):
         while Z.readable([self._replies], 0):
