@@ -338,7 +338,7 @@ class Client:
         self._channels = []
         self._channels_lock = threading.Lock()
         self._tables_lock = threading.Lock()
-        self._ids = [dict() for _ in self.endpoints]  # per server: key -> id
+        self._ids = [{} for _ in self.endpoints]  # per server: key -> id
         self._sparse = {}   # name -> dim
         self._sparse_cfg = {}  # name -> config
         self._dense = {}    # name -> (shape, [(start, end, server, id)])
@@ -654,9 +654,9 @@ class Client:
         """End a pass on every sparse table (see ``SparseTable.shrink``); returns
         each server's ``{"dropped": {table: rows}}``."""
         self.flush()
-        args = {k: v for k, v in dict(max_unseen_passes=max_unseen_passes,
-                                      min_update_count=min_update_count, min_score=min_score,
-                                      decay=decay, tables=tables).items() if v is not None}
+        args = {"max_unseen_passes": max_unseen_passes, "min_update_count": min_update_count,
+                "min_score": min_score, "decay": decay, "tables": tables}
+        args = {k: v for k, v in args.items() if v is not None}
         return self._control_all(Op.SHRINK, args)
 
     def stats(self):

@@ -51,6 +51,7 @@ import struct
 import sys
 import threading
 import time
+from typing import ClassVar
 
 import numpy as np
 import zmq
@@ -790,7 +791,7 @@ class Server:
             e.dim = 1
         return e
 
-    _ops = {Op.PULL_SPARSE: _pull_sparse, Op.PUSH_SPARSE: _push_sparse,
+    _ops: ClassVar[dict] = {Op.PULL_SPARSE: _pull_sparse, Op.PUSH_SPARSE: _push_sparse,
             Op.PULL_DENSE: _pull_dense, Op.PUSH_DENSE: _push_dense,
             Op.BARRIER: _barrier, Op.HEARTBEAT: _heartbeat, Op.STOP_WORKER: _stop_worker,
             Op.SAVE: _save, Op.LOAD: _load, Op.SHRINK: _shrink, Op.STATS: _stats,
