@@ -598,3 +598,16 @@ def test_csv_with_byte_order_mark(tmp_path):
     f = tmp_path / "bom.csv"
     f.write_bytes(b"\xef\xbb\xbf" + need(DEEPCTR).read_bytes())
     assert_rows_equal(collect(Dataset(f, format="csv")), ref_csv(DEEPCTR))
+
+
+def test_parsing_from_threads_matches_sequential(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    bufs = [("\n".join(synthetic_lines(3000, start=3000 * k)) + "\n").encode() for k in range(4)]
+    want = [parse_criteo_bytes(b) for b in bufs]
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(parse_criteo_bytes, bufs))
+    for g, w in zip(got, want):
+        assert g["examples"] == 3000
+        for key in ("labels", "dense", "ids"):
+            np.testing.assert_array_equal(g[key], w[key])

@@ -1,6 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 # cython: initializedcheck=False, nonecheck=False
-"""Compiled CTR text parsers and the feature hash (issue 5).
+"""Compiled CTR text parsers and the feature hash.
 
 Every parser takes one buffer holding many complete lines and fills
 preallocated numpy arrays in a single call that releases the GIL: no Python
@@ -8,8 +8,9 @@ object is made per line or per field. The callers in :mod:`pyfleet.data.readers`
 cut files into such buffers; the definitions of the hash and of the formats are
 in ``docs/formats.md``.
 
-Thread safety: the functions keep no state; concurrent calls on different
-output arrays are safe and run in parallel.
+Thread safety: the functions keep no state and allocate their outputs;
+concurrent calls are safe and parse in parallel (the GIL is released while
+scanning).
 """
 
 from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint64_t
@@ -30,7 +31,7 @@ cdef extern from *:
     #define PF_MIX_M2 0x94d049bb133111ebULL
     #define PF_ONES 0x0101010101010101ULL
     #define PF_HIGHS 0x8080808080808080ULL
-    #define MANT_LIMIT 100000000000000000ULL
+    #define PF_MANT_LIMIT 100000000000000000ULL
     static inline uint64_t pf_load64(const uint8_t* p) { uint64_t w; memcpy(&w, p, 8); return w; }
     static inline int pf_ctz64(uint64_t x) { return __builtin_ctzll(x); }
     """
@@ -40,7 +41,7 @@ cdef extern from *:
     const uint64_t PF_MIX_M2
     const uint64_t PF_ONES
     const uint64_t PF_HIGHS
-    const uint64_t MANT_LIMIT
+    const uint64_t PF_MANT_LIMIT
     uint64_t pf_load64(const uint8_t* p) noexcept nogil
     int pf_ctz64(uint64_t x) noexcept nogil
 
@@ -232,7 +233,7 @@ cdef inline int scan_number(const uint8_t* p, const uint8_t* e, const uint8_t** 
         p += 1
     # Digits beyond the 18th significant one only scale the value.
     while p < e and <unsigned int>(p[0] - 48) <= 9:
-        if mant < MANT_LIMIT:
+        if mant < PF_MANT_LIMIT:
             mant = mant * 10 + (p[0] - 48)
         else:
             exp10 += 1
@@ -241,7 +242,7 @@ cdef inline int scan_number(const uint8_t* p, const uint8_t* e, const uint8_t** 
     if p < e and p[0] == 46:  # '.'
         p += 1
         while p < e and <unsigned int>(p[0] - 48) <= 9:
-            if mant < MANT_LIMIT:
+            if mant < PF_MANT_LIMIT:
                 mant = mant * 10 + (p[0] - 48)
                 exp10 -= 1
             ndig += 1
