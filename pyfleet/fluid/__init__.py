@@ -7,8 +7,9 @@ servers under Fleet.
 """
 
 from pyfleet import initializer, optimizer
-from pyfleet.fluid import backend, core, io, layers, unique_name
+from pyfleet.fluid import backend, core, dataset, incubate, io, layers, unique_name
 from pyfleet.fluid.data_feeder import DataFeeder
+from pyfleet.fluid.dataset import DatasetFactory
 from pyfleet.fluid.executor import Executor
 from pyfleet.fluid.framework import (
     CPUPlace,
@@ -57,6 +58,7 @@ __all__ = [
     "CUDAPlace",
     "CompiledProgram",
     "DataFeeder",
+    "DatasetFactory",
     "Executor",
     "LoDTensor",
     "ParamAttr",
@@ -68,10 +70,12 @@ __all__ = [
     "core",
     "create_lod_tensor",
     "data",
+    "dataset",
     "default_main_program",
     "default_startup_program",
     "embedding",
     "global_scope",
+    "incubate",
     "initializer",
     "io",
     "layers",

@@ -405,6 +405,42 @@ class Executor:
             feed.update(f)
         return feed
 
+    # --------------------------------------------------------------- datasets
+    def train_from_dataset(self, program=None, dataset=None, scope=None, thread=0,
+                           debug=False, fetch_list=None, fetch_info=None, print_period=100):
+        """Run ``program`` on every batch of a :mod:`pyfleet.fluid.dataset`
+        dataset; every ``print_period`` batches print the fetched values
+        labelled by ``fetch_info`` (Fluid's output). Returns the last fetch."""
+        return self._run_dataset(program, dataset, scope, fetch_list, fetch_info,
+                                 print_period, for_test=False)
+
+    def infer_from_dataset(self, program=None, dataset=None, scope=None, thread=0,
+                           debug=False, fetch_list=None, fetch_info=None, print_period=100):
+        """As :meth:`train_from_dataset` without updating parameters."""
+        return self._run_dataset(program, dataset, scope, fetch_list, fetch_info,
+                                 print_period, for_test=True)
+
+    def _run_dataset(self, program, dataset, scope, fetch_list, fetch_info, print_period,
+                     for_test):
+        if dataset is None or not hasattr(dataset, "_feeds"):
+            raise ValueError("dataset must come from fluid.DatasetFactory().create_dataset()")
+        program = getattr(program or framework.default_main_program(), "_program",
+                          program or framework.default_main_program())
+        if for_test:
+            program = program.clone(for_test=True)
+        fetch_list = list(fetch_list or [])
+        labels = list(fetch_info or [getattr(f, "name", f) for f in fetch_list])
+        if len(labels) != len(fetch_list):
+            raise ValueError(f"fetch_info has {len(labels)} labels for {len(fetch_list)} "
+                             "fetches")
+        out = None
+        for i, feed in enumerate(dataset._feeds()):
+            out = self.run(program, feed=feed, fetch_list=fetch_list, scope=scope)
+            if fetch_list and print_period and (i + 1) % int(print_period) == 0:
+                print(" ".join(f"{lab}: {np.asarray(v).reshape(-1)[:8]}"
+                               for lab, v in zip(labels, out)), flush=True)
+        return out
+
     # --------------------------------------------------------------- startup
     def _run_startup(self, startup, scope):
         for p in startup._init_params:

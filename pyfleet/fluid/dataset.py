@@ -1,0 +1,281 @@
+"""Fluid 1.5's ``DatasetFactory`` / ``QueueDataset`` / ``InMemoryDataset``.
+
+As in Fluid, each file of the file list is piped through ``pipe_command``
+(a shell command, e.g. ``python criteo_reader.py`` built on
+:mod:`pyfleet.fluid.incubate.data_generator`; default ``cat``) and its
+output, in the MultiSlot text format (per sample one line; per variable of
+``set_use_var`` in order: the number of values, then the values), is cut into
+batches of ``set_batch_size`` for ``Executor.train_from_dataset``.
+
+Parsing is vectorized when every line has the same layout (one value per
+sparse slot, as Criteo); otherwise it walks lines in Python. For the fastest
+path feed :mod:`pyfleet.data` batches to ``Executor.run`` directly.
+
+``set_thread`` is accepted; one background thread runs the pipe and parsing
+while the executor trains in the calling thread. A failing pipe command is a
+``ValueError`` naming the command, the file and its stderr.
+"""
+
+import subprocess
+
+import numpy as np
+
+__all__ = ["DatasetFactory", "InMemoryDataset", "QueueDataset", "parse_multislot"]
+
+
+def _to_numbers(tokens, dtype, what):
+    try:
+        if dtype.kind == "i":
+            try:
+                return tokens.astype(dtype)
+            except OverflowError:
+                return tokens.astype(np.uint64).view(dtype)
+        return tokens.astype(dtype)
+    except ValueError as e:
+        raise ValueError(f"{what}: cannot read values as {dtype}: {e}") from None
+
+
+def parse_multislot(data, use_vars):
+    """Parse MultiSlot text into ``{name: value}``: ``(values, offsets)`` for
+    ``lod_level=1`` variables, ``[n] + shape`` arrays for the others."""
+    lines = [ln for ln in data.split(b"\n") if ln.strip()]
+    n = len(lines)
+    if n == 0:
+        return {}, 0
+    first = lines[0].split()
+    tokens = data.split()
+    k = len(first)
+    layout = []
+    pos = 0
+    for v in use_vars:
+        if pos >= k:
+            layout = None
+            break
+        c = int(first[pos])
+        layout.append((pos, c))
+        pos += c + 1
+    if layout is not None and pos == k and len(tokens) == n * k:
+        mat = np.array(tokens, dtype=bytes).reshape(n, k)
+        if all((mat[:, p] == first[p]).all() for p, _ in layout):
+            out = {}
+            for v, (p, c) in zip(use_vars, layout):
+                vals = _to_numbers(mat[:, p + 1:p + 1 + c], v.dtype, f"slot {v.name!r}")
+                out[v.name] = _shape_column(v, vals.reshape(-1), np.full(n, c, np.int64), n)
+            return out, n
+    values = [[] for _ in use_vars]
+    lens = [np.empty(n, np.int64) for _ in use_vars]
+    for i, line in enumerate(lines):
+        t = line.split()
+        pos = 0
+        for j in range(len(use_vars)):
+            if pos >= len(t):
+                raise ValueError(f"line {i + 1}: {len(use_vars)} slots expected, found {j}")
+            c = int(t[pos])
+            values[j].extend(t[pos + 1:pos + 1 + c])
+            lens[j][i] = c
+            pos += c + 1
+        if pos != len(t):
+            raise ValueError(f"line {i + 1}: {len(t) - pos} values left after "
+                             f"{len(use_vars)} slots")
+    out = {}
+    for j, v in enumerate(use_vars):
+        vals = _to_numbers(np.array(values[j], dtype=bytes), v.dtype, f"slot {v.name!r}")
+        out[v.name] = _shape_column(v, vals, lens[j], n)
+    return out, n
+
+
+def _shape_column(var, vals, lens, n):
+    if var.lod_level > 0:
+        offsets = np.zeros(n + 1, np.int64)
+        np.cumsum(lens, out=offsets[1:])
+        return vals, offsets
+    tail = list(var.shape[1:]) if var.shape and var.shape[0] == -1 else list(var.shape or [])
+    per = int(np.prod(tail)) if tail else 1
+    if not (lens == per).all():
+        raise ValueError(f"slot {var.name!r} must have {per} values per sample "
+                         f"(shape {tail}); found {int(lens.min())}..{int(lens.max())}")
+    return vals.reshape([n] + tail)
+
+
+def _slice(columns, use_vars, a, b):
+    feed = {}
+    for v in use_vars:
+        col = columns[v.name]
+        if v.lod_level > 0:
+            vals, off = col
+            feed[v.name] = (vals[off[a]:off[b]], off[a:b + 1] - off[a])
+        else:
+            feed[v.name] = col[a:b]
+    return feed
+
+
+class DatasetBase:
+    """Settings shared by both dataset kinds (Fluid's setter names)."""
+
+    def __init__(self):
+        self.use_vars = []
+        self.pipe_command = "cat"
+        self.batch_size = 1
+        self.thread_num = 1
+        self.filelist = []
+
+    def set_use_var(self, var_list):
+        self.use_vars = list(var_list)
+
+    def set_pipe_command(self, pipe_command):
+        self.pipe_command = str(pipe_command)
+
+    def set_batch_size(self, batch_size):
+        batch_size = int(batch_size)
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        self.batch_size = batch_size
+
+    def set_thread(self, thread_num):
+        self.thread_num = max(int(thread_num), 1)
+
+    def set_filelist(self, filelist):
+        self.filelist = [str(f) for f in filelist]
+
+    def set_hdfs_config(self, fs_name, fs_ugi):
+        raise ValueError("HDFS is not supported: copy the files locally and set_filelist")
+
+    def desc(self):
+        return (f"{type(self).__name__}(files={len(self.filelist)}, batch_size="
+                f"{self.batch_size}, pipe_command={self.pipe_command!r}, "
+                f"use_var={[v.name for v in self.use_vars]})")
+
+    def _check(self):
+        if not self.use_vars:
+            raise ValueError("dataset has no variables: call set_use_var([...]) first")
+
+    def _read_file(self, path):
+        try:
+            with open(path, "rb") as f:
+                proc = subprocess.run(self.pipe_command, shell=True, stdin=f,
+                                      capture_output=True, check=False)
+        except OSError as e:
+            raise ValueError(f"cannot read {path}: {e}") from None
+        if proc.returncode != 0:
+            err = proc.stderr.decode(errors="replace").strip()[-2000:]
+            raise ValueError(f"pipe command {self.pipe_command!r} failed on {path} "
+                             f"(exit {proc.returncode}): {err}")
+        try:
+            return parse_multislot(proc.stdout, self.use_vars)
+        except ValueError as e:
+            raise ValueError(f"{path} through {self.pipe_command!r}: {e}") from None
+
+    def _columns(self):
+        for path in self.filelist:
+            cols, n = self._read_file(path)
+            if n:
+                yield cols, n
+
+    def _batch_feeds(self):
+        self._check()
+        for cols, n in self._columns():
+            for a in range(0, n, self.batch_size):
+                yield _slice(cols, self.use_vars, a, min(a + self.batch_size, n))
+
+    def _feeds(self):
+        """Feed dicts of every batch, parsed one file ahead in a background thread."""
+        self._check()
+        from pyfleet.fluid.reader import PyReader
+        reader = PyReader(self.use_vars, capacity=4, use_double_buffer=True, iterable=True)
+        reader.decorate_batch_generator(self._batch_feeds)
+        for (feed,) in reader():
+            yield feed
+
+
+class QueueDataset(DatasetBase):
+    """Streams the files: each pass runs the pipe command again."""
+
+
+class InMemoryDataset(DatasetBase):
+    """``load_into_memory()`` once, then ``local_shuffle()`` and passes over memory."""
+
+    def __init__(self):
+        super().__init__()
+        self._memory = None
+        self._seed = 0
+
+    def load_into_memory(self):
+        self._check()
+        parts = list(DatasetBase._columns(self))
+        self._memory = _concat_columns(parts, self.use_vars)
+
+    def local_shuffle(self):
+        if self._memory is None:
+            raise ValueError("load_into_memory() before local_shuffle()")
+        cols, n = self._memory
+        self._seed += 1
+        perm = np.random.default_rng(self._seed).permutation(n)
+        self._memory = _permute(cols, self.use_vars, perm), n
+
+    def global_shuffle(self, fleet=None):
+        """Shuffles this worker's examples (no exchange between workers)."""
+        self.local_shuffle()
+
+    def release_memory(self):
+        self._memory = None
+
+    def get_memory_data_size(self, fleet=None):
+        return 0 if self._memory is None else self._memory[1]
+
+    get_shuffle_data_size = get_memory_data_size
+
+    def _columns(self):
+        if self._memory is None:
+            raise ValueError("InMemoryDataset: call load_into_memory() first")
+        if self._memory[1]:
+            yield self._memory
+
+
+def _concat_columns(parts, use_vars):
+    if not parts:
+        return {}, 0
+    if len(parts) == 1:
+        return parts[0]
+    n = sum(p[1] for p in parts)
+    out = {}
+    for v in use_vars:
+        cols = [p[0][v.name] for p in parts]
+        if v.lod_level > 0:
+            vals = np.concatenate([c[0] for c in cols])
+            lens = np.concatenate([np.diff(c[1]) for c in cols])
+            off = np.zeros(n + 1, np.int64)
+            np.cumsum(lens, out=off[1:])
+            out[v.name] = (vals, off)
+        else:
+            out[v.name] = np.concatenate(cols)
+    return out, n
+
+
+def _permute(cols, use_vars, perm):
+    out = {}
+    for v in use_vars:
+        col = cols[v.name]
+        if v.lod_level > 0:
+            vals, off = col
+            lens = np.diff(off)[perm]
+            starts = off[:-1][perm]
+            new_off = np.zeros(len(perm) + 1, np.int64)
+            np.cumsum(lens, out=new_off[1:])
+            # Row i of the result takes lens[i] values from starts[i]: one gather.
+            idx = np.repeat(starts - new_off[:-1], lens) + np.arange(new_off[-1])
+            out[v.name] = (vals[idx], new_off)
+        else:
+            out[v.name] = col[perm]
+    return out
+
+
+class DatasetFactory:
+    """``fluid.DatasetFactory().create_dataset("QueueDataset" | "InMemoryDataset")``."""
+
+    def create_dataset(self, datafeed_class="QueueDataset"):
+        kinds = {"QueueDataset": QueueDataset, "InMemoryDataset": InMemoryDataset}
+        try:
+            return kinds[datafeed_class]()
+        except KeyError:
+            raise ValueError(f"unknown dataset {datafeed_class!r}; expected one of "
+                             f"{sorted(kinds)}") from None
