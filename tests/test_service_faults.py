@@ -95,7 +95,7 @@ def test_no_server_is_a_peer_timeout_after_the_connect_deadline():
 
 
 def test_killed_worker_fails_the_sync_barrier_naming_it(tmp_path):
-    with ServerGroup(2, 2, mode="sync", heartbeat_timeout=1.5, barrier_timeout=60) as g, \
+    with ServerGroup(2, 2, mode="sync", heartbeat_timeout=3.0, barrier_timeout=60) as g, \
             Client(g.endpoints, worker_index=0, timeout=10) as c:
         c.create_tables([{**SPARSE, "optimizer": SGD(0.1).to_config()}])
         peer = start_worker("sync_steps", endpoints=g.endpoints, worker=1, steps=10, n=8,
