@@ -176,3 +176,28 @@ def test_data_generator_writes_multislot_lines():
             G().run_from_stdin()
         ''')], input=b"3 4\n5 6\n", capture_output=True, check=True)
     assert out.stdout == b"2 3 4 1 1\n2 5 6 1 1\n"
+
+
+def test_batches_span_chunks_and_files(tmp_path, monkeypatch):
+    from pyfleet.fluid import dataset as D
+    rng = np.random.default_rng(0)
+    files = []
+    for j in range(3):
+        lines = []
+        for i in range(70):
+            ids = rng.integers(0, 100, rng.integers(1, 4))
+            lines.append(f"{len(ids)} " + " ".join(map(str, ids)) + f" 1 {i % 2}\n")
+        files.append(tmp_path / f"x{j}")
+        files[-1].write_text("".join(lines))
+    ds = fluid.DatasetFactory().create_dataset("QueueDataset")
+    ds.set_use_var([_V("ids", (-1, 1), "int64", 1), _V("y", (-1, 1), "int64", 0)])
+    ds.set_filelist(files)
+    ds.set_batch_size(32)
+    whole = list(ds._batch_feeds())
+    monkeypatch.setattr(D, "CHUNK_BYTES", 50)           # many chunks per file
+    chunked = list(ds._batch_feeds())
+    assert [len(b["y"]) for b in chunked] == [32] * 6 + [18]
+    for a, b in zip(whole, chunked):
+        np.testing.assert_array_equal(a["ids"][0], b["ids"][0])
+        np.testing.assert_array_equal(a["ids"][1], b["ids"][1])
+        np.testing.assert_array_equal(a["y"], b["y"])

@@ -20,7 +20,10 @@ import subprocess
 
 import numpy as np
 
-__all__ = ["DatasetFactory", "InMemoryDataset", "QueueDataset", "parse_multislot"]
+__all__ = ["CHUNK_BYTES", "DatasetFactory", "InMemoryDataset", "QueueDataset", "parse_multislot"]
+
+# Pipe output is parsed in blocks of about this many bytes (whole lines).
+CHUNK_BYTES = 32 << 20
 
 
 def _to_numbers(tokens, dtype, what):
@@ -150,32 +153,63 @@ class DatasetBase:
             raise ValueError("dataset has no variables: call set_use_var([...]) first")
 
     def _read_file(self, path):
+        """Yield ``(columns, n)`` per chunk of the pipe's output (bounded memory)."""
+        import tempfile
         try:
-            with open(path, "rb") as f:
-                proc = subprocess.run(self.pipe_command, shell=True, stdin=f,
-                                      capture_output=True, check=False)
+            src = open(path, "rb")
         except OSError as e:
             raise ValueError(f"cannot read {path}: {e}") from None
-        if proc.returncode != 0:
-            err = proc.stderr.decode(errors="replace").strip()[-2000:]
-            raise ValueError(f"pipe command {self.pipe_command!r} failed on {path} "
-                             f"(exit {proc.returncode}): {err}")
+        with src, tempfile.TemporaryFile() as err:
+            proc = subprocess.Popen(self.pipe_command, shell=True, stdin=src,
+                                    stdout=subprocess.PIPE, stderr=err)
+            try:
+                rest = b""
+                while True:
+                    block = proc.stdout.read(CHUNK_BYTES)
+                    if not block:
+                        break
+                    block = rest + block
+                    cut = block.rfind(b"\n") + 1
+                    rest = block[cut:]
+                    if cut:
+                        yield self._parse(block[:cut], path)
+                if rest.strip():
+                    yield self._parse(rest, path)
+            finally:
+                proc.stdout.close()
+                code = proc.wait()
+            if code != 0:
+                err.seek(0)
+                msg = err.read().decode(errors="replace").strip()[-2000:]
+                raise ValueError(f"pipe command {self.pipe_command!r} failed on {path} "
+                                 f"(exit {code}): {msg}")
+
+    def _parse(self, data, path):
         try:
-            return parse_multislot(proc.stdout, self.use_vars)
+            return parse_multislot(data, self.use_vars)
         except ValueError as e:
             raise ValueError(f"{path} through {self.pipe_command!r}: {e}") from None
 
     def _columns(self):
         for path in self.filelist:
-            cols, n = self._read_file(path)
-            if n:
-                yield cols, n
+            for cols, n in self._read_file(path):
+                if n:
+                    yield cols, n
 
     def _batch_feeds(self):
+        """Full batches across chunk and file boundaries; the last may be short."""
         self._check()
+        bs = self.batch_size
+        carry = None
         for cols, n in self._columns():
-            for a in range(0, n, self.batch_size):
-                yield _slice(cols, self.use_vars, a, min(a + self.batch_size, n))
+            if carry is not None:
+                cols, n = _concat_columns([carry, (cols, n)], self.use_vars)
+            full = n - n % bs
+            for a in range(0, full, bs):
+                yield _slice(cols, self.use_vars, a, a + bs)
+            carry = (_slice(cols, self.use_vars, full, n), n - full) if full < n else None
+        if carry is not None:
+            yield carry[0]
 
     def _feeds(self):
         """Feed dicts of every batch, parsed one file ahead in a background thread."""
