@@ -25,7 +25,7 @@ class ServerGroup:
 
     def __init__(self, num_servers, workers, mode="async", checkpoint_dir=None,
                  heartbeat_timeout=10.0, barrier_timeout=60.0, handler_threads=2,
-                 max_message_bytes=None, start_timeout=30.0):
+                 max_message_bytes=None, inline_limit=None, start_timeout=30.0):
         self.procs, self.endpoints = [], []
         try:
             for i in range(num_servers):
@@ -37,6 +37,8 @@ class ServerGroup:
                        "--handler-threads", str(handler_threads), "--log-level", "ERROR"]
                 if checkpoint_dir is not None:
                     cmd += ["--checkpoint-dir", str(checkpoint_dir)]
+                if inline_limit is not None:
+                    cmd += ["--inline-limit", str(inline_limit)]
                 if max_message_bytes is not None:
                     cmd += ["--max-message-bytes", str(max_message_bytes)]
                 p = subprocess.Popen(cmd, stdout=subprocess.PIPE)

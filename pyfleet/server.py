@@ -861,6 +861,8 @@ def main(argv=None):
     p.add_argument("--workers", type=int, required=True)
     p.add_argument("--mode", choices=MODES, default="async")
     p.add_argument("--handler-threads", type=int, default=2)
+    p.add_argument("--inline-limit", type=int, default=16384,
+                   help="requests of at most this many floats are served by the socket thread")
     p.add_argument("--max-message-bytes", type=int, default=1 << 30)
     p.add_argument("--heartbeat-timeout", type=float, default=10.0)
     p.add_argument("--barrier-timeout", type=float, default=300.0)
@@ -883,7 +885,8 @@ def main(argv=None):
     server = Server(a.endpoint, a.index, a.num_servers, a.workers, mode=a.mode, tables=tables,
                     handler_threads=a.handler_threads, max_message_bytes=a.max_message_bytes,
                     heartbeat_timeout=a.heartbeat_timeout, barrier_timeout=a.barrier_timeout,
-                    checkpoint_dir=a.checkpoint_dir, curve_secret_key=curve)
+                    checkpoint_dir=a.checkpoint_dir, inline_limit=a.inline_limit,
+                    curve_secret_key=curve)
     signal.signal(signal.SIGTERM, lambda *_: server.stop())
     signal.signal(signal.SIGINT, lambda *_: server.stop())
     print(f"pyfleet.server ready on {server.endpoint}", flush=True)
