@@ -156,7 +156,7 @@ class DatasetBase:
         """Yield ``(columns, n)`` per chunk of the pipe's output (bounded memory)."""
         import tempfile
         try:
-            src = open(path, "rb")
+            src = open(path, "rb")  # noqa: SIM115 (closed by the with below)
         except OSError as e:
             raise ValueError(f"cannot read {path}: {e}") from None
         with src, tempfile.TemporaryFile() as err:
