@@ -271,6 +271,9 @@ def launch_local(cmd_for_role: CmdForRole, servers: int, workers: int,
                 break
             argv = [str(a) for a in make_cmd(role.kind, role.index)]
             child_env = dict(base)
+            # Every role is one process among several on this machine: a BLAS
+            # thread pool per process would only oversubscribe the cores.
+            child_env.setdefault("OPENBLAS_NUM_THREADS", "1")
             child_env.update(role_env(role.kind, role.index, eps, workers, mode))
             if log_dir is not None:
                 role.log = open(Path(log_dir) / f"{role.label}.log", "w",  # noqa: SIM115
