@@ -128,3 +128,28 @@ def test_zero_rows(tmp_path):
     info = synthetic.generate(tmp_path, 0)
     assert info["rows_train"] == 0 and np.isnan(info["truth_auc_test"])
     assert list(Dataset(info["train"])) == []
+
+
+def reference_tsv(labels, dense, dense_missing, cat, cat_missing):
+    out = []
+    for i in range(labels.shape[0]):
+        fields = [str(int(labels[i]))]
+        fields += ["" if dense_missing[i, j] else str(int(dense[i, j])) for j in range(13)]
+        fields += ["" if cat_missing[i, j] else f"{int(cat[i, j]):08x}" for j in range(26)]
+        out.append("\t".join(fields) + "\n")
+    return "".join(out).encode()
+
+
+def test_format_tsv_matches_python_formatting():
+    a = synthetic.generate_arrays(3000, seed=9)
+    a["dense"][:4, 0] = [np.iinfo(np.int64).min, np.iinfo(np.int64).max, 0, -7]
+    a["dense_missing"][:4, 0] = False
+    a["cat"][:2, 0] = [0, 0xFFFFFFFF]
+    a["cat_missing"][:2, 0] = False
+    keys = ("labels", "dense", "dense_missing", "cat", "cat_missing")
+    got = synthetic.format_tsv(*(a[k] for k in keys))
+    assert got == reference_tsv(*(a[k] for k in keys))
+    assert synthetic.format_tsv(*(a[k][:0] for k in keys)) == b""
+    with pytest.raises(ValueError):
+        synthetic.format_tsv(a["labels"], a["dense"][:, :12], a["dense_missing"], a["cat"],
+                             a["cat_missing"])

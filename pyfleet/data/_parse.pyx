@@ -13,7 +13,7 @@ concurrent calls are safe and parse in parallel (the GIL is released while
 scanning).
 """
 
-from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint64_t
+from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memchr, memcmp
 from libc.math cimport log1p, pow, isfinite
 
@@ -748,3 +748,67 @@ def _minmax(int transform, int n_dense, dense_min, dense_max):
     scale = np.zeros(n_dense)
     np.divide(1.0, width, out=scale, where=width > 0)
     return np.ascontiguousarray(lo), scale
+
+
+cdef inline uint8_t* put_int(uint8_t* o, int64_t x) noexcept nogil:
+    cdef uint8_t[20] tmp
+    cdef int n = 0
+    cdef uint64_t u
+    if x < 0:
+        o[0] = 45
+        o += 1
+        u = (<uint64_t>0) - <uint64_t>x
+    else:
+        u = <uint64_t>x
+    while True:
+        tmp[n] = <uint8_t>(48 + u % 10)
+        n += 1
+        u //= 10
+        if u == 0:
+            break
+    while n:
+        n -= 1
+        o[0] = tmp[n]
+        o += 1
+    return o
+
+
+def format_criteo_tsv(const uint8_t[::1] labels, const int64_t[:, ::1] dense,
+                      const uint8_t[:, ::1] dense_missing, const uint32_t[:, ::1] cat,
+                      const uint8_t[:, ::1] cat_missing):
+    """Criteo TSV text of n rows: ``label \\t I1..I13 \\t C1..C26 \\n``, each categorical
+    value as 8 lowercase hex digits; a missing value is an empty field. Labels are
+    0 or 1; the dense and categorical arrays have 13 and 26 columns."""
+    cdef Py_ssize_t n = labels.shape[0], i, j
+    if (dense.shape[0] != n or dense_missing.shape[0] != n or cat.shape[0] != n
+            or cat_missing.shape[0] != n or dense.shape[1] != 13 or dense_missing.shape[1] != 13
+            or cat.shape[1] != 26 or cat_missing.shape[1] != 26):
+        raise ValueError("format_criteo_tsv: expected n labels, [n, 13] dense and [n, 26] "
+                         "categorical arrays")
+    out = np.empty(n * (2 + 13 * 21 + 26 * 9) + 1, dtype=np.uint8)
+    cdef uint8_t[::1] o_v = out
+    cdef uint8_t* o = &o_v[0]
+    cdef uint8_t* start = o
+    cdef const char* hexd = b"0123456789abcdef"
+    cdef uint32_t v
+    cdef int k
+    with nogil:
+        for i in range(n):
+            o[0] = 49 if labels[i] else 48
+            o += 1
+            for j in range(13):
+                o[0] = 9
+                o += 1
+                if not dense_missing[i, j]:
+                    o = put_int(o, dense[i, j])
+            for j in range(26):
+                o[0] = 9
+                o += 1
+                if not cat_missing[i, j]:
+                    v = cat[i, j]
+                    for k in range(8):
+                        o[k] = hexd[(v >> (28 - 4 * k)) & 15]
+                    o += 8
+            o[0] = 10
+            o += 1
+    return out[:o - start].tobytes()
