@@ -1,0 +1,337 @@
+"""Self-contained prediction models: :func:`save` a trained network, :func:`load` it, predict.
+
+A prediction directory (written by :func:`save`, by
+``fleet.save_inference_model`` and ``pyfleet train``) holds::
+
+    __model__.json          the network pruned to the targets (Program.to_dict), the
+                            feed and fetch names, and an "inference" section listing
+                            the files below with each sparse table's dim, initializer
+                            and seed; written last, so its presence means complete
+    <param>.npy             each dense weight the network reads (numpy format)
+    <table>.keys.npy        uint64[n]: every key of each sparse table the network reads
+    <table>.weights.npy     float32[n, dim]: their embedding rows (optimizer state dropped)
+
+Nothing is pickled; every ``.npy`` is read with ``allow_pickle=False``.
+
+A key the model never saw predicts with the row a server would have created
+for it: the table's initializer applied with its seed (a pure function of
+seed and key, ``SparseTable.initial_values``), never zeros.
+
+Where the parameters come from is a *source*: :class:`LocalSource` (an
+in-process :class:`pyfleet.fluid.backend.LocalBackend`) or
+:class:`RemoteSource` (the parameter servers of a Fleet job: sparse rows are
+streamed from every server in bounded pages with ``Client.export_sparse``,
+dense values come from ``Client.pull_dense``). Memory while saving is one page
+per table; a loaded :class:`Predictor` holds every row in memory.
+
+Thread safety: :func:`save` must not run concurrently with training on the
+same parameters if a consistent snapshot is wanted (rows pushed during the
+save may or may not be included). A :class:`Predictor` is not thread-safe;
+load one per thread (or guard it).
+"""
+
+import json
+import os
+
+import numpy as np
+
+from pyfleet.fluid.backend import Backend, _save_npy_atomic, param_path
+
+__all__ = ["INFERENCE_FORMAT", "LocalSource", "Predictor", "RemoteSource", "load", "save"]
+
+INFERENCE_FORMAT = "pyfleet-inference"
+INFERENCE_VERSION = 1
+_PAGE_ROWS = 65536
+
+
+class LocalSource:
+    """Parameters of an in-process backend (``program._get_backend()``)."""
+
+    def __init__(self, backend):
+        if not hasattr(backend, "sparse") or not hasattr(backend, "dense"):
+            raise ValueError(f"LocalSource needs a LocalBackend, got {backend!r}")
+        self.backend = backend
+
+    def dense(self, name):
+        return self.backend.pull_dense(name)
+
+    def sparse_config(self, param):
+        t = self.backend._sparse(param.name)
+        return {"dim": t.dim, "initializer": t.initializer.to_config(), "seed": t.seed}
+
+    def sparse_pages(self, name):
+        t = self.backend._sparse(name)
+        keys = t.keys()
+        for a in range(0, keys.shape[0], _PAGE_ROWS):
+            rows = t.export(keys[a:a + _PAGE_ROWS])
+            yield rows["keys"], rows["weights"]
+
+
+class RemoteSource:
+    """Parameters held by the servers of a Fleet job, through a connected
+    :class:`pyfleet.client.Client`; ``table_configs`` is the job's table list
+    (``pyfleet._fleet.table_configs``), which gives each sparse table's
+    initializer and seed."""
+
+    def __init__(self, client, table_configs, page_rows=_PAGE_ROWS):
+        self.client = client
+        self.page_rows = int(page_rows)
+        self.configs = {c["name"]: c for c in table_configs if c.get("kind") == "sparse"}
+
+    def dense(self, name):
+        return self.client.pull_dense(name)
+
+    def sparse_config(self, param):
+        cfg = self.configs.get(param.name)
+        if cfg is None:
+            raise ValueError(f"sparse table {param.name!r} is not in the job's table configs "
+                             f"(known: {sorted(self.configs)})")
+        return {"dim": int(cfg["dim"]), "initializer": cfg["initializer"],
+                "seed": int(cfg["seed"])}
+
+    def sparse_pages(self, name):
+        return self.client.export_sparse(name, page_rows=self.page_rows)
+
+
+def _write_rows(dirname, name, dim, pages):
+    """Stream ``pages`` of (keys, weights) into ``<name>.keys.npy`` and
+    ``<name>.weights.npy`` through raw temporary files (bounded memory)."""
+    kpath = os.path.join(dirname, name + ".keys.npy")
+    wpath = os.path.join(dirname, name + ".weights.npy")
+    kraw, wraw = f"{kpath}.raw.{os.getpid()}", f"{wpath}.raw.{os.getpid()}"
+    n = 0
+    try:
+        with open(kraw, "wb") as fk, open(wraw, "wb") as fw:
+            for keys, weights in pages:
+                keys = np.ascontiguousarray(keys, dtype="<u8").reshape(-1)
+                weights = np.ascontiguousarray(weights, dtype="<f4")
+                if weights.shape != (keys.shape[0], dim):
+                    raise ValueError(f"table {name!r}: a page of {keys.shape[0]} keys came with "
+                                     f"weights of shape {weights.shape}, expected dim {dim}")
+                keys.tofile(fk)
+                weights.tofile(fw)
+                n += keys.shape[0]
+        if n:
+            keys = np.memmap(kraw, dtype="<u8", mode="r", shape=(n,))
+            weights = np.memmap(wraw, dtype="<f4", mode="r", shape=(n, dim))
+        else:
+            keys, weights = np.empty(0, "<u8"), np.empty((0, dim), "<f4")
+        _save_npy_atomic(kpath, keys)
+        _save_npy_atomic(wpath, weights)
+        del keys, weights
+    finally:
+        for p in (kraw, wraw):
+            if os.path.exists(p):
+                os.remove(p)
+    return n, os.path.basename(kpath), os.path.basename(wpath)
+
+
+def save(dirname, program, feeded_var_names, target_vars, source):
+    """Write a prediction directory (see the module doc) for ``target_vars``
+    computed from ``feeded_var_names``, with parameters from ``source``.
+    Returns the target names. Raises ValueError if a target needs a variable
+    that is neither fed nor computed."""
+    from pyfleet.fluid import io as fio
+    from pyfleet.fluid.framework import Parameter, Variable
+    program = fio._program(program)
+    if isinstance(feeded_var_names, str):
+        feeded_var_names = [feeded_var_names]
+    if isinstance(target_vars, (Variable, str)):
+        target_vars = [target_vars]
+    feed_names = list(feeded_var_names)
+    block = program.global_block()
+    for n in feed_names:
+        block.var(n)
+    targets = [block.var(t.name if isinstance(t, Variable) else t) for t in target_vars]
+    ops = fio._prune(program, set(feed_names), targets)
+    desc = program.to_dict(ops)
+    desc["feed"] = feed_names
+    desc["fetch"] = [t.name for t in targets]
+    used = {}
+    for op in ops:
+        for v in op.input_vars():
+            if isinstance(v, Parameter):
+                used.setdefault(v.name, v)
+    os.makedirs(dirname, exist_ok=True)
+    section = {"format": INFERENCE_FORMAT, "version": INFERENCE_VERSION,
+               "dense": {}, "sparse": {}}
+    for p in used.values():
+        path = param_path(dirname, p)  # also refuses names unfit for a file
+        if p.is_sparse_table:
+            cfg = source.sparse_config(p)
+            rows, kfile, wfile = _write_rows(dirname, p.name, cfg["dim"],
+                                             source.sparse_pages(p.name))
+            section["sparse"][p.name] = {**cfg, "rows": rows, "keys": kfile, "weights": wfile}
+        else:
+            value = np.asarray(source.dense(p.name), dtype=np.float32)
+            if tuple(value.shape) != tuple(p.shape):
+                raise ValueError(f"parameter {p.name!r} has shape {tuple(p.shape)}, the "
+                                 f"source gave {value.shape}")
+            _save_npy_atomic(path, value)
+            section["dense"][p.name] = os.path.basename(path)
+    desc["inference"] = section
+    path = os.path.join(dirname, fio.MODEL_FILENAME)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(desc, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return [t.name for t in targets]
+
+
+class _FrozenBackend(Backend):
+    """Read-only parameters of a prediction directory."""
+
+    def __init__(self, dense, sparse):
+        self.dense = dense    # name -> float32 array
+        self.sparse = sparse  # name -> (sorted keys, weights, empty SparseTable for initial rows)
+
+    def _refuse(self, *_):
+        raise ValueError("an inference model is read-only: it cannot create, train or "
+                         "save parameters")
+
+    create_sparse = create_dense = push_sparse = push_dense = set_dense = _refuse
+
+    def pull_dense(self, name):
+        try:
+            return self.dense[name].copy()
+        except KeyError:
+            raise ValueError(f"the inference model has no parameter {name!r}") from None
+
+    def pull_sparse(self, name, keys):
+        try:
+            skeys, weights, init = self.sparse[name]
+        except KeyError:
+            raise ValueError(f"the inference model has no sparse table {name!r}") from None
+        keys = np.ascontiguousarray(keys, dtype=np.uint64)
+        out = np.empty((keys.shape[0], weights.shape[1]), dtype=np.float32)
+        if skeys.shape[0]:
+            pos = np.minimum(np.searchsorted(skeys, keys), skeys.shape[0] - 1)
+            hit = skeys[pos] == keys
+            out[hit] = weights[pos[hit]]
+        else:
+            hit = np.zeros(keys.shape[0], dtype=bool)
+        miss = ~hit
+        if miss.any():
+            out[miss] = init.initial_values(keys[miss])
+        return out
+
+
+def _load_npy(dirname, name):
+    if not isinstance(name, str) or os.path.basename(name) != name or name.startswith("."):
+        raise ValueError(f"inference model lists a bad file name {name!r}")
+    path = os.path.join(dirname, name)
+    try:
+        return np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise ValueError(f"inference model file {path} is missing") from None
+
+
+class Predictor:
+    """A loaded prediction model (see :func:`load`). Attributes: ``program``,
+    ``feed_names``, ``fetch_names``, ``tables`` (``{name: rows}``)."""
+
+    def __init__(self, program, feed_names, fetch_names, backend):
+        from pyfleet.fluid.executor import Executor
+        from pyfleet.fluid.framework import Scope
+        self.program = program
+        self.feed_names = list(feed_names)
+        self.fetch_names = list(fetch_names)
+        self.tables = {n: int(v[0].shape[0]) for n, v in backend.sparse.items()}
+        program._backend = backend
+        self._exe = Executor()
+        self._scope = Scope()
+        block = program.global_block()
+        self._fetch = [block.var(n) for n in self.fetch_names]
+
+    def predict(self, feed):
+        """``[output per fetch name]`` (numpy) for ``feed`` ``{name: value}``
+        (values as for ``Executor.run``: arrays, LoDTensors or CSR
+        ``(ids, offsets)`` tuples). Every feed name is required."""
+        missing = [n for n in self.feed_names if n not in feed]
+        if missing:
+            raise ValueError(f"feed is missing {missing} (the model reads {self.feed_names})")
+        return self._exe.run(self.program, feed=feed, fetch_list=self._fetch,
+                             scope=self._scope)
+
+    def _feed_of_batch(self, batch):
+        block = self.program.global_block()
+        slots = [n for n in self.feed_names if block.var(n).lod_level >= 1]
+        others = [n for n in self.feed_names if block.var(n).lod_level == 0]
+        if len(slots) != len(batch.sparse):
+            raise ValueError(f"the model reads {len(slots)} sparse slots, the data has "
+                             f"{len(batch.sparse)}")
+        if len(others) != 1:
+            raise ValueError(f"predict_file needs a model fed by one dense input and the "
+                             f"sparse slots; it is fed by {self.feed_names}")
+        feed = {others[0]: batch.dense}
+        for name, (ids, offsets) in zip(slots, batch.sparse):
+            feed[name] = (ids, offsets)
+        return feed
+
+    def predict_file(self, path, out_path, format="criteo", batch_size=4096):
+        """Score every example of ``path`` (read by :class:`pyfleet.data.Dataset`
+        in ``format``, with its default dense transform, as ``pyfleet train``
+        reads) and write one probability per line (the first fetch's last
+        column) to ``out_path``. Returns the rows written."""
+        from pyfleet.data import Dataset
+        data = Dataset(path, format=format, batch_size=batch_size)
+        rows = 0
+        tmp = f"{out_path}.tmp.{os.getpid()}"
+        with open(tmp, "w") as f:
+            for batch in data:
+                out = np.asarray(self.predict(self._feed_of_batch(batch))[0])
+                prob = out.reshape(out.shape[0], -1)[:, -1]
+                np.savetxt(f, prob, fmt="%.9g")
+                rows += prob.shape[0]
+        os.replace(tmp, out_path)
+        return rows
+
+
+def load(dirname):
+    """A :class:`Predictor` for the directory :func:`save` wrote (no server
+    needed). Raises ValueError naming a missing or malformed file."""
+    from pyfleet import initializer as _init
+    from pyfleet.fluid.framework import Program
+    from pyfleet.fluid.io import MODEL_FILENAME
+    from pyfleet.optimizer import SGD
+    from pyfleet.table import SparseTable
+    path = os.path.join(dirname, MODEL_FILENAME)
+    try:
+        with open(path) as f:
+            desc = json.load(f)
+    except FileNotFoundError:
+        raise ValueError(f"no inference model at {path}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not a valid model description: {e}") from None
+    section = desc.get("inference")
+    if not isinstance(section, dict) or section.get("format") != INFERENCE_FORMAT:
+        raise ValueError(f"{path} was not written by pyfleet.inference.save (for "
+                         "fluid.io.save_inference_model output use fluid.io.load_inference_model)")
+    if section.get("version") != INFERENCE_VERSION:
+        raise ValueError(f"{path}: inference format version {section.get('version')!r} is not "
+                         f"supported (expected {INFERENCE_VERSION})")
+    program = Program.from_dict(desc)
+    params = {p.name: p for p in program.all_parameters()}
+    dense = {}
+    for name, fname in section["dense"].items():
+        value = _load_npy(dirname, fname).astype(np.float32, copy=False)
+        want = tuple(params[name].shape) if name in params else None
+        if want is not None and tuple(value.shape) != want:
+            raise ValueError(f"{fname} holds shape {value.shape}, parameter {name!r} has {want}")
+        dense[name] = value
+    sparse = {}
+    for name, cfg in section["sparse"].items():
+        dim = int(cfg["dim"])
+        keys = _load_npy(dirname, cfg["keys"]).astype(np.uint64, copy=False).reshape(-1)
+        weights = _load_npy(dirname, cfg["weights"]).astype(np.float32, copy=False)
+        if weights.shape != (keys.shape[0], dim):
+            raise ValueError(f"table {name!r}: {keys.shape[0]} keys but weights of shape "
+                             f"{weights.shape} (dim {dim})")
+        order = np.argsort(keys, kind="stable")
+        init = SparseTable(dim, SGD(1.0), initializer=_init.from_config(cfg["initializer"]),
+                           seed=int(cfg["seed"]), name=name)
+        sparse[name] = (keys[order], weights[order], init)
+    return Predictor(program, desc.get("feed", []), desc.get("fetch", []),
+                     _FrozenBackend(dense, sparse))
