@@ -57,7 +57,9 @@ import numpy as np
 import zmq
 
 import pyfleet
+from pyfleet import _checkpoint
 from pyfleet import _service_zmq as Z
+from pyfleet import auth as _auth
 from pyfleet import initializer as _init
 from pyfleet import optimizer as _opt
 from pyfleet import protocol as P
@@ -79,7 +81,10 @@ _ADD_DELTA = int(P.Flag.ADD_DELTA)
 _OP_BY_INT = {int(o): o for o in Op}
 _OP_COUNTER = {o: f"op_{o.name.lower()}" for o in Op}
 # Control ops that may take long: never answered by the ROUTER thread.
-_HANDLER_OPS = frozenset({int(Op.SAVE), int(Op.LOAD), int(Op.SHRINK), int(Op.CREATE_TABLES)})
+_HANDLER_OPS = frozenset({int(Op.SAVE), int(Op.LOAD), int(Op.SHRINK), int(Op.CREATE_TABLES),
+                          int(Op.EXPORT_SPARSE)})
+# Rows per EXPORT_SPARSE page unless the request asks for fewer.
+_EXPORT_PAGE_ROWS = 65536
 
 
 def segment_sum(keys, values):
@@ -160,6 +165,14 @@ class Server:
         curve_secret_key: a Z85 secret key (``zmq.curve_keypair()[1]``): the
             endpoint then speaks CURVE (encrypted; a client needs the matching
             public key). None: plain TCP, for trusted networks.
+        curve_client_keys: a directory of admitted client public keys
+            (``*.key`` certificates, see :mod:`pyfleet.auth`); needs
+            ``curve_secret_key``. A ZAP authenticator thread then refuses the
+            handshake of any other client. The server uses its own ZeroMQ
+            context (ZAP handlers are per context) unless ``context`` is given.
+
+    Binding a host other than loopback without ``curve_client_keys`` logs a
+    warning: anyone who can reach the port can then read and change the model.
 
     Thread safety: :meth:`stop` may be called from any thread (or a signal
     handler); everything else is driven by :meth:`run`.
@@ -168,7 +181,8 @@ class Server:
     def __init__(self, endpoint, server_index, server_num, worker_num, mode="async",
                  tables=None, handler_threads=2, max_message_bytes=1 << 30,
                  heartbeat_timeout=10.0, barrier_timeout=300.0, checkpoint_dir=None,
-                 inline_limit=16384, curve_secret_key=None, context=None):
+                 inline_limit=16384, curve_secret_key=None, curve_client_keys=None,
+                 context=None):
         self.server_index, self.server_num = int(server_index), int(server_num)
         self.worker_num = int(worker_num)
         if not 0 <= self.server_index < self.server_num:
@@ -204,11 +218,21 @@ class Server:
         self._done = threading.Event()
         self._ran = False
 
-        self._ctx = context or zmq.Context.instance()
         host, port = _split_endpoint(endpoint)
+        if curve_client_keys is not None and curve_secret_key is None:
+            raise ValueError("curve_client_keys needs curve_secret_key (the server's key pair)")
+        if curve_client_keys is None and not _auth.is_loopback_host(host):
+            log.warning("binding %s without client authentication: anyone who can reach this "
+                        "port can read and change the model (see docs/operations.md, "
+                        "'Secure a cluster')", host)
+        self._own_ctx = context is None and curve_client_keys is not None
+        self._ctx = zmq.Context() if self._own_ctx else (context or zmq.Context.instance())
+        self._zap = None
         self._frontend = self._ctx.socket(zmq.ROUTER)
         self._work = self._replies = None
         try:
+            if curve_client_keys is not None:
+                self._zap = _auth.ZapAuthenticator(self._ctx, curve_client_keys).start()
             self._frontend.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
             self._frontend.setsockopt(zmq.LINGER, 1000)
             self._frontend.setsockopt(zmq.SNDHWM, 0)
@@ -232,7 +256,16 @@ class Server:
             for sock in (self._frontend, self._work, self._replies):
                 if sock is not None:
                     sock.close(linger=0)
+            self._close_auth()
             raise
+
+    def _close_auth(self):
+        if self._zap is not None:
+            self._zap.stop()
+            self._zap = None
+        if self._own_ctx:
+            self._own_ctx = False
+            self._ctx.term()
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -277,6 +310,8 @@ class Server:
             self._frontend.close(linger=1000)
             self._work.close(linger=0)
             self._replies.close(linger=0)
+            if not any(t.is_alive() for t in handlers):  # term() would wait for their sockets
+                self._close_auth()
 
     def _forward_replies(self):
         while Z.readable([self._replies], 0):
@@ -414,6 +449,36 @@ class Server:
         self._apply(e, h, None, grads, delta)
         return [[ident] + P.reply(h)]
 
+    def _export_sparse(self, h, op, frames, ident):
+        """One page of this shard's rows, weights only, keys ascending after
+        ``after``. Stateless (the cursor is the last key sent), so an export
+        survives nothing on the server and costs O(rows) per page."""
+        self._frames(frames, 1, op)
+        payload = P.parse_json(frames[0], _MAX_JSON_BYTES)
+        e = self._entry(h.table, "sparse", op)
+        limit, after = payload.get("limit", _EXPORT_PAGE_ROWS), payload.get("after")
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise _Refused(f"limit must be a positive integer, got {limit!r}")
+        # A page must fit in one message: keys (8 bytes) + a row per key.
+        limit = min(limit, max(1, self.max_message_bytes // (2 * (8 + 4 * e.dim))))
+        keys = e.table.keys()
+        if after is not None:
+            if isinstance(after, bool) or not isinstance(after, int) or \
+                    not 0 <= after < 1 << 64:
+                raise _Refused(f"after must be a uint64 key or null, got {after!r}")
+            keys = keys[keys > np.uint64(after)]
+        full = keys.shape[0] > limit
+        if full:
+            keys = np.partition(keys, limit - 1)[:limit]
+        keys = np.sort(keys)
+        rows = e.table.export(keys)
+        k = np.ascontiguousarray(rows["keys"], dtype="<u8")
+        w = np.ascontiguousarray(rows["weights"], dtype="<f4").reshape(k.shape[0], e.dim)
+        nxt = int(keys[-1]) if full else None
+        return [[ident, P.pack_header(h.op, h.request, h.table, k.shape[0], e.dim,
+                                      P.Flag.REPLY, Status.OK),
+                 k, w, P.json_frame({"next": nxt})]]
+
     def _apply(self, e, h, keys, grads, delta):
         if self.mode == "sync":
             if not np.isfinite(grads).all():
@@ -426,11 +491,12 @@ class Server:
             return
         try:
             if e.kind == "sparse":
-                # geo: the table runs SGD(lr=1), so push(-delta) is w + delta exactly.
-                e.table.push(keys, -grads if delta else grads)
+                if delta:
+                    e.table.add(keys, grads)
+                else:
+                    e.table.push(keys, grads)
             elif delta:
-                with e.lock:
-                    e.table.set(e.table.pull().reshape(-1) + grads)
+                e.table.add(grads.reshape(e.table.shape))
             else:
                 e.table.push(grads.reshape(e.table.shape))
         except ValueError:
@@ -570,7 +636,9 @@ class Server:
     def save_checkpoint(self, rel, mode="full"):
         """Save every table under ``<checkpoint_dir>/<rel>`` (``mode="delta"``:
         sparse rows changed since the last save). Returns ``{"rows": {table:
-        rows}, "files": [...]}``; raises ValueError when refused. Thread-safe."""
+        rows}, "files": [...], "file_info": [{"file", "table", "rows", "sha256",
+        "bytes"}]}`` (checksums computed from the written files, for the
+        checkpoint manifest); raises ValueError when refused. Thread-safe."""
         if mode not in ("full", "delta"):
             raise ValueError(f"mode must be 'full' or 'delta', got {mode!r}")
         try:
@@ -578,7 +646,7 @@ class Server:
         except _Refused as e:
             raise ValueError(str(e)) from None
         os.makedirs(path, exist_ok=True)
-        rows, files = {}, []
+        rows, files, info = {}, [], []
         with self._lock:
             entries = list(self._entries.values())
             for e in entries:
@@ -591,13 +659,16 @@ class Server:
                     with e.lock:
                         rows[e.key] = e.table.save(f)
                 files.append(os.path.basename(f))
+                info.append({"file": files[-1], "table": e.key, "rows": int(rows[e.key])})
             manifest = {"server_index": self.server_index, "server_num": self.server_num,
                         "mode": mode, "tables": [e.config for e in entries], "files": files}
         mpath = os.path.join(path, f"server{self.server_index}-of-{self.server_num}.json")
         with open(mpath + ".tmp", "w") as fh:
             json.dump(manifest, fh, indent=1)
         os.replace(mpath + ".tmp", mpath)
-        return {"rows": rows, "files": files}
+        for fi in info:  # outside the lock: training goes on while the files are hashed
+            fi.update(_checkpoint.file_info(os.path.join(path, fi["file"])))
+        return {"rows": rows, "files": files, "file_info": info}
 
     def _load(self, h, op, frames, ident):
         payload = self._control_payload(frames, op)
@@ -606,8 +677,30 @@ class Server:
 
     def load_checkpoint(self, rel):
         """Load every table from ``<checkpoint_dir>/<rel>`` (written by any
-        number of servers). Returns ``{table: rows}``; raises ValueError naming
-        what is missing or refused. Thread-safe."""
+        number of servers). ``rel`` may be a checkpoint of
+        ``fleet.save_persistables`` (its manifest's chain is replayed, every
+        file verified first) or a list of them (a base, then its deltas in
+        order), or a plain ``Client.save`` directory. Returns ``{table: rows}``
+        (rows read, summed over a chain); raises ValueError naming what is
+        missing, damaged or refused. Thread-safe."""
+        if isinstance(rel, (list, tuple)) or (isinstance(rel, str) and rel):
+            for r in [rel] if isinstance(rel, str) else rel:
+                try:
+                    self._checkpoint_path({"dir": r})
+                except _Refused as e:
+                    raise ValueError(str(e)) from None
+            chain = _checkpoint.resolve(self.checkpoint_dir, rel)
+            if chain is not None:
+                total = {}
+                for _, gen, path in chain:
+                    _checkpoint.verify_generation(path, gen)
+                for grel, _, _ in chain:
+                    for k, n in self._load_dir(grel).items():
+                        total[k] = total.get(k, 0) + n
+                return total
+        return self._load_dir(rel)
+
+    def _load_dir(self, rel):
         try:
             path = self._checkpoint_path({"dir": rel})
             if not os.path.isdir(path):
@@ -766,8 +859,6 @@ class Server:
         e.lock = threading.Lock()
         if e.kind == "sparse":
             c = {k: v for k, v in cfg.items() if k != "kind"}
-            if self.mode == "geo":
-                c["optimizer"] = _opt.SGD(1.0).to_config()
             e.table = pyfleet.SparseTable.from_config(c)
             e.dim = e.table.dim
             e.start = e.end = e.shape = None
@@ -793,6 +884,7 @@ class Server:
 
     _ops: ClassVar[dict] = {Op.PULL_SPARSE: _pull_sparse, Op.PUSH_SPARSE: _push_sparse,
             Op.PULL_DENSE: _pull_dense, Op.PUSH_DENSE: _push_dense,
+            Op.EXPORT_SPARSE: _export_sparse,
             Op.BARRIER: _barrier, Op.HEARTBEAT: _heartbeat, Op.STOP_WORKER: _stop_worker,
             Op.SAVE: _save, Op.LOAD: _load, Op.SHRINK: _shrink, Op.STATS: _stats,
             Op.CREATE_TABLES: _create_tables_op, Op.TABLES: _tables}
@@ -855,7 +947,8 @@ def _rss_bytes():
 
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m pyfleet.server", description=__doc__.split("\n")[0])
-    p.add_argument("--endpoint", required=True, help="host:port to bind (port 0: any free port)")
+    p.add_argument("--endpoint", default="127.0.0.1:0",
+                   help="host:port to bind (port 0: any free port; default 127.0.0.1:0)")
     p.add_argument("--index", type=int, required=True, help="this server's index")
     p.add_argument("--num-servers", type=int, required=True)
     p.add_argument("--workers", type=int, required=True)
@@ -869,15 +962,23 @@ def main(argv=None):
     p.add_argument("--checkpoint-dir", default=None)
     p.add_argument("--tables", default=None, help="JSON file: a list of table configs")
     p.add_argument("--curve-secret-key-file", default=None,
-                   help="file holding a Z85 CURVE secret key: encrypt the endpoint")
+                   help="file holding a Z85 CURVE secret key, or a certificate from "
+                        "'pyfleet keygen' (NAME.key_secret): encrypt the endpoint "
+                        "(default: $PYFLEET_CURVE_SERVER_SECRET)")
+    p.add_argument("--curve-client-keys", default=None,
+                   help="directory of admitted client public keys (*.key): authenticate "
+                        "clients (default: $PYFLEET_CURVE_CLIENT_KEYS_DIR)")
     p.add_argument("--log-level", default="WARNING")
     a = p.parse_args(argv)
     logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    curve = None
+    env_auth = _auth.server_options_from_env()
+    curve = env_auth.get("curve_secret_key")
+    clients = a.curve_client_keys or env_auth.get("curve_client_keys")
     if a.curve_secret_key_file:
         with open(a.curve_secret_key_file) as f:
-            curve = f.read().strip()
+            text = f.read().strip()
+        curve = text if len(text) == 40 else _auth.load_keypair(a.curve_secret_key_file)[1]
     tables = None
     if a.tables:
         with open(a.tables) as f:
@@ -886,7 +987,7 @@ def main(argv=None):
                     handler_threads=a.handler_threads, max_message_bytes=a.max_message_bytes,
                     heartbeat_timeout=a.heartbeat_timeout, barrier_timeout=a.barrier_timeout,
                     checkpoint_dir=a.checkpoint_dir, inline_limit=a.inline_limit,
-                    curve_secret_key=curve)
+                    curve_secret_key=curve, curve_client_keys=clients)
     signal.signal(signal.SIGTERM, lambda *_: server.stop())
     signal.signal(signal.SIGINT, lambda *_: server.stop())
     print(f"pyfleet.server ready on {server.endpoint}", flush=True)

@@ -130,6 +130,14 @@ class SparseTable:
         grads = _values(grads, (keys.shape[0], self.dim), "grads")
         self._t.push(keys, grads)
 
+    def add(self, keys, deltas):
+        """``w += delta`` for each key's row, bypassing the optimizer (geo
+        mode's deltas); a key without a row gets one at its initial value
+        first. Equal keys are summed; NaN/Inf rejects the call."""
+        keys = _keys(keys)
+        deltas = _values(deltas, (keys.shape[0], self.dim), "deltas")
+        self._t.push(keys, deltas, True)
+
     def initial_values(self, keys):
         """The rows ``keys`` start from, without touching the table."""
         keys = _keys(keys)
@@ -243,6 +251,11 @@ class DenseTable:
     def push(self, grad):
         grad = _values(grad, self.shape, "grad")
         self._t.push(grad.reshape(-1))
+
+    def add(self, delta):
+        """``w += delta`` bypassing the optimizer (geo mode); state unchanged."""
+        delta = _values(delta, self.shape, "delta")
+        self._t.add_delta(delta.reshape(-1))
 
     def state(self):
         """The optimizer state as a float32 array (layout: see optimizer.h)."""

@@ -11,7 +11,7 @@ constexpr size_t kMinCapacity = 16;
 
 IndexSlot* AllocSlots(size_t capacity) {
   const size_t bytes = capacity * sizeof(IndexSlot);
-  auto* slots = static_cast<IndexSlot*>(PageAlloc(bytes, bytes >= (size_t{4} << 20)));
+  auto* slots = static_cast<IndexSlot*>(PageAlloc(bytes, bytes >= (size_t{2} << 20)));
   for (size_t i = 0; i < capacity; ++i) slots[i].value = KeyIndex::kEmpty;
   return slots;
 }

@@ -60,9 +60,11 @@ uint32_t RowStore::Allocate() {
   }
   if (next_row_ == 0xFFFFFFFEu) ThrowRuntime("a table shard is full (2^32 - 2 rows)");
   if (Locate(next_row_).chunk == chunks_.size()) {
+    // Small pages: a chunk is filled row by row, and a huge page would make
+    // up to 2 MiB per column block resident before its rows exist.
     const bool first = chunks_.empty();
     chunks_.push_back(static_cast<float*>(
-        PageAlloc(ChunkBytes(first ? kFirstChunkRows : kChunkRows), !first)));
+        PageAlloc(ChunkBytes(first ? kFirstChunkRows : kChunkRows))));
   }
   return next_row_++;
 }

@@ -175,30 +175,38 @@ void SparseTable::Pull(const uint64_t* keys, size_t n, float* out) {
   b.h.resize(n);
   b.rows.resize(n);
   b.misses.clear();
-  for (size_t i = 0; i < n; ++i) b.h[i] = Mix64(keys[i]);
   const size_t row_bytes = dim_ * sizeof(float);
   {
     // Keys are served in the caller's order, so `out` is written
     // sequentially; every shard is held shared for the call. Writers take one
     // shard at a time and readers take them in the same order: no cycle.
+    // One pipelined pass: key i is hashed and its index slot prefetched,
+    // key i - D probed and its row prefetched, key i - 2D copied.
     for (const auto& sp : shards_) sp->mu.lock_shared();
+    uint64_t* h = b.h.data();
     uint32_t* rows = b.rows.data();
-    for (size_t i = 0; i < n; ++i) {
-      if (i + kPrefetch < n) shards_[ShardOf(b.h[i + kPrefetch])]->index.Prefetch(b.h[i + kPrefetch]);
-      rows[i] = shards_[ShardOf(b.h[i])]->index.Find(keys[i], b.h[i]);
-    }
-    for (size_t i = 0; i < n; ++i) {
-      if (i + kPrefetch < n && rows[i + kPrefetch] != KeyIndex::kEmpty) {
-        PrefetchSpan(shards_[ShardOf(b.h[i + kPrefetch])]->rows.Weights(rows[i + kPrefetch]),
-                     row_bytes);
+    constexpr size_t D = kPrefetch;
+    for (size_t i = 0; i < n + 2 * D; ++i) {
+      if (i < n) {
+        h[i] = Mix64(keys[i]);
+        shards_[ShardOf(h[i])]->index.Prefetch(h[i]);
       }
-      if (rows[i] == KeyIndex::kEmpty) {
-        b.misses.push_back(static_cast<uint32_t>(i));
-        continue;
+      if (i >= D && i - D < n) {
+        const size_t j = i - D;
+        const Shard& s = *shards_[ShardOf(h[j])];
+        rows[j] = s.index.Find(keys[j], h[j]);
+        if (rows[j] != KeyIndex::kEmpty) PrefetchSpan(s.rows.Weights(rows[j]), row_bytes);
       }
-      const float* src = shards_[ShardOf(b.h[i])]->rows.Weights(rows[i]);
-      float* dst = out + i * dim_;
-      for (size_t k = 0; k < dim_; ++k) dst[k] = LoadRelaxed(src + k);
+      if (i >= 2 * D) {
+        const size_t k = i - 2 * D;
+        if (rows[k] == KeyIndex::kEmpty) {
+          b.misses.push_back(static_cast<uint32_t>(k));
+          continue;
+        }
+        const float* src = shards_[ShardOf(h[k])]->rows.Weights(rows[k]);
+        float* dst = out + k * dim_;
+        for (size_t c = 0; c < dim_; ++c) dst[c] = LoadRelaxed(src + c);
+      }
     }
     for (const auto& sp : shards_) sp->mu.unlock_shared();
   }
