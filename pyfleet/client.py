@@ -533,6 +533,33 @@ class Client:
         since the previous flush (each error is also set on its future)."""
         self._pusher.flush()
 
+    def export_sparse(self, table, page_rows=65536):
+        """Every row of sparse table ``table`` on every server, weights only:
+        yields ``(keys uint64[n], weights float32[n, dim])`` pages of at most
+        ``page_rows`` rows (server by server, keys ascending within a server),
+        so a huge table streams in bounded messages. Pending pushes are flushed
+        first; rows created or changed during the export may or may not appear.
+        Blocks per page."""
+        if isinstance(page_rows, bool) or not isinstance(page_rows, int) or page_rows < 1:
+            raise ValueError(f"page_rows must be a positive integer, got {page_rows!r}")
+        dim = self._sparse_dim(table)
+        self.flush()
+        ch = self._channel()
+        for s in range(self.num_servers):
+            after = None
+            while True:
+                call = self._send(ch, s, Op.EXPORT_SPARSE, table=self._ids[s][table],
+                                  dim=dim, payload={"after": after, "limit": page_rows})
+                ((h, frames),) = ch.wait([call])
+                if len(frames) != 3 or h.dim != dim:
+                    raise RemoteError(f"server {s} ({self.endpoints[s]}) sent a malformed "
+                                      f"EXPORT_SPARSE reply")
+                yield (P.keys_from(frames[0], h.count).copy(),
+                       P.values_from(frames[1], h.count, dim).copy())
+                after = P.parse_json(frames[2]).get("next")
+                if after is None:
+                    break
+
     # ----------------------------------------------------------- dense data
 
     def pull_dense(self, name):

@@ -20,6 +20,9 @@ Every message is a ZeroMQ multipart message. A request is::
     PUSH_SPARSE    keys, grads (count x dim x float32)     -
     PULL_DENSE     -                                       values (count x float32)
     PUSH_DENSE     grad (count x float32)                  -
+    EXPORT_SPARSE  JSON {"after": key|null, "limit": n}    keys, values (count x dim), JSON
+                   (one page of a table shard's rows in     {"next": last key|null}; the next
+                   ascending key order, weights only)       page starts after "next"
     control ops    JSON object (UTF-8)                     JSON object (UTF-8)
 
 An error reply has ``status`` != OK and one JSON frame ``{"error": message}``.
@@ -83,6 +86,7 @@ class Op(enum.IntEnum):
     PUSH_SPARSE = 2
     PULL_DENSE = 3
     PUSH_DENSE = 4
+    EXPORT_SPARSE = 5
     BARRIER = 16
     HEARTBEAT = 17
     STOP_WORKER = 18
@@ -94,7 +98,8 @@ class Op(enum.IntEnum):
     TABLES = 24
 
 
-DATA_OPS = frozenset({Op.PULL_SPARSE, Op.PUSH_SPARSE, Op.PULL_DENSE, Op.PUSH_DENSE})
+DATA_OPS = frozenset({Op.PULL_SPARSE, Op.PUSH_SPARSE, Op.PULL_DENSE, Op.PUSH_DENSE,
+                      Op.EXPORT_SPARSE})
 CONTROL_OPS = frozenset(set(Op) - DATA_OPS)
 
 
