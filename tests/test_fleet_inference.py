@@ -1,0 +1,204 @@
+"""pyfleet.inference (local source, unseen keys, predict_file, the CLI), the
+EXPORT_SPARSE paging it uses, Fleet's error paths and Fluid's import-path shims."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import pyfleet
+from pyfleet import fluid, inference, models
+from pyfleet._fleet import Fleet
+from pyfleet.errors import ConfigError
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+TINY = DATA / "criteo-kaggle-tiny" / "train.tiny.csv"
+needs_data = pytest.mark.skipif(not TINY.exists(), reason="shared Criteo sample missing")
+
+
+def _trained(steps=6, batch_size=200):
+    from pyfleet.data import Dataset
+    from pyfleet.trainer import feed_of
+    main, startup = fluid.Program(), fluid.Program()
+    main.random_seed = startup.random_seed = 7
+    with fluid.program_guard(main, startup):
+        m = models.build("dnn", num_dense=13, num_slots=26, embedding_dim=4, layers=(16, 8))
+        test = main.clone(for_test=True)
+        fluid.optimizer.Adam(learning_rate=0.01).minimize(m.avg_cost)
+    exe = fluid.Executor()
+    exe.run(startup)
+    batches = list(Dataset(str(TINY), format="csv", batch_size=batch_size))
+    for b in batches[:steps]:
+        exe.run(main, feed=feed_of(b, m), fetch_list=[m.avg_cost])
+    return main, test, m, exe, batches, feed_of
+
+
+@needs_data
+def test_local_inference_model_equals_training_forward(tmp_path):
+    main, test, m, exe, batches, feed_of = _trained()
+    feeds = [v.name for v in m.inputs if v is not m.label]
+    names = inference.save(tmp_path / "model", main, feeds, [m.predict],
+                           inference.LocalSource(main._get_backend()))
+    assert names == [m.predict.name]
+    files = set(os.listdir(tmp_path / "model"))
+    assert {"__model__.json", "SparseFeatFactors.keys.npy",
+            "SparseFeatFactors.weights.npy"} <= files
+    assert not any(f.endswith(".table") for f in files)  # no optimizer state
+    table = main._get_backend().sparse["SparseFeatFactors"]
+    p = inference.load(tmp_path / "model")
+    assert p.tables == {"SparseFeatFactors": len(table)}
+    # Seen keys (first batches) and unseen ones (the last batch) alike.
+    for b in (batches[0], batches[-1]):
+        feed = feed_of(b, m)
+        (want,) = exe.run(test, feed=feed, fetch_list=[m.predict])
+        del feed[m.label.name]
+        (got,) = p.predict(feed)
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+@needs_data
+def test_unseen_key_gets_the_servers_initial_row(tmp_path):
+    main, test, m, exe, batches, feed_of = _trained(steps=2)
+    feeds = [v.name for v in m.inputs if v is not m.label]
+    inference.save(tmp_path, main, feeds, [m.predict], inference.LocalSource(main._get_backend()))
+    p = inference.load(tmp_path)
+    table = main._get_backend().sparse["SparseFeatFactors"]
+    seen = table.keys()[:5]
+    unseen = np.array([2**63 + 12345, 987654321987], dtype=np.uint64)
+    assert not np.isin(unseen, table.keys()).any()
+    backend = p.program._get_backend()
+    rows = backend.pull_sparse("SparseFeatFactors", np.concatenate([seen, unseen]))
+    np.testing.assert_array_equal(rows[:5], table.export(seen)["weights"])
+    np.testing.assert_array_equal(rows[5:], table.initial_values(unseen))
+    assert np.abs(rows[5:]).max() > 0  # the initializer's row, not zeros
+
+
+@needs_data
+def test_predict_file_and_cli(tmp_path):
+    main, test, m, exe, batches, feed_of = _trained(steps=3, batch_size=500)
+    feeds = [v.name for v in m.inputs if v is not m.label]
+    model = tmp_path / "model"
+    inference.save(model, main, feeds, [m.predict], inference.LocalSource(main._get_backend()))
+    want = np.concatenate([exe.run(test, feed=feed_of(b, m), fetch_list=[m.predict])[0]
+                           for b in batches]).reshape(-1)
+    out = tmp_path / "pred.txt"
+    rows = subprocess.run([sys.executable, "-m", "pyfleet.cli", "predict", "--model", str(model),
+                           "--data", str(TINY), "--format", "csv", "--out", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert rows.returncode == 0, rows.stderr
+    got = np.loadtxt(out)
+    assert got.shape == (1999,) == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    n = inference.load(model).predict_file(str(TINY), str(tmp_path / "p2.txt"), format="csv",
+                                           batch_size=333)
+    assert n == 1999
+    np.testing.assert_allclose(np.loadtxt(tmp_path / "p2.txt"), want, rtol=1e-6, atol=1e-7)
+
+
+def test_load_refuses_missing_or_foreign(tmp_path):
+    with pytest.raises(ValueError, match="no inference model"):
+        inference.load(tmp_path)
+    (tmp_path / "__model__.json").write_text(json.dumps({"format": "pyfleet.fluid.program"}))
+    with pytest.raises(ValueError, match="not written by pyfleet.inference.save"):
+        inference.load(tmp_path)
+
+
+def test_export_sparse_pages_every_row_of_every_server():
+    from pyfleet._service_testing import ServerGroup
+    from pyfleet.client import Client
+    from pyfleet.optimizer import Adagrad
+    cfg = {"kind": "sparse", "name": "emb", "dim": 3, "optimizer": Adagrad(0.1).to_config(),
+           "initializer": pyfleet.initializer.Uniform(-0.1, 0.1).to_config(), "seed": 5,
+           "entry": None}
+    rng = np.random.default_rng(0)
+    keys = np.unique(rng.integers(0, 2**64, size=1000, dtype=np.uint64))
+    keys = np.concatenate([keys, np.array([0, 2**64 - 1], dtype=np.uint64)])
+    with ServerGroup(2, 1) as g, Client(g.endpoints, timeout=20) as c:
+        c.create_tables([cfg])
+        c.push_sparse("emb", keys, rng.standard_normal((keys.shape[0], 3)).astype(np.float32))
+        want = c.pull_sparse("emb", keys)
+        pages = list(c.export_sparse("emb", page_rows=97))
+        assert max(k.shape[0] for k, _ in pages) <= 97
+        assert len(pages) >= keys.shape[0] // 97
+        got_k = np.concatenate([k for k, _ in pages])
+        got_w = np.concatenate([w for _, w in pages])
+        assert got_k.shape == (keys.shape[0],) and np.unique(got_k).shape == got_k.shape
+        order = np.argsort(got_k)
+        ref = np.argsort(keys)
+        np.testing.assert_array_equal(got_k[order], keys[ref])
+        np.testing.assert_array_equal(got_w[order], want[ref])
+        with pytest.raises(ValueError, match="page_rows"):
+            next(c.export_sparse("emb", page_rows=0))
+        c.stop_worker()
+
+
+# ------------------------------------------------------------ Fleet errors
+
+
+@pytest.fixture
+def no_role_env(monkeypatch):
+    for k in list(os.environ):
+        if k.startswith(("PYFLEET_", "PADDLE_", "OMPI_", "PMI", "TRAINING_ROLE", "POD_IP")):
+            monkeypatch.delenv(k, raising=False)
+
+
+def test_init_without_role_maker_or_environment_says_what_to_set(no_role_env):
+    with pytest.raises(ConfigError, match="PYFLEET_ROLE"):
+        Fleet().init()
+
+
+def _minimized(f, role):
+    from pyfleet.role_maker import UserDefinedRoleMaker
+    f.init(UserDefinedRoleMaker(current_id=0, role=role, worker_num=1,
+                                server_endpoints=["127.0.0.1:1"]))
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup):
+        m = models.build("lr", num_dense=2, num_slots=2, embedding_dim=2)
+        f.distributed_optimizer(fluid.optimizer.SGD(0.1)).minimize(m.avg_cost)
+    return f
+
+
+def test_role_errors():
+    from pyfleet.role_maker import Role
+    with pytest.raises(ConfigError, match="fleet.init"):
+        Fleet().is_worker()
+    with pytest.raises(ConfigError, match="init_server.*worker"):
+        _minimized(Fleet(), Role.WORKER).init_server()
+    with pytest.raises(ConfigError, match="init_worker.*server"):
+        _minimized(Fleet(), Role.SERVER).init_worker()
+    with pytest.raises(ConfigError, match=r"fleet\.init"):
+        Fleet().init_server()
+    from pyfleet.role_maker import UserDefinedRoleMaker
+    f = Fleet()
+    f.init(UserDefinedRoleMaker(current_id=0, role=Role.SERVER, worker_num=1,
+                                server_endpoints=["127.0.0.1:1"]))
+    with pytest.raises(ConfigError, match="minimize"):
+        f.init_server()
+    with pytest.raises(ConfigError, match="run_server"):
+        _minimized(Fleet(), Role.SERVER).run_server()
+    with pytest.raises(ConfigError, match="init_worker"):
+        _minimized(Fleet(), Role.WORKER).save_persistables(None, "x")
+    with pytest.raises(ValueError, match="optimizer"):
+        Fleet().distributed_optimizer("adam")
+    with pytest.raises(ConfigError, match="role_maker"):
+        Fleet().init(role_maker="worker")
+
+
+def test_fluid_import_paths_are_the_same_objects():
+    from pyfleet.fluid.incubate.fleet.base.role_maker import (
+        PaddleCloudRoleMaker,
+        Role,
+        UserDefinedRoleMaker,
+    )
+    from pyfleet.fluid.incubate.fleet.parameter_server.distribute_transpiler import fleet
+    from pyfleet.fluid.transpiler import DistributeTranspilerConfig as C2
+    from pyfleet.fluid.transpiler.distribute_transpiler import DistributeTranspilerConfig
+    from pyfleet import config, role_maker
+    assert fleet is pyfleet.fleet
+    assert UserDefinedRoleMaker is role_maker.UserDefinedRoleMaker
+    assert Role is role_maker.Role and PaddleCloudRoleMaker is role_maker.PaddleCloudRoleMaker
+    assert DistributeTranspilerConfig is C2 is config.DistributeTranspilerConfig
