@@ -29,10 +29,9 @@ to it or an absolute path inside it; a path outside it is refused, so no
 request from the network can write elsewhere.
 """
 
-import json
 import os
-import time
 
+from pyfleet import _checkpoint
 from pyfleet import config as _config
 from pyfleet.errors import ConfigError
 from pyfleet.fluid.backend import Backend
@@ -40,8 +39,8 @@ from pyfleet.fluid.backend import Backend
 __all__ = ["Fleet", "DistributedOptimizer", "RemoteBackend", "fleet", "checkpoint_root",
            "MANIFEST_NAME"]
 
-MANIFEST_NAME = "MANIFEST.json"
-MANIFEST_VERSION = 1
+MANIFEST_NAME = _checkpoint.MANIFEST_NAME
+MANIFEST_VERSION = _checkpoint.MANIFEST_VERSION
 
 
 def checkpoint_root():
@@ -147,6 +146,7 @@ class Fleet:
         self._placement = None
         self.main_program = None
         self.startup_program = None
+        self._last_save = None  # (abs dir, head id) of this worker's last committed save
 
     # ----------------------------------------------------------------- roles
     def init(self, role_maker=None):
@@ -218,7 +218,11 @@ class Fleet:
     # --------------------------------------------------------------- server
     def init_server(self, model_dir=None, **kwargs):
         """Create this server's shard of every table; with ``model_dir``, load
-        the parameters saved there (by any number of servers)."""
+        the parameters saved there (by any number of servers): a directory of
+        :meth:`save_persistables` (its chain of full + delta saves is replayed,
+        every file checked against the manifest's sha256 first), or a list of
+        them, a base then its deltas in order. A damaged or incomplete
+        checkpoint is a ValueError naming the file."""
         from pyfleet.server import Server
         role = self._role_maker()
         if not role.is_server():
@@ -233,8 +237,14 @@ class Fleet:
                               barrier_timeout=rt.barrier_timeout,
                               checkpoint_dir=checkpoint_root(), **kwargs)
         if model_dir is not None:
-            rel, _ = _relative_to_root(model_dir)
-            self._server.load_checkpoint(rel)
+            dirs = model_dir if isinstance(model_dir, (list, tuple)) else [model_dir]
+            rels = [_relative_to_root(d)[0] for d in dirs]
+            for rel, d in zip(rels, dirs):
+                if _checkpoint.read_manifest(os.path.join(checkpoint_root(), rel)) is None:
+                    raise ValueError(f"model_dir {os.fspath(d)!r} has no {MANIFEST_NAME}: an "
+                                     f"incomplete save, or not a fleet checkpoint")
+            self._server.load_checkpoint(rels if isinstance(model_dir, (list, tuple))
+                                         else rels[0])
 
     def run_server(self):
         """Serve until every worker called ``stop_worker`` (then return)."""
@@ -284,29 +294,44 @@ class Fleet:
 
     def save_persistables(self, executor=None, dirname=None, main_program=None, mode="full"):
         """Every server saves its shard of every table (with optimizer state) and
-        its dense blocks into ``dirname``, in parallel; then a manifest is written
-        last. ``mode="delta"`` writes only rows changed since the previous save.
-        Call it from one worker (normally worker 0). Returns the manifest."""
+        its dense blocks into a new generation directory under ``dirname``, in
+        parallel; then ``dirname/MANIFEST.json`` (per-file sha256, sizes and row
+        counts, server count) is replaced atomically, the commit point: a crash
+        before it leaves the previous checkpoint in ``dirname`` loadable (see
+        :mod:`pyfleet._checkpoint` and docs/operations.md).
+
+        ``mode="delta"`` writes only sparse rows changed since this worker's
+        previous save (and dense blocks whole); into the same ``dirname`` it
+        extends the chain, elsewhere it starts one to be loaded after its base.
+        Without a committed previous save in this process (first save, or the
+        previous one failed) a delta is written as a full save. Call it from
+        one worker (normally worker 0). Returns the manifest."""
         client = self._require_worker("save_persistables")
         if dirname is None:
             raise ValueError("save_persistables needs dirname")
+        if mode not in ("full", "delta"):
+            raise ValueError(f"mode must be 'full' or 'delta', got {mode!r}")
         rel, path = _relative_to_root(dirname)
         self._backend.finish()
-        started = time.time()
-        replies = client.save(rel, mode=mode)
-        manifest = {
-            "format": "pyfleet-checkpoint", "version": MANIFEST_VERSION, "mode": mode,
-            "created": started, "server_num": len(replies),
-            "tables": self._tables, "placement": self._placement,
-            "servers": [{"rows": r.get("rows"), "files": r.get("files")} for r in replies],
-        }
+        previous = parent = None
+        if mode == "delta":
+            if self._last_save is None:
+                mode = "full"
+            else:
+                last_dir, last_id = self._last_save
+                parent = last_id
+                if last_dir == path:
+                    previous = _checkpoint.read_manifest(path)
+                    if previous is None or previous["id"] != last_id:
+                        mode, previous, parent = "full", None, None
         os.makedirs(path, exist_ok=True)
-        tmp = os.path.join(path, MANIFEST_NAME + ".tmp")
-        with open(tmp, "w") as f:
-            json.dump(manifest, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, os.path.join(path, MANIFEST_NAME))
+        gen = _checkpoint.new_generation(path, mode)
+        self._last_save = None  # a failed save leaves the servers' delta base unknown
+        replies = client.save(os.path.join(rel, gen), mode=mode)
+        manifest = _checkpoint.build_manifest(previous, gen, mode, replies, self._tables,
+                                              self._placement, parent)
+        _checkpoint.commit(path, manifest)
+        self._last_save = (path, manifest["id"])
         return manifest
 
     def save_inference_model(self, executor, dirname, feeded_var_names, target_vars,
