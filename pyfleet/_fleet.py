@@ -60,8 +60,9 @@ def _relative_to_root(dirname):
 class RemoteBackend(Backend):
     """The executor's parameters, held by the servers (see :mod:`pyfleet.fluid.backend`).
 
-    - async: sparse pushes go out in the background (merged while queued);
-      every push is applied on arrival.
+    - async: sparse pushes go out in the background (merged while queued),
+      and each step's dense push travels during the next step (at most one in
+      flight); every push is applied on arrival.
     - sync: pushes are buffered by the servers; :meth:`step_end` is the
       barrier after which the averaged update is applied, so the next pull
       sees every worker's step.
@@ -79,6 +80,8 @@ class RemoteBackend(Backend):
             from pyfleet.client import GeoClient
             self.geo = GeoClient(client, geo_k_steps)
         self._sparse = self.geo or client
+        self._dense_pusher = None
+        self._dense_push = None
 
     def create_sparse(self, name, dim, optimizer, initializer, seed):
         self.client._sparse_dim(name)  # raises if init_worker did not create it
@@ -101,6 +104,27 @@ class RemoteBackend(Backend):
     def push_dense(self, name, grad):
         self.client.push_dense(name, grad)
 
+    def pull_dense_many(self, names):
+        return self.client.pull_dense_many(names)
+
+    def push_dense_many(self, grads):
+        if self.mode != "async":
+            self.client.push_dense_many(grads)
+            return
+        # Async (as Fluid's async communicator): the step's dense push travels
+        # while the next step computes. At most one is in flight, so a worker's
+        # dense updates stay in order and its staleness is bounded by one step.
+        self._wait_dense_push()
+        if self._dense_pusher is None:
+            from concurrent.futures import ThreadPoolExecutor
+            self._dense_pusher = ThreadPoolExecutor(1, thread_name_prefix="pyfleet-dense-push")
+        self._dense_push = self._dense_pusher.submit(self.client.push_dense_many, grads)
+
+    def _wait_dense_push(self):
+        pending, self._dense_push = self._dense_push, None
+        if pending is not None:
+            pending.result()  # re-raises the push's error in the training thread
+
     def step_end(self):
         if self.mode == "sync":
             self.client.barrier()
@@ -109,6 +133,7 @@ class RemoteBackend(Backend):
 
     def finish(self):
         """Send what is still local or queued (geo deltas, async pushes)."""
+        self._wait_dense_push()
         if self.geo is not None:
             self.geo.sync()
         self.client.flush()
@@ -223,12 +248,14 @@ class Fleet:
         every file checked against the manifest's sha256 first), or a list of
         them, a base then its deltas in order. A damaged or incomplete
         checkpoint is a ValueError naming the file."""
+        from pyfleet.auth import server_options_from_env
         from pyfleet.server import Server
         role = self._role_maker()
         if not role.is_server():
             raise ConfigError("fleet.init_server() called on a worker")
         self._require_program("init_server")
         rt = self._strategy.runtime
+        kwargs = {**server_options_from_env(), **kwargs}  # CURVE keys: docs/operations.md
         self._server = Server(role.current_endpoint(), role.server_index(), role.server_num(),
                               role.worker_num(), mode=self._strategy.mode,
                               tables=server_table_configs(self._tables, self._placement,
@@ -259,6 +286,7 @@ class Fleet:
     def init_worker(self):
         """Connect to every server (waiting up to ``runtime.connect_timeout`` for
         them to come up), create the tables, and point the programs at them."""
+        from pyfleet.auth import client_options_from_env
         from pyfleet.client import Client
         role = self._role_maker()
         if not role.is_worker():
@@ -266,7 +294,8 @@ class Fleet:
         self._require_program("init_worker")
         rt = self._strategy.runtime
         self._client = Client(role.server_endpoints(), worker_index=role.worker_index(),
-                              timeout=rt.request_timeout, connect_deadline=rt.connect_timeout)
+                              timeout=rt.request_timeout, connect_deadline=rt.connect_timeout,
+                              **client_options_from_env())
         self._client.create_tables(self._tables, self._placement)
         self._backend = RemoteBackend(self._client, self._strategy.mode,
                                       self._strategy.geo_k_steps)

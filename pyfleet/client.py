@@ -584,6 +584,37 @@ class Client:
                             flags=flags) for start, end, s, tid in blocks]
         ch.wait(calls)
 
+    def pull_dense_many(self, names):
+        """``{name: value}`` of several dense parameters: every block request is
+        sent before any answer is awaited, so the step pays one round trip,
+        not one per parameter. Blocks."""
+        plan = [(name,) + self._dense_blocks(name) for name in names]
+        ch = self._channel()
+        calls = [self._send(ch, s, Op.PULL_DENSE, table=tid)
+                 for _, _, blocks in plan for _, _, s, tid in blocks]
+        replies = iter(ch.wait(calls))
+        out = {}
+        for name, shape, blocks in plan:
+            flat = np.empty(int(np.prod(shape)), dtype=np.float32)
+            for start, end, _, _ in blocks:
+                h, frames = next(replies)
+                flat[start:end] = P.values_from(frames[0], end - start, 1).reshape(-1)
+            out[name] = flat.reshape(shape)
+        return out
+
+    def push_dense_many(self, grads, delta=False):
+        """Push every ``{name: grad}`` (as :meth:`push_dense`), all requests in
+        flight at once; returns when every block is applied (or raises)."""
+        flags = P.Flag.ADD_DELTA if delta else 0
+        ch = self._channel()
+        calls = []
+        for name, grad in grads.items():
+            shape, blocks = self._dense_blocks(name)
+            flat = _check_values(grad, shape, f"gradient of {name!r}").reshape(-1)
+            calls += [self._send(ch, s, Op.PUSH_DENSE, table=tid, values=flat[start:end],
+                                 dim=1, flags=flags) for start, end, s, tid in blocks]
+        ch.wait(calls)
+
     def dense_placement(self):
         """``[(name, start, end, server_index)]`` of every known dense block."""
         self._refresh_tables()

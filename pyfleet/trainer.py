@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-__all__ = ["JOB_DEFAULTS", "feed_of", "run_role", "summarize"]
+__all__ = ["JOB_DEFAULTS", "feed_of", "run_role", "summarize", "train_local"]
 
 JOB_DEFAULTS = {
     "train": None, "test": None, "format": "criteo", "model": "dnn", "embedding_dim": 16,
@@ -208,6 +208,55 @@ def run_role(job):
         json.dump(result, f)
     fleet.stop_worker()
     return 0
+
+
+def train_local(job):
+    """Train and test the job's model in this process alone (a :class:`LocalBackend`,
+    no servers): the baseline the distributed runs are compared with. Returns
+    the summary keys :func:`summarize` gives (``train_examples_per_sec``,
+    ``test_auc``, ...) for one worker."""
+    from pyfleet import fluid
+    from pyfleet.metrics import MetricStats, exact_auc, logloss
+    from pyfleet.optimizer import Adam
+
+    job = {**JOB_DEFAULTS, **job}
+    n_dense, n_slots = job.get("n_dense"), job.get("n_slots")
+    if n_dense is None or n_slots is None:
+        schema = _dataset(job, job["train"], 0, 1, prefetch=0).schema
+        n_dense, n_slots = schema.n_dense, schema.n_slots
+    main, startup, model = build_program(job, n_dense, n_slots)
+    with fluid.program_guard(main, startup):
+        Adam(learning_rate=job["lr"]).minimize(model.avg_cost)
+    exe = fluid.Executor(fluid.CPUPlace())
+    exe.run(startup)
+    train = MetricStats()
+    examples, seconds = 0, 0.0
+    for _ in range(int(job["epochs"])):
+        t0 = time.perf_counter()
+        for batch in _dataset(job, job["train"], 0, 1, shuffle=True):
+            loss, pred = exe.run(main, feed=feed_of(batch, model),
+                                 fetch_list=[model.avg_cost, model.predict])
+            train.update(pred.reshape(-1), batch.labels)
+            examples += batch.labels.shape[0]
+        seconds += time.perf_counter() - t0
+    summary = {"workers": 1, "train_examples": examples, "train_seconds": seconds,
+               "train_examples_per_sec": examples / max(seconds, 1e-9),
+               "train_logloss": train.logloss(), "train_auc": train.auc()}
+    if job["test"]:
+        test_program = main.clone(for_test=True)
+        test_program._backend = main._backend
+        preds, labels = [], []
+        for batch in _dataset(job, job["test"], 0, 1):
+            (pred,) = exe.run(test_program, feed=feed_of(batch, model),
+                              fetch_list=[model.predict])
+            preds.append(pred.reshape(-1))
+            labels.append(batch.labels)
+        if preds:
+            pred, label = np.concatenate(preds), np.concatenate(labels)
+            summary.update(test_examples=int(label.shape[0]),
+                           test_auc=float(exact_auc(pred, label)),
+                           test_logloss=float(logloss(pred, label)))
+    return summary
 
 
 def summarize(run_dir, workers):

@@ -1,0 +1,160 @@
+"""Training throughput of the reference DNN: one process against parameter-server clusters.
+
+    python benchmarks/bench_train.py [--rows 1000000] [--epochs 1]
+                                     [--clusters single 1x1 1x2 2x2] [--modes async sync]
+                                     [--timeout 1800] [--json results.json]
+
+Generates ``--rows`` synthetic Criteo rows once (``pyfleet.data.synthetic``,
+90% train, 10% test), then trains the reference network (``pyfleet train``'s
+DNN: 26 slots sharing one sparse table of dim 16, sum-pooled, concatenated
+with the 13 dense features, fc 256-128-64 relu, batch 512, Adam 0.001) for
+``--epochs`` passes in each configuration, measured in the same run:
+
+- ``single``: :func:`pyfleet.trainer.train_local` in one process with local
+  tables and one BLAS thread (what one launched worker gets);
+- ``SxW``: ``pyfleet train --servers S --workers W --mode M --json`` on
+  127.0.0.1 (every role one process, one BLAS thread each).
+
+Each row prints the training examples/s (all workers together, over the
+slowest worker's training time), its ratio to ``single``, and the test AUC
+of the trained model (every worker's test predictions together). The line
+below the table gives the parameter-server overhead: ``1 - (1x1 async) /
+single``. Targets (issue 5): 1x2 async >= 40,000 examples/s; overhead < 20%.
+
+The machine's load changes the absolute figures; the ratios much less.
+Run each configuration on an otherwise idle machine when comparing changes.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+__all__ = ["main"]
+
+_SINGLE = """
+import json, sys
+from pyfleet.trainer import train_local
+print(json.dumps(train_local(json.loads(sys.argv[1]))))
+"""
+
+
+def _role_env():
+    env = dict(os.environ)
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        env[var] = "1"
+    return env
+
+
+def _last_json(out):
+    for line in reversed(out.splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    raise RuntimeError("no JSON summary in the output:\n" + out[-2000:])
+
+
+def run_single(data, epochs, timeout):
+    job = {"train": data["train"], "test": data["test"], "format": "criteo",
+           "epochs": epochs, "n_dense": 13, "n_slots": 26}
+    p = subprocess.run([sys.executable, "-c", _SINGLE, json.dumps(job)], env=_role_env(),
+                       capture_output=True, text=True, timeout=timeout, check=False)
+    if p.returncode:
+        raise RuntimeError(f"single-process run failed:\n{p.stderr[-2000:]}")
+    return _last_json(p.stdout)
+
+
+def run_cluster(data, servers, workers, mode, epochs, timeout, run_dir):
+    cmd = [sys.executable, "-m", "pyfleet.cli", "train", "--train", data["train"],
+           "--test", data["test"], "--servers", str(servers), "--workers", str(workers),
+           "--mode", mode, "--epochs", str(epochs), "--run-dir", run_dir, "--json",
+           "--timeout", str(timeout)]
+    p = subprocess.run(cmd, env=_role_env(), capture_output=True, text=True,
+                       timeout=timeout + 60, check=False)
+    if p.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
+    return _last_json(p.stdout)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--clusters", nargs="+", default=["single", "1x1", "1x2", "2x2"],
+                    help="'single' and/or SERVERSxWORKERS")
+    ap.add_argument("--modes", nargs="+", default=["async", "sync"],
+                    choices=["async", "sync", "geo"])
+    ap.add_argument("--timeout", type=float, default=1800.0,
+                    help="seconds any one configuration may take")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", help="also write the results here")
+    args = ap.parse_args(argv)
+    clusters = []
+    for c in args.clusters:
+        if c == "single":
+            clusters.append(None)
+            continue
+        try:
+            s, w = (int(x) for x in c.lower().split("x"))
+        except ValueError:
+            ap.error(f"cluster {c!r} is not 'single' or SERVERSxWORKERS")
+        clusters.append((s, w))
+
+    from pyfleet.data import synthetic
+
+    with tempfile.TemporaryDirectory(prefix="pyfleet-bench-train-") as tmp:
+        t0 = time.perf_counter()
+        data = synthetic.generate(os.path.join(tmp, "data"), rows=args.rows, seed=args.seed)
+        print(f"{args.rows:,} synthetic rows generated in {time.perf_counter() - t0:.1f} s; "
+              f"ground-truth test AUC {data['truth_auc_test']:.4f}; load average "
+              f"{os.getloadavg()[0]:.2f}", flush=True)
+        results = []
+        for c in clusters:
+            for mode in (["-"] if c is None else args.modes):
+                name = "single" if c is None else f"{c[0]}x{c[1]}"
+                t = time.perf_counter()
+                if c is None:
+                    r = run_single(data, args.epochs, args.timeout)
+                else:
+                    r = run_cluster(data, c[0], c[1], mode, args.epochs, args.timeout,
+                                    os.path.join(tmp, f"run-{name}-{mode}"))
+                row = {"cluster": name, "servers": 0 if c is None else c[0],
+                       "workers": 1 if c is None else c[1], "mode": mode,
+                       "examples_per_sec": r["train_examples_per_sec"],
+                       "test_auc": r.get("test_auc"), "train_examples": r["train_examples"],
+                       "wall_seconds": time.perf_counter() - t}
+                results.append(row)
+                print(f"  {name:>6} {mode:>5}: {row['examples_per_sec']:>10,.0f} examples/s  "
+                      f"test AUC {row['test_auc']:.4f}", flush=True)
+        load = os.getloadavg()[0]
+
+    base = next((r["examples_per_sec"] for r in results if r["cluster"] == "single"), None)
+    print()
+    print(f"{'cluster':>8} {'mode':>6} {'examples/s':>12} {'/ single':>9} {'test AUC':>9}")
+    for r in results:
+        ratio = f"{r['examples_per_sec'] / base:9.2f}" if base else f"{'-':>9}"
+        print(f"{r['cluster']:>8} {r['mode']:>6} {r['examples_per_sec']:>12,.0f} {ratio} "
+              f"{r['test_auc']:>9.4f}")
+    one = next((r["examples_per_sec"] for r in results
+                if r["cluster"] == "1x1" and r["mode"] == "async"), None)
+    two = next((r["examples_per_sec"] for r in results
+                if r["cluster"] == "1x2" and r["mode"] == "async"), None)
+    print(f"ground-truth test AUC {data['truth_auc_test']:.4f}; load average at the end "
+          f"{load:.2f}")
+    if base and one:
+        print(f"parameter-server overhead (1 - 1x1 async / single): {1 - one / base:.1%} "
+              f"(target < 20%)")
+    if two:
+        print(f"1x2 async: {two:,.0f} examples/s (target >= 40,000)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rows": args.rows, "epochs": args.epochs,
+                       "truth_auc_test": data["truth_auc_test"], "results": results}, f,
+                      indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
