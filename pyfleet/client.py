@@ -303,6 +303,10 @@ class Client:
             parallel while earlier ones travel.
         curve_server_keys: the servers' Z85 CURVE public keys (one, or one per
             endpoint) when they run with ``curve_secret_key``.
+        curve_client_key: this client's ``(public, secret)`` Z85 key pair, or
+            the path of its secret certificate (``pyfleet keygen``); needed by
+            servers that authenticate clients (``curve_client_keys``). Default:
+            a throwaway pair (enough for encryption only).
 
     The constructor returns once every server answered (or raises PeerTimeout).
     Use as a context manager, or call :meth:`close`.
@@ -310,7 +314,7 @@ class Client:
 
     def __init__(self, endpoints, worker_index=0, timeout=30.0, connect_deadline=60.0,
                  heartbeat_interval=None, max_queued_pushes=16, max_request_keys=32768,
-                 curve_server_keys=None, context=None):
+                 curve_server_keys=None, curve_client_key=None, context=None):
         if isinstance(endpoints, str):
             endpoints = [e for e in endpoints.split(",") if e]
         self.endpoints = [e.removeprefix("tcp://") for e in endpoints]
@@ -330,9 +334,21 @@ class Client:
             if len(curve_server_keys) != self.num_servers:
                 raise ValueError(f"curve_server_keys needs one key per endpoint "
                                  f"({self.num_servers}), got {len(curve_server_keys)}")
-            # This client's own key pair is throwaway: servers check no client list.
+            if curve_client_key is None:
+                # Throwaway pair: enough unless the servers check a client list.
+                curve_client_key = zmq.curve_keypair()
+            elif not isinstance(curve_client_key, (tuple, list)):
+                from pyfleet.auth import load_keypair
+                curve_client_key = load_keypair(curve_client_key)
+            pair = tuple(k.encode() if isinstance(k, str) else bytes(k)
+                         for k in curve_client_key)
+            if len(pair) != 2 or any(len(k) != 40 for k in pair):
+                raise ValueError("curve_client_key must be a (public, secret) pair of "
+                                 "40-character Z85 keys or a secret certificate path")
             self._curve = ([k.encode() if isinstance(k, str) else bytes(k)
-                            for k in curve_server_keys], zmq.curve_keypair())
+                            for k in curve_server_keys], pair)
+        elif curve_client_key is not None:
+            raise ValueError("curve_client_key needs curve_server_keys")
         self._ctx = context or zmq.Context.instance()
         self._local = threading.local()
         self._channels = []
