@@ -1,0 +1,68 @@
+"""The `pyfleet` command line: the main job end to end on a small generated data set."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def pyfleet(*args, cwd, timeout=300):
+    return subprocess.run([sys.executable, "-m", "pyfleet.cli", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_train_writes_a_complete_run_directory(tmp_path):
+    run = tmp_path / "run"
+    r = pyfleet("train", "--rows", "12000", "--run-dir", str(run), "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert summary == json.loads((run / "summary.json").read_text())
+    assert summary["workers"] == 2 and summary["servers"] == 1
+    assert summary["train_examples"] == 12000 - 1200  # every training row, once
+    assert summary["test_examples"] == 1200
+    assert 0.5 < summary["test_auc"] <= summary["truth_auc_test"] + 0.02
+    assert 0 < summary["test_logloss"] < 1.0
+    assert summary["table_rows"]["SparseFeatFactors"] > 1000
+    assert (run / "checkpoint" / "MANIFEST.json").exists()
+    assert (run / "metrics.jsonl").read_text().strip()
+    for name in ("job.json", "logs/worker.0.log", "logs/server.0.log"):
+        assert (run / name).exists(), name
+
+
+def test_train_prints_a_labelled_summary(tmp_path):
+    r = pyfleet("train", "--rows", "6000", "--workers", "1", "--mode", "sync", "--model", "lr",
+                "--run-dir", str(tmp_path / "run"), cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    for label in ("test AUC", "test logloss", "train examples/s", "rows in SparseFeatFactors",
+                  "server 0 memory (RSS)"):
+        assert label in r.stdout, label
+
+
+def test_gen_data_is_deterministic(tmp_path):
+    for d in ("a", "b"):
+        r = pyfleet("gen-data", "--rows", "2000", "--out", str(tmp_path / d), "--seed", "3",
+                    cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+    for f in ("train.tsv", "test.tsv"):
+        assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes()
+    info = json.loads((tmp_path / "a" / "truth.json").read_text())
+    assert info["truth_auc_test"] > 0.6
+
+
+def test_bad_arguments_are_named(tmp_path):
+    r = pyfleet("train", "--servers", "0", cwd=tmp_path)
+    assert r.returncode != 0 and "--servers" in r.stderr
+    r = pyfleet("train", "--train", str(tmp_path / "nope.tsv"), cwd=tmp_path)
+    assert r.returncode != 0 and "nope.tsv" in r.stderr
+    r = pyfleet("train", "--resume", str(tmp_path), cwd=tmp_path)
+    assert r.returncode != 0 and "checkpoint" in r.stderr
+
+
+def test_no_command_prints_help(tmp_path):
+    r = pyfleet(cwd=tmp_path)
+    assert r.returncode == 2 and "train" in r.stdout
+    assert os.listdir(tmp_path) == []
