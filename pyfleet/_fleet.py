@@ -154,7 +154,7 @@ class DistributedOptimizer:
                                     parameter_list=parameter_list, no_grad_set=no_grad_set)
         self._fleet._set_program(loss.block.program,
                                  startup_program or framework.default_startup_program(),
-                                 self._strategy)
+                                 self._strategy, getattr(self, "_sparse_entry", None))
         return result
 
 
@@ -217,20 +217,30 @@ class Fleet:
         return ",".join(eps) if to_string else list(eps)
 
     # ------------------------------------------------------------- programs
-    def distributed_optimizer(self, optimizer, strategy=None):
-        """Wrap ``optimizer`` with a :class:`DistributeTranspilerConfig` (default one if None)."""
+    def distributed_optimizer(self, optimizer, strategy=None, sparse_entry=None):
+        """Wrap ``optimizer`` with a :class:`DistributeTranspilerConfig` (default one if None).
+
+        ``sparse_entry`` (a pyfleet extension): an admission policy from
+        :mod:`pyfleet.entry` (e.g. ``CountFilterEntry(2)``) given to every
+        sparse table; None admits every key on first sight (Fluid 1.5)."""
+        from pyfleet.entry import Entry
         from pyfleet.optimizer import Optimizer
+        if sparse_entry is not None and not isinstance(sparse_entry, Entry):
+            raise ValueError(f"sparse_entry must be a pyfleet.entry policy or None, "
+                             f"got {sparse_entry!r}")
         if not isinstance(optimizer, Optimizer):
             raise ValueError(f"optimizer must be a pyfleet.optimizer rule, got {optimizer!r}")
         if strategy is None:
             strategy = _config.DistributeTranspilerConfig()
         if not isinstance(strategy, _config.DistributeTranspilerConfig):
             raise ValueError(f"strategy must be a DistributeTranspilerConfig, got {strategy!r}")
-        return DistributedOptimizer(self, optimizer, strategy)
+        opt = DistributedOptimizer(self, optimizer, strategy)
+        opt._sparse_entry = sparse_entry
+        return opt
 
-    def _set_program(self, main, startup, strategy):
+    def _set_program(self, main, startup, strategy, sparse_entry=None):
         self.main_program, self.startup_program, self._strategy = main, startup, strategy
-        self._tables, dense_shapes = table_configs(main)
+        self._tables, dense_shapes = table_configs(main, sparse_entry)
         self._placement = [
             (b.name, b.start, b.end, b.server_index)
             for b in _config.place_dense(dense_shapes, self.server_num(), strategy)]
@@ -380,10 +390,12 @@ class Fleet:
         return self._require_worker("stats").stats()
 
 
-def table_configs(program):
+def table_configs(program, sparse_entry=None):
     """``(configs, dense_shapes)`` of a minimized program: a create_tables
     config per sparse table and dense parameter, and ``[(name, shape)]`` of the
-    dense ones in program order (the order placement depends on)."""
+    dense ones in program order (the order placement depends on).
+    ``sparse_entry``: the admission policy of every sparse table (None: none)."""
+    entry = None if sparse_entry is None else sparse_entry.to_config()
     opt = program._optimizer
     if opt is None:
         raise ConfigError("the program has no optimizer: call minimize(loss) first")
@@ -394,7 +406,7 @@ def table_configs(program):
             configs.append({"kind": "sparse", "name": p.name, "dim": p.dim,
                             "optimizer": popt.to_config(),
                             "initializer": p.initializer.to_config(), "seed": p.seed,
-                            "entry": None})
+                            "entry": entry})
         else:
             shape = [int(s) for s in p.shape]
             configs.append({"kind": "dense", "name": p.name, "shape": shape,

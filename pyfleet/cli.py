@@ -48,6 +48,9 @@ def _train_parser(sub):
     p.add_argument("--resume", help="a previous run directory: continue from its checkpoint")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--admission-count", type=int, default=None, metavar="N",
+                   help="admit a sparse key as a trainable row only once it was pulled N "
+                        "times (CountFilterEntry(N)); default: every key on first sight")
     p.add_argument("--timeout", type=float, default=None,
                    help="stop the job after this many seconds")
     return p
@@ -117,6 +120,8 @@ def cmd_train(args):
 
     if args.servers < 1 or args.workers < 1:
         raise SystemExit("pyfleet train: --servers and --workers must be >= 1")
+    if args.admission_count is not None and args.admission_count < 1:
+        raise SystemExit("pyfleet train: --admission-count must be >= 1")
     run_dir = args.run_dir or args.checkpoint_dir or os.path.join(
         "runs", time.strftime("%Y%m%d-%H%M%S"))
     run_dir = os.path.abspath(run_dir)
@@ -140,7 +145,8 @@ def cmd_train(args):
            "layers": [int(x) for x in args.layers.split(",") if x],
            "lr": args.lr, "batch_size": args.batch_size, "epochs": args.epochs,
            "mode": args.mode, "seed": args.seed, "run_dir": run_dir, "resume": resume,
-           "n_dense": schema.n_dense, "n_slots": schema.n_slots}
+           "n_dense": schema.n_dense, "n_slots": schema.n_slots,
+           "admission_count": args.admission_count}
     job_path = os.path.join(run_dir, "job.json")
     with open(job_path, "w") as f:
         json.dump(job, f, indent=1)

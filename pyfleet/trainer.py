@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-__all__ = ["JOB_DEFAULTS", "feed_of", "run_role", "summarize", "train_local"]
+__all__ = ["JOB_DEFAULTS", "entry_of", "feed_of", "run_role", "summarize", "train_local"]
 
 JOB_DEFAULTS = {
     "train": None, "test": None, "format": "criteo", "model": "dnn", "embedding_dim": 16,
@@ -33,6 +33,7 @@ JOB_DEFAULTS = {
     "seed": 0, "run_dir": None, "resume": None, "progress_interval": 2.0,
     "request_timeout": 60.0, "connect_timeout": 120.0, "barrier_timeout": 300.0,
     "heartbeat_timeout": 10.0, "save_model": True, "geo_k_steps": 100,
+    "admission_count": None,
 }
 
 
@@ -76,6 +77,16 @@ def strategy_of(job):
     rt.barrier_timeout = job["barrier_timeout"]
     rt.heartbeat_timeout = job["heartbeat_timeout"]
     return cfg
+
+
+def entry_of(job):
+    """The sparse tables' admission policy: ``CountFilterEntry(admission_count)``
+    when the job sets one (keys become rows after that many pulls), else None."""
+    n = job.get("admission_count")
+    if n is None:
+        return None
+    from pyfleet.entry import CountFilterEntry
+    return CountFilterEntry(int(n))
 
 
 class _Progress:
@@ -143,8 +154,8 @@ def run_role(job):
     main, startup, model = build_program(job, n_dense, n_slots)
     fleet.init()
     with fluid.program_guard(main, startup):
-        fleet.distributed_optimizer(Adam(learning_rate=job["lr"]),
-                                    strategy_of(job)).minimize(model.avg_cost)
+        fleet.distributed_optimizer(Adam(learning_rate=job["lr"]), strategy_of(job),
+                                    sparse_entry=entry_of(job)).minimize(model.avg_cost)
 
     if fleet.is_server():
         resume = job["resume"]
