@@ -20,18 +20,14 @@ Exact semantics, shared by the in-process table and the servers:
 """
 
 from pyfleet import _core
+from pyfleet._record import ConfigRecord
+from pyfleet._record import from_config as _from_config
 
 __all__ = ["Entry", "CountFilterEntry", "ProbabilityEntry"]
 
 
-class Entry:
+class Entry(ConfigRecord):
     kind = None
-
-    def params(self):
-        return {k: v for k, v in vars(self).items() if not k.startswith("_")}
-
-    def to_config(self):
-        return {"type": type(self).__name__, **self.params()}
 
     def _core_config(self):
         c = _core.EntryConfig()
@@ -39,13 +35,6 @@ class Entry:
         c.count = int(getattr(self, "count_filter", 0))
         c.probability = float(getattr(self, "probability", 1.0))
         return c
-
-    def __eq__(self, other):
-        return type(self) is type(other) and self.params() == other.params()
-
-    def __repr__(self):
-        args = ", ".join(f"{k}={v!r}" for k, v in self.params().items())
-        return f"{type(self).__name__}({args})"
 
 
 class CountFilterEntry(Entry):
@@ -67,14 +56,9 @@ class ProbabilityEntry(Entry):
         self.probability = probability
 
 
-_BY_NAME = {c.__name__: c for c in (CountFilterEntry, ProbabilityEntry)}
-
 
 def from_config(config):
+    """Rebuild a policy from :meth:`Entry.to_config` output (None stays None)."""
     if config is None:
         return None
-    config = dict(config)
-    name = config.pop("type", None)
-    if name not in _BY_NAME:
-        raise ValueError(f"unknown entry type {name!r}; expected one of {sorted(_BY_NAME)}")
-    return _BY_NAME[name](**config)
+    return _from_config(config, (CountFilterEntry, ProbabilityEntry), "entry")

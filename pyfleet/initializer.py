@@ -10,20 +10,16 @@ process, and a model does not depend on how many servers hold it.
 import numpy as np
 
 from pyfleet import _core
+from pyfleet._record import ConfigRecord
+from pyfleet._record import from_config as _from_config
 
 __all__ = ["Initializer", "Constant", "Uniform", "Normal", "TruncatedNormal", "Xavier",
            "ConstantInitializer", "UniformInitializer", "NormalInitializer",
            "TruncatedNormalInitializer", "XavierInitializer"]
 
 
-class Initializer:
+class Initializer(ConfigRecord):
     kind = None
-
-    def params(self):
-        return {k: v for k, v in vars(self).items() if not k.startswith("_")}
-
-    def to_config(self):
-        return {"type": type(self).__name__, **self.params()}
 
     def _core_config(self, fan_in=None, fan_out=None):
         c = _core.InitializerConfig()
@@ -40,13 +36,6 @@ class Initializer:
         out = np.empty(size, dtype=np.float32)
         _core.initial_values(self._core_config(fan_in, fan_out), int(seed), int(key), out)
         return out.reshape(shape)
-
-    def __eq__(self, other):
-        return type(self) is type(other) and self.params() == other.params()
-
-    def __repr__(self):
-        args = ", ".join(f"{k}={v!r}" for k, v in self.params().items())
-        return f"{type(self).__name__}({args})"
 
 
 class Constant(Initializer):
@@ -114,12 +103,8 @@ NormalInitializer = Normal
 TruncatedNormalInitializer = TruncatedNormal
 XavierInitializer = Xavier
 
-_BY_NAME = {c.__name__: c for c in (Constant, Uniform, Normal, TruncatedNormal, Xavier)}
-
 
 def from_config(config):
-    config = dict(config)
-    name = config.pop("type", None)
-    if name not in _BY_NAME:
-        raise ValueError(f"unknown initializer type {name!r}; expected one of {sorted(_BY_NAME)}")
-    return _BY_NAME[name](**config)
+    """Rebuild an initializer from :meth:`Initializer.to_config` output."""
+    return _from_config(config, (Constant, Uniform, Normal, TruncatedNormal, Xavier),
+                        "initializer")

@@ -25,6 +25,8 @@ Rules (per element; ``g`` the gradient, ``w`` the weight):
 import math
 
 from pyfleet import _core
+from pyfleet._record import ConfigRecord
+from pyfleet._record import from_config as _from_config
 
 __all__ = ["Optimizer", "SGD", "Adagrad", "Adam", "FTRL",
            "SGDOptimizer", "AdagradOptimizer", "AdamOptimizer", "FtrlOptimizer"]
@@ -51,18 +53,10 @@ def _non_negative(name, value):
     return value
 
 
-class Optimizer:
+class Optimizer(ConfigRecord):
     """Base class: a named rule and its hyper-parameters."""
 
     kind = None  # the C++ OptimizerKind name
-
-    def params(self):
-        """The hyper-parameters as a JSON-friendly dict (the wire and checkpoint form)."""
-        return {k: v for k, v in vars(self).items() if not k.startswith("_")}
-
-    def to_config(self):
-        """``{"type": ..., **params}``: what crosses the wire and sits in manifests."""
-        return {"type": type(self).__name__, **self.params()}
 
     def _core_config(self):
         c = _core.OptimizerConfig()
@@ -80,13 +74,6 @@ class Optimizer:
         from pyfleet.fluid import framework
         return framework.minimize(self, loss, startup_program=startup_program,
                                   parameter_list=parameter_list, no_grad_set=no_grad_set)
-
-    def __eq__(self, other):
-        return type(self) is type(other) and self.params() == other.params()
-
-    def __repr__(self):
-        args = ", ".join(f"{k}={v!r}" for k, v in self.params().items())
-        return f"{type(self).__name__}({args})"
 
 
 class SGD(Optimizer):
@@ -135,13 +122,7 @@ AdagradOptimizer = Adagrad
 AdamOptimizer = Adam
 FtrlOptimizer = FTRL
 
-_BY_NAME = {c.__name__: c for c in (SGD, Adagrad, Adam, FTRL)}
-
 
 def from_config(config):
     """Rebuild an optimizer from :meth:`Optimizer.to_config` output."""
-    config = dict(config)
-    name = config.pop("type", None)
-    if name not in _BY_NAME:
-        raise ValueError(f"unknown optimizer type {name!r}; expected one of {sorted(_BY_NAME)}")
-    return _BY_NAME[name](**config)
+    return _from_config(config, (SGD, Adagrad, Adam, FTRL), "optimizer")
