@@ -217,6 +217,7 @@ class Server:
         self._last_house = 0.0
         self._done = threading.Event()
         self._ran = False
+        self._export_snapshots = {}               # table id -> sorted keys of an export
 
         host, port = _split_endpoint(endpoint)
         if curve_client_keys is not None and curve_secret_key is None:
@@ -451,8 +452,10 @@ class Server:
 
     def _export_sparse(self, h, op, frames, ident):
         """One page of this shard's rows, weights only, keys ascending after
-        ``after``. Stateless (the cursor is the last key sent), so an export
-        survives nothing on the server and costs O(rows) per page."""
+        ``after`` (the cursor: the last key sent). ``after=null`` starts an
+        export from a sorted snapshot of the keys, kept until its last page so
+        each page costs O(page); a later page with no snapshot (another export
+        finished it) sorts a new one, so the cursor stays correct."""
         self._frames(frames, 1, op)
         payload = P.parse_json(frames[0], _MAX_JSON_BYTES)
         e = self._entry(h.table, "sparse", op)
@@ -461,17 +464,19 @@ class Server:
             raise _Refused(f"limit must be a positive integer, got {limit!r}")
         # A page must fit in one message: keys (8 bytes) + a row per key.
         limit = min(limit, max(1, self.max_message_bytes // (2 * (8 + 4 * e.dim))))
-        keys = e.table.keys()
-        if after is not None:
-            if isinstance(after, bool) or not isinstance(after, int) or \
-                    not 0 <= after < 1 << 64:
-                raise _Refused(f"after must be a uint64 key or null, got {after!r}")
-            keys = keys[keys > np.uint64(after)]
-        full = keys.shape[0] > limit
-        if full:
-            keys = np.partition(keys, limit - 1)[:limit]
-        keys = np.sort(keys)
-        rows = e.table.export(keys)
+        if after is not None and (isinstance(after, bool) or not isinstance(after, int) or
+                                  not 0 <= after < 1 << 64):
+            raise _Refused(f"after must be a uint64 key or null, got {after!r}")
+        snapshot = None if after is None else self._export_snapshots.get(e.id)
+        if snapshot is None:
+            snapshot = np.sort(e.table.keys())
+            self._export_snapshots[e.id] = snapshot
+        start = 0 if after is None else int(np.searchsorted(snapshot, np.uint64(after), "right"))
+        keys = snapshot[start:start + limit]
+        full = start + limit < snapshot.shape[0]
+        if not full:
+            self._export_snapshots.pop(e.id, None)
+        rows = e.table.export(keys)  # rows dropped since the snapshot are left out
         k = np.ascontiguousarray(rows["keys"], dtype="<u8")
         w = np.ascontiguousarray(rows["weights"], dtype="<f4").reshape(k.shape[0], e.dim)
         nxt = int(keys[-1]) if full else None
