@@ -23,7 +23,7 @@ import sys
 import zlib
 
 # Paddle: import paddle.fluid as fluid
-import pyfleet.fluid as fluid
+import pyfleet.fluid as fluid  # noqa: PLR0402 (the spelling Paddle scripts use)
 
 # Paddle: from paddle.fluid.incubate.fleet.base.role_maker import ...
 from pyfleet.fluid.incubate.fleet.base.role_maker import (
@@ -103,7 +103,7 @@ def ctr_dnn_model(embedding_size, sparse_feature_dim, hidden):
                                   scale=1 / math.sqrt(fc3.shape[1]))))
     cost = fluid.layers.cross_entropy(input=predict, label=label)
     avg_cost = fluid.layers.mean(cost)
-    auc_var, batch_auc_var, auc_states = fluid.layers.auc(input=predict, label=label,
+    auc_var, batch_auc_var, _auc_states = fluid.layers.auc(input=predict, label=label,
                                                          num_thresholds=2 ** 12,
                                                          slide_steps=20)
     data_list = [dense_input] + sparse_input_ids + [label]

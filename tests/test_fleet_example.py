@@ -31,7 +31,8 @@ def _env():
 
 
 def _run(cmd, cwd):
-    r = subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=240)
+    r = subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=240,
+                       check=False)
     assert r.returncode == 0, f"{cmd} exited {r.returncode}\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
     return r.stdout
 
