@@ -48,6 +48,9 @@ def _train_parser(sub):
     p.add_argument("--resume", help="a previous run directory: continue from its checkpoint")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--curve-dir", default=None, metavar="DIR",
+                   help="a 'pyfleet keygen' directory: roles authenticate with CURVE keys "
+                        "(sets PYFLEET_CURVE_DIR, docs/operations.md)")
     p.add_argument("--admission-count", type=int, default=None, metavar="N",
                    help="admit a sparse key as a trainable row only once it was pulled N "
                         "times (CountFilterEntry(N)); default: every key on first sight")
@@ -153,6 +156,14 @@ def cmd_train(args):
     # Servers may only save and load below this directory.
     root = os.path.commonpath([run_dir] + ([resume] if resume else []))
     env = dict(os.environ, PYFLEET_CHECKPOINT_DIR=root)
+    if args.curve_dir:
+        from pyfleet import auth
+        env["PYFLEET_CURVE_DIR"] = os.path.abspath(args.curve_dir)
+        try:  # fail here, not in every role
+            auth.server_options_from_env(env)
+            auth.client_options_from_env(env)
+        except ValueError as e:
+            raise SystemExit(f"pyfleet train: --curve-dir: {e}") from None
     cmd = [sys.executable, "-m", "pyfleet.trainer", job_path]
     started = time.time()
     code = launch_local(lambda role, index: cmd, servers=args.servers, workers=args.workers,
