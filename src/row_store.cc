@@ -37,19 +37,19 @@ void* PageAlloc(size_t bytes, bool huge) {
 }
 
 void PageFree(void* p, size_t bytes) {
-  if (p != nullptr) munmap(p, RoundUp(bytes));
+  if (p != nullptr && bytes > 0) munmap(p, RoundUp(bytes));
 }
 
 RowStore::RowStore(size_t dim, size_t state_dim) : dim_(dim), state_dim_(state_dim) {}
 
 RowStore::~RowStore() {
-  for (size_t c = 0; c < chunks_.size(); ++c) {
-    PageFree(chunks_[c], ChunkBytes(c == 0 ? kFirstChunkRows : kChunkRows));
-  }
+  for (const Chunk& c : chunks_) FreeChunk(c);
 }
 
-size_t RowStore::ChunkBytes(size_t rows) const {
-  return rows * ((dim_ + state_dim_) * sizeof(float) + sizeof(RowMeta));
+void RowStore::FreeChunk(const Chunk& c) {
+  PageFree(c.weights, c.rows * dim_ * sizeof(float));
+  PageFree(c.state, c.rows * state_dim_ * sizeof(float));
+  PageFree(c.meta, c.rows * sizeof(RowMeta));
 }
 
 uint32_t RowStore::Allocate() {
@@ -60,11 +60,14 @@ uint32_t RowStore::Allocate() {
   }
   if (next_row_ == 0xFFFFFFFEu) ThrowRuntime("a table shard is full (2^32 - 2 rows)");
   if (Locate(next_row_).chunk == chunks_.size()) {
-    // Small pages: a chunk is filled row by row, and a huge page would make
-    // up to 2 MiB per column block resident before its rows exist.
-    const bool first = chunks_.empty();
-    chunks_.push_back(static_cast<float*>(
-        PageAlloc(ChunkBytes(first ? kFirstChunkRows : kChunkRows))));
+    const bool big = !chunks_.empty();
+    Chunk c;
+    c.rows = big ? kChunkRows : kFirstChunkRows;
+    c.weights = static_cast<float*>(PageAlloc(c.rows * dim_ * sizeof(float), big));
+    c.state = state_dim_ ? static_cast<float*>(PageAlloc(c.rows * state_dim_ * sizeof(float), big))
+                         : nullptr;
+    c.meta = static_cast<RowMeta*>(PageAlloc(c.rows * sizeof(RowMeta)));
+    chunks_.push_back(c);
   }
   return next_row_++;
 }
@@ -72,9 +75,10 @@ uint32_t RowStore::Allocate() {
 void RowStore::Free(uint32_t row) { free_rows_.push_back(row); }
 
 size_t RowStore::MemoryBytes() const {
-  size_t bytes = free_rows_.capacity() * sizeof(uint32_t) + chunks_.capacity() * sizeof(float*);
-  for (size_t c = 0; c < chunks_.size(); ++c) {
-    bytes += RoundUp(ChunkBytes(c == 0 ? kFirstChunkRows : kChunkRows));
+  size_t bytes = free_rows_.capacity() * sizeof(uint32_t) + chunks_.capacity() * sizeof(Chunk);
+  for (const Chunk& c : chunks_) {
+    bytes += RoundUp(c.rows * dim_ * sizeof(float)) + RoundUp(c.rows * sizeof(RowMeta)) +
+             (state_dim_ ? RoundUp(c.rows * state_dim_ * sizeof(float)) : 0);
   }
   return bytes;
 }

@@ -52,16 +52,15 @@ class RowStore {
 
   float* Weights(uint32_t row) const {
     const Where w = Locate(row);
-    return chunks_[w.chunk] + w.offset * dim_;
+    return chunks_[w.chunk].weights + w.offset * dim_;
   }
   float* State(uint32_t row) const {
     const Where w = Locate(row);
-    return chunks_[w.chunk] + w.capacity * dim_ + w.offset * state_dim_;
+    return chunks_[w.chunk].state + w.offset * state_dim_;
   }
   RowMeta* Meta(uint32_t row) const {
     const Where w = Locate(row);
-    return reinterpret_cast<RowMeta*>(chunks_[w.chunk] + w.capacity * (dim_ + state_dim_)) +
-           w.offset;
+    return chunks_[w.chunk].meta + w.offset;
   }
 
   size_t dim() const { return dim_; }
@@ -77,11 +76,17 @@ class RowStore {
     const uint32_t r = row - kFirstChunkRows;
     return {1 + (r >> kChunkShift), r & (kChunkRows - 1), kChunkRows};
   }
-  size_t ChunkBytes(size_t rows) const;
+  struct Chunk {
+    float* weights;
+    float* state;
+    RowMeta* meta;
+    size_t rows;
+  };
+  void FreeChunk(const Chunk& c);
 
   size_t dim_;
   size_t state_dim_;
-  std::vector<float*> chunks_;
+  std::vector<Chunk> chunks_;
   uint32_t next_row_ = 0;
   std::vector<uint32_t> free_rows_;
 };
