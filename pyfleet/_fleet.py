@@ -29,7 +29,10 @@ to it or an absolute path inside it; a path outside it is refused, so no
 request from the network can write elsewhere.
 """
 
+import collections
 import os
+
+import numpy as np
 
 from pyfleet import _checkpoint
 from pyfleet import config as _config
@@ -61,8 +64,13 @@ class RemoteBackend(Backend):
     """The executor's parameters, held by the servers (see :mod:`pyfleet.fluid.backend`).
 
     - async: sparse pushes go out in the background (merged while queued),
-      and each step's dense push travels during the next step (at most one in
-      flight); every push is applied on arrival.
+      and each step's dense push, followed by a pull of the dense values,
+      travels in the background during the next step; every push is applied
+      on arrival. With ``dense_staleness = 1`` (the async default) a step
+      reads the dense values pulled after this worker's push of two steps
+      before, so no round trip waits in the step (the delay Fluid's async
+      communicator's independent send and receive threads also give); set it
+      to 0 to wait for the previous step's push and pull instead.
     - sync: pushes are buffered by the servers; :meth:`step_end` is the
       barrier after which the averaged update is applied, so the next pull
       sees every worker's step.
@@ -81,16 +89,40 @@ class RemoteBackend(Backend):
             self.geo = GeoClient(client, geo_k_steps)
         self._sparse = self.geo or client
         self._dense_pusher = None
-        self._dense_push = None
+        self._dense_push = None   # future of (names, values pulled after the push)
+        self._dense_ready = None  # (names, values) the next pull_dense_many may take
+        self.dense_staleness = 1 if mode == "async" else 0
+        self._prefetched = {}     # table -> deque of (unique keys, PullFuture), oldest first
 
     def create_sparse(self, name, dim, optimizer, initializer, seed):
-        self.client._sparse_dim(name)  # raises if init_worker did not create it
+        self.client.sparse_dim(name)  # raises if init_worker did not create it
 
     def create_dense(self, name, initial_value, optimizer):
-        self.client._dense_blocks(name)
+        self.client.dense_shape(name)
 
     def pull_sparse(self, name, keys):
+        queue = self._prefetched.get(name)
+        for i, (ahead, _) in enumerate(queue or ()):
+            if ahead.shape == keys.shape and np.array_equal(ahead, keys):
+                for _ in range(i):  # prefetches never asked for: consume their replies
+                    queue.popleft()[1].result()
+                return queue.popleft()[1].result()
         return self._sparse.pull_sparse(name, keys)
+
+    def prefetch_sparse(self, name, keys):
+        """Async mode: start pulling the rows of ``keys`` (the sorted unique ids the
+        executor will ask for in the next step) now, so the round trip overlaps
+        this step's compute; the next :meth:`pull_sparse` of exactly these keys
+        takes them (at most two wait per table; one older than the keys asked
+        for is dropped). The rows may then miss this worker's last step of updates
+        (one more step of the staleness async training already has). No-op in
+        sync and geo modes, whose pulls must follow the barrier or the local copy."""
+        if self.mode != "async":
+            return
+        queue = self._prefetched.setdefault(name, collections.deque())
+        while len(queue) >= 2:
+            queue.popleft()[1].result()
+        queue.append((keys, self.client.pull_sparse_async(name, keys)))
 
     def push_sparse(self, name, keys, grads):
         if self.mode == "async":
@@ -105,22 +137,39 @@ class RemoteBackend(Backend):
         self.client.push_dense(name, grad)
 
     def pull_dense_many(self, names):
+        names = list(names)
+        ready, self._dense_ready = self._dense_ready, None
+        if ready is not None and ready[0] == names:
+            return ready[1]
+        if not self.dense_staleness and self._dense_push is not None:
+            pending, self._dense_push = self._dense_push, None
+            pulled_names, values = pending.result()
+            if pulled_names == names:
+                return values
         return self.client.pull_dense_many(names)
 
     def push_dense_many(self, grads):
         if self.mode != "async":
             self.client.push_dense_many(grads)
             return
-        # Async (as Fluid's async communicator): the step's dense push travels
-        # while the next step computes. At most one is in flight, so a worker's
-        # dense updates stay in order and its staleness is bounded by one step.
-        self._wait_dense_push()
+        # Async (as Fluid's async communicator): the step's dense push, then a
+        # pull of the values after it, travel from a background thread while
+        # this worker computes (see dense_staleness). One at a time.
+        pending, self._dense_push = self._dense_push, None
+        if pending is not None:
+            self._dense_ready = pending.result()  # re-raises its error in this thread
         if self._dense_pusher is None:
             from concurrent.futures import ThreadPoolExecutor
             self._dense_pusher = ThreadPoolExecutor(1, thread_name_prefix="pyfleet-dense-push")
-        self._dense_push = self._dense_pusher.submit(self.client.push_dense_many, grads)
+        self._dense_push = self._dense_pusher.submit(self._push_then_pull, dict(grads))
+
+    def _push_then_pull(self, grads):
+        self.client.push_dense_many(grads)
+        names = list(grads)
+        return names, self.client.pull_dense_many(names)
 
     def _wait_dense_push(self):
+        self._dense_ready = None  # a pull older than whatever comes next
         pending, self._dense_push = self._dense_push, None
         if pending is not None:
             pending.result()  # re-raises the push's error in the training thread
@@ -284,13 +333,20 @@ class Fleet:
                                          else rels[0])
 
     def run_server(self):
-        """Serve until every worker called ``stop_worker`` (then return)."""
+        """Serve until every worker called ``stop_worker`` (then return). Raises
+        PyfleetError naming the worker(s) when the workers that did not stop
+        died instead (silent past the heartbeat timeout): the process then
+        exits non-zero, so a launcher sees the job failed."""
         if self._server is None:
             raise ConfigError("call fleet.init_server() before fleet.run_server()")
+        server = self._server
         try:
-            self._server.run()
+            server.run()
         finally:
             self._server = None
+        if server.failure is not None:
+            from pyfleet.errors import PyfleetError
+            raise PyfleetError(server.failure)
 
     # --------------------------------------------------------------- worker
     def init_worker(self):
@@ -328,8 +384,11 @@ class Fleet:
             self._client = None
 
     def barrier_worker(self):
-        """Wait for every worker (a server-side barrier)."""
-        self._require_worker("barrier_worker").barrier()
+        """Wait for every worker (a server-side barrier), once this worker's own
+        pushes are applied."""
+        client = self._require_worker("barrier_worker")
+        self._backend._wait_dense_push()
+        client.barrier()
 
     def save_persistables(self, executor=None, dirname=None, main_program=None, mode="full"):
         """Every server saves its shard of every table (with optimizer state) and
