@@ -53,8 +53,12 @@ def data(name, shape, dtype="float32", lod_level=0):
     return layers.data(name, shape, dtype, lod_level, append_batch_size=False)
 
 
+from pyfleet.config import DistributeTranspilerConfig  # noqa: E402
+from pyfleet.fluid import transpiler  # noqa: E402
+
 __all__ = [
     "CPUPlace",
+    "DistributeTranspilerConfig",
     "CUDAPlace",
     "CompiledProgram",
     "DataFeeder",
@@ -78,6 +82,7 @@ __all__ = [
     "incubate",
     "initializer",
     "io",
+    "transpiler",
     "layers",
     "name_scope",
     "optimizer",

@@ -112,6 +112,14 @@ def save_inference_model(dirname, feeded_var_names, target_vars, executor, main_
         feeded_var_names = [feeded_var_names]
     if isinstance(target_vars, Variable):
         target_vars = [target_vars]
+    from pyfleet.fluid.backend import LocalBackend
+    backend = program._get_backend()
+    if (not program_only and model_filename is None and params_filename is None
+            and isinstance(backend, LocalBackend)):
+        # The self-contained format `pyfleet predict` and pyfleet.inference read.
+        from pyfleet import inference
+        return inference.save(dirname, program, list(feeded_var_names), list(target_vars),
+                              inference.LocalSource(backend))
     feed_names = list(feeded_var_names)
     block = program.global_block()
     for n in feed_names:
@@ -148,6 +156,11 @@ def load_inference_model(dirname, executor, model_filename=None, params_filename
         raise ValueError(f"no inference model at {path}") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"{path} is not a valid model description: {e}") from None
+    if "inference" in desc:  # written by pyfleet.inference (fleet or local)
+        from pyfleet import inference
+        p = inference.load(dirname)
+        block = p.program.global_block()
+        return [p.program, list(p.feed_names), [block.var(n) for n in p.fetch_names]]
     program = Program.from_dict(desc)
     backend = LocalBackend()
     backend.load(dirname, program.all_parameters())
