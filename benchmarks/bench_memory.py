@@ -142,8 +142,8 @@ def main(argv=None):
           f"table dim {a.dim}, Adam")
     print(f"{'run':<34}{'peak RSS GiB':>13}{'rows kept':>14}{'rows max':>14}"
           f"{'table GiB':>11}{'seconds':>9}")
-    for name, r in (("no policy", none), (f"CountFilterEntry({a.admission}) + shrink("
-                                            f"{a.max_unseen_passes})/pass", pol)):
+    policy_name = f"CountFilterEntry({a.admission}) + shrink({a.max_unseen_passes})/pass"
+    for name, r in (("no policy", none), (policy_name, pol)):
         print(f"{name:<34}{r['peak_rss_bytes'] / gib:>13.2f}{r['rows_end']:>14,}"
               f"{r['rows_max']:>14,}{r['table_memory_bytes'] / gib:>11.2f}{r['seconds']:>9.1f}")
     print(f"peak RSS policy / none = {ratio:.3f} (target <= 0.40: "

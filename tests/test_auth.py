@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import test_service_faults as F  # the fuzz tests, reused against an authenticated server
 import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -20,11 +21,9 @@ from pyfleet import auth
 from pyfleet import protocol as P
 from pyfleet.client import Client
 from pyfleet.errors import PeerTimeout, RemoteError
-from pyfleet.optimizer import Adam, SGD
+from pyfleet.optimizer import SGD, Adam
 from pyfleet.protocol import Op
 from pyfleet.server import Server
-
-import test_service_faults as F  # the fuzz tests, reused against an authenticated server
 
 pytestmark = [pytest.mark.timeout(180)]
 

@@ -134,11 +134,10 @@ def _start(n, cmd, extra_env, log_dir):
     for role, names in (("server", n.servers), ("worker", n.workers)):
         for i, ns in enumerate(names):
             env = _base_env({**extra_env, **role_env(role, i, _endpoints(), len(n.workers))})
-            log = open(log_dir / f"{role}{i}.log", "wb")
-            procs.append((f"{role}{i}", subprocess.Popen(
-                ["ip", "netns", "exec", ns, *cmd], env=env, stdout=log,
-                stderr=subprocess.STDOUT)))
-            log.close()
+            with open(log_dir / f"{role}{i}.log", "wb") as log:
+                procs.append((f"{role}{i}", subprocess.Popen(
+                    ["ip", "netns", "exec", ns, *cmd], env=env, stdout=log,
+                    stderr=subprocess.STDOUT)))
     return procs
 
 
@@ -177,7 +176,7 @@ def test_training_across_namespaces(netns, keys, tmp_path):
     assert codes == {"server0": 0, "server1": 0, "worker0": 0, "worker1": 0}, \
         _logs(tmp_path / "logs")
     results = [json.loads((run_dir / f"worker{i}.json").read_text()) for i in range(2)]
-    train_rows = sum(1 for _ in open(data["train"]))
+    train_rows = len(Path(data["train"]).read_text().splitlines())
     assert sum(r["examples"] for r in results) == train_rows
     # both servers held rows of the sparse table (keys were routed across hosts)
     rows = [t["rows"] for s in results[0]["servers"] for t in s["tables"].values()
