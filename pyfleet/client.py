@@ -117,22 +117,45 @@ class _Channel:
         return call
 
     def wait(self, calls):
-        """Block until every call is answered or expired; raise the first failure."""
-        for c in calls:
-            while not c.done:
-                with self.lock:
-                    if c.done:
-                        break
-                    left = c.deadline - time.monotonic()
-                    if left <= 0:
+        """Block until every call is answered or expired; raise the first failure
+        as soon as one call fails (the others are abandoned: a barrier on a live
+        server must not outwait a dead one). A long call (a barrier, a save) to
+        a server that stopped answering heartbeats fails once it has been
+        silent for the client's ``timeout``, not at the call's own deadline."""
+        while True:
+            with self.lock:
+                now = time.monotonic()
+                for c in calls:
+                    if not c.done and c.timeout > self.client.timeout and \
+                            c.op != Op.HEARTBEAT:
+                        err = self.client._silent_error(c.server, now)
+                        if err is not None:
+                            self._drop(c)
+                            c.done, c.error = True, err
+                failed = next((c for c in calls if c.done and c.error is not None), None)
+                if failed is not None:
+                    for c in calls:
+                        self._drop(c)
+                    raise failed.error
+                waiting = [c for c in calls if not c.done]
+                if not waiting:
+                    return [c.reply for c in calls]
+                late = [c for c in waiting if c.deadline <= now]
+                for c in late:
+                    if not c.done:
                         self._expire(c.server)
-                        break
-                    # Short slices let other threads use this channel too.
-                    self._pump(min(50, max(1, int(1000 * left))))
-        for c in calls:
-            if c.error is not None:
-                raise c.error
-        return [c.reply for c in calls]
+                if late:
+                    continue
+                left = min(c.deadline for c in waiting) - now
+                # Short slices let other threads use this channel too.
+                self._pump(min(50, max(1, int(1000 * left))))
+
+    def _drop(self, call):
+        """Forget ``call`` (its late answer, if any, is then ignored)."""
+        if not call.done:
+            for rid, c in list(self.pending.items()):
+                if c is call:
+                    del self.pending[rid]
 
     def _pump(self, wait_ms):
         servers = {c.server for c in self.pending.values()}
@@ -380,6 +403,7 @@ class Client:
         self._pusher = _Pusher(self, max(1, int(max_queued_pushes)))
         self._hb_stop = threading.Event()
         self._hb_thread = None
+        self._answered = [time.monotonic()] * self.num_servers  # last heartbeat answer
         if self.heartbeat_interval > 0:
             self._hb_thread = threading.Thread(target=self._heartbeat_loop,
                                                name="pyfleet-heartbeat", daemon=True)
@@ -692,13 +716,34 @@ class Client:
     def heartbeat(self):
         return self._control_all(Op.HEARTBEAT, {"worker": self.worker_index})
 
+    def _silent_error(self, server, now):
+        """A PeerTimeout when ``server`` has answered no heartbeat for longer
+        than ``timeout`` (None otherwise, or without heartbeats)."""
+        if self._hb_thread is None:
+            return None
+        silent = now - self._answered[server]
+        if silent <= self.timeout + self.heartbeat_interval:
+            return None
+        return PeerTimeout(f"server {server} ({self.endpoints[server]}) answered no heartbeat "
+                           f"for {silent:.1f} s (timeout {self.timeout:g} s); is it running?")
+
     def _heartbeat_loop(self):
+        payload = {"worker": self.worker_index}
+        timeout = max(self.heartbeat_interval, 0.5)
         while not self._hb_stop.wait(self.heartbeat_interval):
-            try:
-                self._control_all(Op.HEARTBEAT, {"worker": self.worker_index},
-                                  timeout=max(self.heartbeat_interval, 0.5))
-            except PyfleetError as e:
-                log.debug("heartbeat failed: %s", e)
+            ch = self._channel()
+            calls = []
+            for s in range(self.num_servers):  # each server on its own: one dead hides none
+                try:
+                    calls.append(self._send(ch, s, Op.HEARTBEAT, timeout, payload=payload))
+                except PyfleetError as e:
+                    log.debug("heartbeat failed: %s", e)
+            for c in calls:
+                try:
+                    ch.wait([c])
+                    self._answered[c.server] = time.monotonic()
+                except PyfleetError as e:
+                    log.debug("heartbeat failed: %s", e)
         ch = getattr(self._local, "channel", None)
         if ch is not None:
             ch.close()

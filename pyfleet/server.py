@@ -218,6 +218,7 @@ class Server:
         self._done = threading.Event()
         self._ran = False
         self._export_snapshots = {}               # table id -> sorted keys of an export
+        self.failure = None  # why run() ended before every worker stopped (None: it did not)
 
         host, port = _split_endpoint(endpoint)
         if curve_client_keys is not None and curve_secret_key is None:
@@ -279,8 +280,10 @@ class Server:
         return sock
 
     def run(self):
-        """Serve until every worker has called ``stop_worker`` or :meth:`stop`.
-        Blocks; returns normally (closing the sockets) in both cases."""
+        """Serve until every worker has called ``stop_worker`` or :meth:`stop`,
+        or until every worker has stopped or died, one at least dead (then
+        :attr:`failure` says which; ``python -m pyfleet.server`` exits 1).
+        Blocks; returns normally (closing the sockets) in every case."""
         if self._ran:
             raise RuntimeError("Server.run() may be called once")
         self._ran = True
@@ -574,6 +577,7 @@ class Server:
             return
         self._last_house = now
         with self._lock:
+            self._check_abandoned(now)
             if not self._waiting:
                 return
             live = set(range(self.worker_num)) - self._stopped
@@ -599,6 +603,23 @@ class Server:
             self._sync_buf = {}  # that step's gradients die with it
         for m in out:
             Z.send_frames(sock, m, copy=False)
+
+    def _check_abandoned(self, now):
+        """End :meth:`run` (``failure`` set) once every worker has stopped or
+        gone silent for ``heartbeat_timeout``, at least one silent: a killed
+        worker never sends ``stop_worker``, and nothing is left to serve.
+        Caller holds ``self._lock``."""
+        if self.failure is not None:
+            return
+        gone = sorted(w for w in set(range(self.worker_num)) - self._stopped
+                      if w in self._last_seen
+                      and now - self._last_seen[w] > self.heartbeat_timeout)
+        if gone and len(self._stopped) + len(gone) == self.worker_num:
+            self.failure = (f"server {self.server_index} ({self.endpoint}) gives up: worker(s) "
+                            f"{gone} sent nothing for more than {self.heartbeat_timeout:g} s "
+                            f"(dead?) and every other worker has stopped")
+            log.error("%s", self.failure)
+            self._done.set()
 
     def _heartbeat(self, h, op, frames, ident):
         payload = self._control_payload(frames, op)
@@ -997,6 +1018,9 @@ def main(argv=None):
     signal.signal(signal.SIGINT, lambda *_: server.stop())
     print(f"pyfleet.server ready on {server.endpoint}", flush=True)
     server.run()
+    if server.failure is not None:
+        print(f"pyfleet.server: {server.failure}", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 
