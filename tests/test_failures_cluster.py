@@ -55,11 +55,10 @@ class Job:
         env = {**os.environ, **role_env(role, index, self.endpoints, self.workers,
                                         self.job["mode"]),
                "PYFLEET_CHECKPOINT_DIR": str(self.root), "OMP_NUM_THREADS": "1"}
-        log = open(os.path.join(self.run_dir, f"{role}.{index}.log"), "w")
-        p = subprocess.Popen(cmd or [sys.executable, "-m", "pyfleet.trainer", self.path],
-                             env=env, stdout=log, stderr=subprocess.STDOUT,
-                             stdin=subprocess.PIPE if cmd else subprocess.DEVNULL)
-        log.close()
+        with open(os.path.join(self.run_dir, f"{role}.{index}.log"), "w") as log:
+            p = subprocess.Popen(cmd or [sys.executable, "-m", "pyfleet.trainer", self.path],
+                                 env=env, stdout=log, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.PIPE if cmd else subprocess.DEVNULL)
         self.procs[role, index] = p
         return p
 
@@ -139,7 +138,7 @@ def test_killed_server_in_async_training_then_resume(jobs, data):
     print(f"\nkilled server 1: both workers failed naming it after {detect:.2f} s "
           f"(request_timeout {j.job['request_timeout']:g} s)")
     srv = j.wait_exit([("server", 0)], 60)
-    rc, t = srv["server", 0]
+    rc, _ = srv["server", 0]
     assert rc != 0 and "gives up: worker(s) [0, 1]" in j.log("server", 0)
     print(f"server 0 exited {rc} on its own {time.monotonic() - killed_at:.2f} s after the "
           f"kill (heartbeat_timeout {j.job['heartbeat_timeout']:g} s)")
