@@ -135,7 +135,10 @@ class _Cluster:
         self.ck.mkdir()
         self.server = Server("127.0.0.1:0", 0, 1, 1, checkpoint_dir=self.ck, curve_secret_key=secret,
                              curve_client_keys=self.keys / "authorized_clients",
-                             max_message_bytes=1 << 20)
+                             max_message_bytes=1 << 20,
+                             # clients here skip heartbeats; a server whose every
+                             # worker looks dead exits, which is not under test
+                             heartbeat_timeout=600)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         self.endpoint = self.server.endpoint
