@@ -47,6 +47,32 @@ def feed_of(batch, model):
     return feed
 
 
+def _prefetching(batches, backend, program):
+    """``batches``, each yielded after the sparse pull of the one after it was
+    started (``backend.prefetch_sparse``, async mode), so that pull travels
+    while this step computes. A backend without the hook gets plain batches."""
+    prefetch = getattr(backend, "prefetch_sparse", None)
+    tables = [p.name for p in program.all_parameters() if p.is_sparse_table]
+
+    def start(batch):
+        if prefetch is not None and tables and batch is not None:
+            # Every slot shares each table: its pull is the sorted unique ids of all slots.
+            ids = np.concatenate([ids for ids, _ in batch.sparse])
+            keys = np.unique(ids.view(np.uint64) if ids.dtype == np.int64 else
+                             ids.astype(np.uint64, copy=False))
+            for name in tables:
+                prefetch(name, keys)
+
+    it = iter(batches)
+    batch = next(it, None)
+    start(batch)
+    while batch is not None:
+        nxt = next(it, None)
+        start(nxt)
+        yield batch
+        batch = nxt
+
+
 def _dataset(job, paths, worker_index, worker_num, shuffle=False, prefetch=4):
     from pyfleet.data import Dataset
     return Dataset(paths, format=job["format"], batch_size=job["batch_size"],
@@ -176,7 +202,7 @@ def run_role(job):
     for epoch in range(1, int(job["epochs"]) + 1):
         data = _dataset(job, job["train"], wi, wn, shuffle=True)
         t0 = time.perf_counter()
-        for batch in data:
+        for batch in _prefetching(data, main._backend, main):
             loss, pred = exe.run(main, feed=feed_of(batch, model),
                                  fetch_list=[model.avg_cost, model.predict])
             progress.update(epoch, pred.reshape(-1), batch.labels, loss.reshape(-1)[0])
