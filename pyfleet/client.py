@@ -755,18 +755,28 @@ class Client:
         self._hb_stop.set()
         return self._control_all(Op.STOP_WORKER, {"worker": self.worker_index})
 
-    def save(self, dirname, mode="full"):
-        """Every server saves its shards under ``<checkpoint_dir>/<dirname>``."""
+    def save(self, dirname, mode="full", timeout=None):
+        """Every server saves its shards under ``<checkpoint_dir>/<dirname>``;
+        returns each server's ``{"rows", "files", "file_info"}``. ``timeout``:
+        seconds the save may take (default: 10 x the request timeout, since a
+        big table takes long to write); a server that dies meanwhile still
+        fails the call within the request timeout (it stops answering
+        heartbeats)."""
         if mode not in ("full", "delta"):
             raise ValueError(f"mode must be 'full' or 'delta', got {mode!r}")
         self.flush()
-        return self._control_all(Op.SAVE, {"dir": str(dirname), "mode": mode})
+        return self._control_all(Op.SAVE, {"dir": str(dirname), "mode": mode},
+                                 timeout=10 * self.timeout if timeout is None else timeout)
 
-    def load(self, dirname):
+    def load(self, dirname, timeout=None):
         """Every server loads its keys from ``<checkpoint_dir>/<dirname>``
-        (written by any number of servers)."""
+        (written by any number of servers; a ``fleet.save_persistables``
+        directory, or a list of them, is verified first, see
+        ``Server.load_checkpoint``). ``timeout`` as for :meth:`save`."""
         self.flush()
-        return self._control_all(Op.LOAD, {"dir": str(dirname)})
+        dirs = [str(d) for d in dirname] if isinstance(dirname, (list, tuple)) else str(dirname)
+        return self._control_all(Op.LOAD, {"dir": dirs},
+                                 timeout=10 * self.timeout if timeout is None else timeout)
 
     def shrink(self, max_unseen_passes=None, min_update_count=None, min_score=None,
                decay=None, tables=None):

@@ -208,6 +208,10 @@ def test_delta_chain_restores_the_state_of_a_full_save(root, data):
         assert_same_state(c.state(), want)
     with cluster(2, data, model_dir=["ck", "elsewhere"]) as c:
         assert_same_state(c.state(), want)
+    with cluster(2, data) as c:  # the same through the service, into running servers
+        loaded = c.worker._client.load(["ck", "elsewhere"])
+        assert len(loaded) == 2
+        assert_same_state(c.state(), want)
     assert other["parent"] == m2["id"]
     # the chain in "ck" alone is the state two batches earlier, not the last one
     assert any(not np.array_equal(got_chain[n]["update_count"].sum(),
