@@ -86,6 +86,11 @@ def read_manifest(path):
             and _GEN_RE.fullmatch(g["dir"]) and isinstance(g.get("files"), dict)
             for g in chain):
         raise ValueError(f"{mpath}: 'chain' must be a non-empty list of generations")
+    for g in chain:
+        bad = [n for n in g["files"] if not isinstance(n, str) or os.path.basename(n) != n
+               or n.startswith(".") or not isinstance(g["files"][n], dict)]
+        if bad:  # names are joined to the generation's path: no way out of it
+            raise ValueError(f"{mpath}: generation {g['dir']} lists bad file names {bad[:3]}")
     return m
 
 

@@ -238,3 +238,13 @@ def test_reshard_keeps_every_key_once_with_its_state(root, data, before, after):
     # dense blocks move between servers: their weights are exact, their
     # optimizer state restarts (docs/operations.md); sparse rows keep everything
     assert_same_state(got, want)
+
+
+def test_a_manifest_naming_files_outside_its_generation_is_refused(root, data):
+    with cluster(1, data) as c:
+        m = c.worker.save_persistables(c.exe, "ck")
+    gen = m["chain"][0]
+    gen["files"]["../../escape.bin"] = next(iter(gen["files"].values()))
+    (root / "ck" / MANIFEST_NAME).write_text(json.dumps(m))
+    with pytest.raises(ValueError, match="bad file names"):
+        Cluster(1, data, model_dir="ck")
