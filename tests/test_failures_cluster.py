@@ -314,3 +314,37 @@ def test_pyfleet_train_leaves_no_process(tmp_path, interrupt):
         assert p.returncode == 0, out[-2000:]
         assert "lingering" not in out and "terminating" not in out, out[-2000:]
     assert _pids_running(marker) == []
+
+
+IDLE_WORKER = r"""
+import sys, time
+from pyfleet.client import Client
+c = Client(sys.argv[1].split(","), worker_index=1, timeout=10)
+print("connected", flush=True)
+time.sleep(600)
+"""
+
+
+def test_servers_exit_1_when_a_killed_async_worker_never_stops(tmp_path):
+    from pyfleet._service_testing import ServerGroup
+    from pyfleet.client import Client
+    script = tmp_path / "idle.py"
+    script.write_text(IDLE_WORKER)
+    with ServerGroup(2, 2, mode="async", heartbeat_timeout=2.0) as g:
+        w1 = subprocess.Popen([sys.executable, str(script), ",".join(g.endpoints)],
+                              stdout=subprocess.PIPE)
+        try:
+            assert w1.stdout.readline() == b"connected\n"
+            with Client(g.endpoints, worker_index=0, timeout=10) as c:
+                w1.kill()
+                killed_at = time.monotonic()
+                c.stop_worker()
+            codes = g.wait(60)
+            took = time.monotonic() - killed_at
+        finally:
+            w1.kill()
+            w1.wait(10)
+            w1.stdout.close()
+    assert codes == [1, 1]
+    print(f"\nkilled async worker 1, worker 0 stopped: servers exited {codes} {took:.2f} s "
+          f"after the kill (heartbeat_timeout 2 s)")
