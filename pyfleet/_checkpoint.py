@@ -41,7 +41,8 @@ import shutil
 import time
 import uuid
 
-__all__ = ["MANIFEST_NAME", "MANIFEST_VERSION", "commit", "file_info", "new_generation",
+__all__ = ["MANIFEST_NAME", "MANIFEST_VERSION", "build_manifest", "commit", "file_info",
+           "new_generation",
            "read_manifest", "resolve", "verify_generation"]
 
 MANIFEST_NAME = "MANIFEST.json"
