@@ -74,8 +74,9 @@ class RemoteBackend(Backend):
       trains measurably worse early on (test AUC -0.006 after 90k examples of
       the synthetic set), so it is an opt-in.
     - sync: pushes are buffered by the servers; :meth:`step_end` is the
-      barrier after which the averaged update is applied, so the next pull
-      sees every worker's step.
+      barrier (after flushing this worker's sparse push, sent in the
+      background meanwhile) after which the averaged update is applied, so
+      the next pull sees every worker's step.
     - geo: sparse rows train on a local copy; deltas every ``geo_k_steps``.
 
     Tables are created by :meth:`Fleet.init_worker` from the program, so the
@@ -127,7 +128,9 @@ class RemoteBackend(Backend):
         queue.append((keys, self.client.pull_sparse_async(name, keys)))
 
     def push_sparse(self, name, keys, grads):
-        if self.mode == "async":
+        # Sync too: the push travels while the dense push is sent, and step_end's
+        # barrier flushes it (raising its error) before the servers apply the step.
+        if self.mode in ("async", "sync"):
             self.client.push_sparse_async(name, keys, grads)
         else:
             self._sparse.push_sparse(name, keys, grads)
