@@ -348,8 +348,12 @@ void SparseTable::PushShard(Shard& s, Batch& b, size_t lo, size_t hi, const floa
         for (size_t i = 0; i < state_dim_; ++i) StoreRelaxed(rs + i, st[i]);
       }
       RowMeta* meta = s.rows.Meta(row);
-      const uint32_t count = LoadField(&meta->update_count);
-      if (count != 0xFFFFFFFFu) StoreField(&meta->update_count, count + 1);
+      // Counted atomically (unlike the Hogwild weights): shrink and the
+      // checkpoint tests rely on the count matching the updates applied.
+      std::atomic_ref<uint32_t> count(meta->update_count);
+      if (count.fetch_add(1, std::memory_order_relaxed) == 0xFFFFFFFFu) {
+        count.store(0xFFFFFFFFu, std::memory_order_relaxed);  // saturate
+      }
       StoreField<uint16_t>(&meta->unseen_passes, 0);
       StoreField<uint16_t>(&meta->flags, kRowDirty | kRowTouched);
     }
