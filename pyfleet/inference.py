@@ -294,17 +294,11 @@ def load(dirname):
     needed). Raises ValueError naming a missing or malformed file."""
     from pyfleet import initializer as _init
     from pyfleet.fluid.framework import Program
-    from pyfleet.fluid.io import MODEL_FILENAME
+    from pyfleet.fluid.io import MODEL_FILENAME, read_model_desc
     from pyfleet.optimizer import SGD
     from pyfleet.table import SparseTable
     path = os.path.join(dirname, MODEL_FILENAME)
-    try:
-        with open(path) as f:
-            desc = json.load(f)
-    except FileNotFoundError:
-        raise ValueError(f"no inference model at {path}") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not a valid model description: {e}") from None
+    desc = read_model_desc(path)
     section = desc.get("inference")
     if not isinstance(section, dict) or section.get("format") != INFERENCE_FORMAT:
         raise ValueError(f"{path} was not written by pyfleet.inference.save (for "

@@ -143,19 +143,23 @@ def save_inference_model(dirname, feeded_var_names, target_vars, executor, main_
     return [t.name for t in targets]
 
 
+def read_model_desc(path):
+    """The JSON model description at ``path``; ValueError naming it if missing or bad."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise ValueError(f"no inference model at {path}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not a valid model description: {e}") from None
+
+
 def load_inference_model(dirname, executor, model_filename=None, params_filename=None,
                          pserver_endpoints=None):
     """``[program, feed_names, fetch_vars]``; the program computes only and
     holds its parameters in a fresh :class:`LocalBackend`."""
     from pyfleet.fluid.backend import LocalBackend
-    path = os.path.join(dirname, model_filename or MODEL_FILENAME)
-    try:
-        with open(path) as f:
-            desc = json.load(f)
-    except FileNotFoundError:
-        raise ValueError(f"no inference model at {path}") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not a valid model description: {e}") from None
+    desc = read_model_desc(os.path.join(dirname, model_filename or MODEL_FILENAME))
     if "inference" in desc:  # written by pyfleet.inference (fleet or local)
         from pyfleet import inference
         p = inference.load(dirname)
