@@ -4,10 +4,10 @@
 // (chunks are appended, never reallocated), so a reader holding a row id under
 // its shard's shared lock may use it while other rows are added elsewhere.
 // The first chunk holds kFirstChunkRows rows (small tables stay small), every
-// later one kChunkRows. A chunk is split into three column blocks so that a pull touches
-// only the weights:
+// later one kChunkRows. A chunk is three separately allocated column blocks,
+// so that a pull touches only the weights:
 //
-//   chunk: | weights[rows][dim] | state[rows][state_dim] | meta[rows] |
+//   chunk: weights[rows][dim]    state[rows][state_dim]    meta[rows]
 //
 //   RowMeta (16 bytes):
 //   +--------------+---------------+-------+------+-------+
