@@ -19,6 +19,7 @@ The reference configuration: embedding dim 16, layers 256-128-64, Adam lr
 
 from pyfleet.fluid import layers as L
 from pyfleet.fluid.framework import ParamAttr
+from pyfleet.initializer import Constant
 
 __all__ = ["DNN", "LR", "MODELS", "CTRModel", "DeepFM", "WideDeep", "build"]
 
@@ -85,7 +86,11 @@ def _wide_logit(dense, slots, table, dtype):
     """``w . dense + b + sum over slots of each id's dim-1 weight``."""
     first = _pooled(slots, table + "_first_order", 1, dtype)
     sparse_part = L.reduce_sum(L.concat(first, axis=1), dim=1, keep_dim=True)
-    return L.elementwise_add(L.fc(dense, 1), sparse_part)
+    # Zeros, as logistic regression starts: Xavier weights on raw log counts
+    # (values up to ~10) give logits of +-5 that Adam at 0.001 takes a pass
+    # to undo.
+    linear = L.fc(dense, 1, param_attr=ParamAttr(initializer=Constant(0.0)))
+    return L.elementwise_add(linear, sparse_part)
 
 
 def LR(num_dense=13, num_slots=26, embedding_dim=16, layers=(256, 128, 64),

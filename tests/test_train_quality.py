@@ -83,9 +83,9 @@ def test_async_two_workers_close_to_single_process(data, local_dnn, tmp_path):
 
 
 def test_dnn_beats_lr_and_approaches_the_truth(data, local_dnn, tmp_path):
-    # LR at the DNN's rate 0.001 stays near AUC 0.5 for this many steps: its
-    # dense fc starts with large logits on the unnormalized log-counts. At 0.05
-    # it converges, so the comparison is between two trained models.
+    # LR has one weight per id and learns slowly at the DNN's rate 0.001; at
+    # 0.05 it converges within the pass, so the comparison is between two
+    # trained models.
     lr = _cluster(data, tmp_path, 1, 1, "async", model="lr", lr=0.05)
     truth = data["truth_auc_test"]
     print(f"\nground truth {truth:.4f}; DNN {local_dnn['test_auc']:.4f} "
