@@ -60,9 +60,10 @@ def _train_parser(sub):
 
 
 def _split_paths(value):
+    """A comma-separated path list as absolute paths (the roles run elsewhere)."""
     if value is None:
         return None
-    parts = [v for v in value.split(",") if v]
+    parts = [os.path.abspath(v) for v in value.split(",") if v]
     return parts[0] if len(parts) == 1 else parts
 
 
@@ -164,11 +165,14 @@ def cmd_train(args):
             auth.client_options_from_env(env)
         except ValueError as e:
             raise SystemExit(f"pyfleet train: --curve-dir: {e}") from None
+    # Roles run in the run directory: `python -m` puts the working directory
+    # first on sys.path, and a source checkout there (where `pip install .`
+    # was typed) would shadow the installed package and its compiled modules.
     cmd = [sys.executable, "-m", "pyfleet.trainer", job_path]
     started = time.time()
     code = launch_local(lambda role, index: cmd, servers=args.servers, workers=args.workers,
                         env=env, log_dir=os.path.join(run_dir, "logs"), timeout=args.timeout,
-                        mode=args.mode)
+                        mode=args.mode, cwd=run_dir)
     if code != 0:
         print(f"pyfleet train: the job failed (exit code {code}); logs in {run_dir}/logs",
               file=sys.stderr)

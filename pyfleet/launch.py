@@ -193,7 +193,8 @@ def launch_local(cmd_for_role: CmdForRole, servers: int, workers: int,
                  server_endpoints: Sequence[str] | None = None,
                  mode: str | None = None, grace_period: float = 30.0,
                  output: TextIO | None = None, messages: TextIO | None = None,
-                 host: str = "127.0.0.1", stop_timeout: float = 5.0) -> int:
+                 host: str = "127.0.0.1", stop_timeout: float = 5.0,
+                 cwd: str | os.PathLike | None = None) -> int:
     """Run ``servers`` servers and ``workers`` workers locally and supervise them.
 
     ``cmd_for_role`` is the argv of every role, or a callable ``(role, index) -> argv`` with
@@ -202,7 +203,7 @@ def launch_local(cmd_for_role: CmdForRole, servers: int, workers: int,
     ``host``) must have ``servers`` entries. ``output`` receives the prefixed role lines
     (default ``sys.stdout``), ``messages`` the launcher's own reports (default
     ``sys.stderr``). ``stop_timeout`` is how long a stopped role has between SIGTERM and
-    SIGKILL.
+    SIGKILL. ``cwd`` is the roles' working directory (default: the launcher's).
 
     Blocks until the job ends; returns 0 on success, else the failing role's exit code,
     :data:`EXIT_TIMEOUT` on timeout, or 128 + signal when interrupted. Every child process
@@ -279,7 +280,8 @@ def launch_local(cmd_for_role: CmdForRole, servers: int, workers: int,
                 role.log = open(Path(log_dir) / f"{role.label}.log", "w",  # noqa: SIM115
                                 encoding="utf-8")  # closed in the finally below
             try:
-                role.proc = subprocess.Popen(argv, env=child_env, stdin=subprocess.DEVNULL,
+                role.proc = subprocess.Popen(argv, env=child_env, cwd=cwd,
+                                             stdin=subprocess.DEVNULL,
                                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                              start_new_session=True,
                                              preexec_fn=preexec)  # noqa: PLW1509
