@@ -451,6 +451,22 @@ class Fleet:
         return inference.save(dirname, program, feeded_var_names, target_vars,
                               inference.RemoteSource(client, self._tables))
 
+    def push_show_click(self, keys, shows, clicks, tables=None):
+        """Add show/click counts of ``keys`` to every sparse table (or those named
+        in ``tables``): what ``shrink(min_score=...)`` scores rows by."""
+        client = self._require_worker("push_show_click")
+        names = tables or [c["name"] for c in self._tables if c["kind"] == "sparse"]
+        for name in names:
+            client.push_show_click(name, keys, shows, clicks)
+
+    def shrink(self, max_unseen_passes=None, min_score=None, decay=None,
+               min_update_count=None):
+        """End a pass on every server's sparse tables (see ``SparseTable.shrink``);
+        returns each server's rows dropped per table."""
+        return self._require_worker("shrink").shrink(
+            max_unseen_passes=max_unseen_passes, min_update_count=min_update_count,
+            min_score=min_score, decay=decay)
+
     def stats(self):
         """Every server's counters and table stats (workers only)."""
         return self._require_worker("stats").stats()

@@ -54,6 +54,16 @@ def _train_parser(sub):
     p.add_argument("--admission-count", type=int, default=None, metavar="N",
                    help="admit a sparse key as a trainable row only once it was pulled N "
                         "times (CountFilterEntry(N)); default: every key on first sight")
+    p.add_argument("--show-click", action="store_true",
+                   help="send each batch's per-id show/click counts to the servers "
+                        "(Paddle's CTR accessor), for --shrink-min-score")
+    p.add_argument("--shrink-min-score", type=float, default=None, metavar="S",
+                   help="at the end of every pass drop rows whose decayed show/click score "
+                        "0.1*(show-click)+click is below S (needs --show-click)")
+    p.add_argument("--shrink-decay", type=float, default=0.98, metavar="D",
+                   help="per-pass decay of the show/click counters (default 0.98)")
+    p.add_argument("--shrink-unseen-passes", type=int, default=None, metavar="T",
+                   help="at the end of every pass drop rows not updated for more than T passes")
     p.add_argument("--timeout", type=float, default=None,
                    help="stop the job after this many seconds")
     return p
@@ -126,6 +136,11 @@ def cmd_train(args):
         raise SystemExit("pyfleet train: --servers and --workers must be >= 1")
     if args.admission_count is not None and args.admission_count < 1:
         raise SystemExit("pyfleet train: --admission-count must be >= 1")
+    if args.shrink_min_score is not None and not args.show_click:
+        raise SystemExit("pyfleet train: --shrink-min-score needs --show-click (without "
+                         "counts every row scores 0)")
+    if not 0.0 < args.shrink_decay <= 1.0:
+        raise SystemExit("pyfleet train: --shrink-decay must be in (0, 1]")
     run_dir = args.run_dir or args.checkpoint_dir or os.path.join(
         "runs", time.strftime("%Y%m%d-%H%M%S"))
     run_dir = os.path.abspath(run_dir)
@@ -150,7 +165,9 @@ def cmd_train(args):
            "lr": args.lr, "batch_size": args.batch_size, "epochs": args.epochs,
            "mode": args.mode, "seed": args.seed, "run_dir": run_dir, "resume": resume,
            "n_dense": schema.n_dense, "n_slots": schema.n_slots,
-           "admission_count": args.admission_count}
+           "admission_count": args.admission_count, "show_click": args.show_click,
+           "shrink_min_score": args.shrink_min_score, "shrink_decay": args.shrink_decay,
+           "shrink_unseen_passes": args.shrink_unseen_passes}
     job_path = os.path.join(run_dir, "job.json")
     with open(job_path, "w") as f:
         json.dump(job, f, indent=1)

@@ -557,6 +557,23 @@ class Client:
         grads = _check_values(grads, (keys.shape[0], dim), "grads")
         self._pusher.submit(table, P.Flag.ADD_DELTA if delta else 0, keys, grads).result()
 
+    def push_show_click(self, table, keys, shows, clicks):
+        """Add show and click counts (float32 ``[n]`` each) to the rows of ``keys``
+        (equal keys summed first); the servers' ``shrink(min_score=...)`` reads
+        them. Waits until every server applied them."""
+        keys = _check_keys(keys)
+        self._sparse_dim(table)
+        n = keys.shape[0]
+        values = np.stack([_check_values(shows, (n,), "shows"),
+                           _check_values(clicks, (n,), "clicks")], axis=1)
+        uk, sums = segment_sum(keys, values)
+        ch = self._channel()
+        calls = [self._send(ch, s, Op.PUSH_SHOW_CLICK, table=self._ids[s][table], keys=sub,
+                            values=sums if pos is None else np.ascontiguousarray(sums[pos]),
+                            dim=2)
+                 for s, sub, pos in self._split(uk)]
+        ch.wait(calls)
+
     def _push_now(self, table, keys, grads, flags):
         dim = self._sparse[table]
         uk, sums = segment_sum(keys, grads)

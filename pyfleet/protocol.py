@@ -23,6 +23,8 @@ Every message is a ZeroMQ multipart message. A request is::
     EXPORT_SPARSE  JSON {"after": key|null, "limit": n}    keys, values (count x dim), JSON
                    (one page of a table shard's rows in     {"next": last key|null}; the next
                    ascending key order, weights only)       page starts after "next"
+    PUSH_SHOW_CLICK keys, values (count x 2 x float32:     -
+                   show, click per key; dim = 2)
     control ops    JSON object (UTF-8)                     JSON object (UTF-8)
 
 An error reply has ``status`` != OK and one JSON frame ``{"error": message}``.
@@ -87,6 +89,7 @@ class Op(enum.IntEnum):
     PULL_DENSE = 3
     PUSH_DENSE = 4
     EXPORT_SPARSE = 5
+    PUSH_SHOW_CLICK = 6
     BARRIER = 16
     HEARTBEAT = 17
     STOP_WORKER = 18
@@ -99,7 +102,7 @@ class Op(enum.IntEnum):
 
 
 DATA_OPS = frozenset({Op.PULL_SPARSE, Op.PUSH_SPARSE, Op.PULL_DENSE, Op.PUSH_DENSE,
-                      Op.EXPORT_SPARSE})
+                      Op.EXPORT_SPARSE, Op.PUSH_SHOW_CLICK})
 CONTROL_OPS = frozenset(set(Op) - DATA_OPS)
 
 

@@ -434,6 +434,18 @@ class Server:
         self._apply(e, h, keys, grads, delta)
         return [[ident] + P.reply(h)]
 
+    def _push_show_click(self, h, op, frames, ident):
+        self._frames(frames, 2, op)
+        e = self._entry(h.table, "sparse", op)
+        if h.dim != 2:
+            raise ProtocolError(f"PUSH_SHOW_CLICK carries 2 floats a key (show, click), "
+                                f"got dim {h.dim}")
+        keys = P.keys_from(frames[0], h.count)
+        values = P.values_from(frames[1], h.count, 2, "show/click")
+        e.table.add_show_click(keys, np.ascontiguousarray(values[:, 0]),
+                               np.ascontiguousarray(values[:, 1]))
+        return [[ident] + P.reply(h)]
+
     def _pull_dense(self, h, op, frames, ident):
         self._frames(frames, 0, op)
         e = self._entry(h.table, "dense", op)
@@ -910,7 +922,7 @@ class Server:
 
     _ops: ClassVar[dict] = {Op.PULL_SPARSE: _pull_sparse, Op.PUSH_SPARSE: _push_sparse,
             Op.PULL_DENSE: _pull_dense, Op.PUSH_DENSE: _push_dense,
-            Op.EXPORT_SPARSE: _export_sparse,
+            Op.EXPORT_SPARSE: _export_sparse, Op.PUSH_SHOW_CLICK: _push_show_click,
             Op.BARRIER: _barrier, Op.HEARTBEAT: _heartbeat, Op.STOP_WORKER: _stop_worker,
             Op.SAVE: _save, Op.LOAD: _load, Op.SHRINK: _shrink, Op.STATS: _stats,
             Op.CREATE_TABLES: _create_tables_op, Op.TABLES: _tables}

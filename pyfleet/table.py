@@ -138,6 +138,17 @@ class SparseTable:
         deltas = _values(deltas, (keys.shape[0], self.dim), "deltas")
         self._t.push(keys, deltas, True)
 
+    def add_show_click(self, keys, shows, clicks):
+        """Add to each key's show and click counters (float32 ``[n]`` each; Paddle's
+        CTR accessor): ``shrink(min_score=..., decay=...)`` decays them every pass
+        and drops rows whose score ``0.1 * (show - click) + click`` is below
+        ``min_score``. Keys without a row are ignored; negative or non-finite
+        counts raise ValueError and change nothing."""
+        keys = _keys(keys)
+        n = keys.shape[0]
+        self._t.add_show_click(keys, _values(shows, (n,), "shows"),
+                               _values(clicks, (n,), "clicks"))
+
     def initial_values(self, keys):
         """The rows ``keys`` start from, without touching the table."""
         keys = _keys(keys)
@@ -157,8 +168,8 @@ class SparseTable:
         return self._t.keys()
 
     def export(self, keys=None, with_state=False):
-        """``{"keys", "weights"[, "state", "update_count", "unseen_passes"]}`` for
-        ``keys`` (default: every row); keys without a row are left out."""
+        """``{"keys", "weights"[, "state"], "update_count", "unseen_passes", "show",
+        "click"}`` for ``keys`` (default: every row); keys without a row are left out."""
         k = self.keys() if keys is None else _keys(keys)
         return self._t.export(k, bool(with_state))
 

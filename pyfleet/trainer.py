@@ -33,7 +33,8 @@ JOB_DEFAULTS = {
     "seed": 0, "run_dir": None, "resume": None, "progress_interval": 2.0,
     "request_timeout": 60.0, "connect_timeout": 120.0, "barrier_timeout": 300.0,
     "heartbeat_timeout": 10.0, "save_model": True, "geo_k_steps": 100,
-    "admission_count": None,
+    "admission_count": None, "show_click": False, "shrink_min_score": None,
+    "shrink_decay": 0.98, "shrink_unseen_passes": None,
 }
 
 
@@ -103,6 +104,30 @@ def strategy_of(job):
     rt.barrier_timeout = job["barrier_timeout"]
     rt.heartbeat_timeout = job["heartbeat_timeout"]
     return cfg
+
+
+def show_click_of(batch):
+    """``(ids, shows, clicks)`` of a batch: every distinct feature id, the
+    instances it appears in (once per appearance), and the clicks among them
+    (Paddle's CTR accessor counts). Vectorized over slots and ids."""
+    ids = np.concatenate([ids for ids, _ in batch.sparse])
+    rows = np.concatenate([np.repeat(np.arange(len(batch)), np.diff(offsets))
+                           for _, offsets in batch.sparse])
+    uniq, inverse = np.unique(ids, return_inverse=True)
+    shows = np.bincount(inverse, minlength=uniq.shape[0]).astype(np.float32)
+    clicks = np.bincount(inverse, weights=batch.labels[rows],
+                         minlength=uniq.shape[0]).astype(np.float32)
+    return uniq, shows, clicks
+
+
+def _shrink_args(job):
+    args = {}
+    if job.get("shrink_min_score") is not None:
+        args["min_score"] = float(job["shrink_min_score"])
+        args["decay"] = float(job.get("shrink_decay", 0.98))
+    if job.get("shrink_unseen_passes") is not None:
+        args["max_unseen_passes"] = int(job["shrink_unseen_passes"])
+    return args
 
 
 def entry_of(job):
@@ -206,12 +231,16 @@ def run_role(job):
             loss, pred = exe.run(main, feed=feed_of(batch, model),
                                  fetch_list=[model.avg_cost, model.predict])
             progress.update(epoch, pred.reshape(-1), batch.labels, loss.reshape(-1)[0])
+            if job["show_click"]:
+                fleet.push_show_click(*show_click_of(batch))
         train_seconds += time.perf_counter() - t0
         progress.report(epoch)
         history.append({"pass": epoch, "examples": progress.examples,
                         "seconds": train_seconds, "malformed": data.stats()["malformed"]})
         fleet.barrier_worker()  # every worker finished the pass: the checkpoint is of it
         if wi == 0:
+            if _shrink_args(job):  # end of pass: decay show/click, drop stale rows
+                fleet.shrink(**_shrink_args(job))
             fleet.save_persistables(exe, os.path.join(run_dir, "checkpoint"))
     progress.close()
 

@@ -117,6 +117,16 @@ PYBIND11_MODULE(_core, m) {
         py::gil_scoped_release release;
         t.Push(k, n, g, add_delta);
       }, py::arg("keys").noconvert(), py::arg("grads").noconvert(), py::arg("add_delta") = false)
+      .def("add_show_click", [](SparseTable& t, Keys keys, Floats shows, Floats clicks) {
+        CheckSize("shows", shows.size(), keys.size());
+        CheckSize("clicks", clicks.size(), keys.size());
+        const uint64_t* k = keys.data();
+        const float* sh = shows.data();
+        const float* cl = clicks.data();
+        const size_t n = keys.size();
+        py::gil_scoped_release release;
+        t.AddShowClick(k, n, sh, cl);
+      }, py::arg("keys").noconvert(), py::arg("shows").noconvert(), py::arg("clicks").noconvert())
       .def("initial_values", [](const SparseTable& t, Keys keys, Floats out) {
         CheckSize("out", out.size(), keys.size() * t.dim());
         const uint64_t* k = keys.data();
@@ -151,6 +161,8 @@ PYBIND11_MODULE(_core, m) {
           d["state"] = ToArray(e.state).reshape({rows, static_cast<py::ssize_t>(t.state_dim())});
         }
         d["update_count"] = ToArray(e.update_count);
+        d["show"] = ToArray(e.show);
+        d["click"] = ToArray(e.click);
         d["unseen_passes"] = ToArray(e.unseen_passes);
         return d;
       }, py::arg("keys").noconvert(), py::arg("with_state"))

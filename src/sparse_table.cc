@@ -375,6 +375,28 @@ void SparseTable::PushShard(Shard& s, Batch& b, size_t lo, size_t hi, const floa
   apply();
 }
 
+void SparseTable::AddShowClick(const uint64_t* keys, size_t n, const float* shows,
+                               const float* clicks) {
+  for (size_t i = 0; i < n; ++i) {
+    if (!(shows[i] >= 0 && clicks[i] >= 0) || !std::isfinite(shows[i]) ||
+        !std::isfinite(clicks[i])) {
+      ThrowInvalid("show/click counts must be finite and >= 0; key ", keys[i], " (position ", i,
+                   ") has show ", shows[i], ", click ", clicks[i], "; nothing was changed");
+    }
+  }
+  for (const auto& sp : shards_) sp->mu.lock_shared();
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t h = Mix64(keys[i]);
+    const Shard& s = *shards_[ShardOf(h)];
+    const uint32_t row = s.index.Find(keys[i], h);
+    if (row == KeyIndex::kEmpty) continue;
+    RowMeta* m = s.rows.Meta(row);
+    StoreField(&m->show, LoadField(&m->show) + shows[i]);
+    StoreField(&m->click, LoadField(&m->click) + clicks[i]);
+  }
+  for (const auto& sp : shards_) sp->mu.unlock_shared();
+}
+
 void SparseTable::InitialValues(const uint64_t* keys, size_t n, float* out) const {
   for (size_t i = 0; i < n; ++i) pyfleet::InitialValues(init_, seed_, keys[i], out + i * dim_, dim_);
 }
@@ -396,6 +418,8 @@ RowExport SparseTable::Export(const uint64_t* keys, size_t n, bool with_state) c
     }
     RowMeta* meta = s.rows.Meta(row);
     e.update_count.push_back(LoadField(&meta->update_count));
+    e.show.push_back(LoadField(&meta->show));
+    e.click.push_back(LoadField(&meta->click));
     e.unseen_passes.push_back(LoadField(&meta->unseen_passes));
   }
   return e;

@@ -48,6 +48,7 @@ struct RowExport {
   std::vector<uint64_t> keys;
   std::vector<float> weights, state;
   std::vector<uint32_t> update_count;
+  std::vector<float> show, click;
   std::vector<uint16_t> unseen_passes;
 };
 
@@ -69,6 +70,12 @@ class SparseTable {
   // (std::invalid_argument) before any row changes. With add_delta the
   // optimizer is bypassed: w += grads (geo mode's deltas). Thread-safe.
   void Push(const uint64_t* keys, size_t n, const float* grads, bool add_delta = false);
+
+  // Adds shows[i] and clicks[i] to keys[i]'s show/click counters (Paddle's
+  // CTR accessor; shrink's score decays and compares them). Keys without a
+  // row are ignored. Negative or non-finite counts: std::invalid_argument,
+  // nothing changed. Thread-safe; concurrent adds to one row are Hogwild.
+  void AddShowClick(const uint64_t* keys, size_t n, const float* shows, const float* clicks);
 
   // The initial rows of keys, without touching the table.
   void InitialValues(const uint64_t* keys, size_t n, float* out) const;
