@@ -30,7 +30,6 @@ save may or may not be included). A :class:`Predictor` is not thread-safe;
 load one per thread (or guard it).
 """
 
-import json
 import os
 
 import numpy as np
@@ -170,13 +169,7 @@ def save(dirname, program, feeded_var_names, target_vars, source):
             _save_npy_atomic(path, value)
             section["dense"][p.name] = os.path.basename(path)
     desc["inference"] = section
-    path = os.path.join(dirname, fio.MODEL_FILENAME)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(desc, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    fio.write_json_atomic(os.path.join(dirname, fio.MODEL_FILENAME), desc)
     return [t.name for t in targets]
 
 

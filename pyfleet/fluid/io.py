@@ -130,17 +130,21 @@ def save_inference_model(dirname, feeded_var_names, target_vars, executor, main_
     desc["feed"] = feed_names
     desc["fetch"] = [t.name for t in targets]
     os.makedirs(dirname, exist_ok=True)
-    path = os.path.join(dirname, model_filename or MODEL_FILENAME)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(desc, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_json_atomic(os.path.join(dirname, model_filename or MODEL_FILENAME), desc)
     if not program_only:
         used = {v.name: v for op in ops for v in op.input_vars() if isinstance(v, Parameter)}
         program._get_backend().save(dirname, list(used.values()))
     return [t.name for t in targets]
+
+
+def write_json_atomic(path, obj):
+    """Write ``obj`` as JSON to a temporary name, fsync, rename onto ``path``."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 def read_model_desc(path):
