@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import gzip
 import os
-import queue
 import re
-import threading
 from dataclasses import dataclass
 from typing import Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from pyfleet._prefetch import prefetched
 from pyfleet.data import _parse
 
 __all__ = [
@@ -290,7 +289,7 @@ class Dataset:
         if rng is not None and self._line_mod == 1:
             files = [files[i] for i in rng.permutation(len(files))]
         if self.prefetch:
-            return _prefetched(self._batches(files, rng), self.prefetch)
+            return prefetched(self._batches(files, rng), self.prefetch, "pyfleet-data-prefetch")
         return self._batches(files, rng)
 
     def _batches(self, files, rng) -> Iterator[Batch]:
@@ -439,56 +438,6 @@ class _Chunk:
             src += np.arange(src.shape[0], dtype=np.int64)
             slot_ids.append(ids[src])
         return _Chunk(self.labels[perm], self.dense[perm], slot_ids, new_off)
-
-
-_DONE = object()
-
-
-class _Failure:
-    __slots__ = ("error",)
-
-    def __init__(self, error):
-        self.error = error
-
-
-def _prefetched(batches: Iterator[Batch], depth: int) -> Iterator[Batch]:
-    """Run the batches generator in a daemon thread, `depth` batches ahead."""
-    q: "queue.Queue" = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-
-    def put(item) -> bool:
-        while not stop.is_set():
-            try:
-                q.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def produce():
-        try:
-            for b in batches:
-                if not put(b):
-                    return
-            put(_DONE)
-        except BaseException as e:  # handed to the consumer, which re-raises it
-            put(_Failure(e))
-        finally:
-            batches.close()
-
-    thread = threading.Thread(target=produce, name="pyfleet-data-prefetch", daemon=True)
-    thread.start()
-    try:
-        while True:
-            item = q.get()
-            if item is _DONE:
-                return
-            if isinstance(item, _Failure):
-                raise item.error
-            yield item
-    finally:
-        stop.set()
-        thread.join(timeout=10.0)
 
 
 def _concat(parts):

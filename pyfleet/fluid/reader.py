@@ -12,8 +12,7 @@ generator is raised by the ``exe.run`` that would have consumed its batch.
 A PyReader is used by one executor thread at a time.
 """
 
-import queue
-import threading
+from pyfleet._prefetch import prefetched
 
 __all__ = ["PyReader", "batch"]
 
@@ -38,14 +37,6 @@ def batch(reader, batch_size, drop_last=False):
     return batch_reader
 
 
-_END = object()
-
-
-class _Failure:
-    def __init__(self, error):
-        self.error = error
-
-
 class PyReader:
     """Fluid 1.5's ``fluid.io.PyReader(feed_list, capacity, use_double_buffer,
     iterable, return_list)`` on one CPU place."""
@@ -61,9 +52,6 @@ class PyReader:
         self.return_list = bool(return_list)
         self._source = None
         self._iter = None
-        self._thread = None
-        self._queue = None
-        self._stop = None
         if not self.iterable:
             program = self.feed_list[0].block.program
             program._py_readers.append(self)
@@ -112,43 +100,7 @@ class PyReader:
         if not self.use_double_buffer:
             yield from self._source()
             return
-        q = queue.Queue(maxsize=self.capacity)
-        stop = threading.Event()
-
-        def produce():
-            try:
-                for f in self._source():
-                    while not stop.is_set():
-                        try:
-                            q.put(f, timeout=0.1)
-                            break
-                        except queue.Full:
-                            continue
-                    if stop.is_set():
-                        return
-                item = _END
-            except Exception as e:  # noqa: BLE001 (handed to the consumer, raised there)
-                item = _Failure(e)
-            while not stop.is_set():
-                try:
-                    q.put(item, timeout=0.1)
-                    return
-                except queue.Full:
-                    continue
-
-        t = threading.Thread(target=produce, name="pyfleet-pyreader", daemon=True)
-        self._thread, self._stop = t, stop
-        t.start()
-        try:
-            while True:
-                item = q.get()
-                if item is _END:
-                    return
-                if isinstance(item, _Failure):
-                    raise item.error
-                yield item
-        finally:
-            stop.set()
+        yield from prefetched(self._source(), self.capacity, "pyfleet-pyreader")
 
     def __call__(self):
         if not self.iterable:
@@ -168,12 +120,8 @@ class PyReader:
 
     def reset(self):
         if self._iter is not None:
-            self._iter.close()
+            self._iter.close()  # stops a double-buffering thread too
         self._iter = None
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join(timeout=5)
-            self._thread = None
 
     def _next_feed(self):
         """The next feed dict; None when exhausted (or never started)."""
