@@ -408,22 +408,23 @@ class Server:
 
     # ------------------------------------------------------------- data ops
 
-    def _pull_sparse(self, h, op, frames, ident):
-        self._frames(frames, 1, op)
+    def _sparse_rows(self, h, op, frames, n_frames):
+        """``(entry, keys)`` of a request on a sparse table's rows: ``n_frames``
+        payload frames, the first the keys, rows of the table's dim."""
+        self._frames(frames, n_frames, op)
         e = self._entry(h.table, "sparse", op)
         if h.dim != e.dim:
             raise ProtocolError(f"dim {h.dim} does not match table {e.key!r} dim {e.dim}")
-        keys = P.keys_from(frames[0], h.count)
+        return e, P.keys_from(frames[0], h.count)
+
+    def _pull_sparse(self, h, op, frames, ident):
+        e, keys = self._sparse_rows(h, op, frames, 1)
         out = np.empty((h.count, e.dim), dtype=np.float32)
         e.table.pull(keys, out=out)
         return [[ident] + P.reply(h, values=out)]
 
     def _push_sparse(self, h, op, frames, ident):
-        self._frames(frames, 2, op)
-        e = self._entry(h.table, "sparse", op)
-        if h.dim != e.dim:
-            raise ProtocolError(f"dim {h.dim} does not match table {e.key!r} dim {e.dim}")
-        keys = P.keys_from(frames[0], h.count)
+        e, keys = self._sparse_rows(h, op, frames, 2)
         grads = P.values_from(frames[1], h.count, e.dim, "grads")
         delta = bool(h.flags & _ADD_DELTA)
         if self.mode == "geo" and not delta:
