@@ -66,20 +66,14 @@ def test_single_process_baseline_is_sane(data, local_dnn):
     assert -0.005 < gap < 0.08
 
 
-def test_sync_one_worker_matches_single_process(data, local_dnn, tmp_path):
-    s = _cluster(data, tmp_path, 1, 1, "sync")
-    print(f"\n1 server + 1 worker sync: test AUC {s['test_auc']:.4f} "
+@pytest.mark.parametrize("workers, mode, tolerance", [(1, "sync", 0.002), (2, "async", 0.005)],
+                         ids=["1-worker-sync", "2-workers-async"])
+def test_cluster_matches_single_process(data, local_dnn, tmp_path, workers, mode, tolerance):
+    s = _cluster(data, tmp_path, 1, workers, mode)
+    print(f"\n1 server + {workers} worker(s) {mode}: test AUC {s['test_auc']:.4f} "
           f"(single process {local_dnn['test_auc']:.4f})")
     assert s["train_examples"] == local_dnn["train_examples"]
-    assert abs(s["test_auc"] - local_dnn["test_auc"]) <= 0.002
-
-
-def test_async_two_workers_close_to_single_process(data, local_dnn, tmp_path):
-    s = _cluster(data, tmp_path, 1, 2, "async")
-    print(f"\n1 server + 2 workers async: test AUC {s['test_auc']:.4f} "
-          f"(single process {local_dnn['test_auc']:.4f})")
-    assert s["train_examples"] == local_dnn["train_examples"]
-    assert abs(s["test_auc"] - local_dnn["test_auc"]) <= 0.005
+    assert abs(s["test_auc"] - local_dnn["test_auc"]) <= tolerance
 
 
 def test_dnn_beats_lr_and_approaches_the_truth(data, local_dnn, tmp_path):
