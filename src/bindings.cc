@@ -36,9 +36,12 @@ void CheckSize(const char* what, size_t got, size_t want) {
 
 }  // namespace
 
+void RegisterBatchOps(py::module_& m);  // src/bindings_batch.cc
+
 PYBIND11_MODULE(_core, m) {
   m.doc() = "pyfleet's C++ core: sparse and dense tables, optimizers, routing.";
   m.attr("FORMAT_VERSION") = pyfleet::kFormatVersion;
+  RegisterBatchOps(m);
 
   py::enum_<pyfleet::OptimizerKind>(m, "OptimizerKind")
       .value("SGD", pyfleet::OptimizerKind::kSGD)

@@ -1,0 +1,3 @@
+#include "pyfleet/batch_ops.h"
+
+namespace pyfleet {}  // namespace pyfleet
