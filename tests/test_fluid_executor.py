@@ -109,6 +109,85 @@ def test_backend_call_pattern_one_round_trip_each():
     assert be.pushed_sparse["emb"][1].dtype == np.float32
 
 
+def test_unique_inverse_and_segment_sum_match_numpy():
+    """The executor's dedup (first-occurrence order) and per-id gradient sums
+    against plain numpy, with duplicates, negative int64 hashes and both dtypes."""
+    from pyfleet.fluid.executor import _unique_inverse
+    from pyfleet.fluid.ops import segment_sum
+    rng = np.random.default_rng(7)
+    ids = rng.integers(-50, 50, 3000).astype(np.int64) * (1 << 40)
+    for keys in (ids, ids.view(np.uint64), np.array([], np.uint64), ids[:1]):
+        uniq, inverse = _unique_inverse(keys)
+        assert uniq.dtype == keys.dtype
+        np.testing.assert_array_equal(uniq[inverse], keys)
+        ref, first = np.unique(keys, return_index=True)
+        np.testing.assert_array_equal(uniq, keys[np.sort(first)])
+        assert len(uniq) == len(ref)
+    uniq, inverse = _unique_inverse(ids)
+    for dtype, tol in ((np.float32, 1e-5), (np.float64, 1e-12)):
+        g = rng.normal(size=(ids.shape[0], 5)).astype(dtype)
+        want = np.zeros((uniq.shape[0], 5), np.float64)
+        np.add.at(want, inverse, g.astype(np.float64))
+        got = segment_sum(g, inverse, uniq.shape[0])
+        assert got.dtype == dtype
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+        # a strided view (as the concat gradient's columns) sums the same
+        wide = np.zeros((ids.shape[0], 9), dtype)
+        wide[:, 2:7] = g
+        np.testing.assert_array_equal(segment_sum(wide[:, 2:7], inverse, uniq.shape[0]), got)
+
+
+class _PrefetchingBackend(RecordingBackend):
+    def __init__(self):
+        super().__init__(np.float32)
+        self.prefetched = []
+
+    def prefetch_sparse(self, name, keys):
+        self.prefetched.append((name, keys.copy()))
+
+    def pull_sparse(self, name, keys):
+        self.pulled = keys.copy()
+        return super().pull_sparse(name, keys)
+
+
+def test_prefetch_dedups_ahead_and_run_uses_it_only_for_the_same_ids():
+    rng = np.random.default_rng(5)
+    feeds = [_feed(rng, b=9) for _ in range(3)]
+    main, startup, net, _ = _build()
+    be = _PrefetchingBackend()
+    main._backend = be
+    exe = fluid.Executor()
+    exe.run(startup)
+    ref_main, ref_startup, ref_net, _ = _build()
+    ref_main._backend = RecordingBackend(np.float32)
+    ref = fluid.Executor()
+    ref.run(ref_startup)
+
+    exe.prefetch(main, feeds[0])
+    exe.prefetch(main, feeds[1])
+    assert [n for n, _ in be.prefetched] == ["emb", "emb"]
+    for i, f in enumerate(feeds[:2]):
+        got = exe.run(main, feed=f, fetch_list=[net[-1], net[3]])
+        want = ref.run(ref_main, feed=f, fetch_list=[ref_net[-1], ref_net[3]])
+        np.testing.assert_array_equal(be.pulled, be.prefetched[i][1])  # the keys prefetched
+        for a, b in zip(got, want):
+            np.testing.assert_array_equal(a, b)
+        keys, grads = be.pushed_sparse["emb"]
+        rkeys, rgrads = ref_main._backend.pushed_sparse["emb"]
+        np.testing.assert_array_equal(keys, rkeys)
+        np.testing.assert_array_equal(grads, rgrads)
+    assert not exe._prepared                       # both consumed
+    # A feed whose ids changed after its prefetch is deduplicated afresh.
+    exe.prefetch(main, feeds[2])
+    changed = dict(feeds[2])
+    changed["s0"] = (changed["s0"][0] + 1, changed["s0"][1])
+    exe.run(main, feed=changed, fetch_list=[net[-1]])
+    ids = np.concatenate([changed["s0"][0], changed["s1"][0]]).view(np.uint64)
+    np.testing.assert_array_equal(np.sort(be.pulled), np.unique(ids))
+    with pytest.raises(ValueError, match="feed must be a dict"):
+        exe.prefetch(main, [feeds[0]])
+
+
 def test_local_backend_sgd_step_equals_recorded_gradient():
     rng = np.random.default_rng(3)
     feed = _feed(rng)

@@ -11,7 +11,8 @@ Per training step the executor makes, in this order:
 1. one :meth:`Backend.pull_dense_many` with the names of every dense
    parameter the step reads;
 2. one :meth:`Backend.pull_sparse` per sparse table, with the *unique* ids of
-   every embedding slot sharing that table (sorted ascending);
+   every embedding slot sharing that table (each once, in the order of its
+   first occurrence);
 3. (forward and backward in numpy);
 4. one :meth:`Backend.push_sparse` per sparse table, with those unique ids and
    float32 gradients already summed per id;

@@ -8,19 +8,26 @@ backend. ``Executor.run(main_program, feed, fetch_list)`` then runs one step:
    an optimizer; and stateful ops such as ``auc`` whose inputs are fed) run
    forward. Dense parameters come from one ``pull_dense_many``; every
    embedding sharing a sparse table is looked up with one ``pull_sparse`` of
-   the unique ids of all its slots;
+   the unique ids of all its slots (deduplicated by the hashing kernel
+   ``pyfleet._core.unique_inverse``: first-occurrence order, O(n));
 3. when the program has an optimizer, gradients of the loss flow backward;
-   embedding gradients are summed per unique id by a sort and
-   ``np.add.reduceat`` (no per-id Python), then pushed: one ``push_sparse``
-   per table, one ``push_dense_many`` for the dense parameters, then
-   ``step_end``.
+   embedding gradients are summed per unique id (``pyfleet._core.sum_rows``
+   for float32, no per-id Python), then pushed: one ``push_sparse`` per
+   table, one ``push_dense_many`` for the dense parameters, then ``step_end``.
+
+:meth:`Executor.prefetch` (a pyfleet extension) does step 2's deduplication
+for the next feed ahead of time and lets a remote backend start its pull, so
+the round trip overlaps the current step.
 
 An executor is not thread-safe; use one per thread (they may share a program
 and a thread-safe backend).
 """
 
+import collections
+
 import numpy as np
 
+from pyfleet import _core
 from pyfleet.fluid import framework
 from pyfleet.fluid import ops as _ops
 from pyfleet.fluid.framework import LoDTensor, Parameter, Program, Variable
@@ -136,8 +143,9 @@ class _LookupGroup:
 class _Step:
     """The state of one run: values, gradients, lookups. Kernels use its methods."""
 
-    def __init__(self, program, plan, scope, backend):
+    def __init__(self, program, plan, scope, backend, prepared=None):
         self.program = program
+        self.prepared = prepared
         self.plan = plan
         self.scope = scope
         self.backend = backend
@@ -215,11 +223,7 @@ class _Step:
             flat.append(ids.reshape(-1))
         bounds = np.zeros(len(ops) + 1, dtype=np.int64)
         np.cumsum([f.shape[0] for f in flat], out=bounds[1:])
-        if w.is_sparse_table:
-            flat = [f.view(np.uint64) if f.dtype == np.int64 else
-                    f.astype(np.uint64, copy=False) for f in flat]
-        else:
-            flat = [f.astype(np.int64, copy=False) for f in flat]
+        flat = _table_keys(flat, w.is_sparse_table)
         keys = flat[0] if len(flat) == 1 else np.concatenate(flat)
         if not w.is_sparse_table and keys.size:
             lo, hi = keys.min(), keys.max()
@@ -227,7 +231,8 @@ class _Step:
                 raise ValueError(f"embedding {w.name!r}: id {lo if lo < 0 else hi} is out of "
                                  f"range [0, {w.shape[0]}); use is_distributed=True for a "
                                  "table keyed by raw ids")
-        uniq, inverse = _unique_inverse(keys)
+        found = _take_prepared(self.prepared, w.name, keys) if w.is_sparse_table else None
+        uniq, inverse = found if found is not None else _unique_inverse(keys)
         if w.is_sparse_table:
             urows = self.backend.pull_sparse(w.name, uniq)
         else:
@@ -288,23 +293,58 @@ class _Step:
         return grp.keys[touched], _ops.segment_sum(occ, inv, n)[touched]
 
 
+def _table_keys(flat, sparse_table):
+    """The 1-D id arrays of one lookup group as the table's key type: uint64
+    (int64 ids reinterpreted, so negative hashes stay distinct) for a sparse
+    table, int64 row indices for a dense one."""
+    if sparse_table:
+        return [f.view(np.uint64) if f.dtype == np.int64 else f.astype(np.uint64, copy=False)
+                for f in flat]
+    return [f.astype(np.int64, copy=False) for f in flat]
+
+
 def _unique_inverse(keys):
-    """``(sorted unique keys, index of each key's unique)`` by one argsort."""
-    order = np.argsort(keys)
-    sk = np.take(keys, order)
-    new = np.empty(sk.shape[0], dtype=bool)
-    if sk.shape[0]:
-        new[0] = True
-        np.not_equal(sk[1:], sk[:-1], out=new[1:])
-    inverse = np.empty(keys.shape[0], dtype=np.int64)
-    inverse[order] = np.cumsum(new) - 1
-    return sk[new], inverse
+    """``(unique keys in first-occurrence order, index of each key's unique)``:
+    one hashing pass of the core (``uniq[inverse] == keys``)."""
+    kind = keys.dtype
+    uniq, inverse = _core.unique_inverse(np.ascontiguousarray(keys).view(np.uint64))
+    return uniq.view(kind), inverse
+
+
+# Feeds prepared by Executor.prefetch and not yet run; more means a caller
+# prefetching feeds it never runs, whose entries are dropped oldest first.
+_PREPARED_MAX = 4
+
+
+def _take_prepared(prepared, name, keys):
+    """``(uniq, inverse)`` prepared for exactly these keys of table ``name``
+    (removed from ``prepared`` with any older entry of the table), or None."""
+    if not prepared:
+        return None
+    for i, (n, k, uniq, inverse) in enumerate(prepared):
+        if n == name and k.shape == keys.shape and np.array_equal(k, keys):
+            for j in range(i, -1, -1):
+                if prepared[j][0] == name:
+                    del prepared[j]
+            return uniq, inverse
+    return None
 
 
 def _merge_keys(keys_list, grads_list):
     keys = np.concatenate(keys_list)
     uniq, inverse = _unique_inverse(keys)
     return uniq, _ops.segment_sum(np.concatenate(grads_list), inverse, uniq.shape[0])
+
+
+def _feed_ids(value):
+    """The flat integer ids of one feed entry as ``run`` will read them, or None."""
+    if isinstance(value, LoDTensor):
+        value = value.data
+    elif isinstance(value, tuple) and len(value) == 2:
+        value = value[0]
+    if not isinstance(value, np.ndarray) or value.dtype.kind not in "iu":
+        return None
+    return value.reshape(-1)
 
 
 def _feed_value(var, value):
@@ -360,6 +400,7 @@ class Executor:
 
     def __init__(self, place=None):
         self.place = place
+        self._prepared = collections.deque()   # (table, keys, uniq, inverse), oldest first
 
     def close(self):
         """Nothing to release; kept for Fluid compatibility."""
@@ -390,6 +431,47 @@ class Executor:
         if not program.global_block().ops and not fetch_vars:
             return []
         return self._run_step(program, feed, fetch_vars, scope, return_numpy)
+
+    def prefetch(self, program, feed):
+        """Prepare the sparse lookups of a later ``run(program, feed=feed)`` now
+        (a pyfleet extension; call it for step k+1 before running step k).
+
+        For every sparse table, the ids of ``feed``'s slots looked up in it are
+        deduplicated here (that run then skips the work), and a backend with
+        ``prefetch_sparse(name, unique_keys)`` (the remote backend in async
+        mode) starts pulling their rows, so the round trip overlaps the steps
+        between. The run uses what was prepared only if the ids it pulls are
+        exactly these (compared by value), so a feed changed in between, or
+        never run, costs nothing but this call. At most a few prepared feeds
+        are kept (oldest dropped). Not thread-safe, as ``run``."""
+        program = getattr(program, "_program", program)
+        if not isinstance(program, Program):
+            raise ValueError(f"program must be a fluid.Program, got {program!r}")
+        if not isinstance(feed, dict):
+            raise ValueError(f"feed must be a dict of variable name -> value, got "
+                             f"{type(feed).__name__}")
+        groups = {}
+        for op in program.global_block().ops:
+            if op.type != "lookup_table":
+                continue
+            w = op.input("W")[0]
+            if not w.is_sparse_table:
+                continue
+            ids = _feed_ids(feed.get(op.input("Ids")[0].name))
+            if ids is None:
+                return  # a slot that is not fed as an id array: run dedups it itself
+            groups.setdefault(w.name, []).append(ids)
+        backend = program._get_backend() if groups else None
+        pull_ahead = getattr(backend, "prefetch_sparse", None)
+        for name, flat in groups.items():
+            flat = _table_keys(flat, True)
+            keys = flat[0] if len(flat) == 1 else np.concatenate(flat)
+            uniq, inverse = _unique_inverse(keys)
+            self._prepared.append((name, keys, uniq, inverse))
+            while len(self._prepared) > _PREPARED_MAX:
+                self._prepared.popleft()
+            if pull_ahead is not None:
+                pull_ahead(name, uniq)
 
     @staticmethod
     def _reader_feed(program):
@@ -493,7 +575,7 @@ class Executor:
             plan = _Plan(program, set(fed), fetch_vars, training)
             program._plan_cache[key] = plan
         backend = program._get_backend()
-        s = _Step(program, plan, scope, backend)
+        s = _Step(program, plan, scope, backend, self._prepared)
         s.env.update(fed)
         if plan.dense_params:
             s.env.update(backend.pull_dense_many(plan.dense_params))

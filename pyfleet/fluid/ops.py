@@ -16,6 +16,7 @@ its data.
 
 import numpy as np
 
+from pyfleet import _core
 from pyfleet.fluid.framework import LoDTensor
 
 __all__ = [
@@ -555,8 +556,11 @@ _register("accuracy", _accuracy_fwd)
 def segment_sum(values, segment, num_segments):
     """``out[k] = sum of values[i] with segment[i] == k`` for 2-D ``values``.
 
-    One float64 ``bincount`` per column: faster here than ``np.add.at`` or a
-    sort plus ``np.add.reduceat``, and exact to float32 precision."""
+    float32 (the engine's dtype): one pass of the core's ``sum_rows``, adding
+    in input order. Any other dtype (float64 gradient checks): one float64
+    ``bincount`` per column."""
+    if values.dtype == np.float32:
+        return _core.sum_rows(values, np.asarray(segment, dtype=np.int64), num_segments)
     out = np.empty((num_segments, values.shape[1]), dtype=values.dtype)
     for j in range(values.shape[1]):
         out[:, j] = np.bincount(segment, weights=values[:, j], minlength=num_segments)
