@@ -48,30 +48,22 @@ def feed_of(batch, model):
     return feed
 
 
-def _prefetching(batches, backend, program):
-    """``batches``, each yielded after the sparse pull of the one after it was
-    started (``backend.prefetch_sparse``, async mode), so that pull travels
-    while this step computes. A backend without the hook gets plain batches."""
-    prefetch = getattr(backend, "prefetch_sparse", None)
-    tables = [p.name for p in program.all_parameters() if p.is_sparse_table]
-
-    def start(batch):
-        if prefetch is not None and tables and batch is not None:
-            # Every slot shares each table: its pull is the sorted unique ids of all slots.
-            ids = np.concatenate([ids for ids, _ in batch.sparse])
-            keys = np.unique(ids.view(np.uint64) if ids.dtype == np.int64 else
-                             ids.astype(np.uint64, copy=False))
-            for name in tables:
-                prefetch(name, keys)
-
+def _prefetching(batches, exe, program, model):
+    """``(batch, feed)`` pairs, each yielded after :meth:`Executor.prefetch` of
+    the next one: its ids are deduplicated and (async remote backend) its
+    sparse pull started, so that pull travels while this step computes."""
     it = iter(batches)
     batch = next(it, None)
-    start(batch)
+    feed = None if batch is None else feed_of(batch, model)
+    if feed is not None:
+        exe.prefetch(program, feed)
     while batch is not None:
         nxt = next(it, None)
-        start(nxt)
-        yield batch
-        batch = nxt
+        nxt_feed = None if nxt is None else feed_of(nxt, model)
+        if nxt_feed is not None:
+            exe.prefetch(program, nxt_feed)
+        yield batch, feed
+        batch, feed = nxt, nxt_feed
 
 
 def _dataset(job, paths, worker_index, worker_num, shuffle=False, prefetch=4):
@@ -141,7 +133,13 @@ def entry_of(job):
 
 
 class _Progress:
-    """Running loss/AUC and throughput, printed every ``interval`` seconds."""
+    """Running loss/AUC and throughput, printed every ``interval`` seconds.
+
+    Predictions are buffered and counted into the statistics a chunk at a
+    time (at most ``_CHUNK`` examples, and at every report): the statistics
+    are additive, and a few large updates cost a fraction of one per batch."""
+
+    _CHUNK = 1 << 15
 
     def __init__(self, interval, metrics_path, worker_index):
         from pyfleet.metrics import MetricStats
@@ -154,19 +152,34 @@ class _Progress:
         self.examples = 0
         self.steps = 0
         self.loss_sum = 0.0
+        self._preds, self._labels, self._buffered = [], [], 0
 
     def update(self, epoch, pred, labels, loss):
         n = labels.shape[0]
         self.examples += n
         self.steps += 1
         self.loss_sum += float(loss) * n
-        self.stats.update(pred, labels)
-        self.window.update(pred, labels)
+        self._preds.append(pred)
+        self._labels.append(labels)
+        self._buffered += n
+        if self._buffered >= self._CHUNK:
+            self.drain()
         now = time.perf_counter()
         if now - self.last >= self.interval:
             self.report(epoch, now)
 
+    def drain(self):
+        """Count the buffered predictions into ``stats`` and the report window."""
+        if not self._preds:
+            return
+        from pyfleet.metrics import MetricStats
+        chunk = MetricStats().update(np.concatenate(self._preds), np.concatenate(self._labels))
+        self._preds, self._labels, self._buffered = [], [], 0
+        self.stats.merge(chunk)
+        self.window.merge(chunk)
+
     def report(self, epoch, now=None):
+        self.drain()
         if self.window.count == 0:
             return
         now = now or time.perf_counter()
@@ -186,6 +199,7 @@ class _Progress:
         self.last = now
 
     def close(self):
+        self.drain()
         if self.metrics:
             self.metrics.close()
 
@@ -227,9 +241,8 @@ def run_role(job):
     for epoch in range(1, int(job["epochs"]) + 1):
         data = _dataset(job, job["train"], wi, wn, shuffle=True)
         t0 = time.perf_counter()
-        for batch in _prefetching(data, main._backend, main):
-            loss, pred = exe.run(main, feed=feed_of(batch, model),
-                                 fetch_list=[model.avg_cost, model.predict])
+        for batch, feed in _prefetching(data, exe, main, model):
+            loss, pred = exe.run(main, feed=feed, fetch_list=[model.avg_cost, model.predict])
             progress.update(epoch, pred.reshape(-1), batch.labels, loss.reshape(-1)[0])
             if job["show_click"]:
                 fleet.push_show_click(*show_click_of(batch))
@@ -282,7 +295,7 @@ def train_local(job):
     the summary keys :func:`summarize` gives (``train_examples_per_sec``,
     ``test_auc``, ...) for one worker."""
     from pyfleet import fluid
-    from pyfleet.metrics import MetricStats, exact_auc, logloss
+    from pyfleet.metrics import exact_auc, logloss
     from pyfleet.optimizer import Adam
 
     job = {**JOB_DEFAULTS, **job}
@@ -295,16 +308,17 @@ def train_local(job):
         Adam(learning_rate=job["lr"]).minimize(model.avg_cost)
     exe = fluid.Executor(fluid.CPUPlace())
     exe.run(startup)
-    train = MetricStats()
-    examples, seconds = 0, 0.0
-    for _ in range(int(job["epochs"])):
+    progress = _Progress(float("inf"), None, 0)   # the workers' bookkeeping, never printed
+    seconds = 0.0
+    for epoch in range(1, int(job["epochs"]) + 1):
         t0 = time.perf_counter()
         for batch in _dataset(job, job["train"], 0, 1, shuffle=True):
             loss, pred = exe.run(main, feed=feed_of(batch, model),
                                  fetch_list=[model.avg_cost, model.predict])
-            train.update(pred.reshape(-1), batch.labels)
-            examples += batch.labels.shape[0]
+            progress.update(epoch, pred.reshape(-1), batch.labels, loss.reshape(-1)[0])
+        progress.drain()
         seconds += time.perf_counter() - t0
+    train, examples = progress.stats, progress.examples
     summary = {"workers": 1, "train_examples": examples, "train_seconds": seconds,
                "train_examples_per_sec": examples / max(seconds, 1e-9),
                "train_logloss": train.logloss(), "train_auc": train.auc()}
