@@ -111,7 +111,8 @@ class _Plan:
             if program._loss.name not in self.need:
                 raise ValueError(f"loss {program._loss.name!r} does not depend on any "
                                  "trainable parameter")
-            self.backward_ops = [op for op in reversed(self.ops)
+            self.backward_ops = [(op, [v.name for v in op.output_vars()])
+                                 for op in reversed(self.ops)
                                  if any(v.name in self.need for v in op.output_vars())]
         self.trained_dense = [n for n in self.dense_params if n in self.need]
 
@@ -135,9 +136,18 @@ class _Plan:
 
 
 class _LookupGroup:
-    """Embedding lookups sharing one parameter, deduplicated together."""
+    """Embedding lookups sharing one parameter, deduplicated together.
 
-    __slots__ = ("bounds", "grads", "inverse", "keys", "ops", "pad_masks", "param", "rows")
+    ``rows`` holds every lookup's rows, slot after slot; except when the group
+    is *interleaved* (every lookup a LoD input of the same number of
+    one-id sequences, as CTR slots are, and no padding): then ``rows`` is
+    batch-major, ``rows3[b, i]`` the row of sequence ``b`` of lookup ``i``, so
+    the lookups' outputs are adjacent column blocks (``concat`` of them is a
+    reshape) and so are their gradients after ``concat``'s backward.
+    ``inverse`` is in the order of ``rows``; ``slot_inverse`` slot after slot."""
+
+    __slots__ = ("bounds", "grads", "index", "inverse", "keys", "ops", "pad_masks", "param",
+                 "rows", "rows3", "slot_inverse")
 
 
 class _Step:
@@ -155,6 +165,38 @@ class _Step:
         self.groups = []
         self.group_of = {}
         self.cache = {}
+        # id(array) -> (whole, index, array): the lookup outputs of interleaved
+        # groups (whole = rows3, index = lookup) and the column blocks concat's
+        # backward cut (whole = gradient, index = first column). The array is
+        # kept, so an id is never reused while its entry lives.
+        self.blocks = {}
+
+    # column blocks (so concat and its gradient skip per-slot copies)
+    def column_runs(self, xs):
+        """``xs`` with every run of consecutive lookups of one interleaved group
+        replaced by one ``[B, run * dim]`` view of their rows."""
+        out, run = [], None   # run: [rows3, first lookup, end lookup]
+        for x in xs:
+            b = self.blocks.get(id(x))
+            if b is not None and b[2] is x and b[0].ndim == 3:
+                if run is not None and run[0] is b[0] and run[2] == b[1]:
+                    run[2] += 1
+                    continue
+                if run is not None:
+                    out.append(_run_view(run))
+                run = [b[0], b[1], b[1] + 1]
+                continue
+            if run is not None:
+                out.append(_run_view(run))
+                run = None
+            out.append(x)
+        if run is not None:
+            out.append(_run_view(run))
+        return out
+
+    def note_columns(self, part, whole, start):
+        """``part`` is ``whole[:, start:start + part.shape[1]]``."""
+        self.blocks[id(part)] = (whole, start, part)
 
     # kernel interface
     def value(self, var):
@@ -191,18 +233,20 @@ class _Step:
         if id(op) not in self.group_of:
             self._pull_group(op)
         grp = self.group_of[id(op)]
-        i = grp.ops.index(op)
+        i = grp.index[id(op)]
         # A view into the group's gathered rows: kernels never write their inputs.
-        rows = grp.rows[grp.bounds[i]:grp.bounds[i + 1]]
+        if grp.rows3 is not None:
+            rows = grp.rows3[:, i]
+            self.blocks[id(rows)] = (grp.rows3, i, rows)
+        else:
+            rows = grp.rows[grp.bounds[i]:grp.bounds[i + 1]]
         pad = grp.pad_masks[i]
         if pad is not None:
             rows = rows.copy()
             rows[pad] = 0
         ids = self.value(op.input("Ids")[0])
         if isinstance(ids, LoDTensor):
-            out = LoDTensor(rows, ids.offsets)
-            out._segment_ids, out._unit = ids._segment_ids, ids._unit
-            return out
+            return ids._like(rows)
         v1_squeeze = ids.ndim >= 2 and ids.shape[-1] == 1 and not op.attrs.get("keep_last_dim")
         shape = ids.shape[:-1] if v1_squeeze else ids.shape
         return rows.reshape(tuple(shape) + (rows.shape[-1],))
@@ -214,9 +258,14 @@ class _Step:
         if first not in ops:
             ops.append(first)
         flat = []
+        unit = True
         for op in ops:
             ids = self.value(op.input("Ids")[0])
-            ids = ids.data if isinstance(ids, LoDTensor) else ids
+            if isinstance(ids, LoDTensor):
+                unit = unit and _ops.is_unit(ids)
+                ids = ids.data
+            else:
+                unit = False
             if ids.dtype.kind not in "iu":
                 raise ValueError(f"embedding ids {op.input('Ids')[0].name!r} must be integers, "
                                  f"got dtype {ids.dtype}")
@@ -237,7 +286,6 @@ class _Step:
             urows = self.backend.pull_sparse(w.name, uniq)
         else:
             urows = np.take(self.data(w), uniq, axis=0)
-        rows = np.take(urows, inverse, axis=0)
         pads = []
         for op, f in zip(ops, flat):
             pad = op.attrs.get("padding_idx")
@@ -248,11 +296,37 @@ class _Step:
                 pads.append(m if m.any() else None)
         grp = _LookupGroup()
         grp.param, grp.ops, grp.bounds, grp.keys = w, ops, bounds, uniq
+        grp.index = {id(op): i for i, op in enumerate(ops)}
         grp.pad_masks, grp.grads = pads, {}
-        grp.rows, grp.inverse = rows, inverse
+        grp.slot_inverse, grp.rows3 = inverse, None
+        k, n = len(ops), keys.shape[0]
+        if unit and k > 1 and n and n % k == 0 and urows.ndim == 2 and \
+                np.all(np.diff(bounds) == n // k) and all(p is None for p in pads):
+            inverse = np.ascontiguousarray(inverse.reshape(k, n // k).T).reshape(-1)
+            grp.rows = np.take(urows, inverse, axis=0)
+            grp.rows3 = grp.rows.reshape(n // k, k, urows.shape[1])
+        else:
+            grp.rows = np.take(urows, inverse, axis=0)
+        grp.inverse = inverse
         for op in ops:
             self.group_of[id(op)] = grp
         self.groups.append(grp)
+
+    def _columns_of(self, parts, width, dim):
+        """The ``[width, len(parts) * dim]`` view of one gradient that ``parts``
+        are consecutive column blocks of (as concat's backward cut them), or None."""
+        first = self.blocks.get(id(parts[0]))
+        if first is None or first[2] is not parts[0] or first[0].ndim != 2:
+            return None
+        whole, start = first[0], first[1]
+        col = start
+        for p in parts:
+            b = self.blocks.get(id(p))
+            if b is None or b[2] is not p or b[0] is not whole or b[1] != col or \
+                    p.shape != (width, dim):
+                return None
+            col += dim
+        return whole[:, start:col]
 
     def lookup_backward(self, op):
         g = self.grad(op.output("Out")[0])
@@ -266,6 +340,14 @@ class _Step:
         and lookups off the loss path are left out, so an optimizer with
         momentum does not move rows that did not take part)."""
         dim = grp.rows.shape[1]
+        n = grp.keys.shape[0]
+        if grp.rows3 is not None and len(grp.grads) == len(grp.ops):
+            width = grp.rows3.shape[0]
+            parts = [grp.grads[id(op)] for op in grp.ops]
+            wide = self._columns_of(parts, width, dim)
+            occ = (np.ascontiguousarray(wide) if wide is not None else
+                   np.stack([p.reshape(width, dim) for p in parts], axis=1)).reshape(-1, dim)
+            return grp.keys, _ops.segment_sum(occ, grp.inverse, n)
         grads, invs = [], []
         complete = True
         for i, op in enumerate(grp.ops):
@@ -275,7 +357,7 @@ class _Step:
                 complete = False
                 continue
             g = g.reshape(b - a, dim)
-            inv = grp.inverse[a:b]
+            inv = grp.slot_inverse[a:b]
             pad = grp.pad_masks[i]
             if pad is not None:
                 g, inv = g[~pad], inv[~pad]
@@ -285,12 +367,16 @@ class _Step:
         if not grads:
             return None
         occ = grads[0] if len(grads) == 1 else np.concatenate(grads)
-        n = grp.keys.shape[0]
         if complete:
-            return grp.keys, _ops.segment_sum(occ, grp.inverse, n)
+            return grp.keys, _ops.segment_sum(occ, grp.slot_inverse, n)
         inv = np.concatenate(invs)
         touched = np.bincount(inv, minlength=n) > 0
         return grp.keys[touched], _ops.segment_sum(occ, inv, n)[touched]
+
+
+def _run_view(run):
+    rows3, a, b = run
+    return rows3[:, a] if b == a + 1 else rows3[:, a:b].reshape(rows3.shape[0], -1)
 
 
 def _table_keys(flat, sparse_table):
@@ -613,13 +699,15 @@ class Executor:
         loss = program._loss
         lv = s.data(loss)
         s.grads[loss.name] = np.ones_like(lv)
-        for op in plan.backward_ops:
+        grads = s.grads
+        for op, outs in plan.backward_ops:
             if op.type == "lookup_table":
                 s.lookup_backward(op)
                 continue
-            if not any(v.name in s.grads for v in op.output_vars()):
-                continue
-            _ops.BACKWARD[op.type](op, s)
+            for name in outs:
+                if name in grads:
+                    _ops.BACKWARD[op.type](op, s)
+                    break
         sparse = {}
         row_dtype = {}
         for grp in s.groups:

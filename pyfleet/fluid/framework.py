@@ -203,7 +203,7 @@ class LoDTensor:
             raise ValueError(f"{name}: LoDTensor has no lod (sequence offsets)")
         off = self._offsets
         n = self._data.shape[0] if self._data.ndim else 0
-        shortest = int(np.diff(off).min()) if off.size > 1 else 0
+        shortest = int(np.minimum.reduce(off[1:] - off[:-1])) if off.size > 1 else 0
         if off[0] != 0 or off[-1] != n or shortest < 0:
             raise ValueError(f"{name}: lod offsets must start at 0, never decrease and end "
                              f"at the number of rows ({n}); got first={off[0]} "
@@ -211,6 +211,14 @@ class LoDTensor:
         # n rows in n sequences, none empty: every sequence has one row.
         self._unit = off.size - 1 == n and (n == 0 or shortest >= 1)
         return self
+
+    def _like(self, data):
+        """A LoDTensor of ``data`` (same number of rows) with this one's
+        sequences, already validated: shares offsets and cached facts."""
+        t = LoDTensor.__new__(LoDTensor)
+        t._data, t._offsets = data, self._offsets
+        t._segment_ids, t._unit = self._segment_ids, self._unit
+        return t
 
     def segment_ids(self):
         """The sequence index of every row (cached)."""

@@ -269,6 +269,13 @@ _register("softmax", *_unary(
 def _concat_fwd(op, s):
     xs = [s.data(v) for v in op.input("X")]
     axis = op.attrs.get("axis", 0)
+    if len(xs) > 2 and xs[0].ndim == 2 and axis in (1, -1):
+        # Interleaved embedding lookups (see executor._LookupGroup) are column
+        # blocks of one array: one copy for all of them instead of one per slot.
+        xs = s.column_runs(xs)
+        if len(xs) == 1:
+            s.set(op.output("Out")[0], np.array(xs[0]))
+            return
     try:
         s.set(op.output("Out")[0], np.concatenate(xs, axis=axis))
     except ValueError:
@@ -288,7 +295,10 @@ def _concat_bwd(op, s):
         if s.needs_grad(v):
             idx = [slice(None)] * g.ndim
             idx[axis] = slice(start, start + n)
-            s.add_grad(v, g[tuple(idx)])
+            part = g[tuple(idx)]
+            if g.ndim == 2 and axis in (1, -1):
+                s.note_columns(part, g, start)
+            s.add_grad(v, part)
         start += n
 
 
@@ -572,6 +582,11 @@ def _seq_info(x):
     lens = np.diff(off)
     nonempty = lens > 0
     return off, lens, nonempty
+
+
+def is_unit(x):
+    """Whether LoDTensor ``x`` has exactly one row per sequence (pooling is the identity)."""
+    return _is_unit(x)
 
 
 def _is_unit(x):
