@@ -14,6 +14,8 @@ gradients in float64). Gradients of a LoD value are plain arrays shaped like
 its data.
 """
 
+import math
+
 import numpy as np
 
 from pyfleet import _core
@@ -56,7 +58,9 @@ def _reduce_to(g, shape):
 
 
 def _flatten2(x, k):
-    return x.reshape(int(np.prod(x.shape[:k], dtype=np.int64)), -1)
+    if x.ndim == 2 and k == 1:
+        return x
+    return x.reshape(math.prod(x.shape[:k]), -1)
 
 
 # --------------------------------------------------------------------------- matmul
@@ -670,6 +674,9 @@ def sequence_pool_backward(x, pool_type, g, aux):
 def _seq_pool_fwd(op, s):
     xv = op.input("X")[0]
     x = s.value(xv)
+    if x.__class__ is LoDTensor and x._unit:   # one row per sequence: every pool is it
+        s.set(op.output("Out")[0], x.data)
+        return
     if not isinstance(x, LoDTensor):
         raise ValueError(f"sequence_pool: input {xv.name} must be a LoD (lod_level=1) value")
     out, aux = sequence_pool_forward(x, op.attrs.get("pooltype", "SUM"))
@@ -681,6 +688,10 @@ def _seq_pool_bwd(op, s):
     xv = op.input("X")[0]
     g = s.grad(op.output("Out")[0])
     if g is None or not s.needs_grad(xv):
+        return
+    x = s.value(xv)
+    if x.__class__ is LoDTensor and x._unit:
+        s.add_grad(xv, g)
         return
     s.add_grad(xv, sequence_pool_backward(s.value(xv), op.attrs.get("pooltype", "SUM"), g,
                                           s.aux(op)))
