@@ -188,6 +188,41 @@ def test_prefetch_dedups_ahead_and_run_uses_it_only_for_the_same_ids():
         exe.prefetch(main, [feeds[0]])
 
 
+def test_auc_bucket_counts_match_metrics():
+    from pyfleet.fluid.executor import _bucket_counts
+    rng = np.random.default_rng(11)
+    p = np.concatenate([[0.0, 1.0, 0.5], rng.random(997)]).astype(np.float32)
+    y = rng.integers(0, 3, p.shape[0])        # any non-zero label is a positive
+    for t in (1, 7, 4095):
+        got = _bucket_counts(p, y, t)
+        want = metrics.bucket_counts(p, y, t)
+        for a, b in zip(got, want):
+            np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="probabilities"):
+        _bucket_counts(np.array([0.5, np.nan], np.float32), np.array([0, 1]), 7)
+    with pytest.raises(ValueError, match="probabilities"):
+        _bucket_counts(np.array([1.5], np.float32), np.array([0]), 7)
+
+
+def test_slots_sharing_one_offsets_array_are_each_checked():
+    rng = np.random.default_rng(2)
+    main, startup, net, _ = _build()
+    main._backend = RecordingBackend(np.float32)
+    exe = fluid.Executor()
+    exe.run(startup)
+    feed = _feed(rng, b=5)
+    off = np.arange(6, dtype=np.int64)
+    shared = dict(feed, s0=(np.arange(5, dtype=np.int64), off),
+                  s1=(np.arange(5, 10, dtype=np.int64), off))
+    separate = dict(shared, s1=(shared["s1"][0], off.copy()))
+    a = exe.run(main.clone(for_test=True), feed=shared, fetch_list=[net[3]])[0]
+    b = exe.run(main.clone(for_test=True), feed=separate, fetch_list=[net[3]])[0]
+    np.testing.assert_array_equal(a, b)
+    bad = dict(shared, s1=(np.arange(4, dtype=np.int64), off))   # 4 ids, offsets end at 5
+    with pytest.raises(ValueError, match="lod offsets"):
+        exe.run(main, feed=bad, fetch_list=[net[-1]])
+
+
 def test_local_backend_sgd_step_equals_recorded_gradient():
     rng = np.random.default_rng(3)
     feed = _feed(rng)

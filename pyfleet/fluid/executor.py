@@ -24,6 +24,7 @@ and a thread-safe backend).
 """
 
 import collections
+import math
 
 import numpy as np
 
@@ -115,6 +116,9 @@ class _Plan:
                                  for op in reversed(self.ops)
                                  if any(v.name in self.need for v in op.output_vars())]
         self.trained_dense = [n for n in self.dense_params if n in self.need]
+        # Values someone reads: a stateful op's other outputs need not be computed.
+        self.used = {v.name for v in fetch_vars} | {v.name for op in self.ops
+                                                    for v in op.input_vars()}
 
     @staticmethod
     def _closure(all_ops, targets):
@@ -433,11 +437,24 @@ def _feed_ids(value):
     return value.reshape(-1)
 
 
-def _feed_value(var, value):
-    """Turn one feed entry into the engine's value for ``var``."""
+def _feed_value(var, value, checked=None):
+    """Turn one feed entry into the engine's value for ``var``.
+
+    ``checked`` (one feed's): ``id(offsets) -> (offsets, LoDTensor)`` of the
+    offsets arrays validated so far, so slots that share one offsets array
+    (a reader's CTR batch) validate it once."""
     if var.lod_level > 0:
+        valid = False
         if isinstance(value, LoDTensor):
             t = value
+        elif isinstance(value, tuple) and len(value) == 2 and checked is not None and \
+                id(value[1]) in checked:
+            data = np.asarray(value[0])
+            data = data.reshape(-1, 1) if data.ndim == 1 else data
+            off, seen = checked[id(value[1])]
+            if off is not value[1] or data.ndim == 0 or seen.data.shape[0] != data.shape[0]:
+                return _feed_value(var, value)
+            t, valid = seen._like(data), True
         elif isinstance(value, tuple) and len(value) == 2:
             data, offsets = np.asarray(value[0]), np.asarray(value[1])
             t = LoDTensor(data.reshape(-1, 1) if data.ndim == 1 else data, offsets)
@@ -448,7 +465,11 @@ def _feed_value(var, value):
             raise ValueError(f"feed for {var.name!r} (lod_level={var.lod_level}) must be a "
                              "LoDTensor, a (values, offsets) tuple or a list of sequences; "
                              f"got {type(value).__name__}")
-        t.validate(f"feed {var.name!r}")
+        if not valid:
+            t.validate(f"feed {var.name!r}")
+            if checked is not None and isinstance(value, tuple) and \
+                    isinstance(value[1], np.ndarray):
+                checked[id(value[1])] = (value[1], t)
         data = t.data
         if data.dtype != var.dtype and not (var.dtype == np.int64 and data.dtype == np.uint64):
             if var.dtype.kind in "iu" and data.dtype.kind not in "iu":
@@ -466,7 +487,7 @@ def _feed_value(var, value):
     if var.shape is not None and len(var.shape) > 0:
         tail = var.shape[1:] if var.shape[0] == -1 else var.shape
         if all(d > 0 for d in tail):
-            per = int(np.prod(tail)) if tail else 1
+            per = math.prod(tail)
             if var.shape[0] == -1:
                 if a.ndim == 0 or a.size % per:
                     raise ValueError(f"feed {var.name!r}: shape {a.shape} does not fit "
@@ -651,10 +672,11 @@ class Executor:
             raise ValueError("the startup program ran before optimizer.minimize(loss): run "
                              "it again after minimize so parameters get their optimizer")
         fed = {}
+        checked = {}
         for name, value in feed.items():
             if name not in block.vars:
                 raise ValueError(f"feed {name!r} is not a variable of this program")
-            fed[name] = _feed_value(block.vars[name], value)
+            fed[name] = _feed_value(block.vars[name], value, checked)
         key = (program._version, frozenset(fed), tuple(v.name for v in fetch_vars), training)
         plan = program._plan_cache.get(key)
         if plan is None:
@@ -755,7 +777,7 @@ def _auc_forward(op, s):
     key = ("auc", op.input("Predict")[0].name, op.input("Label")[0].name, t)
     counts = s.cache.get(key)
     if counts is None:
-        counts = s.cache[key] = metrics.bucket_counts(pred[:, -1], label, t)
+        counts = s.cache[key] = _bucket_counts(pred[:, -1], label, t)
     pos, neg = counts
     pos_name, neg_name = op.output("StatPosOut")[0].name, op.output("StatNegOut")[0].name
     bucket = t + 1
@@ -784,5 +806,20 @@ def _auc_forward(op, s):
         tot_p, tot_n = sp[sb:sb + bucket], sn[sb:sb + bucket]
     s.scope.vars[pos_name] = sp.reshape(shape_p)
     s.scope.vars[neg_name] = sn.reshape(shape_n)
-    s.set(op.output("AUC")[0], np.array([metrics.bucketed_auc(tot_p, tot_n)],
-                                        dtype=np.float64))
+    out = op.output("AUC")[0]
+    if out.name in s.plan.used:   # else only the state had to move
+        s.set(out, np.array([metrics.bucketed_auc(tot_p, tot_n)], dtype=np.float64))
+
+
+def _bucket_counts(pred, label, num_thresholds):
+    """``metrics.bucket_counts`` (Fluid's buckets ``int(float32(p) * t)``,
+    positives where the label is non-zero) by one ``bincount``."""
+    from pyfleet import metrics
+    p = np.asarray(pred, dtype=np.float32)
+    if p.size and not (p.min() >= 0 and p.max() <= 1):
+        metrics.bucket_index(p, num_thresholds)   # raises, naming the bad value
+    idx = (p * np.float32(num_thresholds)).astype(np.int64)
+    idx *= 2
+    idx += label != 0
+    both = np.bincount(idx, minlength=2 * (num_thresholds + 1))
+    return both[1::2].copy(), both[0::2].copy()
