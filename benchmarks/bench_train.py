@@ -21,6 +21,14 @@ of the trained model (every worker's test predictions together). The line
 below the table gives the parameter-server overhead: ``1 - (1x1 async) /
 single``. Targets (issue 5): 1x2 async >= 40,000 examples/s; overhead < 20%.
 
+Where the CPU goes, per batch of 512 training examples: ``worker ms`` is the
+workers' training loops (every thread: parsing, compute, client), measured
+by each worker; ``server ms`` is every server process's whole-life CPU
+(sampled from ``/proc`` on Linux, so it includes start-up and the test
+pass; blank elsewhere); ``server %`` its share of all the run's CPU. With
+W workers and S servers on C cores, examples/s can reach at most
+``C * 512 / (worker ms + server ms) * 1000`` when nothing else runs.
+
 The machine's load changes the absolute figures; the ratios much less.
 Run each configuration on an otherwise idle machine when comparing changes.
 """
@@ -66,16 +74,55 @@ def run_single(data, epochs, timeout):
     return _last_json(p.stdout)
 
 
+def _role_cpu(run_dir, seen):
+    """Record in ``seen`` {pid: (role, cpu seconds)} every live process of the
+    job in ``run_dir`` (its roles run ``pyfleet.trainer RUN_DIR/job.json``)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+            if b"pyfleet.trainer" not in cmd or run_dir.encode() not in cmd:
+                continue
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            role = "server" if b"TRAINING_ROLE=PSERVER" in env else "worker"
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            seen[pid] = (role, (int(fields[11]) + int(fields[12])) / tick)
+        except OSError:   # gone, or not ours to read
+            continue
+
+
 def run_cluster(data, servers, workers, mode, epochs, timeout, run_dir):
     cmd = [sys.executable, "-m", "pyfleet.cli", "train", "--train", data["train"],
            "--test", data["test"], "--servers", str(servers), "--workers", str(workers),
            "--mode", mode, "--epochs", str(epochs), "--run-dir", run_dir, "--json",
            "--timeout", str(timeout)]
-    p = subprocess.run(cmd, env=_role_env(), capture_output=True, text=True,
-                       timeout=timeout + 60, check=False)
+    seen = {}
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        p = subprocess.Popen(cmd, env=_role_env(), stdout=out, stderr=err, text=True)
+        deadline = time.monotonic() + timeout + 60
+        while p.poll() is None:
+            if os.path.isdir("/proc"):
+                _role_cpu(run_dir, seen)
+            if time.monotonic() > deadline:
+                p.kill()
+                p.wait()
+                raise RuntimeError(f"{' '.join(cmd)} did not finish in {timeout + 60:.0f} s")
+            time.sleep(0.2)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
     if p.returncode:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
-    return _last_json(p.stdout)
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{stdout[-2000:]}\n{stderr[-2000:]}")
+    r = _last_json(stdout)
+    if seen:
+        r["server_cpu_seconds"] = sum(c for role, c in seen.values() if role == "server")
+        r["all_cpu_seconds"] = sum(c for _, c in seen.values())
+    return r
 
 
 def main(argv=None):
@@ -120,11 +167,18 @@ def main(argv=None):
                 else:
                     r = run_cluster(data, c[0], c[1], mode, args.epochs, args.timeout,
                                     os.path.join(tmp, f"run-{name}-{mode}"))
+                batches = r["train_examples"] / 512
                 row = {"cluster": name, "servers": 0 if c is None else c[0],
                        "workers": 1 if c is None else c[1], "mode": mode,
                        "examples_per_sec": r["train_examples_per_sec"],
                        "test_auc": r.get("test_auc"), "train_examples": r["train_examples"],
-                       "wall_seconds": time.perf_counter() - t}
+                       "wall_seconds": time.perf_counter() - t,
+                       "worker_ms_per_batch": (r["train_cpu_seconds"] / batches * 1e3
+                                               if "train_cpu_seconds" in r else None),
+                       "server_ms_per_batch": (r["server_cpu_seconds"] / batches * 1e3
+                                               if "server_cpu_seconds" in r else None),
+                       "server_cpu_share": (r["server_cpu_seconds"] / r["all_cpu_seconds"]
+                                            if r.get("all_cpu_seconds") else None)}
                 results.append(row)
                 print(f"  {name:>6} {mode:>5}: {row['examples_per_sec']:>10,.0f} examples/s  "
                       f"test AUC {row['test_auc']:.4f}", flush=True)
@@ -132,11 +186,20 @@ def main(argv=None):
 
     base = next((r["examples_per_sec"] for r in results if r["cluster"] == "single"), None)
     print()
-    print(f"{'cluster':>8} {'mode':>6} {'examples/s':>12} {'/ single':>9} {'test AUC':>9}")
+    print(f"{'cluster':>8} {'mode':>6} {'examples/s':>12} {'/ single':>9} {'test AUC':>9} "
+          f"{'worker ms':>10} {'server ms':>10} {'server %':>9}")
+
+    def cell(v, fmt, width):
+        return f"{'-':>{width}}" if v is None else f"{v:>{width}{fmt}}"
+
     for r in results:
         ratio = f"{r['examples_per_sec'] / base:9.2f}" if base else f"{'-':>9}"
         print(f"{r['cluster']:>8} {r['mode']:>6} {r['examples_per_sec']:>12,.0f} {ratio} "
-              f"{r['test_auc']:>9.4f}")
+              f"{r['test_auc']:>9.4f} {cell(r['worker_ms_per_batch'], '.1f', 10)} "
+              f"{cell(r['server_ms_per_batch'], '.1f', 10)} "
+              f"{cell(r['server_cpu_share'], '.0%', 9)}")
+    print("(worker ms: the workers' training CPU per batch of 512; server ms: the "
+          "servers' whole-run CPU per batch)")
     one = next((r["examples_per_sec"] for r in results
                 if r["cluster"] == "1x1" and r["mode"] == "async"), None)
     two = next((r["examples_per_sec"] for r in results
