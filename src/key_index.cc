@@ -19,7 +19,13 @@ IndexSlot* AllocSlots(size_t capacity) {
 
 KeyIndex::KeyIndex() : slots_(AllocSlots(kMinCapacity)), mask_(kMinCapacity - 1) {}
 
-KeyIndex::~KeyIndex() { PageFree(slots_, MemoryBytes()); }
+KeyIndex::~KeyIndex() { PageFree(slots_, capacity() * sizeof(IndexSlot), true); }
+
+size_t KeyIndex::MemoryBytes() const {
+  constexpr size_t kHuge = size_t{2} << 20;
+  const size_t bytes = (capacity() * sizeof(IndexSlot) + 4095) / 4096 * 4096;
+  return bytes >= kHuge ? (bytes + kHuge - 1) / kHuge * kHuge : bytes;
+}
 
 void KeyIndex::Insert(uint64_t key, uint64_t h, uint32_t value) {
   PYFLEET_ASSERT(value != kEmpty);
@@ -60,7 +66,7 @@ uint32_t KeyIndex::Erase(uint64_t key, uint64_t h) {
 }
 
 void KeyIndex::Clear() {
-  PageFree(slots_, MemoryBytes());
+  PageFree(slots_, capacity() * sizeof(IndexSlot), true);
   slots_ = AllocSlots(kMinCapacity);
   mask_ = kMinCapacity - 1;
   size_ = 0;
@@ -77,7 +83,7 @@ void KeyIndex::Rehash(size_t new_capacity) {
     while (slots_[i].value != kEmpty) i = (i + 1) & mask_;
     slots_[i] = old[k];
   }
-  PageFree(old, old_capacity * sizeof(IndexSlot));
+  PageFree(old, old_capacity * sizeof(IndexSlot), true);
 }
 
 }  // namespace pyfleet

@@ -66,7 +66,8 @@ class KeyIndex {
 
   size_t size() const { return size_; }
   size_t capacity() const { return mask_ + 1; }
-  size_t MemoryBytes() const { return capacity() * sizeof(IndexSlot); }
+  // As mapped: a slot array of 2 MiB or more sits on whole huge pages.
+  size_t MemoryBytes() const;
 
   // Calls f(key, value) for every entry, in slot order.
   template <typename F>

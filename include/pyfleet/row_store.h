@@ -97,6 +97,12 @@ class RowStore {
 // pages are advised as transparent huge pages (the tail stays on small pages,
 // so nothing untouched becomes resident).
 void* PageAlloc(size_t bytes, bool huge = false);  // zero-filled
-void PageFree(void* p, size_t bytes);
+// Small pages, but 2 MiB-aligned when bytes >= 2 MiB, so that a full block can
+// later be collapsed into huge pages.
+void* PageAllocAligned(size_t bytes);
+// Asks the kernel to back [p, p + bytes) with huge pages now (MADV_COLLAPSE);
+// best effort, a no-op where that is not available.
+void CollapseToHugePages(void* p, size_t bytes);
+void PageFree(void* p, size_t bytes, bool huge = false);  // huge as allocated
 
 }  // namespace pyfleet
