@@ -3,10 +3,11 @@
 A :class:`Client` talks to S servers (:mod:`pyfleet.server`) over ZeroMQ
 DEALER sockets, with the frames of :mod:`pyfleet.protocol`.
 
-Sparse keys are deduplicated (``np.unique``), routed with
-``pyfleet.route(key, S)``, sent as one request per server in parallel, and the
-answers reassembled in the caller's order; a push sums the gradients of equal
-keys first (sort-based segment sum). Dense parameters are split by a block
+Sparse keys are deduplicated and routed with ``pyfleet.route(key, S)`` in one
+O(n) hash pass (``pyfleet._core.unique_route``), each server's share sent as
+contiguous requests in parallel (views of one buffer, no copy), and the answers
+gathered into the caller's order by one C++ pass over the reply buffers; a
+push sums the gradients of equal keys first (``_core.sum_rows``). Dense parameters are split by a block
 placement ``(name, start, end, server_index)`` over the flattened parameter,
 learned from the servers (``create_tables`` places them).
 
@@ -38,12 +39,11 @@ from concurrent.futures import Future
 import numpy as np
 import zmq
 
-import pyfleet
+from pyfleet import _core
 from pyfleet import _service_zmq as Z
 from pyfleet import protocol as P
 from pyfleet.errors import BarrierError, PeerTimeout, PyfleetError, RemoteError
 from pyfleet.protocol import Op, Status
-from pyfleet.server import segment_sum
 
 __all__ = ["Client", "GeoClient", "PullFuture", "unique_keys"]
 
@@ -207,9 +207,9 @@ class PullFuture:
     """The rows of one ``pull_sparse_async`` call, assembled when :meth:`result`
     is called (the replies travel meanwhile). Resolve it once, from any thread."""
 
-    def __init__(self, channel, calls, positions, inverse, n_unique, dim):
-        self._channel, self._calls, self._positions = channel, calls, positions
-        self._inverse, self._n_unique, self._dim = inverse, n_unique, dim
+    def __init__(self, channel, calls, parts, inverse, dim):
+        self._channel, self._calls, self._parts = channel, calls, parts
+        self._inverse, self._dim = inverse, dim
         self._value = None
 
     def done(self):
@@ -219,17 +219,17 @@ class PullFuture:
         if self._value is not None:
             return self._value
         replies = self._channel.wait(self._calls)
-        dim, inverse, n = self._dim, self._inverse, self._n_unique
-        if self._positions[0] is None:  # one server, keys in the caller's order
-            h, frames = replies[0]
-            uniq = P.values_from(frames[0], _expect(h.count, n), dim)  # a view of the reply
+        dim = self._dim
+        # Views of the reply buffers, in the order of the keys sent (no copy).
+        pieces = [P.values_from(frames[0], _expect(h.count, b - a), dim)
+                  for (h, frames), (_, a, b) in zip(replies, self._parts)]
+        if self._inverse is not None:
+            self._value = _core.gather_rows(pieces, self._inverse, dim)
+        elif len(pieces) == 1:
+            self._value = pieces[0]  # the keys were distinct and went in one request
         else:
-            uniq = np.empty((n, dim), dtype=np.float32)
-            for (h, frames), pos in zip(replies, self._positions):
-                m = pos.stop - pos.start if isinstance(pos, slice) else pos.shape[0]
-                uniq[pos] = P.values_from(frames[0], _expect(h.count, m), dim)
-        self._value = uniq if inverse is None else uniq[inverse]
-        self._calls = self._positions = self._inverse = None
+            self._value = np.concatenate(pieces)
+        self._calls = self._parts = self._inverse = None
         return self._value
 
 
@@ -492,48 +492,44 @@ class Client:
                                  f"(known: {sorted(self._dense)})")
         return self._dense[name]
 
-    def _split(self, uniq):
-        """``[(server, keys, positions)]``: each server's share of ``uniq``, cut
-        into requests of at most ``max_request_keys`` keys. ``positions`` index
-        ``uniq``; None when one request carries all of it in order."""
-        if self.num_servers == 1:
-            shares = [(0, uniq, None)]
-        else:
-            owner = pyfleet.route(uniq, self.num_servers)
-            shares = []
-            for s in range(self.num_servers):
-                pos = np.flatnonzero(owner == s)
-                if pos.shape[0]:
-                    shares.append((s, uniq[pos], pos))
+    def _plan(self, keys):
+        """``(grouped, inverse, parts)`` for a batch of keys: ``grouped`` the
+        distinct keys grouped by owning server, ``inverse`` the position in
+        ``grouped`` of each key (None when ``grouped`` is ``keys`` itself), and
+        ``parts`` the ``(server, start, end)`` ranges of ``grouped`` to send,
+        at most ``max_request_keys`` keys each, in ``grouped`` order."""
+        n = keys.shape[0]
+        if n == 1 and self.num_servers == 1:  # the latency path: no kernel call
+            return keys, None, [(0, 0, 1)]
+        grouped, inverse, offsets = _core.unique_route(keys, self.num_servers)
+        offsets = offsets.tolist()
         step = self.max_request_keys
-        if all(sub.shape[0] <= step for _, sub, _ in shares):
-            return shares
         # Several requests per server: the server pulls one chunk on a handler
         # thread while the previous one is on the wire.
-        parts = []
-        for s, sub, pos in shares:
-            for a in range(0, sub.shape[0], step):
-                b = min(a + step, sub.shape[0])
-                parts.append((s, sub[a:b], slice(a, b) if pos is None else pos[a:b]))
-        return parts
+        parts = [(s, a, min(a + step, offsets[s + 1]))
+                 for s in range(self.num_servers)
+                 for a in range(offsets[s], offsets[s + 1], step)]
+        if grouped.shape[0] == n and (not parts or parts[0][0] == parts[-1][0]):
+            # Distinct keys all owned by one server: grouped == keys (a group
+            # keeps first-occurrence order), so no gather is needed.
+            return keys, None, parts
+        return grouped, inverse, parts
 
     # ---------------------------------------------------------- sparse data
 
     def pull_sparse_async(self, table, keys):
         """Send the pull now; the rows (float32 ``[len(keys), dim]``, in the
-        order of ``keys``) come from ``.result()``. Lets a trainer prefetch."""
+        order of ``keys``) come from ``.result()``. Lets a trainer prefetch.
+        ``keys`` must not be modified until the result is taken."""
         keys = _check_keys(keys)
         dim = self._sparse_dim(table)
-        uniq, inverse = unique_keys(keys)
-        ch = self._channel()
-        calls, positions = [], []
-        for s, sub, pos in self._split(uniq):
-            calls.append(self._send(ch, s, Op.PULL_SPARSE, table=self._ids[s][table],
-                                    keys=sub, dim=dim))
-            positions.append(pos)
-        if not calls:  # no keys at all
+        grouped, inverse, parts = self._plan(keys)
+        if not parts:  # no keys at all
             return _Done(np.empty((0, dim), dtype=np.float32))
-        return PullFuture(ch, calls, positions, inverse, uniq.shape[0], dim)
+        ch = self._channel()
+        calls = [self._send(ch, s, Op.PULL_SPARSE, table=self._ids[s][table],
+                            keys=grouped[a:b], dim=dim) for s, a, b in parts]
+        return PullFuture(ch, calls, parts, inverse, dim)
 
     def pull_sparse(self, table, keys):
         """Rows of ``keys`` (uint64 1-D) as float32 ``[len(keys), dim]``. Blocks."""
@@ -566,23 +562,21 @@ class Client:
         n = keys.shape[0]
         values = np.stack([_check_values(shows, (n,), "shows"),
                            _check_values(clicks, (n,), "clicks")], axis=1)
-        uk, sums = segment_sum(keys, values)
-        ch = self._channel()
-        calls = [self._send(ch, s, Op.PUSH_SHOW_CLICK, table=self._ids[s][table], keys=sub,
-                            values=sums if pos is None else np.ascontiguousarray(sums[pos]),
-                            dim=2)
-                 for s, sub, pos in self._split(uk)]
-        ch.wait(calls)
+        self._send_rows(Op.PUSH_SHOW_CLICK, table, keys, values, 0)
 
     def _push_now(self, table, keys, grads, flags):
-        dim = self._sparse[table]
-        uk, sums = segment_sum(keys, grads)
+        self._send_rows(Op.PUSH_SPARSE, table, keys, grads, flags)
+
+    def _send_rows(self, op, table, keys, values, flags):
+        """Send rows of ``values`` (those of equal keys summed) to their
+        servers, and wait until every server applied them."""
+        grouped, inverse, parts = self._plan(keys)
+        if inverse is not None:
+            values = _core.sum_rows(values, inverse, grouped.shape[0])
+        dim = values.shape[1]
         ch = self._channel()
-        calls = []
-        for s, sub, pos in self._split(uk):
-            calls.append(self._send(ch, s, Op.PUSH_SPARSE, table=self._ids[s][table], keys=sub,
-                                    values=sums if pos is None else sums[pos], dim=dim,
-                                    flags=flags))
+        calls = [self._send(ch, s, op, table=self._ids[s][table], keys=grouped[a:b],
+                            values=values[a:b], dim=dim, flags=flags) for s, a, b in parts]
         ch.wait(calls)
 
     def flush(self):
@@ -851,22 +845,13 @@ def _expect(count, n):
 
 
 def unique_keys(keys):
-    """``(unique, inverse)`` with ``unique[inverse] == keys``; ``(keys, None)``
-    when there is no duplicate (checked with one sort, the common case of
-    pre-deduplicated batches costs no gather)."""
-    n = keys.shape[0]
-    if n > 1:
-        s = np.sort(keys)
-        if (s[1:] == s[:-1]).any():
-            order = np.argsort(keys)
-            sk = keys[order]
-            first = np.empty(n, dtype=bool)
-            first[0] = True
-            np.not_equal(sk[1:], sk[:-1], out=first[1:])
-            inverse = np.empty(n, dtype=np.intp)
-            inverse[order] = np.cumsum(first) - 1
-            return sk[first], inverse
-    return keys, None
+    """``(unique, inverse)`` with ``unique[inverse] == keys``, unique keys in
+    first-occurrence order; ``(keys, None)`` when there is no duplicate. One
+    O(n) hash pass (``pyfleet._core.unique_inverse``)."""
+    uniq, inverse = _core.unique_inverse(keys)
+    if uniq.shape[0] == keys.shape[0]:
+        return keys, None
+    return uniq, inverse
 
 
 def _check_keys(keys):

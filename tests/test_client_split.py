@@ -1,0 +1,63 @@
+"""The client's dedup, routing, request splitting and reassembly, end to end
+against one in-process table: every path of ``Client._plan`` (one key, distinct
+keys on one server, duplicates, several servers, requests cut into chunks)."""
+
+import numpy as np
+import pytest
+
+import pyfleet
+from pyfleet._service_testing import ServerGroup
+from pyfleet.client import Client, unique_keys
+from pyfleet.initializer import Uniform
+from pyfleet.optimizer import Adam
+
+DIM = 4
+U64_MAX = 2**64 - 1
+
+
+def batches(rng):
+    distinct = rng.choice(2**62, size=300, replace=False).astype(np.uint64)
+    return {
+        "one": np.array([7], np.uint64),
+        "extremes": np.array([0, U64_MAX, 5, 0, U64_MAX], np.uint64),
+        "distinct": distinct,
+        "duplicates": rng.choice(distinct[:40], size=200).astype(np.uint64),
+        "all-equal": np.full(50, 9, np.uint64),
+    }
+
+
+@pytest.mark.parametrize("num_servers", [1, 2])
+def test_pulls_and_pushes_match_one_table_with_small_requests(num_servers):
+    ref = pyfleet.SparseTable(DIM, Adam(0.01), initializer=Uniform(-0.1, 0.1), seed=3,
+                              name="emb")
+    rng = np.random.default_rng(num_servers)
+    with ServerGroup(num_servers, 1) as g, \
+            Client(g.endpoints, timeout=20, max_request_keys=7) as c:
+        c.create_tables([{"kind": "sparse", **ref.config()}])
+        for step in range(2):
+            for name, keys in batches(rng).items():
+                got = c.pull_sparse("emb", keys)
+                assert got.shape == (keys.shape[0], DIM), name
+                # Many equal keys' gradients are summed in a different order
+                # by the table and by the client: equal to rounding.
+                np.testing.assert_allclose(got, ref.pull(keys), rtol=1e-6, atol=1e-7,
+                                           err_msg=name)
+                grads = rng.standard_normal((keys.shape[0], DIM)).astype(np.float32)
+                c.push_sparse("emb", keys, grads)
+                ref.push(keys, grads)
+        keys = ref.keys()
+        np.testing.assert_allclose(c.pull_sparse("emb", keys), ref.pull(keys), rtol=1e-6,
+                                   atol=1e-7)
+        assert sum(s["tables"]["emb"]["rows"] for s in c.stats()) == len(ref)
+        fut = c.pull_sparse_async("emb", np.empty(0, np.uint64))
+        assert fut.done() and fut.result().shape == (0, DIM)
+
+
+def test_unique_keys_first_occurrence_order():
+    keys = np.array([5, 3, 5, 0, 3], np.uint64)
+    uniq, inverse = unique_keys(keys)
+    np.testing.assert_array_equal(uniq, [5, 3, 0])
+    np.testing.assert_array_equal(uniq[inverse], keys)
+    distinct = np.array([4, 1, 2], np.uint64)
+    same, none = unique_keys(distinct)
+    assert same is distinct and none is None
