@@ -209,9 +209,12 @@ _COPY_LIMIT = 1 << 16
 
 
 def copy_is_cheaper(frames):
-    """Whether to send ``frames`` with ``copy=True`` (every one is small)."""
+    """Whether to send ``frames`` with ``copy=True`` (every one is small).
+    ``frames`` hold numpy arrays, bytes and ``zmq.Frame`` objects."""
     for f in frames:
-        if (f.nbytes if hasattr(f, "nbytes") else len(f)) >= _COPY_LIMIT:
+        # Not hasattr(f, "nbytes"): on a zmq.Frame a missing attribute goes
+        # through pyzmq's option lookup, ~5 us, a sizeable part of a 1-key pull.
+        if (f.nbytes if isinstance(f, np.ndarray) else len(f)) >= _COPY_LIMIT:
             return False
     return True
 
