@@ -7,21 +7,33 @@ are sent and received atomically. Not thread-safe beyond the socket's own rules
 (use a socket from one thread at a time).
 """
 
+import numpy as np
 import zmq
 
-__all__ = ["readable", "recv_frames", "send_frames"]
+__all__ = ["COPY_LIMIT", "readable", "recv_frames", "send_frames"]
 
 _SNDMORE = int(zmq.SNDMORE)
 _POLLIN = int(zmq.POLLIN)
 NOBLOCK = int(zmq.NOBLOCK)
 
+# Frames below this size are copied when sent. A zero-copy send makes pyzmq
+# track the buffer and release it from its garbage-collector thread, a thread
+# wake-up per frame; copying 256 KiB costs about as much, less below.
+COPY_LIMIT = 1 << 18
 
-def send_frames(sock, frames, copy, flags=0):
+
+def send_frames(sock, frames, copy=None, flags=0):
     """Send one multipart message; raises ``zmq.Again`` (nothing sent) when
-    ``flags`` has NOBLOCK and the message cannot be queued."""
+    ``flags`` has NOBLOCK and the message cannot be queued. ``copy``: True or
+    False for every frame, or None to copy exactly the frames (numpy arrays,
+    bytes) smaller than :data:`COPY_LIMIT`; a ``zmq.Frame`` is never copied.
+    A frame sent without a copy must not be modified until it has left."""
     last = len(frames) - 1
     for i, f in enumerate(frames):
-        sock.send(f, flags | _SNDMORE if i < last else flags, copy=copy)
+        c = copy
+        if c is None:
+            c = (f.nbytes if isinstance(f, np.ndarray) else len(f)) < COPY_LIMIT
+        sock.send(f, flags | _SNDMORE if i < last else flags, copy=c)
 
 
 def recv_frames(sock):

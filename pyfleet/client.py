@@ -96,12 +96,11 @@ class _Channel:
     def send(self, server, frames, op, timeout, rid):
         call = _Call(server, op, timeout)
         deadline = call.deadline
-        copy = P.copy_is_cheaper(frames)
         backoff = 0.001
         with self.lock:
             while True:
                 try:
-                    Z.send_frames(self.socks[server], frames, copy, Z.NOBLOCK)
+                    Z.send_frames(self.socks[server], frames, None, Z.NOBLOCK)
                     break
                 except zmq.Again:
                     pass

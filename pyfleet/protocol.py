@@ -32,8 +32,10 @@ On the server side the ROUTER adds an identity frame in front; it never
 reaches this module's parsers.
 
 Keys and values travel as raw little-endian buffers: senders pass numpy arrays
-to ``send_multipart(copy=False)``; receivers wrap ``frame.buffer`` with
-``np.frombuffer`` (views of the received message, no copy). Control payloads are JSON.
+to the socket as they are, without a copy when large (frames under
+``pyfleet._service_zmq.COPY_LIMIT`` are cheaper copied); receivers wrap
+``frame.buffer`` with ``np.frombuffer`` (views of the received message, no
+copy). Control payloads are JSON.
 Nothing that crosses the socket is unpickled.
 
 The functions here are pure (no sockets, no state) and safe from any thread.
@@ -61,7 +63,6 @@ __all__ = [
     "Op",
     "ProtocolError",
     "Status",
-    "copy_is_cheaper",
     "error_reply",
     "json_frame",
     "keys_from",
@@ -201,22 +202,6 @@ def reply(header, values=None, payload=None, count=None, dim=None):
 def error_reply(op, rid, message, status=Status.ERROR, table=0):
     return [pack_header(op, rid, table, 0, 0, Flag.REPLY, status),
             json_frame({"error": str(message)})]
-
-
-# Below this size pyzmq copies a frame anyway; a plain copying send then
-# skips building zero-copy Frame objects.
-_COPY_LIMIT = 1 << 16
-
-
-def copy_is_cheaper(frames):
-    """Whether to send ``frames`` with ``copy=True`` (every one is small).
-    ``frames`` hold numpy arrays, bytes and ``zmq.Frame`` objects."""
-    for f in frames:
-        # Not hasattr(f, "nbytes"): on a zmq.Frame a missing attribute goes
-        # through pyzmq's option lookup, ~5 us, a sizeable part of a 1-key pull.
-        if (f.nbytes if isinstance(f, np.ndarray) else len(f)) >= _COPY_LIMIT:
-            return False
-    return True
 
 
 def json_frame(obj):

@@ -302,7 +302,7 @@ class Server:
                         Z.send_frames(front, msg, copy=False)
                     elif self._inline(msg):
                         for out in self._handle(msg):
-                            Z.send_frames(front, out, P.copy_is_cheaper(out))
+                            Z.send_frames(front, out)
                     else:
                         Z.send_frames(self._work, msg, copy=False)
                 self._housekeeping(front)
@@ -341,7 +341,7 @@ class Server:
             while not self._done.is_set():
                 if Z.readable([work], 100):
                     for reply in self._handle(Z.recv_frames(work)):
-                        Z.send_frames(out, reply, P.copy_is_cheaper(reply))
+                        Z.send_frames(out, reply)
         finally:
             work.close(linger=0)
             out.close(linger=1000)
