@@ -419,9 +419,7 @@ class Server:
 
     def _pull_sparse(self, h, op, frames, ident):
         e, keys = self._sparse_rows(h, op, frames, 1)
-        out = np.empty((h.count, e.dim), dtype=np.float32)
-        e.table.pull(keys, out=out)
-        return [[ident] + P.reply(h, values=out)]
+        return [[ident] + P.reply(h, values=e.table.pull(keys))]
 
     def _push_sparse(self, h, op, frames, ident):
         e, keys = self._sparse_rows(h, op, frames, 2)
