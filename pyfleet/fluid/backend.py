@@ -8,16 +8,17 @@ backend over the network client, which implements the same methods).
 
 Per training step the executor makes, in this order:
 
-1. one :meth:`Backend.pull_dense_many` with the names of every dense
-   parameter the step reads;
-2. one :meth:`Backend.pull_sparse` per sparse table, with the *unique* ids of
+1. one :meth:`Backend.pull_sparse` per sparse table, with the *unique* ids of
    every embedding slot sharing that table (each once, in the order of its
-   first occurrence);
+   first occurrence), when the first embedding of that table runs;
+2. one :meth:`Backend.pull_dense_many` with the names of every dense
+   parameter the step reads, just before the first op that reads one (the
+   embeddings before it run while a remote backend's reply travels);
 3. (forward and backward in numpy);
-4. one :meth:`Backend.push_sparse` per sparse table, with those unique ids and
-   float32 gradients already summed per id;
-5. one :meth:`Backend.push_dense_many` with a gradient per trained dense
+4. one :meth:`Backend.push_dense_many` with a gradient per trained dense
    parameter;
+5. one :meth:`Backend.push_sparse` per sparse table, with those unique ids and
+   float32 gradients already summed per id;
 6. :meth:`Backend.step_end`.
 
 Gradients are those of the loss the optimizer minimizes (normally a mean over

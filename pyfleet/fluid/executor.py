@@ -6,14 +6,16 @@ backend. ``Executor.run(main_program, feed, fetch_list)`` then runs one step:
 1. the feed is turned into arrays (:class:`LoDTensor` for ``lod_level=1``);
 2. the operators needed for the fetches (and the loss, when the program has
    an optimizer; and stateful ops such as ``auc`` whose inputs are fed) run
-   forward. Dense parameters come from one ``pull_dense_many``; every
+   forward. Dense parameters come from one ``pull_dense_many``, made just
+   before the first op that reads one (so the lookups run meanwhile); every
    embedding sharing a sparse table is looked up with one ``pull_sparse`` of
    the unique ids of all its slots (deduplicated by the hashing kernel
    ``pyfleet._core.unique_inverse``: first-occurrence order, O(n));
 3. when the program has an optimizer, gradients of the loss flow backward;
-   embedding gradients are summed per unique id (``pyfleet._core.sum_rows``
-   for float32, no per-id Python), then pushed: one ``push_sparse`` per
-   table, one ``push_dense_many`` for the dense parameters, then ``step_end``.
+   one ``push_dense_many`` sends the dense parameters' gradients; embedding
+   gradients are summed per unique id (``pyfleet._core.sum_rows`` for
+   float32, no per-id Python) and pushed, one ``push_sparse`` per table; then
+   ``step_end``.
 
 :meth:`Executor.prefetch` (a pyfleet extension) does step 2's deduplication
 for the next feed ahead of time and lets a remote backend start its pull, so
@@ -116,6 +118,14 @@ class _Plan:
                                  for op in reversed(self.ops)
                                  if any(v.name in self.need for v in op.output_vars())]
         self.trained_dense = [n for n in self.dense_params if n in self.need]
+        # The first op reading a dense parameter (len(ops): none does).
+        self.dense_at = len(self.ops)
+        if self.dense_params:
+            for i, op in enumerate(self.ops):
+                if any(isinstance(v, Parameter) and not v.is_sparse_table
+                       for v in op.input_vars()):
+                    self.dense_at = i
+                    break
         # Values someone reads: a stateful op's other outputs need not be computed.
         self.used = {v.name for v in fetch_vars} | {v.name for op in self.ops
                                                     for v in op.input_vars()}
@@ -685,9 +695,11 @@ class Executor:
         backend = program._get_backend()
         s = _Step(program, plan, scope, backend, self._prepared)
         s.env.update(fed)
-        if plan.dense_params:
-            s.env.update(backend.pull_dense_many(plan.dense_params))
-        for op in plan.ops:
+        for i, op in enumerate(plan.ops):
+            if i == plan.dense_at:
+                # As late as possible: a remote backend's dense values (the reply
+                # to the previous step's push) travel while the lookups run.
+                s.env.update(backend.pull_dense_many(plan.dense_params))
             if op.type == "lookup_table":
                 s.set(op.output("Out")[0], s.lookup(op))
             elif op.type == "auc":
@@ -698,6 +710,8 @@ class Executor:
                 except KeyError:
                     raise ValueError(f"no kernel for op type {op.type!r}") from None
                 kernel(op, s)
+        if plan.dense_at == len(plan.ops) and plan.dense_params:   # only fetched
+            s.env.update(backend.pull_dense_many(plan.dense_params))
         if training:
             self._backward_and_update(program, plan, s, backend)
         results = []
@@ -730,36 +744,37 @@ class Executor:
                 if name in grads:
                     _ops.BACKWARD[op.type](op, s)
                     break
-        sparse = {}
-        row_dtype = {}
-        for grp in s.groups:
-            w = grp.param
-            if w.name not in plan.need:
-                continue
-            summed = s.summed_lookup_grads(grp)
-            if summed is None:
-                continue
-            keys, g = summed
-            if w.is_sparse_table:
-                sparse.setdefault(w.name, []).append((keys, g))
-                row_dtype[w.name] = grp.rows.dtype
-            else:
-                gw = np.zeros(w.shape, dtype=g.dtype)
-                gw[keys] = g
-                s.add_grad(w, gw)
-        for name, parts in sparse.items():
-            if len(parts) == 1:
-                keys, g = parts[0]
-            else:
-                keys, g = _merge_keys([p[0] for p in parts], [p[1] for p in parts])
-            backend.push_sparse(name, keys, np.ascontiguousarray(g, dtype=row_dtype[name]))
+        groups = [grp for grp in s.groups if grp.param.name in plan.need]
+        for grp in groups:   # embeddings of dense parameters: part of their gradient
+            if not grp.param.is_sparse_table:
+                summed = s.summed_lookup_grads(grp)
+                if summed is not None:
+                    keys, g = summed
+                    gw = np.zeros(grp.param.shape, dtype=g.dtype)
+                    gw[keys] = g
+                    s.add_grad(grp.param, gw)
         dense = {}
         for name in plan.trained_dense:
             g = s.grads.get(name)
             if g is not None:
                 dense[name] = np.ascontiguousarray(g, dtype=s.env[name].dtype)
         if dense:
+            # Before the sparse sums: a remote backend's round trip starts sooner.
             backend.push_dense_many(dense)
+        sparse = {}
+        row_dtype = {}
+        for grp in groups:
+            if grp.param.is_sparse_table:
+                summed = s.summed_lookup_grads(grp)
+                if summed is not None:
+                    sparse.setdefault(grp.param.name, []).append(summed)
+                    row_dtype[grp.param.name] = grp.rows.dtype
+        for name, parts in sparse.items():
+            if len(parts) == 1:
+                keys, g = parts[0]
+            else:
+                keys, g = _merge_keys([p[0] for p in parts], [p[1] for p in parts])
+            backend.push_sparse(name, keys, np.ascontiguousarray(g, dtype=row_dtype[name]))
         backend.step_end()
 
 
