@@ -71,10 +71,14 @@ void PageFree(void* p, size_t bytes, bool huge) {
   if (p != nullptr && bytes > 0) munmap(p, size);
 }
 
-RowStore::RowStore(size_t dim, size_t state_dim) : dim_(dim), state_dim_(state_dim) {}
+RowStore::RowStore(size_t dim, size_t state_dim)
+    : dim_(dim),
+      state_dim_(state_dim),
+      chunks_(static_cast<Chunk*>(PageAlloc(kMaxChunks * sizeof(Chunk)))) {}
 
 RowStore::~RowStore() {
-  for (const Chunk& c : chunks_) FreeChunk(c);
+  for (size_t k = 0; k < num_chunks_; ++k) FreeChunk(chunks_[k]);
+  PageFree(chunks_, kMaxChunks * sizeof(Chunk));
 }
 
 void RowStore::FreeChunk(const Chunk& c) {
@@ -84,38 +88,51 @@ void RowStore::FreeChunk(const Chunk& c) {
 }
 
 uint32_t RowStore::Allocate() {
+  std::lock_guard lock(mu_);
   if (!free_rows_.empty()) {
     const uint32_t row = free_rows_.back();
     free_rows_.pop_back();
     return row;
   }
-  if (next_row_ == 0xFFFFFFFEu) ThrowRuntime("a table shard is full (2^32 - 2 rows)");
-  if (Locate(next_row_).chunk == chunks_.size()) {
-    // A pull reads a random row's weights: on small pages nearly every one
-    // is also a TLB miss (measured: pulls from a 10M-row table 1.5-2x slower).
-    // Weight blocks therefore start 2 MiB-aligned on small pages, and each is
-    // collapsed into huge pages once it is full; huge pages from the start
-    // would make 2 MiB per shard resident before its rows exist.
-    if (!chunks_.empty()) {
-      const Chunk& full = chunks_.back();
+  if (next_row_ == 0xFFFFFFFEu) ThrowRuntime("a table is full (2^32 - 2 rows on one server)");
+  if (Locate(next_row_).chunk == num_chunks_) {
+    // A pull or push reads a random row: on small pages nearly every one is
+    // also a TLB miss (measured: pulls from a 10M-row table 1.5-2x slower).
+    // Blocks therefore start 2 MiB-aligned on small pages, and each is
+    // collapsed into huge pages once its chunk is full; huge pages from the
+    // start would make whole 2 MiB pages resident before their rows exist.
+    if (num_chunks_ > 0) {
+      const Chunk& full = chunks_[num_chunks_ - 1];
       CollapseToHugePages(full.weights, full.rows * dim_ * sizeof(float));
+      if (full.state) CollapseToHugePages(full.state, full.rows * state_dim_ * sizeof(float));
+      CollapseToHugePages(full.meta, full.rows * sizeof(RowMeta));
     }
     Chunk c;
-    c.rows = chunks_.empty() ? kFirstChunkRows : kChunkRows;
+    c.rows = num_chunks_ == 0 ? kFirstChunkRows : kChunkRows;
     c.weights = static_cast<float*>(PageAllocAligned(c.rows * dim_ * sizeof(float)));
-    c.state = state_dim_ ? static_cast<float*>(PageAlloc(c.rows * state_dim_ * sizeof(float)))
-                         : nullptr;
-    c.meta = static_cast<RowMeta*>(PageAlloc(c.rows * sizeof(RowMeta)));
-    chunks_.push_back(c);
+    c.state = state_dim_
+                  ? static_cast<float*>(PageAllocAligned(c.rows * state_dim_ * sizeof(float)))
+                  : nullptr;
+    c.meta = static_cast<RowMeta*>(PageAllocAligned(c.rows * sizeof(RowMeta)));
+    // Readers find this entry only through rows published after it, under
+    // their shard's lock (the chunk is written before this mutex is released).
+    chunks_[num_chunks_] = c;
+    ++num_chunks_;
   }
   return next_row_++;
 }
 
-void RowStore::Free(uint32_t row) { free_rows_.push_back(row); }
+void RowStore::Free(uint32_t row) {
+  std::lock_guard lock(mu_);
+  free_rows_.push_back(row);
+}
 
 size_t RowStore::MemoryBytes() const {
-  size_t bytes = free_rows_.capacity() * sizeof(uint32_t) + chunks_.capacity() * sizeof(Chunk);
-  for (const Chunk& c : chunks_) {
+  std::lock_guard lock(mu_);
+  size_t bytes = free_rows_.capacity() * sizeof(uint32_t) +
+                 RoundUp((num_chunks_ + 1) * sizeof(Chunk));
+  for (size_t k = 0; k < num_chunks_; ++k) {
+    const Chunk& c = chunks_[k];
     bytes += RoundUp(c.rows * dim_ * sizeof(float)) + RoundUp(c.rows * sizeof(RowMeta)) +
              (state_dim_ ? RoundUp(c.rows * state_dim_ * sizeof(float)) : 0);
   }

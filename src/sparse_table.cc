@@ -45,10 +45,8 @@ inline size_t ShardOf(uint64_t h) { return h >> (64 - SparseTable::kShardBits); 
 }  // namespace
 
 struct SparseTable::Shard {
-  Shard(size_t dim, size_t state_dim) : rows(dim, state_dim) {}
   mutable std::shared_mutex mu;
   KeyIndex index;                 // key -> row id
-  RowStore rows;
   KeyIndex candidates;            // key -> pull calls seen (entry policy)
   std::vector<uint64_t> dropped;  // keys erased since the last save
 };
@@ -74,7 +72,8 @@ SparseTable::SparseTable(size_t dim, const OptimizerConfig& opt, const Initializ
       opt_(opt),
       init_(init),
       seed_(seed),
-      entry_(entry) {
+      entry_(entry),
+      rows_(dim, state_dim_) {
   if (dim == 0 || dim > 65536) ThrowInvalid("dim must be in [1, 65536], got ", dim);
   const uint32_t ik = static_cast<uint32_t>(init.kind);
   if (ik < 1 || ik > 4) ThrowInvalid("unknown initializer kind ", ik);
@@ -91,7 +90,7 @@ SparseTable::SparseTable(size_t dim, const OptimizerConfig& opt, const Initializ
     default: ThrowInvalid("unknown entry kind ", static_cast<uint32_t>(entry.kind));
   }
   shards_.reserve(kShards);
-  for (size_t i = 0; i < kShards; ++i) shards_.push_back(std::make_unique<Shard>(dim_, state_dim_));
+  for (size_t i = 0; i < kShards; ++i) shards_.push_back(std::make_unique<Shard>());
 }
 
 SparseTable::~SparseTable() = default;
@@ -121,10 +120,10 @@ void SparseTable::GroupByShard(const uint64_t* keys, size_t n, Batch& b,
 }
 
 uint32_t SparseTable::InsertLocked(Shard& s, uint64_t key, uint64_t h) {
-  const uint32_t row = s.rows.Allocate();
-  pyfleet::InitialValues(init_, seed_, key, s.rows.Weights(row), dim_);
-  OptimizerInitState(opt_, s.rows.State(row), dim_);
-  *s.rows.Meta(row) = RowMeta{0, 0, kRowDirty, 0.f, 0.f};
+  const uint32_t row = rows_.Allocate();
+  pyfleet::InitialValues(init_, seed_, key, rows_.Weights(row), dim_);
+  OptimizerInitState(opt_, rows_.State(row), dim_);
+  *rows_.Meta(row) = RowMeta{0, 0, kRowDirty, 0.f, 0.f};
   s.index.Insert(key, h, row);
   inserted_rows_.fetch_add(1, std::memory_order_relaxed);
   return row;
@@ -164,7 +163,7 @@ uint32_t SparseTable::AdmitLocked(Shard& s, uint64_t key, uint64_t h, uint64_t d
 void SparseTable::EraseLocked(Shard& s, uint64_t key, uint64_t h) {
   const uint32_t row = s.index.Erase(key, h);
   if (row == KeyIndex::kEmpty) return;
-  s.rows.Free(row);
+  rows_.Free(row);
   s.dropped.push_back(key);
 }
 
@@ -206,7 +205,7 @@ void SparseTable::Pull(const uint64_t* keys, size_t n, float* out) {
         for (size_t j = (g - 1) * G; j < end; ++j) {
           const Shard& s = *shard[ShardOf(h[j])];
           rows[j] = s.index.Find(keys[j], h[j]);
-          if (rows[j] != KeyIndex::kEmpty) PrefetchSpan(s.rows.Weights(rows[j]), row_bytes);
+          if (rows[j] != KeyIndex::kEmpty) PrefetchSpan(rows_.Weights(rows[j]), row_bytes);
         }
       }
       if (g >= 2) {
@@ -216,7 +215,7 @@ void SparseTable::Pull(const uint64_t* keys, size_t n, float* out) {
             b.misses.push_back(static_cast<uint32_t>(k));
             continue;
           }
-          const float* src = shard[ShardOf(h[k])]->rows.Weights(rows[k]);
+          const float* src = rows_.Weights(rows[k]);
           float* dst = out + k * dim_;
           for (size_t c = 0; c < dim_; ++c) dst[c] = LoadRelaxed(src + c);
         }
@@ -249,7 +248,7 @@ void SparseTable::PullMisses(const uint64_t* keys, Batch& b, float* out) {
           pyfleet::InitialValues(init_, seed_, keys[i], dst, dim_);
           candidate_pulls_.fetch_add(1, std::memory_order_relaxed);
         } else {
-          std::memcpy(dst, s.rows.Weights(row), dim_ * sizeof(float));
+          std::memcpy(dst, rows_.Weights(row), dim_ * sizeof(float));
         }
       }
     }
@@ -327,9 +326,9 @@ void SparseTable::PushShard(Shard& s, Batch& b, size_t lo, size_t hi, const floa
       if (j + kPrefetch < hi && !b.is_dup[j + kPrefetch]) {
         const uint32_t r = rows[j + kPrefetch];
         if (r != KeyIndex::kEmpty) {
-          PrefetchSpan(s.rows.Weights(r), w_bytes);
-          if (s_bytes) PrefetchSpan(s.rows.State(r), s_bytes);
-          __builtin_prefetch(s.rows.Meta(r), 1);
+          PrefetchSpan(rows_.Weights(r), w_bytes);
+          if (s_bytes) PrefetchSpan(rows_.State(r), s_bytes);
+          __builtin_prefetch(rows_.Meta(r), 1);
         }
       }
       if (b.is_dup[j]) continue;
@@ -350,18 +349,18 @@ void SparseTable::PushShard(Shard& s, Batch& b, size_t lo, size_t hi, const floa
         }
         g = sum;
       }
-      float* rw = s.rows.Weights(row);
+      float* rw = rows_.Weights(row);
       if (add_delta) {
         for (size_t i = 0; i < dim_; ++i) StoreRelaxed(rw + i, LoadRelaxed(rw + i) + g[i]);
       } else {
-        float* rs = s.rows.State(row);
+        float* rs = rows_.State(row);
         for (size_t i = 0; i < dim_; ++i) w[i] = LoadRelaxed(rw + i);
         for (size_t i = 0; i < state_dim_; ++i) st[i] = LoadRelaxed(rs + i);
         OptimizerUpdate(opt_, w, st, g, dim_);
         for (size_t i = 0; i < dim_; ++i) StoreRelaxed(rw + i, w[i]);
         for (size_t i = 0; i < state_dim_; ++i) StoreRelaxed(rs + i, st[i]);
       }
-      RowMeta* meta = s.rows.Meta(row);
+      RowMeta* meta = rows_.Meta(row);
       // Counted atomically (unlike the Hogwild weights): shrink and the
       // checkpoint tests rely on the count matching the updates applied.
       std::atomic_ref<uint32_t> count(meta->update_count);
@@ -404,7 +403,7 @@ void SparseTable::AddShowClick(const uint64_t* keys, size_t n, const float* show
     const Shard& s = *shards_[ShardOf(h)];
     const uint32_t row = s.index.Find(keys[i], h);
     if (row == KeyIndex::kEmpty) continue;
-    RowMeta* m = s.rows.Meta(row);
+    RowMeta* m = rows_.Meta(row);
     StoreField(&m->show, LoadField(&m->show) + shows[i]);
     StoreField(&m->click, LoadField(&m->click) + clicks[i]);
   }
@@ -424,13 +423,13 @@ RowExport SparseTable::Export(const uint64_t* keys, size_t n, bool with_state) c
     const uint32_t row = s.index.Find(keys[i], h);
     if (row == KeyIndex::kEmpty) continue;
     e.keys.push_back(keys[i]);
-    const float* w = s.rows.Weights(row);
+    const float* w = rows_.Weights(row);
     for (size_t k = 0; k < dim_; ++k) e.weights.push_back(LoadRelaxed(w + k));
     if (with_state) {
-      const float* st = s.rows.State(row);
+      const float* st = rows_.State(row);
       for (size_t k = 0; k < state_dim_; ++k) e.state.push_back(LoadRelaxed(st + k));
     }
-    RowMeta* meta = s.rows.Meta(row);
+    RowMeta* meta = rows_.Meta(row);
     e.update_count.push_back(LoadField(&meta->update_count));
     e.show.push_back(LoadField(&meta->show));
     e.click.push_back(LoadField(&meta->click));
@@ -459,10 +458,10 @@ size_t SparseTable::Size() const {
 }
 
 size_t SparseTable::MemoryBytes() const {
-  size_t bytes = sizeof(*this);
+  size_t bytes = sizeof(*this) + rows_.MemoryBytes();
   for (const auto& sp : shards_) {
     std::shared_lock lock(sp->mu);
-    bytes += sizeof(Shard) + sp->index.MemoryBytes() + sp->rows.MemoryBytes() +
+    bytes += sizeof(Shard) + sp->index.MemoryBytes() +
              sp->candidates.MemoryBytes() + sp->dropped.capacity() * sizeof(uint64_t);
   }
   return bytes;
@@ -498,7 +497,7 @@ size_t SparseTable::Shrink(int max_unseen, uint32_t min_update_count, float min_
     std::unique_lock lock(s.mu);
     victims.clear();
     s.index.ForEach([&](uint64_t key, uint32_t row) {
-      RowMeta* m = s.rows.Meta(row);
+      RowMeta* m = rows_.Meta(row);
       if (m->flags & kRowTouched) {
         m->unseen_passes = 0;
       } else if (m->unseen_passes != 0xFFFF) {
@@ -552,7 +551,7 @@ size_t SparseTable::Save(const std::string& path, bool delta) {
         // Exclusive: no push is half-way through a row while it is copied.
         std::unique_lock lock(s.mu);
         s.index.ForEach([&](uint64_t key, uint32_t row) {
-          RowMeta* m = s.rows.Meta(row);
+          RowMeta* m = rows_.Meta(row);
           if (delta && !(m->flags & kRowDirty)) return;
           m->flags &= static_cast<uint16_t>(~kRowDirty);
           const size_t at = buf.size();
@@ -560,8 +559,8 @@ size_t SparseTable::Save(const std::string& path, bool delta) {
           char* p = buf.data() + at;
           std::memcpy(p, &key, sizeof(key));
           std::memcpy(p + 8, m, sizeof(RowMeta));
-          std::memcpy(p + 8 + sizeof(RowMeta), s.rows.Weights(row), dim_ * sizeof(float));
-          std::memcpy(p + 8 + sizeof(RowMeta) + dim_ * sizeof(float), s.rows.State(row),
+          std::memcpy(p + 8 + sizeof(RowMeta), rows_.Weights(row), dim_ * sizeof(float));
+          std::memcpy(p + 8 + sizeof(RowMeta) + dim_ * sizeof(float), rows_.State(row),
                       state_dim_ * sizeof(float));
         });
         dropped.insert(dropped.end(), s.dropped.begin(), s.dropped.end());
@@ -617,15 +616,15 @@ size_t SparseTable::Load(const std::string& path, uint32_t num_servers, uint32_t
       std::unique_lock lock(s.mu);
       uint32_t row = s.index.Find(key, hk);
       if (row == KeyIndex::kEmpty) {
-        row = s.rows.Allocate();
+        row = rows_.Allocate();
         s.index.Insert(key, hk, row);
         s.candidates.Erase(key, hk);
       }
-      RowMeta* m = s.rows.Meta(row);
+      RowMeta* m = rows_.Meta(row);
       std::memcpy(m, p + 8, sizeof(RowMeta));
       m->flags = 0;
-      std::memcpy(s.rows.Weights(row), p + 8 + sizeof(RowMeta), dim_ * sizeof(float));
-      std::memcpy(s.rows.State(row), p + 8 + sizeof(RowMeta) + dim_ * sizeof(float),
+      std::memcpy(rows_.Weights(row), p + 8 + sizeof(RowMeta), dim_ * sizeof(float));
+      std::memcpy(rows_.State(row), p + 8 + sizeof(RowMeta) + dim_ * sizeof(float),
                   state_dim_ * sizeof(float));
       ++loaded;
     }
@@ -638,7 +637,7 @@ size_t SparseTable::Load(const std::string& path, uint32_t num_servers, uint32_t
     Shard& s = *shards_[ShardOf(hk)];
     std::unique_lock lock(s.mu);
     const uint32_t row = s.index.Erase(key, hk);
-    if (row != KeyIndex::kEmpty) s.rows.Free(row);
+    if (row != KeyIndex::kEmpty) rows_.Free(row);
   }
   return loaded;
 }

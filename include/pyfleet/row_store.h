@@ -1,8 +1,11 @@
-// Stable chunked storage for the rows of one shard.
+// Stable chunked storage for the rows of a table, shared by its shards.
 //
 // A row is addressed by a uint32 row id; rows never move when the store grows
-// (chunks are appended, never reallocated), so a reader holding a row id under
-// its shard's shared lock may use it while other rows are added elsewhere.
+// (chunks are appended, never reallocated, and the chunk table itself is a
+// fixed mapping), so a reader holding a row id under its shard's shared lock
+// may use it while other shards add rows. One store per table, not per shard,
+// so that chunks fill 64 times sooner: a full chunk is collapsed into huge
+// pages, and only one partly filled chunk per table stays on small pages.
 // The first chunk holds kFirstChunkRows rows (small tables stay small), every
 // later one kChunkRows. A chunk is three separately allocated column blocks,
 // so that a pull touches only the weights:
@@ -18,6 +21,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <vector>
 
 namespace pyfleet {
@@ -45,8 +49,8 @@ class RowStore {
   RowStore(const RowStore&) = delete;
   RowStore& operator=(const RowStore&) = delete;
 
-  // A fresh row id (reusing a freed one first). Not thread-safe: callers hold
-  // the shard's exclusive lock.
+  // A fresh row id (reusing a freed one first). Thread-safe (an internal
+  // mutex); the caller publishes the row through its shard's index.
   uint32_t Allocate();
   void Free(uint32_t row);
 
@@ -83,10 +87,13 @@ class RowStore {
     size_t rows;
   };
   void FreeChunk(const Chunk& c);
+  static constexpr size_t kMaxChunks = 2 + ((size_t{1} << 32) >> kChunkShift);
 
   size_t dim_;
   size_t state_dim_;
-  std::vector<Chunk> chunks_;
+  mutable std::mutex mu_;  // guards the fields below, not the rows
+  Chunk* chunks_;          // kMaxChunks entries, mapped once (pages touched as used)
+  size_t num_chunks_ = 0;
   uint32_t next_row_ = 0;
   std::vector<uint32_t> free_rows_;
 };

@@ -127,6 +127,7 @@ class SparseTable {
   const uint64_t seed_;
   const EntryConfig entry_;
   std::vector<std::unique_ptr<Shard>> shards_;
+  RowStore rows_;  // every shard's rows (row ids are table-wide)
   std::atomic<bool> delta_invalid_{false};  // a save failed: a delta would miss rows
 
   mutable std::atomic<uint64_t> pull_calls_{0}, pull_keys_{0}, push_calls_{0}, push_keys_{0},
