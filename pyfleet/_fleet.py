@@ -196,9 +196,9 @@ class RemoteBackend(Backend):
         self._dense_push = self._background(self._push_then_pull, dict(grads))
 
     def _push_then_pull(self, grads):
-        self.client.push_dense_many(grads)
-        names = list(grads)
-        return names, self.client.pull_dense_many(names)
+        # One round trip per server: each answers with the values after the push.
+        values = self.client.push_pull_dense_many(grads)
+        return list(grads), values
 
     def _wait_sync_push(self):
         pending, self._sync_push = self._sync_push, None

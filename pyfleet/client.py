@@ -429,6 +429,19 @@ class Client:
         frames = P.request(op, rid, worker=self.worker_index, **kw)
         return ch.send(server, frames, op, self.timeout if timeout is None else timeout, rid)
 
+    def _send_dense_many(self, ch, server, op, blocks, grads=None, flags=0):
+        """One *_DENSE_MANY request for ``blocks`` ``[(name, start, end, id)]``
+        of one server (``grads``: the flat gradient of each name, for a push)."""
+        rid = next(_RIDS)
+        ids = [b[3] for b in blocks]
+        if grads is None:
+            frames = P.dense_many_request(op, rid, ids, count=sum(e - a for _, a, e, _ in blocks),
+                                          worker=self.worker_index)
+        else:
+            frames = P.dense_many_request(op, rid, ids, [grads[n][a:e] for n, a, e, _ in blocks],
+                                          flags=flags, worker=self.worker_index)
+        return ch.send(server, frames, op, self.timeout, rid)
+
     def _control_all(self, op, payload, timeout=None, servers=None):
         ch = self._channel()
         servers = range(self.num_servers) if servers is None else servers
@@ -614,56 +627,86 @@ class Client:
 
     def pull_dense(self, name):
         """The whole dense parameter ``name`` (float32, its shape), gathered from
-        its blocks."""
-        shape, blocks = self._dense_blocks(name)
-        ch = self._channel()
-        calls = [self._send(ch, s, Op.PULL_DENSE, table=tid) for _, _, s, tid in blocks]
-        out = np.empty(int(np.prod(shape)), dtype=np.float32)
-        for (start, end, _, _), (h, frames) in zip(blocks, ch.wait(calls)):
-            out[start:end] = P.values_from(frames[0], end - start, 1).reshape(-1)
-        return out.reshape(shape)
+        its blocks (one request per server holding some)."""
+        return self.pull_dense_many([name])[name]
 
     def push_dense(self, name, grad, delta=False):
         """Send each block of ``grad`` (float32, the parameter's shape) to its
         server and wait until applied (``delta=True``: geo deltas, added)."""
-        shape, blocks = self._dense_blocks(name)
-        flat = _check_values(grad, shape, f"gradient of {name!r}").reshape(-1)
-        ch = self._channel()
-        flags = P.Flag.ADD_DELTA if delta else 0
-        calls = [self._send(ch, s, Op.PUSH_DENSE, table=tid, values=flat[start:end], dim=1,
-                            flags=flags) for start, end, s, tid in blocks]
-        ch.wait(calls)
+        self.push_dense_many({name: grad}, delta=delta)
 
     def pull_dense_many(self, names):
-        """``{name: value}`` of several dense parameters: every block request is
-        sent before any answer is awaited, so the step pays one round trip,
-        not one per parameter. Blocks."""
-        plan = [(name,) + self._dense_blocks(name) for name in names]
+        """``{name: value}`` of several dense parameters: one PULL_DENSE_MANY
+        request per server carries every block it holds, all in flight at once,
+        so the step pays one round trip. Blocks.
+
+        A parameter held whole by one server is returned as a view of the reply
+        message (no copy): the caller owns it (nothing else refers to that
+        buffer) and may modify it; it keeps the reply's memory alive."""
+        shapes, plan = self._dense_plan(names)
         ch = self._channel()
-        calls = [self._send(ch, s, Op.PULL_DENSE, table=tid)
-                 for _, _, blocks in plan for _, _, s, tid in blocks]
-        replies = iter(ch.wait(calls))
-        out = {}
-        for name, shape, blocks in plan:
-            flat = np.empty(int(np.prod(shape)), dtype=np.float32)
-            for start, end, _, _ in blocks:
-                h, frames = next(replies)
-                flat[start:end] = P.values_from(frames[0], end - start, 1).reshape(-1)
-            out[name] = flat.reshape(shape)
-        return out
+        calls = [self._send_dense_many(ch, s, Op.PULL_DENSE_MANY, blocks)
+                 for s, blocks in plan.items()]
+        return self._dense_gather(shapes, plan, ch.wait(calls))
 
     def push_dense_many(self, grads, delta=False):
-        """Push every ``{name: grad}`` (as :meth:`push_dense`), all requests in
-        flight at once; returns when every block is applied (or raises)."""
-        flags = P.Flag.ADD_DELTA if delta else 0
+        """Push every ``{name: grad}`` (as :meth:`push_dense`): one
+        PUSH_DENSE_MANY request per server with every block it holds, all in
+        flight at once; returns when every block is applied (or raises). The
+        gradients are sent without a copy: do not modify them until it returns."""
+        self._push_dense(grads, P.Flag.ADD_DELTA if delta else 0)
+
+    def push_pull_dense_many(self, grads):
+        """Push every ``{name: grad}`` and return ``{name: value}``, each
+        parameter's value right after this push was applied (other workers'
+        pushes may interleave): push and pull in one round trip per server
+        (Flag.PULL_AFTER). Not in sync mode (values change at the barrier).
+        Values are views of the replies as in :meth:`pull_dense_many`."""
+        return self._push_dense(grads, P.Flag.PULL_AFTER)
+
+    def _push_dense(self, grads, flags):
+        shapes, plan = self._dense_plan(grads)
+        flat = {name: _check_values(g, shapes[name], f"gradient of {name!r}").reshape(-1)
+                for name, g in grads.items()}
         ch = self._channel()
-        calls = []
-        for name, grad in grads.items():
+        calls = [self._send_dense_many(ch, s, Op.PUSH_DENSE_MANY, blocks, flat, flags)
+                 for s, blocks in plan.items()]
+        replies = ch.wait(calls)
+        if flags & P.Flag.PULL_AFTER:
+            return self._dense_gather(shapes, plan, replies)
+        return None
+
+    def _dense_plan(self, names):
+        """``(shapes, plan)``: ``{name: shape}`` and, per server,
+        ``[(name, start, end, table_id)]`` of the blocks it holds."""
+        shapes, plan = {}, {}
+        for name in names:
             shape, blocks = self._dense_blocks(name)
-            flat = _check_values(grad, shape, f"gradient of {name!r}").reshape(-1)
-            calls += [self._send(ch, s, Op.PUSH_DENSE, table=tid, values=flat[start:end],
-                                 dim=1, flags=flags) for start, end, s, tid in blocks]
-        ch.wait(calls)
+            shapes[name] = shape
+            for start, end, s, tid in blocks:
+                plan.setdefault(s, []).append((name, start, end, tid))
+        return shapes, plan
+
+    def _dense_gather(self, shapes, plan, replies):
+        pieces = {}
+        for (s, blocks), (h, frames) in zip(plan.items(), replies):
+            if len(frames) != len(blocks):
+                raise RemoteError(f"server {s} ({self.endpoints[s]}) answered {len(frames)} "
+                                  f"dense blocks for {len(blocks)}")
+            for (name, start, end, _), f in zip(blocks, frames):
+                pieces.setdefault(name, []).append(
+                    (start, end, P.values_from(f, end - start, 1).reshape(-1)))
+        out = {}
+        for name, shape in shapes.items():
+            parts = pieces[name]
+            if len(parts) == 1:
+                out[name] = parts[0][2].reshape(shape)  # a view of the reply
+                continue
+            flat = np.empty(int(np.prod(shape)), dtype=np.float32)
+            for start, end, v in parts:
+                flat[start:end] = v
+            out[name] = flat.reshape(shape)
+        return out
 
     def dense_placement(self):
         """``[(name, start, end, server_index)]`` of every known dense block."""

@@ -11,8 +11,9 @@ Every message is a ZeroMQ multipart message. A request is::
                 status    u32  :class:`Status` on replies; on requests the sender's
                                worker index + 1 (0: anonymous)
                 request   u64  request id chosen by the client, echoed by the reply
-                count     u64  keys (sparse ops) or floats (dense ops); 0 for control
-                dim       u32  floats per row (sparse ops), 1 for dense, 0 for control
+                count     u64  keys (sparse ops) or floats (dense ops, all blocks); 0 for control
+                dim       u32  floats per row (sparse ops), 1 for dense, blocks (n) for
+                               the *_DENSE_MANY ops, 0 for control
     frame 1.. payload     depends on the op:
 
     op             request payload                         reply payload
@@ -20,12 +21,21 @@ Every message is a ZeroMQ multipart message. A request is::
     PUSH_SPARSE    keys, grads (count x dim x float32)     -
     PULL_DENSE     -                                       values (count x float32)
     PUSH_DENSE     grad (count x float32)                  -
+    PULL_DENSE_MANY ids (n x uint32 LE: dense        n values frames, one per block
+                   block table ids, n = dim)             in the order of ids
+    PUSH_DENSE_MANY ids, then n grad frames (one per     -; with Flag.PULL_AFTER: n values
+                   block, in the order of ids)           frames, each block's values after
+                                                         its push (push + pull, one trip)
     EXPORT_SPARSE  JSON {"after": key|null, "limit": n}    keys, values (count x dim), JSON
                    (one page of a table shard's rows in     {"next": last key|null}; the next
                    ascending key order, weights only)       page starts after "next"
     PUSH_SHOW_CLICK keys, values (count x 2 x float32:     -
                    show, click per key; dim = 2)
     control ops    JSON object (UTF-8)                     JSON object (UTF-8)
+
+The *_DENSE_MANY ops carry every dense block one server owns in one request
+(instead of a request per block); the table field is 0 and ``count`` the sum of
+the block sizes, which the receiver checks frame by frame.
 
 An error reply has ``status`` != OK and one JSON frame ``{"error": message}``.
 On the server side the ROUTER adds an identity frame in front; it never
@@ -68,14 +78,18 @@ __all__ = [
     "keys_from",
     "pack_header",
     "parse_json",
+    "dense_many_request",
     "reply",
     "request",
+    "table_ids_from",
     "unpack_header",
     "values_from",
 ]
 
 MAGIC = b"PFPS"
-PROTOCOL_VERSION = 1
+# 2: PULL_DENSE_MANY / PUSH_DENSE_MANY and Flag.PULL_AFTER (a version-1 peer
+# would refuse them mid-training; the version check refuses it at connect).
+PROTOCOL_VERSION = 2
 HEADER_FORMAT = "<4sBBHIIQQI"
 HEADER_SIZE = struct.calcsize(HEADER_FORMAT)
 _HEADER = struct.Struct(HEADER_FORMAT)
@@ -91,6 +105,8 @@ class Op(enum.IntEnum):
     PUSH_DENSE = 4
     EXPORT_SPARSE = 5
     PUSH_SHOW_CLICK = 6
+    PULL_DENSE_MANY = 7
+    PUSH_DENSE_MANY = 8
     BARRIER = 16
     HEARTBEAT = 17
     STOP_WORKER = 18
@@ -103,13 +119,15 @@ class Op(enum.IntEnum):
 
 
 DATA_OPS = frozenset({Op.PULL_SPARSE, Op.PUSH_SPARSE, Op.PULL_DENSE, Op.PUSH_DENSE,
-                      Op.EXPORT_SPARSE, Op.PUSH_SHOW_CLICK})
+                      Op.EXPORT_SPARSE, Op.PUSH_SHOW_CLICK, Op.PULL_DENSE_MANY,
+                      Op.PUSH_DENSE_MANY})
 CONTROL_OPS = frozenset(set(Op) - DATA_OPS)
 
 
 class Flag(enum.IntFlag):
     NONE = 0
-    ADD_DELTA = 1     # PUSH_SPARSE/PUSH_DENSE in geo mode: values are deltas added to rows
+    ADD_DELTA = 1     # PUSH_SPARSE/PUSH_DENSE(_MANY) in geo mode: values are deltas added to rows
+    PULL_AFTER = 2    # PUSH_DENSE_MANY: reply with each block's values after the push
     REPLY = 0x8000
 
 
@@ -183,6 +201,37 @@ def request(op, rid, table=0, keys=None, values=None, payload=None, dim=0, flags
     frames[0] = pack_header(op, rid, table, count, dim, flags,
                             0 if worker is None else int(worker) + 1)
     return frames
+
+
+def dense_many_request(op, rid, ids, blocks=None, flags=0, worker=None, count=0):
+    """Frames of a PULL_DENSE_MANY (``blocks`` None, ``count`` the total
+    floats expected back) or PUSH_DENSE_MANY (``blocks`` one float32 array per
+    id) request. Blocks are sent as they are (no concatenation, no copy when
+    contiguous); the caller must not modify them until the message has left."""
+    ids = np.ascontiguousarray(ids, dtype="<u4").reshape(-1)
+    frames = [None, ids]
+    if blocks is not None:
+        if len(blocks) != ids.shape[0]:
+            raise ValueError(f"{len(blocks)} blocks for {ids.shape[0]} table ids")
+        count = 0
+        for b in blocks:
+            b = _raw(b, "<f4")
+            count += b.shape[0]
+            frames.append(b)
+    frames[0] = pack_header(op, rid, 0, count, ids.shape[0], flags,
+                            0 if worker is None else int(worker) + 1)
+    return frames
+
+
+def table_ids_from(frame, n):
+    """A uint32 view (no copy) of the ids frame of a *_DENSE_MANY request."""
+    buf = _buffer(frame)
+    if n < 1:
+        raise ProtocolError(f"a dense-many request needs at least one block, header says {n}")
+    if buf.nbytes != 4 * n:
+        raise ProtocolError(f"table ids frame has {buf.nbytes} bytes, header says {n} blocks "
+                            f"({4 * n} bytes)")
+    return np.frombuffer(buf, dtype="<u4", count=n)
 
 
 def reply(header, values=None, payload=None, count=None, dim=None):

@@ -78,6 +78,9 @@ _HANDLER_JOIN_SECONDS = 30.0
 # op (u8 at 5), count (u64 at 24), dim (u32 at 32) of a header, read without decoding it all.
 _PEEK = struct.Struct("<5xB18xQI")
 _ADD_DELTA = int(P.Flag.ADD_DELTA)
+_PULL_AFTER = int(P.Flag.PULL_AFTER)
+# Ops whose header dim is a block count, not a row width: their size is count.
+_DENSE_MANY_OPS = frozenset({int(Op.PULL_DENSE_MANY), int(Op.PUSH_DENSE_MANY)})
 _OP_BY_INT = {int(o): o for o in Op}
 _OP_COUNTER = {o: f"op_{o.name.lower()}" for o in Op}
 # Control ops that may take long: never answered by the ROUTER thread.
@@ -328,6 +331,8 @@ class Server:
         op, count, dim = _PEEK.unpack_from(msg[1].buffer)
         if op in _HANDLER_OPS:
             return False
+        if op in _DENSE_MANY_OPS:
+            return count <= self.inline_limit
         return count * max(dim, 1) <= self.inline_limit
 
     def stop(self):
@@ -463,6 +468,58 @@ class Server:
             raise _Refused(f"ADD_DELTA pushes need a geo-mode server (this one is {self.mode})")
         self._apply(e, h, None, grads, delta)
         return [[ident] + P.reply(h)]
+
+    def _dense_many(self, h, op, frames, grads):
+        """The entries of a *_DENSE_MANY request, every block checked (ids,
+        kinds, sizes against ``count``, frame count) before any is touched."""
+        n = h.dim
+        want = 1 + (n if grads else 0)
+        if len(frames) != want:
+            raise ProtocolError(f"{op.name} of {n} block(s) needs {want} payload frame(s), "
+                                f"got {len(frames)}")
+        ids = P.table_ids_from(frames[0], n).tolist()
+        if len(set(ids)) != n:
+            raise _Refused(f"{op.name} names a dense block twice: table ids {ids}")
+        entries, total = [], 0
+        for i, tid in enumerate(ids):
+            e = self._entries.get(tid)
+            if e is None or e.kind != "dense":
+                what = "unknown table id" if e is None else f"sparse table {e.key!r}, id"
+                raise _Refused(f"block {i}: {what} {tid} is not a dense block on server "
+                               f"{self.server_index}")
+            size = e.end - e.start
+            if grads and len(frames[1 + i]) != 4 * size:
+                raise ProtocolError(f"block {i} ({e.key!r}, {size} floats): grad frame has "
+                                    f"{len(frames[1 + i])} bytes, expected {4 * size}")
+            entries.append(e)
+            total += size
+        if total != h.count:
+            raise ProtocolError(f"{op.name}: header says {h.count} floats, the {n} block(s) "
+                                f"named hold {total}")
+        return entries
+
+    def _pull_dense_many(self, h, op, frames, ident):
+        entries = self._dense_many(h, op, frames, False)
+        return [[ident] + P.reply(h) + [e.table.pull().reshape(-1) for e in entries]]
+
+    def _push_dense_many(self, h, op, frames, ident):
+        """Blocks are applied in request order; a block refused when applied
+        (a non-finite gradient) ends the request with earlier blocks applied."""
+        entries = self._dense_many(h, op, frames, True)
+        delta = bool(h.flags & _ADD_DELTA)
+        if self.mode != "geo" and delta:
+            raise _Refused(f"ADD_DELTA pushes need a geo-mode server (this one is {self.mode})")
+        pull = bool(h.flags & _PULL_AFTER)
+        if pull and self.mode == "sync":
+            raise _Refused("PULL_AFTER is meaningless on a sync-mode server (pushes apply at "
+                           "the barrier); pull after the barrier instead")
+        out = [ident] + P.reply(h)
+        for i, e in enumerate(entries):
+            grads = np.frombuffer(frames[1 + i].buffer, dtype="<f4")
+            self._apply(e, h, None, grads, delta)
+            if pull:
+                out.append(e.table.pull().reshape(-1))
+        return [out]
 
     def _export_sparse(self, h, op, frames, ident):
         """One page of this shard's rows, weights only, keys ascending after
@@ -921,6 +978,7 @@ class Server:
 
     _ops: ClassVar[dict] = {Op.PULL_SPARSE: _pull_sparse, Op.PUSH_SPARSE: _push_sparse,
             Op.PULL_DENSE: _pull_dense, Op.PUSH_DENSE: _push_dense,
+            Op.PULL_DENSE_MANY: _pull_dense_many, Op.PUSH_DENSE_MANY: _push_dense_many,
             Op.EXPORT_SPARSE: _export_sparse, Op.PUSH_SHOW_CLICK: _push_show_click,
             Op.BARRIER: _barrier, Op.HEARTBEAT: _heartbeat, Op.STOP_WORKER: _stop_worker,
             Op.SAVE: _save, Op.LOAD: _load, Op.SHRINK: _shrink, Op.STATS: _stats,
