@@ -121,7 +121,9 @@ class RemoteBackend(Backend):
             if table == name and ahead.shape == keys.shape and np.array_equal(ahead, keys):
                 del self._sync_keys[:i + 1]   # pulled now: not again after the barrier
                 break
-        return self._sparse.pull_sparse(name, keys)
+        if self.geo is not None:
+            return self.geo.pull_sparse(name, keys)
+        return self.client.pull_sparse(name, keys, unique=True)
 
     def prefetch_sparse(self, name, keys):
         """Async mode: start pulling the rows of ``keys`` (the sorted unique ids the
@@ -141,13 +143,15 @@ class RemoteBackend(Backend):
         queue = self._prefetched.setdefault(name, collections.deque())
         while len(queue) >= 2:
             queue.popleft()[1].result()
-        queue.append((keys, self.client.pull_sparse_async(name, keys)))
+        queue.append((keys, self.client.pull_sparse_async(name, keys, unique=True)))
 
     def push_sparse(self, name, keys, grads):
         # Sync too: the push travels while the dense push is sent, and step_end's
         # barrier flushes it (raising its error) before the servers apply the step.
+        # The executor hands over distinct keys and fresh gradient sums it
+        # never touches again (see pyfleet.fluid.backend): no copy, no dedup.
         if self.mode in ("async", "sync"):
-            self.client.push_sparse_async(name, keys, grads)
+            self.client.push_sparse_async(name, keys, grads, unique=True, copy=False)
         else:
             self._sparse.push_sparse(name, keys, grads)
 
@@ -224,7 +228,7 @@ class RemoteBackend(Backend):
                 queue = self._prefetched.setdefault(name, collections.deque())
                 while len(queue) >= 2:
                     queue.popleft()[1].result()
-                queue.append((k, self.client.pull_sparse_async(name, k)))
+                queue.append((k, self.client.pull_sparse_async(name, k, unique=True)))
         elif self.geo is not None:
             self.geo.step()
 

@@ -239,21 +239,21 @@ class _Pusher:
         self.client = client
         self.max_queue = max_queue
         self.cond = threading.Condition()
-        self.queue = []        # (table, flags, keys, grads, future)
+        self.queue = []        # (table, flags, keys, grads, future, unique)
         self.busy = False
         self.closed = False
         self.unobserved = []   # errors of pushes since the last flush()
         self.thread = threading.Thread(target=self._loop, name="pyfleet-pusher", daemon=True)
         self.thread.start()
 
-    def submit(self, table, flags, keys, grads):
+    def submit(self, table, flags, keys, grads, unique=False):
         fut = Future()
         with self.cond:
             if self.closed:
                 raise PyfleetError("the client is closed")
             while len(self.queue) >= self.max_queue:
                 self.cond.wait()
-            self.queue.append((table, flags, keys, grads, fut))
+            self.queue.append((table, flags, keys, grads, fut, unique))
             self.cond.notify_all()
         return fut
 
@@ -286,12 +286,13 @@ class _Pusher:
                 groups.setdefault((item[0], item[1]), []).append(item)
             for (table, flags), items in groups.items():
                 if len(items) == 1:
-                    keys, grads = items[0][2], items[0][3]
-                else:
+                    keys, grads, unique = items[0][2], items[0][3], items[0][5]
+                else:  # merged pushes may share keys
                     keys = np.concatenate([it[2] for it in items])
                     grads = np.concatenate([it[3] for it in items])
+                    unique = False
                 try:
-                    self.client._push_now(table, keys, grads, flags)
+                    self.client._push_now(table, keys, grads, flags, unique)
                     err = None
                 except Exception as e:  # handed to the futures and to flush()
                     err = e
@@ -504,15 +505,20 @@ class Client:
                                  f"(known: {sorted(self._dense)})")
         return self._dense[name]
 
-    def _plan(self, keys):
+    def _plan(self, keys, unique=False):
         """``(grouped, inverse, parts)`` for a batch of keys: ``grouped`` the
         distinct keys grouped by owning server, ``inverse`` the position in
         ``grouped`` of each key (None when ``grouped`` is ``keys`` itself), and
         ``parts`` the ``(server, start, end)`` ranges of ``grouped`` to send,
-        at most ``max_request_keys`` keys each, in ``grouped`` order."""
+        at most ``max_request_keys`` keys each, in ``grouped`` order.
+        ``unique``: the caller says the keys are distinct; with one server
+        they are then sent as they are (no hash pass). A wrong claim is the
+        caller's bug: pulls still answer every key, but a push may then
+        update a repeated key once per request instead of once in all."""
         n = keys.shape[0]
-        if n == 1 and self.num_servers == 1:  # the latency path: no kernel call
-            return keys, None, [(0, 0, 1)]
+        if self.num_servers == 1 and (unique or n == 1):  # no kernel call
+            step = self.max_request_keys
+            return keys, None, [(0, a, min(a + step, n)) for a in range(0, n, step)]
         grouped, inverse, offsets = _core.unique_route(keys, self.num_servers)
         offsets = offsets.tolist()
         step = self.max_request_keys
@@ -529,13 +535,15 @@ class Client:
 
     # ---------------------------------------------------------- sparse data
 
-    def pull_sparse_async(self, table, keys):
+    def pull_sparse_async(self, table, keys, unique=False):
         """Send the pull now; the rows (float32 ``[len(keys), dim]``, in the
         order of ``keys``) come from ``.result()``. Lets a trainer prefetch.
-        ``keys`` must not be modified until the result is taken."""
+        ``keys`` must not be modified until the result is taken.
+        ``unique=True``: the caller already deduplicated ``keys``, so the
+        client may skip its own dedup (see :meth:`_plan`)."""
         keys = _check_keys(keys)
         dim = self._sparse_dim(table)
-        grouped, inverse, parts = self._plan(keys)
+        grouped, inverse, parts = self._plan(keys, unique)
         if not parts:  # no keys at all
             return _Done(np.empty((0, dim), dtype=np.float32))
         ch = self._channel()
@@ -543,27 +551,35 @@ class Client:
                             keys=grouped[a:b], dim=dim) for s, a, b in parts]
         return PullFuture(ch, calls, parts, inverse, dim)
 
-    def pull_sparse(self, table, keys):
+    def pull_sparse(self, table, keys, unique=False):
         """Rows of ``keys`` (uint64 1-D) as float32 ``[len(keys), dim]``. Blocks."""
-        return self.pull_sparse_async(table, keys).result()
+        return self.pull_sparse_async(table, keys, unique).result()
 
-    def push_sparse_async(self, table, keys, grads, delta=False):
+    def push_sparse_async(self, table, keys, grads, delta=False, unique=False, copy=True):
         """Queue a push (gradients, or with ``delta=True`` geo deltas); returns a
         ``concurrent.futures.Future`` set when every server applied it. Blocks
-        only while the push queue is full. The arrays are copied when queued
-        so the caller may reuse them."""
+        only while the push queue is full.
+
+        Ownership: with ``copy=True`` the arrays are copied when queued, so the
+        caller may reuse them at once. ``copy=False`` hands them over: the
+        caller must not modify them until the future is done (they may be
+        sent as they are). ``unique=True``: ``keys`` are distinct (no dedup
+        needed; see :meth:`_plan`)."""
         keys = _check_keys(keys)
         dim = self._sparse_dim(table)
         grads = _check_values(grads, (keys.shape[0], dim), "grads")
-        return self._pusher.submit(table, P.Flag.ADD_DELTA if delta else 0,
-                                   keys.copy(), grads.copy())
+        if copy:
+            keys, grads = keys.copy(), grads.copy()
+        return self._pusher.submit(table, P.Flag.ADD_DELTA if delta else 0, keys, grads,
+                                   unique)
 
-    def push_sparse(self, table, keys, grads, delta=False):
+    def push_sparse(self, table, keys, grads, delta=False, unique=False):
         """Push and wait until every server applied it (or raise)."""
         keys = _check_keys(keys)
         dim = self._sparse_dim(table)
         grads = _check_values(grads, (keys.shape[0], dim), "grads")
-        self._pusher.submit(table, P.Flag.ADD_DELTA if delta else 0, keys, grads).result()
+        self._pusher.submit(table, P.Flag.ADD_DELTA if delta else 0, keys, grads,
+                            unique).result()
 
     def push_show_click(self, table, keys, shows, clicks):
         """Add show and click counts (float32 ``[n]`` each) to the rows of ``keys``
@@ -576,13 +592,13 @@ class Client:
                            _check_values(clicks, (n,), "clicks")], axis=1)
         self._send_rows(Op.PUSH_SHOW_CLICK, table, keys, values, 0)
 
-    def _push_now(self, table, keys, grads, flags):
-        self._send_rows(Op.PUSH_SPARSE, table, keys, grads, flags)
+    def _push_now(self, table, keys, grads, flags, unique=False):
+        self._send_rows(Op.PUSH_SPARSE, table, keys, grads, flags, unique)
 
-    def _send_rows(self, op, table, keys, values, flags):
+    def _send_rows(self, op, table, keys, values, flags, unique=False):
         """Send rows of ``values`` (those of equal keys summed) to their
         servers, and wait until every server applied them."""
-        grouped, inverse, parts = self._plan(keys)
+        grouped, inverse, parts = self._plan(keys, unique)
         if inverse is not None:
             values = _core.sum_rows(values, inverse, grouped.shape[0])
         dim = values.shape[1]

@@ -61,3 +61,42 @@ def test_unique_keys_first_occurrence_order():
     distinct = np.array([4, 1, 2], np.uint64)
     same, none = unique_keys(distinct)
     assert same is distinct and none is None
+
+
+@pytest.mark.parametrize("num_servers", [1, 2])
+def test_unique_flag_and_handed_over_arrays_match_one_table(num_servers, monkeypatch):
+    """``unique=True`` skips the client's dedup with one server (the keys go
+    out as they are: no hash pass) and gives the same rows as without it;
+    ``copy=False`` pushes the caller's arrays."""
+    ref = pyfleet.SparseTable(DIM, Adam(0.01), initializer=Uniform(-0.1, 0.1), seed=3,
+                              name="emb")
+    rng = np.random.default_rng(10 + num_servers)
+    calls = []
+    real = pyfleet._core.unique_route
+    monkeypatch.setattr(pyfleet._core, "unique_route",
+                        lambda *a: calls.append(1) or real(*a))
+    with ServerGroup(num_servers, 1) as g, \
+            Client(g.endpoints, timeout=20, max_request_keys=64) as c:
+        c.create_tables([{"kind": "sparse", **ref.config()}])
+        for name, keys in batches(rng).items():
+            keys = unique_keys(keys)[0]
+            calls.clear()
+            got = c.pull_sparse("emb", keys, unique=True)
+            assert bool(calls) == (num_servers > 1), name
+            np.testing.assert_allclose(got, ref.pull(keys), rtol=1e-6, atol=1e-7,
+                                       err_msg=name)
+            grads = rng.standard_normal((keys.shape[0], DIM)).astype(np.float32)
+            fut = c.push_sparse_async("emb", keys, grads, unique=True, copy=False)
+            fut.result()
+            ref.push(keys, grads)
+            np.testing.assert_allclose(c.pull_sparse("emb", keys, unique=True),
+                                       ref.pull(keys), rtol=1e-6, atol=1e-7, err_msg=name)
+        # copy=True (the default) lets the caller reuse its arrays at once
+        keys = batches(rng)["distinct"]
+        grads = np.ones((keys.shape[0], DIM), np.float32)
+        futs = [c.push_sparse_async("emb", keys, grads)]
+        grads[:] = np.nan  # would be refused by the server had it not been copied
+        futs[0].result()
+        ref.push(keys, np.ones_like(grads))
+        np.testing.assert_allclose(c.pull_sparse("emb", keys), ref.pull(keys), rtol=1e-6,
+                                   atol=1e-7)

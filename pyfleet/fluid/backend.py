@@ -21,6 +21,11 @@ Per training step the executor makes, in this order:
    float32 gradients already summed per id;
 6. :meth:`Backend.step_end`.
 
+Ownership: the executor never modifies an array it passes to a push (keys,
+gradients) afterwards, nor the keys it passes to a pull, so a backend may keep
+them and send them later without a copy (the remote backend does); ids are
+distinct within each call, so a backend may skip its own deduplication.
+
 Gradients are those of the loss the optimizer minimizes (normally a mean over
 the batch), exactly as Fluid computes them; the backend applies its optimizer.
 
