@@ -185,3 +185,34 @@ def test_dense_many_request_checks_its_arguments():
     np.testing.assert_array_equal(P.table_ids_from(frames[1], 2), [3, 4])
     with pytest.raises(P.ProtocolError, match="header says 3 blocks"):
         P.table_ids_from(frames[1], 3)
+
+
+@pytest.mark.parametrize("inline_limit", [0, 40, 1 << 19])
+def test_handler_and_inline_paths_give_the_same_answers(inline_limit):
+    """inline_limit 0 sends every data request to the handler threads, 40
+    splits them (small inline, big handed off), the default answers all inline."""
+    opt = Adam(learning_rate=0.05)
+    refs = _refs(opt)
+    sparse = pyfleet.SparseTable(4, SGD(0.1), seed=2, name="emb")
+    server = Server("127.0.0.1:0", 0, 1, 1, inline_limit=inline_limit,
+                    tables=[{"kind": "sparse", **sparse.config()}] + _configs(opt))
+    t = threading.Thread(target=server.run, daemon=True)
+    t.start()
+    rng = np.random.default_rng(3)
+    try:
+        with Client([server.endpoint], timeout=10) as c:
+            for _ in range(3):
+                keys = rng.choice(50, size=rng.integers(1, 30), replace=False).astype(np.uint64)
+                np.testing.assert_array_equal(c.pull_sparse("emb", keys), sparse.pull(keys))
+                g = rng.normal(size=(keys.shape[0], 4)).astype(np.float32)
+                c.push_sparse("emb", keys, g)
+                sparse.push(keys, g)
+                grads = {n: rng.normal(size=s).astype(np.float32) for n, s in SHAPES.items()}
+                got = c.push_pull_dense_many(grads)
+                for n, gr in grads.items():
+                    refs[n].push(gr)
+                    np.testing.assert_array_equal(got[n], refs[n].pull())
+            assert c.stats()[0]["counters"].get("internal_errors", 0) == 0
+    finally:
+        server.stop()
+        t.join(10)
