@@ -39,7 +39,7 @@ def _per_block(c, name):
     shape, blocks = c._dense_blocks(name)
     out = np.empty(int(np.prod(shape)), np.float32)
     for start, end, s, tid in blocks:
-        ((h, frames),) = ch.wait([c._send(ch, s, Op.PULL_DENSE, table=tid)])
+        ((_, frames),) = ch.wait([c._send(ch, s, Op.PULL_DENSE, table=tid)])
         out[start:end] = P.values_from(frames[0], end - start, 1).reshape(-1)
     return out.reshape(shape)
 
@@ -63,8 +63,8 @@ def test_many_ops_equal_per_block_ops_and_in_process_tables():
                 assert c.push_dense_many(grads) is None
                 got = c.pull_dense_many(list(SHAPES))
             assert set(got) == set(SHAPES)
-            for n in SHAPES:
-                assert got[n].shape == SHAPES[n] and got[n].dtype == np.float32
+            for n, shape in SHAPES.items():
+                assert got[n].shape == shape and got[n].dtype == np.float32
                 np.testing.assert_array_equal(got[n], refs[n].pull())
                 np.testing.assert_array_equal(_per_block(c, n), refs[n].pull())
         # one request per server per call, not one per block
