@@ -57,7 +57,7 @@ import numpy as np
 import zmq
 
 import pyfleet
-from pyfleet import _checkpoint
+from pyfleet import _checkpoint, _core
 from pyfleet import _service_zmq as Z
 from pyfleet import auth as _auth
 from pyfleet import initializer as _init
@@ -97,20 +97,14 @@ _EXPORT_PAGE_ROWS = 65536
 
 
 def segment_sum(keys, values):
-    """``(unique_keys, sums)``: rows of ``values`` with equal keys summed.
-
-    Sort-based (stable, so each key's rows are added in input order), no
-    per-key Python loop. ``values`` is float32 ``[n, dim]``. Without
+    """``(unique_keys, sums)``: rows of ``values`` with equal keys summed, in
+    input order, keys in first-occurrence order (the core's hashing kernels,
+    as the client uses). ``values`` is float32 ``[n, dim]``. Without
     duplicates the inputs themselves are returned (not copies)."""
-    if keys.shape[0] < 2:
+    uniq, inverse = _core.unique_inverse(keys)
+    if uniq.shape[0] == keys.shape[0]:
         return keys, values
-    s = np.sort(keys)
-    if not (s[1:] == s[:-1]).any():
-        return keys, values
-    order = np.argsort(keys, kind="stable")
-    sk = keys[order]
-    starts = np.flatnonzero(np.concatenate(([True], sk[1:] != sk[:-1])))
-    return sk[starts], np.add.reduceat(values[order], starts, axis=0)
+    return uniq, _core.sum_rows(values, inverse, uniq.shape[0])
 
 
 class _Refused(Exception):

@@ -11,7 +11,7 @@ constexpr size_t kMinCapacity = 16;
 
 IndexSlot* AllocSlots(size_t capacity) {
   const size_t bytes = capacity * sizeof(IndexSlot);
-  auto* slots = static_cast<IndexSlot*>(PageAlloc(bytes, bytes >= (size_t{2} << 20)));
+  auto* slots = static_cast<IndexSlot*>(PageAlloc(bytes, /*huge=*/true));
   for (size_t i = 0; i < capacity; ++i) slots[i].value = KeyIndex::kEmpty;
   return slots;
 }
@@ -21,11 +21,7 @@ KeyIndex::KeyIndex() : slots_(AllocSlots(kMinCapacity)), mask_(kMinCapacity - 1)
 
 KeyIndex::~KeyIndex() { PageFree(slots_, capacity() * sizeof(IndexSlot), true); }
 
-size_t KeyIndex::MemoryBytes() const {
-  constexpr size_t kHuge = size_t{2} << 20;
-  const size_t bytes = (capacity() * sizeof(IndexSlot) + 4095) / 4096 * 4096;
-  return bytes >= kHuge ? (bytes + kHuge - 1) / kHuge * kHuge : bytes;
-}
+size_t KeyIndex::MemoryBytes() const { return MappedBytes(capacity() * sizeof(IndexSlot), true); }
 
 void KeyIndex::Insert(uint64_t key, uint64_t h, uint32_t value) {
   PYFLEET_ASSERT(value != kEmpty);

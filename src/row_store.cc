@@ -30,9 +30,13 @@ void* MapHugeAligned(size_t size) {
 }
 }  // namespace
 
+size_t MappedBytes(size_t bytes, bool huge) {
+  const size_t size = RoundUp(bytes);
+  return huge && size >= kHuge ? (size + kHuge - 1) / kHuge * kHuge : size;
+}
+
 void* PageAlloc(size_t bytes, bool huge) {
-  size_t size = RoundUp(bytes);
-  if (huge && size >= kHuge) size = (size + kHuge - 1) / kHuge * kHuge;
+  const size_t size = MappedBytes(bytes, huge);
   if (!huge || size < kHuge) {
     void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) throw std::bad_alloc();
@@ -66,9 +70,7 @@ void CollapseToHugePages(void* p, size_t bytes) {
 }
 
 void PageFree(void* p, size_t bytes, bool huge) {
-  size_t size = RoundUp(bytes);
-  if (huge && size >= kHuge) size = (size + kHuge - 1) / kHuge * kHuge;
-  if (p != nullptr && bytes > 0) munmap(p, size);
+  if (p != nullptr && bytes > 0) munmap(p, MappedBytes(bytes, huge));
 }
 
 RowStore::RowStore(size_t dim, size_t state_dim)

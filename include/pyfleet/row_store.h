@@ -100,10 +100,11 @@ class RowStore {
 
 // Page-granular allocation straight from the kernel, so memory freed by a
 // rehash or a shrink goes back to the system instead of staying in the heap.
-// With huge = true the block starts on a 2 MiB boundary and its whole 2 MiB
-// pages are advised as transparent huge pages (the tail stays on small pages,
-// so nothing untouched becomes resident).
+// With huge = true a block of 2 MiB or more starts on a 2 MiB boundary, is
+// rounded up to whole 2 MiB pages and advised as transparent huge pages.
 void* PageAlloc(size_t bytes, bool huge = false);  // zero-filled
+// The bytes PageAlloc(bytes, huge) maps (and PageFree unmaps).
+size_t MappedBytes(size_t bytes, bool huge);
 // Small pages, but 2 MiB-aligned when bytes >= 2 MiB, so that a full block can
 // later be collapsed into huge pages.
 void* PageAllocAligned(size_t bytes);
