@@ -97,20 +97,10 @@ uint32_t RowStore::Allocate() {
     return row;
   }
   if (next_row_ == 0xFFFFFFFEu) ThrowRuntime("a table is full (2^32 - 2 rows on one server)");
-  if (Locate(next_row_).chunk == num_chunks_) {
-    // A pull or push reads a random row: on small pages nearly every one is
-    // also a TLB miss (measured: pulls from a 10M-row table 1.5-2x slower).
-    // Blocks therefore start 2 MiB-aligned on small pages, and each is
-    // collapsed into huge pages once its chunk is full; huge pages from the
-    // start would make whole 2 MiB pages resident before their rows exist.
-    if (num_chunks_ > 0) {
-      const Chunk& full = chunks_[num_chunks_ - 1];
-      CollapseToHugePages(full.weights, full.rows * dim_ * sizeof(float));
-      if (full.state) CollapseToHugePages(full.state, full.rows * state_dim_ * sizeof(float));
-      CollapseToHugePages(full.meta, full.rows * sizeof(RowMeta));
-    }
+  const Where at = Locate(next_row_);
+  if (at.chunk == num_chunks_) {
     Chunk c;
-    c.rows = num_chunks_ == 0 ? kFirstChunkRows : kChunkRows;
+    c.rows = at.capacity;
     c.weights = static_cast<float*>(PageAllocAligned(c.rows * dim_ * sizeof(float)));
     c.state = state_dim_
                   ? static_cast<float*>(PageAllocAligned(c.rows * state_dim_ * sizeof(float)))
@@ -121,7 +111,23 @@ uint32_t RowStore::Allocate() {
     chunks_[num_chunks_] = c;
     ++num_chunks_;
   }
+  CollapseFilledPages(at.chunk, at.offset);
   return next_row_++;
+}
+
+void RowStore::CollapseFilledPages(size_t k, size_t offset) {
+  const Chunk& c = chunks_[k];
+  auto column = [&](void* base, size_t row_bytes) {
+    const size_t begin = offset * row_bytes, end = begin + row_bytes;
+    if (base == nullptr || end / kHuge == begin / kHuge) return;
+    // Row `offset` reaches or crosses a 2 MiB boundary: the page before that
+    // boundary now holds allocated rows only. (CollapseToHugePages ignores a
+    // block that did not start 2 MiB-aligned, as a small first chunk does.)
+    CollapseToHugePages(static_cast<char*>(base) + (end / kHuge - 1) * kHuge, kHuge);
+  };
+  column(c.weights, dim_ * sizeof(float));
+  column(c.state, state_dim_ * sizeof(float));
+  column(c.meta, sizeof(RowMeta));
 }
 
 void RowStore::Free(uint32_t row) {
@@ -134,9 +140,12 @@ size_t RowStore::MemoryBytes() const {
   size_t bytes = free_rows_.capacity() * sizeof(uint32_t) +
                  RoundUp((num_chunks_ + 1) * sizeof(Chunk));
   for (size_t k = 0; k < num_chunks_; ++k) {
+    // Pages are touched as rows are allocated: the last chunk counts its
+    // allocated rows only.
     const Chunk& c = chunks_[k];
-    bytes += RoundUp(c.rows * dim_ * sizeof(float)) + RoundUp(c.rows * sizeof(RowMeta)) +
-             (state_dim_ ? RoundUp(c.rows * state_dim_ * sizeof(float)) : 0);
+    const size_t rows = k + 1 < num_chunks_ ? c.rows : Locate(next_row_ - 1).offset + 1;
+    bytes += RoundUp(rows * dim_ * sizeof(float)) + RoundUp(rows * sizeof(RowMeta)) +
+             (state_dim_ ? RoundUp(rows * state_dim_ * sizeof(float)) : 0);
   }
   return bytes;
 }
