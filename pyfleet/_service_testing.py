@@ -25,7 +25,8 @@ class ServerGroup:
 
     def __init__(self, num_servers, workers, mode="async", checkpoint_dir=None,
                  heartbeat_timeout=10.0, barrier_timeout=60.0, handler_threads=2,
-                 max_message_bytes=None, inline_limit=None, start_timeout=30.0):
+                 max_message_bytes=None, inline_limit=None, start_timeout=30.0,
+                 split_pull_keys=None):
         self.procs, self.endpoints = [], []
         try:
             for i in range(num_servers):
@@ -41,6 +42,8 @@ class ServerGroup:
                     cmd += ["--inline-limit", str(inline_limit)]
                 if max_message_bytes is not None:
                     cmd += ["--max-message-bytes", str(max_message_bytes)]
+                if split_pull_keys is not None:
+                    cmd += ["--split-pull-keys", str(split_pull_keys)]
                 p = subprocess.Popen(cmd, stdout=subprocess.PIPE)
                 self.procs.append(p)
                 self.endpoints.append(_ready_line(p, start_timeout))

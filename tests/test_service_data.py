@@ -63,6 +63,24 @@ def test_pull_push_equals_one_in_process_table(num_servers):
         assert c.pull_sparse("emb", np.empty(0, np.uint64)).shape == (0, DIM)
 
 
+def test_split_pulls_equal_the_in_process_table():
+    """A pull of at least ``split_pull_keys`` keys is pulled in parts by several
+    server threads at once: same rows, each missing key created exactly once."""
+    ref = pyfleet.SparseTable(DIM, Adam(learning_rate=0.01), initializer=Uniform(-0.1, 0.1),
+                              seed=3, name="emb")
+    with ServerGroup(1, 1, handler_threads=3, split_pull_keys=64) as g, \
+            Client(g.endpoints, timeout=20) as c:
+        c.create_tables([{"kind": "sparse", **ref.config()}])
+        for step in range(4):
+            keys, grads = batch(11, step, 3000, DIM, num_keys=5000)  # new and known keys
+            np.testing.assert_array_equal(c.pull_sparse("emb", keys), ref.pull(keys))
+            c.push_sparse("emb", np.unique(keys), grads[:np.unique(keys).shape[0]])
+            ref.push(np.unique(keys), grads[:np.unique(keys).shape[0]])
+        st = c.stats()[0]["tables"]["emb"]
+        assert st["rows"] == len(ref)
+        np.testing.assert_array_equal(c.pull_sparse("emb", ref.keys()), ref.pull(ref.keys()))
+
+
 def test_prefetch_futures_and_queued_push_merging():
     ref = pyfleet.SparseTable(4, SGD(0.5), initializer=Constant(0.0), name="emb")
     with ServerGroup(2, 1) as g, Client(g.endpoints, timeout=20, max_queued_pushes=2) as c:
