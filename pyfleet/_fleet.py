@@ -60,6 +60,16 @@ def _relative_to_root(dirname):
     return os.path.relpath(path, root), path
 
 
+class _NamedValues:
+    """``(names, values)`` of a dense push answered with the values after it."""
+
+    def __init__(self, names, future):
+        self.names, self.future = names, future
+
+    def result(self):
+        return self.names, self.future.result()
+
+
 class RemoteBackend(Backend):
     """The executor's parameters, held by the servers (see :mod:`pyfleet.fluid.backend`).
 
@@ -190,19 +200,17 @@ class RemoteBackend(Backend):
         if self.mode != "async":
             self.client.push_dense_many(grads)
             return
-        # Async (as Fluid's async communicator): the step's dense push, then a
-        # pull of the values after it, travel from a background thread while
-        # this worker computes (see dense_staleness). One at a time.
+        # Async (as Fluid's async communicator): the step's dense push, answered
+        # with the values after it (one round trip per server), travels while
+        # this worker computes (see dense_staleness). One at a time. Sent from
+        # this thread; the reply waits in its sockets until asked for: no
+        # thread hand-off (measured: 0.7 ms a step of queueing and wake-ups).
         pending, self._dense_push = self._dense_push, None
         if pending is not None:
             ready = pending.result()  # re-raises its error in this thread
             self._dense_ready = ready if self.dense_staleness else None
-        self._dense_push = self._background(self._push_then_pull, dict(grads))
-
-    def _push_then_pull(self, grads):
-        # One round trip per server: each answers with the values after the push.
-        values = self.client.push_pull_dense_many(grads)
-        return list(grads), values
+        self._dense_push = _NamedValues(list(grads),
+                                        self.client.push_pull_dense_many_async(grads))
 
     def _wait_sync_push(self):
         pending, self._sync_push = self._sync_push, None

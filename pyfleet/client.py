@@ -678,19 +678,29 @@ class Client:
         pushes may interleave): push and pull in one round trip per server
         (Flag.PULL_AFTER). Not in sync mode (values change at the barrier).
         Values are views of the replies as in :meth:`pull_dense_many`."""
-        return self._push_dense(grads, P.Flag.PULL_AFTER)
+        return self.push_pull_dense_many_async(grads).result()
+
+    def push_pull_dense_many_async(self, grads):
+        """:meth:`push_pull_dense_many` sent now; ``.result()`` waits for the
+        values (and raises the push's error). The requests leave from this
+        thread's sockets with no thread hand-off, and the replies wait in
+        them meanwhile. The gradients must not be modified until
+        ``.result()`` returned (large ones are sent without a copy)."""
+        shapes, plan, ch, calls = self._send_dense_push(grads, P.Flag.PULL_AFTER)
+        return _DenseFuture(self, ch, calls, shapes, plan)
 
     def _push_dense(self, grads, flags):
+        _, _, ch, calls = self._send_dense_push(grads, flags)
+        ch.wait(calls)
+
+    def _send_dense_push(self, grads, flags):
         shapes, plan = self._dense_plan(grads)
         flat = {name: _check_values(g, shapes[name], f"gradient of {name!r}").reshape(-1)
                 for name, g in grads.items()}
         ch = self._channel()
         calls = [self._send_dense_many(ch, s, Op.PUSH_DENSE_MANY, blocks, flat, flags)
                  for s, blocks in plan.items()]
-        replies = ch.wait(calls)
-        if flags & P.Flag.PULL_AFTER:
-            return self._dense_gather(shapes, plan, replies)
-        return None
+        return shapes, plan, ch, calls
 
     def _dense_plan(self, names):
         """``(shapes, plan)``: ``{name: shape}`` and, per server,
@@ -883,6 +893,25 @@ class Client:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class _DenseFuture:
+    """The values of one ``push_pull_dense_many_async`` call."""
+
+    def __init__(self, client, channel, calls, shapes, plan):
+        self._client, self._channel, self._calls = client, channel, calls
+        self._shapes, self._plan = shapes, plan
+        self._value = None
+
+    def done(self):
+        return self._value is not None or all(c.done for c in self._calls)
+
+    def result(self):
+        if self._value is None:
+            replies = self._channel.wait(self._calls)
+            self._value = self._client._dense_gather(self._shapes, self._plan, replies)
+            self._calls = self._plan = None
+        return self._value
 
 
 class _Done:

@@ -175,6 +175,29 @@ def test_pull_after_is_refused_by_a_sync_server():
         t.join(10)
 
 
+def test_async_push_pull_answers_on_result_and_raises_there():
+    """push_pull_dense_many_async sends at once; ``result()`` gives the values
+    after the push, and a refused push raises there (not at the send)."""
+    opt = SGD(0.5)
+    refs = _refs(opt)
+    with ServerGroup(2, 1) as g, Client(g.endpoints, timeout=20) as c:
+        c.create_tables(_configs(opt))
+        grads = {n: np.full(s, 2.0, np.float32) for n, s in SHAPES.items()}
+        fut = c.push_pull_dense_many_async(grads)
+        # pulls on the same thread in between are answered and leave the push alone
+        before = c.pull_dense_many(list(SHAPES))
+        got = fut.result()
+        assert fut.done() and fut.result() is got
+        for n in SHAPES:
+            refs[n].push(grads[n])
+            np.testing.assert_array_equal(got[n], refs[n].pull())
+            assert before[n].shape == SHAPES[n]
+        bad = dict(grads, **{"fc.b": np.full(5, np.nan, np.float32)})
+        fut = c.push_pull_dense_many_async(bad)
+        with pytest.raises(RemoteError, match="non-finite|NaN|nan"):
+            fut.result()
+
+
 def test_dense_many_request_checks_its_arguments():
     with pytest.raises(ValueError, match="2 blocks for 1 table ids"):
         P.dense_many_request(Op.PUSH_DENSE_MANY, 1, [3], [np.ones(2, np.float32)] * 2)
