@@ -3,25 +3,44 @@
 #include "pyfleet/error.h"
 #include "pyfleet/hash.h"
 #include "pyfleet/row_store.h"
+#include "pyfleet/slab_arena.h"
 
 namespace pyfleet {
 
 namespace {
 constexpr size_t kMinCapacity = 16;
 
-IndexSlot* AllocSlots(size_t capacity) {
+}  // namespace
+
+bool KeyIndex::InArena(size_t capacity) const {
+  return arena_ != nullptr && capacity * sizeof(IndexSlot) >= SlabArena::kMinBytes;
+}
+
+IndexSlot* KeyIndex::AllocSlots(size_t capacity) {
   const size_t bytes = capacity * sizeof(IndexSlot);
-  auto* slots = static_cast<IndexSlot*>(PageAlloc(bytes, /*huge=*/true));
+  auto* slots = static_cast<IndexSlot*>(InArena(capacity) ? arena_->Allocate(bytes)
+                                                          : PageAlloc(bytes, /*huge=*/true));
   for (size_t i = 0; i < capacity; ++i) slots[i].value = KeyIndex::kEmpty;
   return slots;
 }
-}  // namespace
 
-KeyIndex::KeyIndex() : slots_(AllocSlots(kMinCapacity)), mask_(kMinCapacity - 1) {}
+void KeyIndex::FreeSlots(IndexSlot* slots, size_t capacity) {
+  const size_t bytes = capacity * sizeof(IndexSlot);
+  if (InArena(capacity)) {
+    arena_->Free(slots, bytes);
+  } else {
+    PageFree(slots, bytes, true);
+  }
+}
 
-KeyIndex::~KeyIndex() { PageFree(slots_, capacity() * sizeof(IndexSlot), true); }
+KeyIndex::KeyIndex(SlabArena* arena)
+    : arena_(arena), slots_(AllocSlots(kMinCapacity)), mask_(kMinCapacity - 1) {}
 
-size_t KeyIndex::MemoryBytes() const { return MappedBytes(capacity() * sizeof(IndexSlot), true); }
+KeyIndex::~KeyIndex() { FreeSlots(slots_, capacity()); }
+
+size_t KeyIndex::MemoryBytes() const {
+  return InArena(capacity()) ? 0 : MappedBytes(capacity() * sizeof(IndexSlot), true);
+}
 
 void KeyIndex::Insert(uint64_t key, uint64_t h, uint32_t value) {
   PYFLEET_ASSERT(value != kEmpty);
@@ -62,7 +81,7 @@ uint32_t KeyIndex::Erase(uint64_t key, uint64_t h) {
 }
 
 void KeyIndex::Clear() {
-  PageFree(slots_, capacity() * sizeof(IndexSlot), true);
+  FreeSlots(slots_, capacity());
   slots_ = AllocSlots(kMinCapacity);
   mask_ = kMinCapacity - 1;
   size_ = 0;
@@ -79,7 +98,7 @@ void KeyIndex::Rehash(size_t new_capacity) {
     while (slots_[i].value != kEmpty) i = (i + 1) & mask_;
     slots_[i] = old[k];
   }
-  PageFree(old, old_capacity * sizeof(IndexSlot), true);
+  FreeSlots(old, old_capacity);
 }
 
 }  // namespace pyfleet

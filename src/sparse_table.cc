@@ -60,6 +60,7 @@ inline size_t ShardOf(uint64_t h) { return h >> (64 - SparseTable::kShardBits); 
 }  // namespace
 
 struct SparseTable::Shard {
+  explicit Shard(SlabArena* arena) : index(arena), candidates(arena) {}
   mutable std::shared_mutex mu;
   KeyIndex index;                 // key -> row id
   KeyIndex candidates;            // key -> pull calls seen (entry policy)
@@ -105,7 +106,7 @@ SparseTable::SparseTable(size_t dim, const OptimizerConfig& opt, const Initializ
     default: ThrowInvalid("unknown entry kind ", static_cast<uint32_t>(entry.kind));
   }
   shards_.reserve(kShards);
-  for (size_t i = 0; i < kShards; ++i) shards_.push_back(std::make_unique<Shard>());
+  for (size_t i = 0; i < kShards; ++i) shards_.push_back(std::make_unique<Shard>(&index_arena_));
 }
 
 SparseTable::~SparseTable() = default;
@@ -472,7 +473,7 @@ size_t SparseTable::Size() const {
 }
 
 size_t SparseTable::MemoryBytes() const {
-  size_t bytes = sizeof(*this) + rows_.MemoryBytes();
+  size_t bytes = sizeof(*this) + rows_.MemoryBytes() + index_arena_.MemoryBytes();
   for (const auto& sp : shards_) {
     std::shared_lock lock(sp->mu);
     bytes += sizeof(Shard) + sp->index.MemoryBytes() +

@@ -6,6 +6,8 @@
 // h = Mix64(key) so that a batch hashes each key once; the slot is h's low
 // bits (the shard was chosen from the high bits). Grows by doubling past a
 // load of 3/4; deletion shifts the following run back (no tombstones).
+// Slot arrays of SlabArena::kMinBytes or more come from the arena given at
+// construction (a table's shards share one), others from the kernel directly.
 // Not thread-safe: the owning shard's lock guards it.
 #pragma once
 
@@ -13,6 +15,8 @@
 #include <cstdint>
 
 namespace pyfleet {
+
+class SlabArena;
 
 #pragma pack(push, 4)
 struct IndexSlot {
@@ -26,7 +30,7 @@ class KeyIndex {
  public:
   static constexpr uint32_t kEmpty = 0xFFFFFFFFu;
 
-  KeyIndex();
+  explicit KeyIndex(SlabArena* arena = nullptr);
   ~KeyIndex();
   KeyIndex(const KeyIndex&) = delete;
   KeyIndex& operator=(const KeyIndex&) = delete;
@@ -66,7 +70,8 @@ class KeyIndex {
 
   size_t size() const { return size_; }
   size_t capacity() const { return mask_ + 1; }
-  // As mapped: a slot array of 2 MiB or more sits on whole huge pages.
+  // As mapped: a slot array of 2 MiB or more sits on whole huge pages. An
+  // array in the arena counts 0 here (the arena counts its slabs).
   size_t MemoryBytes() const;
 
   // Calls f(key, value) for every entry, in slot order.
@@ -79,7 +84,11 @@ class KeyIndex {
 
  private:
   void Rehash(size_t new_capacity);
+  IndexSlot* AllocSlots(size_t capacity);
+  void FreeSlots(IndexSlot* slots, size_t capacity);
+  bool InArena(size_t capacity) const;
 
+  SlabArena* arena_;
   IndexSlot* slots_ = nullptr;
   size_t mask_ = 0;
   size_t size_ = 0;

@@ -27,6 +27,7 @@
 #include "pyfleet/key_index.h"
 #include "pyfleet/optimizer.h"
 #include "pyfleet/row_store.h"
+#include "pyfleet/slab_arena.h"
 
 namespace pyfleet {
 
@@ -126,6 +127,7 @@ class SparseTable {
   const InitializerConfig init_;
   const uint64_t seed_;
   const EntryConfig entry_;
+  SlabArena index_arena_;  // the shards' bigger index arrays (outlives shards_)
   std::vector<std::unique_ptr<Shard>> shards_;
   RowStore rows_;  // every shard's rows (row ids are table-wide)
   std::atomic<bool> delta_invalid_{false};  // a save failed: a delta would miss rows
