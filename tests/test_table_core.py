@@ -173,6 +173,33 @@ def test_memory_bytes_grows_and_shrinks():
     assert grown - base < 100000 * 260
 
 
+def test_tables_with_index_arrays_in_huge_page_slabs(tmp_path):
+    """600k keys: every shard's index array (~196 KiB) lives in the table's
+    huge-page slabs, and grew there through a smaller one; rows stay exact
+    through pushes, a shrink that drops half, re-inserts, and save/load."""
+    n = 600_000
+    ks = np.arange(n, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    t = pyfleet.SparseTable(4, SGD(1.0), initializer=Constant(0.0))
+    base = t.memory_bytes()
+    t.push(ks, np.ones((n, 4), np.float32))
+    t.push(ks[::2], np.ones((n // 2, 4), np.float32))
+    assert len(t) == n
+    want = -np.where(np.arange(n) % 2 == 0, 2.0, 1.0).astype(np.float32)
+    np.testing.assert_array_equal(t.pull(ks), np.repeat(want[:, None], 4, 1))
+    grown = t.memory_bytes() - base
+    payload = n * (8 + 4 * 4 + 16)
+    assert payload < grown < 2 * payload
+    assert t.shrink(min_update_count=2) == n // 2  # the odd keys were pushed once
+    assert len(t) == n // 2
+    np.testing.assert_array_equal(t.pull(ks[1::2]), np.zeros((n // 2, 4), np.float32))
+    assert len(t) == n
+    t.save(tmp_path / "t.bin")
+    u = pyfleet.SparseTable(4, SGD(1.0), initializer=Constant(0.0))
+    u.load(tmp_path / "t.bin")
+    assert len(u) == n
+    np.testing.assert_array_equal(u.pull(ks), t.pull(ks))
+
+
 def test_dense_table_validation():
     d = pyfleet.DenseTable((3, 2), SGD(0.5), initial=np.ones((3, 2), np.float32))
     with pytest.raises(ValueError, match="shape"):

@@ -55,6 +55,16 @@ int main(int argc, char** argv) {
       }
     });
   }
+  // Fresh keys meanwhile: every shard's index grows past SlabArena::kMinBytes,
+  // so the shards' arrays move between huge-page slabs concurrently.
+  threads.emplace_back([&] {
+    std::vector<uint64_t> fresh(4096);
+    std::vector<float> out(fresh.size() * 8);
+    for (uint64_t b = 0; b < 64; ++b) {
+      for (size_t i = 0; i < fresh.size(); ++i) fresh[i] = (uint64_t{1} << 40) + b * 4096 + i;
+      table.Pull(fresh.data(), fresh.size(), out.data());
+    }
+  });
   threads.emplace_back([&] {
     for (int s = 0; s < 10; ++s) {
       table.Shrink(3, 0, -INFINITY, 1.f);
