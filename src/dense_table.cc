@@ -28,11 +28,8 @@ void DenseTable::Pull(float* out) const {
 }
 
 static void CheckFinite(const float* v, size_t n, const char* what) {
-  for (size_t i = 0; i < n; ++i) {
-    if (!std::isfinite(v[i])) {
-      ThrowInvalid(what, " rejected: element ", i, " is ", v[i], "; nothing was changed");
-    }
-  }
+  const size_t i = FirstNonFinite(v, n);
+  if (i < n) ThrowInvalid(what, " rejected: element ", i, " is ", v[i], "; nothing was changed");
 }
 
 void DenseTable::Push(const float* grad) {

@@ -1,6 +1,8 @@
 #include "pyfleet/optimizer.h"
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 
 #include "pyfleet/error.h"
 
@@ -60,13 +62,49 @@ void OptimizerInitState(const OptimizerConfig& c, float* state, size_t dim) {
   }
 }
 
+size_t FirstNonFinite(const float* v, size_t n) {
+  uint32_t any = 0;
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, v + i, sizeof(bits));
+    any |= (bits & 0x7f800000u) == 0x7f800000u;  // exponent all ones: Inf or NaN
+  }
+  if (!any) return n;
+  for (size_t i = 0; i < n; ++i) {
+    if (!std::isfinite(v[i])) return i;
+  }
+  return n;
+}
+
 namespace {
 
+// The update loops are built for AVX2 as well as the baseline and picked at
+// load time (GCC/Clang function multiversioning on x86-64 Linux). No FMA
+// target: a contracted multiply-add would round differently from the plain
+// baseline build and the numpy references. Not in sanitizer builds: their
+// runtimes are not up yet when the loader runs the ifunc resolvers.
+#if defined(__has_feature)
+#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
+#define PYFLEET_NO_MULTIVERSION 1
+#endif
+#endif
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+#define PYFLEET_NO_MULTIVERSION 1
+#endif
+#if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__)) && \
+    !defined(PYFLEET_NO_MULTIVERSION)
+#define PYFLEET_MULTIVERSION __attribute__((target_clones("avx2", "default")))
+#else
+#define PYFLEET_MULTIVERSION
+#endif
+
+PYFLEET_MULTIVERSION
 void Sgd(const OptimizerConfig& c, float* __restrict w, const float* __restrict g, size_t n) {
   const float lr = c.learning_rate;
   for (size_t i = 0; i < n; ++i) w[i] -= lr * g[i];
 }
 
+PYFLEET_MULTIVERSION
 void Adagrad(const OptimizerConfig& c, float* __restrict w, float* __restrict acc,
              const float* __restrict g, size_t n) {
   const float lr = c.learning_rate, eps = c.epsilon;
@@ -76,6 +114,7 @@ void Adagrad(const OptimizerConfig& c, float* __restrict w, float* __restrict ac
   }
 }
 
+PYFLEET_MULTIVERSION
 void Adam(const OptimizerConfig& c, float* __restrict w, float* __restrict s,
           const float* __restrict g, size_t n) {
   float* __restrict m = s;
@@ -94,6 +133,7 @@ void Adam(const OptimizerConfig& c, float* __restrict w, float* __restrict s,
   b2p *= b2;
 }
 
+PYFLEET_MULTIVERSION
 void Ftrl(const OptimizerConfig& c, float* __restrict w, float* __restrict s,
           const float* __restrict g, size_t n) {
   float* __restrict sq = s;

@@ -272,12 +272,10 @@ void SparseTable::PullMisses(const uint64_t* keys, Batch& b, float* out) {
 }
 
 void SparseTable::Push(const uint64_t* keys, size_t n, const float* grads, bool add_delta) {
-  for (size_t i = 0; i < n * dim_; ++i) {
-    if (!std::isfinite(grads[i])) {
-      rejected_pushes_.fetch_add(1, std::memory_order_relaxed);
-      ThrowInvalid("push rejected: the gradient of key ", keys[i / dim_], " (position ",
-                   i / dim_, ") has a non-finite value ", grads[i], "; no row was changed");
-    }
+  if (const size_t i = FirstNonFinite(grads, n * dim_); i < n * dim_) {
+    rejected_pushes_.fetch_add(1, std::memory_order_relaxed);
+    ThrowInvalid("push rejected: the gradient of key ", keys[i / dim_], " (position ",
+                 i / dim_, ") has a non-finite value ", grads[i], "; no row was changed");
   }
   push_calls_.fetch_add(1, std::memory_order_relaxed);
   push_keys_.fetch_add(n, std::memory_order_relaxed);

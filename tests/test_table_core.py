@@ -53,6 +53,26 @@ def test_nonfinite_gradient_rejects_whole_push():
     assert t.stats()["rejected_pushes"] == 1
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("where", [0, 1234, 4095], ids=lambda w: f"row{w}")
+def test_nonfinite_check_names_the_first_bad_value(bad, where):
+    """The check is one vectorized pass, then a search: it must still name the
+    first bad key, wherever it sits (the largest finite float is fine)."""
+    n, dim = 4096, 8
+    ks = np.arange(n, dtype=np.uint64) + np.uint64(100)
+    g = np.full((n, dim), np.finfo(np.float32).max, np.float32)
+    g[where, 3] = bad
+    g[-1, -1] = np.nan  # a later one: not the one named
+    t = pyfleet.SparseTable(dim, SGD(1e-30))
+    with pytest.raises(ValueError, match=rf"key {where + 100} \(position {where}\)"):
+        t.push(ks, g)
+    assert len(t) == 0
+    d = pyfleet.DenseTable((n, dim), SGD(1.0))
+    with pytest.raises(ValueError, match=rf"element {where * dim + 3} is"):
+        d.push(g)
+    np.testing.assert_array_equal(d.pull(), np.zeros((n, dim), np.float32))
+
+
 @pytest.mark.parametrize("init", [Uniform(-0.5, 0.5), Normal(0.0, 0.3), TruncatedNormal(0.1, 0.2),
                                   Constant(0.25)], ids=repr)
 def test_initial_value_is_a_pure_function_of_seed_key_initializer(init):

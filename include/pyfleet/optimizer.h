@@ -39,6 +39,10 @@ size_t OptimizerStateDim(const OptimizerConfig& cfg, size_t dim);
 // Writes the starting state of a row of `dim` weights.
 void OptimizerInitState(const OptimizerConfig& cfg, float* state, size_t dim);
 
+// The index of the first NaN or Inf in v[0..n), or n: one branch-free pass
+// that vectorizes, then the search only when there is one.
+size_t FirstNonFinite(const float* v, size_t n);
+
 // One step: w[0..dim) and state are updated in place from grad[0..dim).
 // Works on private copies: the table loads a row, calls this, stores it back.
 void OptimizerUpdate(const OptimizerConfig& cfg, float* w, float* state,
