@@ -91,7 +91,15 @@ namespace {
 #if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
 #define PYFLEET_NO_MULTIVERSION 1
 #endif
-#if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__)) && \
+// Needs glibc's ifunc, and GCC >= 6 or Clang >= 14.
+#if defined(__clang__)
+#define PYFLEET_CC_CLONES (__clang_major__ >= 14)
+#elif defined(__GNUC__)
+#define PYFLEET_CC_CLONES (__GNUC__ >= 6)
+#else
+#define PYFLEET_CC_CLONES 0
+#endif
+#if defined(__x86_64__) && defined(__linux__) && defined(__GLIBC__) && PYFLEET_CC_CLONES && \
     !defined(PYFLEET_NO_MULTIVERSION)
 #define PYFLEET_MULTIVERSION __attribute__((target_clones("avx2", "default")))
 #else
