@@ -60,16 +60,6 @@ def _relative_to_root(dirname):
     return os.path.relpath(path, root), path
 
 
-class _NamedValues:
-    """``(names, values)`` of a dense push answered with the values after it."""
-
-    def __init__(self, names, future):
-        self.names, self.future = names, future
-
-    def result(self):
-        return self.names, self.future.result()
-
-
 class RemoteBackend(Backend):
     """The executor's parameters, held by the servers (see :mod:`pyfleet.fluid.backend`).
 
@@ -106,8 +96,9 @@ class RemoteBackend(Backend):
             self.geo = GeoClient(client, geo_k_steps)
         self._sparse = self.geo or client
         self._dense_pusher = None
-        self._dense_push = None   # future of (names, values pulled after the push)
-        self._dense_ready = None  # (names, values) the next pull_dense_many may take
+        # {name: value} dicts, keys in the order asked for:
+        self._dense_push = None   # future of the values pulled after the push
+        self._dense_ready = None  # values the next pull_dense_many may take
         self.dense_staleness = 0
         self._prefetched = {}     # table -> deque of (unique keys, PullFuture), oldest first
         self._sync_push = None    # sync: future of this step's dense push
@@ -176,12 +167,12 @@ class RemoteBackend(Backend):
         self._dense_names = names
         if self.dense_staleness:
             ready, self._dense_ready = self._dense_ready, None
-            if ready is not None and ready[0] == names:
-                return ready[1]
+            if ready is not None and list(ready) == names:
+                return ready
         elif self._dense_push is not None:
             pending, self._dense_push = self._dense_push, None
-            pulled_names, values = pending.result()
-            if pulled_names == names:
+            values = pending.result()
+            if list(values) == names:
                 return values
         return self.client.pull_dense_many(names)
 
@@ -209,8 +200,7 @@ class RemoteBackend(Backend):
         if pending is not None:
             ready = pending.result()  # re-raises its error in this thread
             self._dense_ready = ready if self.dense_staleness else None
-        self._dense_push = _NamedValues(list(grads),
-                                        self.client.push_pull_dense_many_async(grads))
+        self._dense_push = self.client.push_pull_dense_many_async(grads)
 
     def _wait_sync_push(self):
         pending, self._sync_push = self._sync_push, None
@@ -230,7 +220,7 @@ class RemoteBackend(Backend):
             self.client.barrier()
             # The values the next step reads are final now: fetch them meanwhile.
             if self._dense_names and not self.dense_staleness:
-                self._dense_push = self._background(self._pull_dense_now, self._dense_names)
+                self._dense_push = self._background(self.client.pull_dense_many, self._dense_names)
             keys, self._sync_keys = self._sync_keys, []
             for name, k in keys:
                 queue = self._prefetched.setdefault(name, collections.deque())
@@ -239,9 +229,6 @@ class RemoteBackend(Backend):
                 queue.append((k, self.client.pull_sparse_async(name, k, unique=True)))
         elif self.geo is not None:
             self.geo.step()
-
-    def _pull_dense_now(self, names):
-        return names, self.client.pull_dense_many(names)
 
     def finish(self):
         """Send what is still local or queued (geo deltas, async pushes)."""

@@ -7,9 +7,10 @@ Sparse keys are deduplicated and routed with ``pyfleet.route(key, S)`` in one
 O(n) hash pass (``pyfleet._core.unique_route``), each server's share sent as
 contiguous requests in parallel (views of one buffer, no copy), and the answers
 gathered into the caller's order by one C++ pass over the reply buffers; a
-push sums the gradients of equal keys first (``_core.sum_rows``). Dense parameters are split by a block
-placement ``(name, start, end, server_index)`` over the flattened parameter,
-learned from the servers (``create_tables`` places them).
+push sums the gradients of equal keys first (``_core.sum_rows``). Dense
+parameters are split by a block placement ``(name, start, end, server_index)``
+over the flattened parameter, learned from the servers (``create_tables``
+places them).
 
 Threads and sockets: sockets are never shared between threads. Each thread
 that makes requests gets its own DEALER sockets (a "channel"), so a trainer's
@@ -202,34 +203,40 @@ class _Channel:
             self.pending.clear()
 
 
-class PullFuture:
-    """The rows of one ``pull_sparse_async`` call, assembled when :meth:`result`
-    is called (the replies travel meanwhile). Resolve it once, from any thread."""
+class ReplyFuture:
+    """A value assembled from the replies to some calls of a channel when
+    :meth:`result` is called (the replies travel meanwhile). Resolve it once,
+    from any thread; ``result()`` raises the first call's error."""
 
-    def __init__(self, channel, calls, parts, inverse, dim):
-        self._channel, self._calls, self._parts = channel, calls, parts
-        self._inverse, self._dim = inverse, dim
+    def __init__(self, channel, calls, assemble):
+        self._channel, self._calls, self._assemble = channel, calls, assemble
         self._value = None
 
     def done(self):
         return self._value is not None or all(c.done for c in self._calls)
 
     def result(self):
-        if self._value is not None:
-            return self._value
-        replies = self._channel.wait(self._calls)
-        dim = self._dim
-        # Views of the reply buffers, in the order of the keys sent (no copy).
-        pieces = [P.values_from(frames[0], _expect(h.count, b - a), dim)
-                  for (h, frames), (_, a, b) in zip(replies, self._parts)]
-        if self._inverse is not None:
-            self._value = _core.gather_rows(pieces, self._inverse, dim)
-        elif len(pieces) == 1:
-            self._value = pieces[0]  # the keys were distinct and went in one request
-        else:
-            self._value = np.concatenate(pieces)
-        self._calls = self._parts = self._inverse = None
+        if self._value is None:
+            self._value = self._assemble(self._channel.wait(self._calls))
+            self._calls = self._assemble = None
         return self._value
+
+
+class PullFuture(ReplyFuture):
+    """The rows of one ``pull_sparse_async`` call."""
+
+    def __init__(self, channel, calls, parts, inverse, dim):
+        def rows(replies):
+            # Views of the reply buffers, in the order of the keys sent (no copy).
+            pieces = [P.values_from(frames[0], _expect(h.count, b - a), dim)
+                      for (h, frames), (_, a, b) in zip(replies, parts)]
+            if inverse is not None:
+                return _core.gather_rows(pieces, inverse, dim)
+            if len(pieces) == 1:
+                return pieces[0]  # the keys were distinct and went in one request
+            return np.concatenate(pieces)
+
+        super().__init__(channel, calls, rows)
 
 
 class _Pusher:
@@ -687,7 +694,7 @@ class Client:
         them meanwhile. The gradients must not be modified until
         ``.result()`` returned (large ones are sent without a copy)."""
         shapes, plan, ch, calls = self._send_dense_push(grads, P.Flag.PULL_AFTER)
-        return _DenseFuture(self, ch, calls, shapes, plan)
+        return ReplyFuture(ch, calls, lambda replies: self._dense_gather(shapes, plan, replies))
 
     def _push_dense(self, grads, flags):
         _, _, ch, calls = self._send_dense_push(grads, flags)
@@ -893,25 +900,6 @@ class Client:
 
     def __exit__(self, *exc):
         self.close()
-
-
-class _DenseFuture:
-    """The values of one ``push_pull_dense_many_async`` call."""
-
-    def __init__(self, client, channel, calls, shapes, plan):
-        self._client, self._channel, self._calls = client, channel, calls
-        self._shapes, self._plan = shapes, plan
-        self._value = None
-
-    def done(self):
-        return self._value is not None or all(c.done for c in self._calls)
-
-    def result(self):
-        if self._value is None:
-            replies = self._channel.wait(self._calls)
-            self._value = self._client._dense_gather(self._shapes, self._plan, replies)
-            self._calls = self._plan = None
-        return self._value
 
 
 class _Done:

@@ -14,9 +14,10 @@ create_tables, go over inproc PUSH/PULL sockets to ``handler_threads`` Python
 threads that call into the C++ tables (which release the GIL), so the big
 pulls and pushes of different workers run in parallel; their replies come
 back the same way and leave through the ROUTER. A sparse pull of at least
-``split_pull_keys`` keys is itself pulled in parts by several threads at once. A barrier never parks a
-thread: the waiting requests' envelopes are kept and answered when the
-barrier completes (or fails, detected by the ROUTER thread's housekeeping).
+``split_pull_keys`` keys is itself pulled in parts by several threads at
+once. A barrier never parks a thread: the waiting requests' envelopes are
+kept and answered when the barrier completes (or fails, detected by the
+ROUTER thread's housekeeping).
 
 Modes (see docs/service.md):
 

@@ -12,7 +12,7 @@ namespace pyfleet {
 
 namespace {
 constexpr size_t kPage = 4096;
-constexpr size_t kHuge = size_t{2} << 20;
+constexpr size_t kHuge = kHugePageBytes;
 inline size_t RoundUp(size_t bytes) { return (bytes + kPage - 1) / kPage * kPage; }
 
 // size bytes (a multiple of kHuge) starting on a kHuge boundary: over-map by

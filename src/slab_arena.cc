@@ -6,7 +6,7 @@
 namespace pyfleet {
 
 namespace {
-constexpr size_t kHuge = size_t{2} << 20;
+constexpr size_t kHuge = kHugePageBytes;
 constexpr size_t kMinSlices = 8;
 inline size_t RoundUpHuge(size_t b) { return (b + kHuge - 1) / kHuge * kHuge; }
 }  // namespace

@@ -35,24 +35,22 @@ inline void StoreField(T* p, T v) {
   std::atomic_ref<T>(*p).store(v, std::memory_order_relaxed);
 }
 
-inline void PrefetchSpan(const void* p, size_t bytes) {
+// Prefetches [p, p + bytes). With write = true, with intent to write: the
+// lines arrive ready to be modified, so an update's stores need no second
+// trip for ownership (x86 without PRFCHW decodes prefetchw as a no-op).
+inline void PrefetchSpan(const void* p, size_t bytes, bool write = false) {
   const char* c = static_cast<const char*>(p);
-  for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(c + off, 1);
-}
-
-// Prefetch with intent to write: the line arrives ready to be modified, so
-// the stores of an update need no second trip to memory for ownership.
-// (x86 without PRFCHW decodes it as a no-op.)
-inline void PrefetchW(const void* p) {
+  for (size_t off = 0; off < bytes; off += 64) {
+    if (!write) {
+      __builtin_prefetch(c + off);
+    } else {
 #if defined(__x86_64__)
-  asm volatile("prefetchw %0" : : "m"(*static_cast<const char*>(p)));
+      asm volatile("prefetchw %0" : : "m"(c[off]));
 #else
-  __builtin_prefetch(p, 1);
+      __builtin_prefetch(c + off, 1);
 #endif
-}
-inline void PrefetchSpanW(const void* p, size_t bytes) {
-  const char* c = static_cast<const char*>(p);
-  for (size_t off = 0; off < bytes; off += 64) PrefetchW(c + off);
+    }
+  }
 }
 
 inline size_t ShardOf(uint64_t h) { return h >> (64 - SparseTable::kShardBits); }
@@ -340,9 +338,9 @@ void SparseTable::PushShard(Shard& s, Batch& b, size_t lo, size_t hi, const floa
       if (j + kPrefetch < hi && !b.is_dup[j + kPrefetch]) {
         const uint32_t r = rows[j + kPrefetch];
         if (r != KeyIndex::kEmpty) {
-          PrefetchSpanW(rows_.Weights(r), w_bytes);
-          if (s_bytes) PrefetchSpanW(rows_.State(r), s_bytes);
-          PrefetchW(rows_.Meta(r));
+          PrefetchSpan(rows_.Weights(r), w_bytes, true);
+          if (s_bytes) PrefetchSpan(rows_.State(r), s_bytes, true);
+          PrefetchSpan(rows_.Meta(r), sizeof(RowMeta), true);
         }
       }
       if (b.is_dup[j]) continue;
@@ -376,8 +374,8 @@ void SparseTable::PushShard(Shard& s, Batch& b, size_t lo, size_t hi, const floa
       }
       RowMeta* meta = rows_.Meta(row);
       // Hogwild like the weights (a concurrent push to the same row may
-      // lose an increment): a locked add here fenced every row's update and
-      // cost a quarter of the push.
+      // lose an increment): a locked add here was a full fence after every
+      // row's update, keeping the next rows' loads from overlapping it.
       const uint32_t count = LoadField(&meta->update_count);
       if (count != 0xFFFFFFFFu) StoreField(&meta->update_count, count + 1);  // saturates
       StoreField<uint16_t>(&meta->unseen_passes, 0);

@@ -107,6 +107,8 @@ class RowStore {
   std::vector<uint32_t> free_rows_;
 };
 
+inline constexpr size_t kHugePageBytes = size_t{2} << 20;  // a transparent huge page
+
 // Page-granular allocation straight from the kernel, so memory freed by a
 // rehash or a shrink goes back to the system instead of staying in the heap.
 // With huge = true a block of 2 MiB or more starts on a 2 MiB boundary, is
