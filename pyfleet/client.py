@@ -51,6 +51,7 @@ __all__ = ["Client", "GeoClient", "PullFuture", "unique_keys"]
 log = logging.getLogger("pyfleet.client")
 
 _RIDS = itertools.count(1)
+_SLICE_MS = 50  # longest uninterrupted wait on a channel's sockets
 
 
 class _Call:
@@ -87,6 +88,9 @@ class _Channel:
         s.setsockopt(zmq.RECONNECT_IVL_MAX, 500)
         s.setsockopt(zmq.SNDHWM, 0)
         s.setsockopt(zmq.RCVHWM, 0)
+        # A blocking receive (wait's one-call path) gives up after this slice
+        # to check its deadline; after a poll a receive never waits.
+        s.setsockopt(zmq.RCVTIMEO, _SLICE_MS)
         keys = self.client._curve
         if keys is not None:
             s.curve_serverkey = keys[0][i]
@@ -122,6 +126,8 @@ class _Channel:
         server must not outwait a dead one). A long call (a barrier, a save) to
         a server that stopped answering heartbeats fails once it has been
         silent for the client's ``timeout``, not at the call's own deadline."""
+        if len(calls) == 1:
+            self._wait_alone(calls[0])
         while True:
             with self.lock:
                 now = time.monotonic()
@@ -148,7 +154,27 @@ class _Channel:
                     continue
                 left = min(c.deadline for c in waiting) - now
                 # Short slices let other threads use this channel too.
-                self._pump(min(50, max(1, int(1000 * left))))
+                self._pump(min(_SLICE_MS, max(1, int(1000 * left))))
+
+    def _wait_alone(self, call):
+        """Wait for ``call`` with blocking receives on its socket, if it is the
+        only call in flight on this channel and an ordinary one (no heartbeat
+        watch): no poll, no bookkeeping per slice. A 1-key pull's latency is
+        mostly Python and ZeroMQ calls on both sides, and a poll is the
+        dearest of them. Leaves ``call`` done, or expired, or, if other calls
+        came meanwhile, to :meth:`wait`'s general loop."""
+        if call.timeout > self.client.timeout:
+            return
+        with self.lock:
+            sock = self.socks[call.server]
+            while not call.done and len(self.pending) == 1:
+                try:
+                    msg = Z.recv_frames(sock)
+                except zmq.Again:  # a slice passed without the answer
+                    if time.monotonic() >= call.deadline:
+                        self._expire(call.server)
+                    continue
+                self._dispatch(msg)
 
     def _drop(self, call):
         """Forget ``call`` (its late answer, if any, is then ignored)."""
@@ -548,19 +574,33 @@ class Client:
         ``keys`` must not be modified until the result is taken.
         ``unique=True``: the caller already deduplicated ``keys``, so the
         client may skip its own dedup (see :meth:`_plan`)."""
-        keys = _check_keys(keys)
-        dim = self._sparse_dim(table)
-        grouped, inverse, parts = self._plan(keys, unique)
-        if not parts:  # no keys at all
+        ch, calls, parts, inverse, dim = self._send_pull(table, keys, unique)
+        if not calls:  # no keys at all
             return _Done(np.empty((0, dim), dtype=np.float32))
-        ch = self._channel()
-        calls = [self._send(ch, s, Op.PULL_SPARSE, table=self._ids[s][table],
-                            keys=grouped[a:b], dim=dim) for s, a, b in parts]
         return PullFuture(ch, calls, parts, inverse, dim)
 
     def pull_sparse(self, table, keys, unique=False):
         """Rows of ``keys`` (uint64 1-D) as float32 ``[len(keys), dim]``. Blocks."""
-        return self.pull_sparse_async(table, keys, unique).result()
+        ch, calls, parts, inverse, dim = self._send_pull(table, keys, unique)
+        if len(calls) == 1 and inverse is None:
+            # One request answers every key in order (the latency path: a
+            # future's bookkeeping is a tenth of a 1-key pull here).
+            ((h, frames),) = ch.wait(calls)
+            (_, a, b), = parts
+            return P.values_from(frames[0], _expect(h.count, b - a), dim)
+        if not calls:
+            return np.empty((0, dim), dtype=np.float32)
+        return PullFuture(ch, calls, parts, inverse, dim).result()
+
+    def _send_pull(self, table, keys, unique):
+        """``(channel, calls, parts, inverse, dim)`` of a pull sent now."""
+        keys = _check_keys(keys)
+        dim = self._sparse_dim(table)
+        grouped, inverse, parts = self._plan(keys, unique)
+        ch = self._channel()
+        calls = [self._send(ch, s, Op.PULL_SPARSE, table=self._ids[s][table],
+                            keys=grouped[a:b], dim=dim) for s, a, b in parts]
+        return ch, calls, parts, inverse, dim
 
     def push_sparse_async(self, table, keys, grads, delta=False, unique=False, copy=True):
         """Queue a push (gradients, or with ``delta=True`` geo deltas); returns a

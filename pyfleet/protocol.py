@@ -157,8 +157,8 @@ class Header:
 
 
 def pack_header(op, request, table=0, count=0, dim=0, flags=0, status=0):
-    return _HEADER.pack(MAGIC, PROTOCOL_VERSION, int(op), int(flags), int(table),
-                        int(status), int(request), int(count), int(dim))
+    # struct takes any integer (IntEnum, numpy) through __index__.
+    return _HEADER.pack(MAGIC, PROTOCOL_VERSION, op, flags, table, status, request, count, dim)
 
 
 def unpack_header(buf):
@@ -175,8 +175,14 @@ def unpack_header(buf):
     return Header(op, flags, table, status, rid, count, dim)
 
 
+_U8, _F4 = np.dtype("<u8"), np.dtype("<f4")
+
+
 def _raw(array, dtype):
     # A C-contiguous little-endian array is its own wire form: no copy.
+    if type(array) is np.ndarray and array.dtype == dtype and array.ndim == 1 \
+            and array.flags.c_contiguous:
+        return array  # the common case, checked first: a 1-key pull is latency-bound
     return np.ascontiguousarray(array, dtype=dtype).reshape(-1)
 
 
@@ -188,11 +194,11 @@ def request(op, rid, table=0, keys=None, values=None, payload=None, dim=0, flags
     frames = [None]
     count = 0
     if keys is not None:
-        keys = _raw(keys, "<u8")
+        keys = _raw(keys, _U8)
         count = keys.shape[0]
         frames.append(keys)
     if values is not None:
-        values = _raw(values, "<f4")
+        values = _raw(values, _F4)
         if keys is None:
             count = values.shape[0]
         frames.append(values)
@@ -215,7 +221,7 @@ def dense_many_request(op, rid, ids, blocks=None, flags=0, worker=None, count=0)
             raise ValueError(f"{len(blocks)} blocks for {ids.shape[0]} table ids")
         count = 0
         for b in blocks:
-            b = _raw(b, "<f4")
+            b = _raw(b, _F4)
             count += b.shape[0]
             frames.append(b)
     frames[0] = pack_header(op, rid, 0, count, ids.shape[0], flags,
@@ -238,7 +244,7 @@ def reply(header, values=None, payload=None, count=None, dim=None):
     """Frames of a success reply to ``header``."""
     frames = [None]
     if values is not None:
-        frames.append(_raw(values, "<f4"))
+        frames.append(_raw(values, _F4))
     if payload is not None:
         frames.append(json_frame(payload))
     frames[0] = pack_header(header.op, header.request, header.table,

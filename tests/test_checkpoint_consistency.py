@@ -13,6 +13,7 @@ would break the identities without any save; the saves run concurrently.
 
 import os
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -53,7 +54,7 @@ def check_rows(rows, name):
                                    atol=1e-5)
 
 
-def _pusher(push, stop, seed, done):
+def _pusher(push, stop, seed, done, progress=None):
     rng = np.random.default_rng(seed)
     ones = np.ones((PUSH_ROWS, DIM), np.float32)
     n = 0
@@ -61,7 +62,20 @@ def _pusher(push, stop, seed, done):
         keys = rng.choice(N_KEYS, PUSH_ROWS, replace=False).astype(np.uint64) + np.uint64(1)
         push(keys, ones)
         n += 1
+        if progress is not None:
+            progress[seed] = n
     done.append(n)
+
+
+def _await_pushes(progress, seeds, since, timeout=30):
+    """Wait until every pusher in ``seeds`` has pushed twice more than in
+    ``since``, so that consecutive saves see different states (a save may be
+    faster than a push)."""
+    deadline = time.monotonic() + timeout
+    while any(progress.get(s, 0) < since.get(s, 0) + 2 for s in seeds):
+        assert time.monotonic() < deadline, f"pushes stalled: {progress}"
+        time.sleep(0.001)
+    return dict(progress)
 
 
 def test_table_saves_during_pushes_hold_whole_rows(tmp_path):
@@ -70,14 +84,15 @@ def test_table_saves_during_pushes_hold_whole_rows(tmp_path):
     prime = np.arange(1, 11, dtype=np.uint64)
     for t in tables.values():
         t.push(prime, np.ones((10, DIM), np.float32))
-    stop, done = threading.Event(), []
-    threads = [threading.Thread(target=_pusher, args=(t.push, stop, i, done))
+    stop, done, progress, seen = threading.Event(), [], {}, {}
+    threads = [threading.Thread(target=_pusher, args=(t.push, stop, i, done, progress))
                for i, t in enumerate(tables.values())]
     for t in threads:
         t.start()
     try:
         saved = []
         for i in range(6):
+            seen = _await_pushes(progress, range(len(tables)), seen)
             for name, t in tables.items():
                 f = tmp_path / f"{name}{i}.bin"
                 t.save(f)
@@ -110,13 +125,15 @@ def test_service_saves_during_async_pushes_hold_whole_rows(tmp_path):
         for cfg in TABLES:
             clients[2].push_sparse(cfg["name"], np.arange(1, 11, dtype=np.uint64),
                                    np.ones((10, DIM), np.float32))
+        progress, seen = {}, {}
         threads = [threading.Thread(target=_pusher, args=(
-            lambda k, g, c=clients[i], n=name: c.push_sparse(n, k, g), stop, 10 + i, done))
-            for i, name in enumerate(["sgd", "ada"])]
+            lambda k, g, c=clients[i], n=name: c.push_sparse(n, k, g), stop, 10 + i, done,
+            progress)) for i, name in enumerate(["sgd", "ada"])]
         for t in threads:
             t.start()
         try:
             for i in range(4):
+                seen = _await_pushes(progress, (10, 11), seen)
                 clients[2].save(f"ck{i}")
         finally:
             stop.set()
@@ -139,4 +156,4 @@ def test_service_saves_during_async_pushes_hold_whole_rows(tmp_path):
             rows = fresh.export(with_state=True)
             check_rows(rows, cfg["name"])
             totals.add(int(rows["update_count"].sum()))
-    assert len(totals) > 2
+    assert len(totals) > 2, (totals, done)

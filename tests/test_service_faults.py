@@ -1,8 +1,10 @@
 """Lifecycle, dead peers, hostile frames and checkpoints of the service."""
 
 import os
+import signal
 import socket
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -55,6 +57,30 @@ def test_killed_server_is_a_peer_timeout_naming_it():
             c.push_sparse("emb", keys, np.ones((100, 4), np.float32))
         # the live server still answers
         assert c._control_all(Op.STATS, {}, servers=[0])[0]["server_index"] == 0
+
+
+def test_silent_server_fails_a_one_key_pull_then_its_late_answer_is_ignored():
+    # A 1-key pull to one server waits with blocking receives (no poll): the
+    # deadline must still hold there, and the answer that arrives after it
+    # must not be taken for the next request's.
+    with ServerGroup(1, 1) as g, Client(g.endpoints, timeout=1, heartbeat_interval=0) as c:
+        c.create_tables([SPARSE])
+        key = np.array([7], np.uint64)
+        before = c.pull_sparse("emb", key)
+        c.push_sparse("emb", key, np.ones((1, 4), np.float32))
+        after_push = c.pull_sparse("emb", key)
+        assert not np.array_equal(before, after_push)
+        g.procs[0].send_signal(signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(PeerTimeout, match=f"{g.endpoints[0]}.*PULL_SPARSE"):
+                c.pull_sparse("emb", key)
+            assert time.monotonic() - t0 < 30  # bounded, not a hang
+        finally:
+            g.procs[0].send_signal(signal.SIGCONT)
+        np.testing.assert_array_equal(c.pull_sparse("emb", key), after_push)
+        other = np.array([8], np.uint64)
+        assert not np.array_equal(c.pull_sparse("emb", other), after_push)
 
 
 def test_client_waits_for_servers_started_after_it():
