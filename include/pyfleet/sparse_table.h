@@ -112,6 +112,10 @@ class SparseTable {
 
   // Regroups keys (and grads, if given) by shard into b.
   void GroupByShard(const uint64_t* keys, size_t n, Batch& b, const float* grads) const;
+  // Pull's lookups and copies for rows that exist (D = dim, or 0 for any);
+  // the caller holds every shard shared.
+  template <size_t D>
+  void PullFound(const uint64_t* keys, size_t n, float* out, Batch& b) const;
   void PullMisses(const uint64_t* keys, Batch& b, float* out);
   void PushShard(Shard& s, Batch& b, size_t lo, size_t hi, const float* grads,
                  bool add_delta);
