@@ -98,6 +98,8 @@ def main():
     ap.add_argument("--servers", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--seconds", type=float, default=1.0,
                     help="measuring time per (batch, op, contender)")
+    ap.add_argument("--max-request-keys", type=int, default=None,
+                    help="the clients' max_request_keys (default: the Client's)")
     a = ap.parse_args()
     dim = a.dim
     rng = np.random.default_rng(0)
@@ -124,7 +126,8 @@ def main():
         for S in a.servers:
             g = ServerGroup(S, 1, handler_threads=2)
             groups.append(g)
-            c = clients[f"service S={S}"] = Client(g.endpoints, timeout=60)
+            extra = {} if a.max_request_keys is None else {"max_request_keys": a.max_request_keys}
+            c = clients[f"service S={S}"] = Client(g.endpoints, timeout=60, **extra)
             c.create_tables([config])
             for i in range(0, pool.shape[0], 100_000):
                 c.pull_sparse("emb", pool[i:i + 100_000])

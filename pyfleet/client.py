@@ -127,7 +127,10 @@ class _Channel:
         a server that stopped answering heartbeats fails once it has been
         silent for the client's ``timeout``, not at the call's own deadline."""
         if len(calls) == 1:
-            self._wait_alone(calls[0])
+            call = calls[0]
+            self._wait_alone(call)
+            if call.done and call.error is None:
+                return [call.reply]
         while True:
             with self.lock:
                 now = time.monotonic()

@@ -35,16 +35,29 @@ class KeyIndex {
   KeyIndex(const KeyIndex&) = delete;
   KeyIndex& operator=(const KeyIndex&) = delete;
 
-  // The value stored for key, or kEmpty.
-  uint32_t Find(uint64_t key, uint64_t h) const {
-    size_t i = h & mask_;
-    for (;;) {
-      const IndexSlot& s = slots_[i];
-      if (s.value == kEmpty) return kEmpty;
-      if (s.key == key) return s.value;
-      i = (i + 1) & mask_;
+  // The slot array as it is now, for a batch of lookups: valid until the
+  // next insert or erase (the owning shard's shared lock keeps it so). A
+  // batch keeps one per shard at hand instead of reaching each through its
+  // shard and index.
+  struct View {
+    const IndexSlot* slots;
+    size_t mask;
+
+    void Prefetch(uint64_t h) const { __builtin_prefetch(&slots[h & mask]); }
+    uint32_t Find(uint64_t key, uint64_t h) const {
+      size_t i = h & mask;
+      for (;;) {
+        const IndexSlot& s = slots[i];
+        if (s.value == kEmpty) return kEmpty;
+        if (s.key == key) return s.value;
+        i = (i + 1) & mask;
+      }
     }
-  }
+  };
+  View view() const { return {slots_, mask_}; }
+
+  // The value stored for key, or kEmpty.
+  uint32_t Find(uint64_t key, uint64_t h) const { return view().Find(key, h); }
 
   // A pointer to key's value (valid until the next insert or erase), or null.
   uint32_t* FindValue(uint64_t key, uint64_t h) {
@@ -57,7 +70,7 @@ class KeyIndex {
     }
   }
 
-  void Prefetch(uint64_t h) const { __builtin_prefetch(&slots_[h & mask_]); }
+  void Prefetch(uint64_t h) const { view().Prefetch(h); }
 
   // Adds key -> value; key must be absent and value != kEmpty.
   void Insert(uint64_t key, uint64_t h, uint32_t value);
