@@ -19,7 +19,8 @@ namespace pyfleet {
 namespace {
 
 constexpr size_t kPrefetch = 16;  // keys in flight ahead of the one being served
-constexpr size_t kPullGroup = 32;  // keys per stage of Pull's group pipeline
+constexpr size_t kPullIndexAhead = 8;  // Pull: keys between hashing and probing
+constexpr size_t kPullRowAhead = 8;    // Pull: keys between probing and copying
 constexpr uint32_t kNone = 0xFFFFFFFFu;
 
 // The intentional Hogwild races go through relaxed atomics: defined
@@ -250,54 +251,51 @@ void SparseTable::Pull(const uint64_t* keys, size_t n, float* out) {
 
 template <size_t D>
 void SparseTable::PullFound(const uint64_t* keys, size_t n, float* out, Batch& b) const {
-  // Keys are served in the caller's order, so `out` is written sequentially.
-  // Groups of kPullGroup keys go through three stages, one group apart: hash
-  // and prefetch the index slots of group g, probe group g-1 and prefetch its
-  // rows, copy group g-2. A whole group's misses are in flight together, and
-  // each stage's loop is short and branch-predictable (measured about 2.5x a
-  // per-key pipeline on 10M-row tables). Keys without a row go to b.misses.
+  // Keys are served in the caller's order, so `out` is written sequentially,
+  // through a software pipeline: while key k is copied, key k+B is probed
+  // and its row prefetched, and key k+A+B hashed and its index slots
+  // prefetched. Each key costs two misses, its slot's and then its row's;
+  // with the copy down to a few vector loads, a steady stream of prefetches
+  // keeps about as many misses in flight as the core allows. Measured on
+  // 10M rows, dim 16: 1.2-1.3x np.take of a dense array, where staging
+  // groups of 32 keys (all prefetches of a group at once) gave 1.0x, and
+  // A = B = 4 0.9x. Keys without a row go to b.misses.
   const size_t dim = D != 0 ? D : dim_;
   const size_t row_bytes = dim * sizeof(float);
   KeyIndex::View index[kShards];
   for (size_t s = 0; s < kShards; ++s) index[s] = shards_[s]->index.view();
   uint64_t* h = b.h.data();
   const float** src = b.src.data();
-  constexpr size_t G = kPullGroup;
-  const size_t groups = (n + G - 1) / G;
-  for (size_t g = 0; g < groups + 2; ++g) {
-    if (g < groups) {
-      const size_t end = std::min(n, (g + 1) * G);
-      for (size_t i = g * G; i < end; ++i) {
-        h[i] = Mix64(keys[i]);
-        index[ShardOf(h[i])].Prefetch(h[i]);
-      }
+  // Key i+A+B: hash, prefetch its index slot; key i+B: probe, prefetch its
+  // row; key i: copy.
+  constexpr size_t A = kPullIndexAhead, B = kPullRowAhead;
+  auto hash = [&](size_t i) {
+    h[i] = Mix64(keys[i]);
+    index[ShardOf(h[i])].PrefetchRun(h[i]);
+  };
+  auto probe = [&](size_t j) {
+    const uint32_t row = index[ShardOf(h[j])].Find(keys[j], h[j]);
+    if (row == KeyIndex::kEmpty) {
+      src[j] = nullptr;
+    } else {
+      src[j] = rows_.WeightsOf<D>(row);
+      PrefetchSpan(src[j], row_bytes);
     }
-    if (g >= 1 && g - 1 < groups) {
-      const size_t end = std::min(n, g * G);
-      for (size_t j = (g - 1) * G; j < end; ++j) {
-        const uint32_t row = index[ShardOf(h[j])].Find(keys[j], h[j]);
-        if (row == KeyIndex::kEmpty) {
-          src[j] = nullptr;
-        } else {
-          src[j] = rows_.Weights(row);
-          PrefetchSpan(src[j], row_bytes);
-        }
-      }
+  };
+  for (size_t i = 0; i < std::min(n, A + B); ++i) hash(i);
+  for (size_t j = 0; j < std::min(n, B); ++j) probe(j);
+  for (size_t k = 0; k < n; ++k) {
+    if (k + A + B < n) hash(k + A + B);
+    if (k + B < n) probe(k + B);
+    if (src[k] == nullptr) {
+      b.misses.push_back(static_cast<uint32_t>(k));
+      continue;
     }
-    if (g >= 2) {
-      const size_t end = std::min(n, (g - 1) * G);
-      for (size_t k = (g - 2) * G; k < end; ++k) {
-        if (src[k] == nullptr) {
-          b.misses.push_back(static_cast<uint32_t>(k));
-          continue;
-        }
-        float* dst = out + k * dim;
-        if constexpr (D != 0) {
-          CopyRowRelaxed<D>(dst, src[k]);
-        } else {
-          for (size_t c = 0; c < dim; ++c) dst[c] = LoadRelaxed(src[k] + c);
-        }
-      }
+    float* dst = out + k * dim;
+    if constexpr (D != 0) {
+      CopyRowRelaxed<D>(dst, src[k]);
+    } else {
+      for (size_t c = 0; c < dim; ++c) dst[c] = LoadRelaxed(src[k] + c);
     }
   }
 }

@@ -44,6 +44,13 @@ class KeyIndex {
     size_t mask;
 
     void Prefetch(uint64_t h) const { __builtin_prefetch(&slots[h & mask]); }
+    // Also the line of the next slot: a probe reads 1.75 slots on average at
+    // the 0.6 load of a grown index, so a run often crosses into that line.
+    void PrefetchRun(uint64_t h) const {
+      const IndexSlot* p = &slots[h & mask];
+      __builtin_prefetch(p);
+      __builtin_prefetch(reinterpret_cast<const char*>(p) + 2 * sizeof(IndexSlot) - 1);
+    }
     uint32_t Find(uint64_t key, uint64_t h) const {
       size_t i = h & mask;
       for (;;) {

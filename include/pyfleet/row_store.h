@@ -64,6 +64,16 @@ class RowStore {
     const Where w = Locate(row);
     return chunks_[w.chunk].weights + w.offset * dim_;
   }
+  // Weights(row) for a dim known at compile time (D == dim(); 0: any).
+  template <size_t D>
+  float* WeightsOf(uint32_t row) const {
+    if constexpr (D == 0) {
+      return Weights(row);
+    } else {
+      const Where w = Locate(row);
+      return chunks_[w.chunk].weights + w.offset * D;
+    }
+  }
   float* State(uint32_t row) const {
     const Where w = Locate(row);
     return chunks_[w.chunk].state + w.offset * state_dim_;
