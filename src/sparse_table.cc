@@ -21,6 +21,7 @@ namespace {
 constexpr size_t kPrefetch = 16;  // keys in flight ahead of the one being served
 constexpr size_t kPullIndexAhead = 8;  // Pull: keys between hashing and probing
 constexpr size_t kPullRowAhead = 8;    // Pull: keys between probing and copying
+constexpr size_t kPullRing = 32;       // Pull: ring entries (> the two above)
 constexpr uint32_t kNone = 0xFFFFFFFFu;
 
 // The intentional Hogwild races go through relaxed atomics: defined
@@ -106,6 +107,12 @@ struct SparseTable::Shard {
   std::vector<uint64_t> dropped;  // keys erased since the last save
 };
 
+// A pulled key without a row: its hash and its position in the call.
+struct PullMiss {
+  uint64_t h;
+  uint32_t pos;
+};
+
 // Per-thread scratch for one batched call: the keys regrouped by shard.
 struct SparseTable::Batch {
   std::vector<uint64_t> keys, h;
@@ -114,8 +121,7 @@ struct SparseTable::Batch {
   std::vector<uint32_t> dup_next; // push: next equal key after j, or kNone
   std::vector<uint8_t> is_dup;    // push: an earlier equal key carries this one
   std::vector<uint32_t> table;    // push: dedup hash table
-  std::vector<uint32_t> misses;
-  std::vector<const float*> src; // pull: each key's weights, or null (no row)
+  std::vector<PullMiss> misses;   // pull: keys without a row
   std::vector<float> grads;       // push: gradients regrouped like keys
   std::vector<float> w, s, g;     // one row's private copy
   size_t starts[kShards + 1];
@@ -228,8 +234,6 @@ void SparseTable::Pull(const uint64_t* keys, size_t n, float* out) {
   pull_keys_.fetch_add(n, std::memory_order_relaxed);
   if (n == 0) return;
   thread_local Batch b;
-  b.h.resize(n);
-  b.src.resize(n);
   b.misses.clear();
   {
     // Every shard is held shared for the call. Writers take one shard at a
@@ -264,22 +268,25 @@ void SparseTable::PullFound(const uint64_t* keys, size_t n, float* out, Batch& b
   const size_t row_bytes = dim * sizeof(float);
   KeyIndex::View index[kShards];
   for (size_t s = 0; s < kShards; ++s) index[s] = shards_[s]->index.view();
-  uint64_t* h = b.h.data();
-  const float** src = b.src.data();
-  // Key i+A+B: hash, prefetch its index slot; key i+B: probe, prefetch its
-  // row; key i: copy.
-  constexpr size_t A = kPullIndexAhead, B = kPullRowAhead;
+  // Key k+A+B: hash, prefetch its index slot; key k+B: probe, prefetch its
+  // row; key k: copy. Hashes and row addresses wait in rings of W entries
+  // (in L1), not in arrays of n (16 bytes per key streamed through cache).
+  constexpr size_t A = kPullIndexAhead, B = kPullRowAhead, W = kPullRing;
+  static_assert(A + B < W && (W & (W - 1)) == 0);
+  uint64_t h[W];
+  const float* src[W];
   auto hash = [&](size_t i) {
-    h[i] = Mix64(keys[i]);
-    index[ShardOf(h[i])].PrefetchRun(h[i]);
+    const uint64_t x = h[i % W] = Mix64(keys[i]);
+    index[ShardOf(x)].PrefetchRun(x);
   };
   auto probe = [&](size_t j) {
-    const uint32_t row = index[ShardOf(h[j])].Find(keys[j], h[j]);
+    const uint64_t x = h[j % W];
+    const uint32_t row = index[ShardOf(x)].Find(keys[j], x);
     if (row == KeyIndex::kEmpty) {
-      src[j] = nullptr;
+      src[j % W] = nullptr;
     } else {
-      src[j] = rows_.WeightsOf<D>(row);
-      PrefetchSpan(src[j], row_bytes);
+      src[j % W] = rows_.WeightsOf<D>(row);
+      PrefetchSpan(src[j % W], row_bytes);
     }
   };
   for (size_t i = 0; i < std::min(n, A + B); ++i) hash(i);
@@ -287,15 +294,16 @@ void SparseTable::PullFound(const uint64_t* keys, size_t n, float* out, Batch& b
   for (size_t k = 0; k < n; ++k) {
     if (k + A + B < n) hash(k + A + B);
     if (k + B < n) probe(k + B);
-    if (src[k] == nullptr) {
-      b.misses.push_back(static_cast<uint32_t>(k));
+    const float* row = src[k % W];
+    if (row == nullptr) {
+      b.misses.push_back({h[k % W], static_cast<uint32_t>(k)});
       continue;
     }
     float* dst = out + k * dim;
     if constexpr (D != 0) {
-      CopyRowRelaxed<D>(dst, src[k]);
+      CopyRowRelaxed<D>(dst, row);
     } else {
-      for (size_t c = 0; c < dim; ++c) dst[c] = LoadRelaxed(src[k] + c);
+      for (size_t c = 0; c < dim; ++c) dst[c] = LoadRelaxed(row + c);
     }
   }
 }
@@ -303,21 +311,22 @@ void SparseTable::PullFound(const uint64_t* keys, size_t n, float* out, Batch& b
 void SparseTable::PullMisses(const uint64_t* keys, Batch& b, float* out) {
   // Keys without a row: per shard, exclusively, look again (another thread
   // may have inserted them) and admit each distinct key once.
-  std::sort(b.misses.begin(), b.misses.end(), [&](uint32_t x, uint32_t y) {
-    const size_t sx = ShardOf(b.h[x]), sy = ShardOf(b.h[y]);
-    return sx != sy ? sx < sy : keys[x] < keys[y];
+  std::sort(b.misses.begin(), b.misses.end(), [&](const PullMiss& x, const PullMiss& y) {
+    const size_t sx = ShardOf(x.h), sy = ShardOf(y.h);
+    return sx != sy ? sx < sy : keys[x.pos] < keys[y.pos];
   });
   const uint64_t salt = draw_counter_.fetch_add(1, std::memory_order_relaxed);
   for (size_t m = 0; m < b.misses.size();) {
-    const size_t shard = ShardOf(b.h[b.misses[m]]);
+    const size_t shard = ShardOf(b.misses[m].h);
     Shard& s = *shards_[shard];
     std::unique_lock lock(s.mu);
-    while (m < b.misses.size() && ShardOf(b.h[b.misses[m]]) == shard) {
-      const size_t i = b.misses[m];
-      uint32_t row = s.index.Find(keys[i], b.h[i]);
-      if (row == KeyIndex::kEmpty) row = AdmitLocked(s, keys[i], b.h[i], salt);
-      for (; m < b.misses.size() && keys[b.misses[m]] == keys[i]; ++m) {
-        float* dst = out + static_cast<size_t>(b.misses[m]) * dim_;
+    while (m < b.misses.size() && ShardOf(b.misses[m].h) == shard) {
+      const size_t i = b.misses[m].pos;
+      const uint64_t h = b.misses[m].h;
+      uint32_t row = s.index.Find(keys[i], h);
+      if (row == KeyIndex::kEmpty) row = AdmitLocked(s, keys[i], h, salt);
+      for (; m < b.misses.size() && keys[b.misses[m].pos] == keys[i]; ++m) {
+        float* dst = out + static_cast<size_t>(b.misses[m].pos) * dim_;
         if (row == KeyIndex::kEmpty) {
           pyfleet::InitialValues(init_, seed_, keys[i], dst, dim_);
           candidate_pulls_.fetch_add(1, std::memory_order_relaxed);
