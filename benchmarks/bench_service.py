@@ -99,7 +99,9 @@ def main():
     ap.add_argument("--seconds", type=float, default=1.0,
                     help="measuring time per (batch, op, contender)")
     ap.add_argument("--max-request-keys", type=int, default=None,
-                    help="the clients' max_request_keys (default: the Client's)")
+                    help="the clients' max_request_keys, pushes (default: the Client's)")
+    ap.add_argument("--max-pull-keys", type=int, default=None,
+                    help="the clients' max_pull_keys (default: the Client's)")
     a = ap.parse_args()
     dim = a.dim
     rng = np.random.default_rng(0)
@@ -126,7 +128,8 @@ def main():
         for S in a.servers:
             g = ServerGroup(S, 1, handler_threads=2)
             groups.append(g)
-            extra = {} if a.max_request_keys is None else {"max_request_keys": a.max_request_keys}
+            extra = {k: v for k, v in (("max_request_keys", a.max_request_keys),
+                                       ("max_pull_keys", a.max_pull_keys)) if v is not None}
             c = clients[f"service S={S}"] = Client(g.endpoints, timeout=60, **extra)
             c.create_tables([config])
             for i in range(0, pool.shape[0], 100_000):

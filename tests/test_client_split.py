@@ -32,7 +32,7 @@ def test_pulls_and_pushes_match_one_table_with_small_requests(num_servers):
                               name="emb")
     rng = np.random.default_rng(num_servers)
     with ServerGroup(num_servers, 1) as g, \
-            Client(g.endpoints, timeout=20, max_request_keys=7) as c:
+            Client(g.endpoints, timeout=20, max_request_keys=7, max_pull_keys=5) as c:
         c.create_tables([{"kind": "sparse", **ref.config()}])
         for step in range(2):
             for name, keys in batches(rng).items():
@@ -76,7 +76,7 @@ def test_unique_flag_and_handed_over_arrays_match_one_table(num_servers, monkeyp
     monkeypatch.setattr(pyfleet._core, "unique_route",
                         lambda *a: calls.append(1) or real(*a))
     with ServerGroup(num_servers, 1) as g, \
-            Client(g.endpoints, timeout=20, max_request_keys=64) as c:
+            Client(g.endpoints, timeout=20, max_request_keys=64, max_pull_keys=64) as c:
         c.create_tables([{"kind": "sparse", **ref.config()}])
         for name, keys in batches(rng).items():
             keys = unique_keys(keys)[0]
