@@ -102,6 +102,8 @@ def main():
                     help="the clients' max_request_keys, pushes (default: the Client's)")
     ap.add_argument("--max-pull-keys", type=int, default=None,
                     help="the clients' max_pull_keys (default: the Client's)")
+    ap.add_argument("--split-pull-keys", type=int, default=None,
+                    help="the servers' split_pull_keys (default: the Server's)")
     a = ap.parse_args()
     dim = a.dim
     rng = np.random.default_rng(0)
@@ -126,7 +128,7 @@ def main():
         table = pyfleet.SparseTable(dim, Adam(0.001), name="emb")
         table.pull(pool)
         for S in a.servers:
-            g = ServerGroup(S, 1, handler_threads=2)
+            g = ServerGroup(S, 1, handler_threads=2, split_pull_keys=a.split_pull_keys)
             groups.append(g)
             extra = {k: v for k, v in (("max_request_keys", a.max_request_keys),
                                        ("max_pull_keys", a.max_pull_keys)) if v is not None}
