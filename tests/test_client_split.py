@@ -100,3 +100,32 @@ def test_unique_flag_and_handed_over_arrays_match_one_table(num_servers, monkeyp
         ref.push(keys, np.ones_like(grads))
         np.testing.assert_allclose(c.pull_sparse("emb", keys), ref.pull(keys), rtol=1e-6,
                                    atol=1e-7)
+
+
+def test_pulls_go_out_in_requests_of_max_pull_keys_and_pushes_of_max_request_keys():
+    ref = pyfleet.SparseTable(DIM, Adam(0.01), initializer=Uniform(-0.1, 0.1), seed=3,
+                              name="emb")
+    keys = np.arange(1, 251, dtype=np.uint64)
+    grads = np.ones((250, DIM), np.float32)
+
+    def requests(c, op):
+        return c.stats()[0]["counters"].get(op, 0)
+
+    with ServerGroup(1, 1) as g:
+        with Client(g.endpoints, timeout=20, max_pull_keys=100, max_request_keys=60) as c:
+            c.create_tables([{"kind": "sparse", **ref.config()}])
+            np.testing.assert_array_equal(c.pull_sparse("emb", keys), ref.pull(keys))
+            assert requests(c, "op_pull_sparse") == 3  # 100 + 100 + 50
+            c.push_sparse("emb", keys, grads)
+            ref.push(keys, grads)
+            assert requests(c, "op_push_sparse") == 5  # 60 x 4 + 10
+        with Client(g.endpoints, timeout=20) as c:  # the defaults: one request each
+            np.testing.assert_array_equal(c.pull_sparse("emb", keys), ref.pull(keys))
+            assert requests(c, "op_pull_sparse") == 4
+            c.stop_worker()
+
+
+@pytest.mark.parametrize("arg", ["max_pull_keys", "max_request_keys"])
+def test_request_size_limits_below_one_are_refused_naming_them(arg):
+    with pytest.raises(ValueError, match=arg):
+        Client(["127.0.0.1:1"], **{arg: 0})
