@@ -255,17 +255,21 @@ class PullFuture(ReplyFuture):
     """The rows of one ``pull_sparse_async`` call."""
 
     def __init__(self, channel, calls, parts, inverse, dim):
-        def rows(replies):
-            # Views of the reply buffers, in the order of the keys sent (no copy).
-            pieces = [P.values_from(frames[0], _expect(h.count, b - a), dim)
-                      for (h, frames), (_, a, b) in zip(replies, parts)]
-            if inverse is not None:
-                return _core.gather_rows(pieces, inverse, dim)
-            if len(pieces) == 1:
-                return pieces[0]  # the keys were distinct and went in one request
-            return np.concatenate(pieces)
+        super().__init__(channel, calls,
+                         lambda replies: _pull_rows(replies, parts, inverse, dim))
 
-        super().__init__(channel, calls, rows)
+
+def _pull_rows(replies, parts, inverse, dim):
+    """The rows answering a pull, in the caller's order, from the replies to
+    its ``parts``."""
+    # Views of the reply buffers, in the order of the keys sent (no copy).
+    pieces = [P.values_from(frames[0], _expect(h.count, b - a), dim)
+              for (h, frames), (_, a, b) in zip(replies, parts)]
+    if inverse is not None:
+        return _core.gather_rows(pieces, inverse, dim)
+    if len(pieces) == 1:
+        return pieces[0]  # the keys were distinct and went in one request
+    return np.concatenate(pieces)
 
 
 class _Pusher:
@@ -589,15 +593,10 @@ class Client:
     def pull_sparse(self, table, keys, unique=False):
         """Rows of ``keys`` (uint64 1-D) as float32 ``[len(keys), dim]``. Blocks."""
         ch, calls, parts, inverse, dim = self._send_pull(table, keys, unique)
-        if len(calls) == 1 and inverse is None:
-            # One request answers every key in order (the latency path: a
-            # future's bookkeeping is a tenth of a 1-key pull here).
-            ((h, frames),) = ch.wait(calls)
-            (_, a, b), = parts
-            return P.values_from(frames[0], _expect(h.count, b - a), dim)
         if not calls:
             return np.empty((0, dim), dtype=np.float32)
-        return PullFuture(ch, calls, parts, inverse, dim).result()
+        # No future to build: its bookkeeping is a tenth of a 1-key pull here.
+        return _pull_rows(ch.wait(calls), parts, inverse, dim)
 
     def _send_pull(self, table, keys, unique):
         """``(channel, calls, parts, inverse, dim)`` of a pull sent now."""

@@ -268,9 +268,8 @@ void SparseTable::PullFound(const uint64_t* keys, size_t n, float* out, Batch& b
   const size_t row_bytes = dim * sizeof(float);
   KeyIndex::View index[kShards];
   for (size_t s = 0; s < kShards; ++s) index[s] = shards_[s]->index.view();
-  // Key k+A+B: hash, prefetch its index slot; key k+B: probe, prefetch its
-  // row; key k: copy. Hashes and row addresses wait in rings of W entries
-  // (in L1), not in arrays of n (16 bytes per key streamed through cache).
+  // Hashes and row addresses wait in rings of W entries (in L1), not in
+  // arrays of n (16 bytes per key streamed through cache).
   constexpr size_t A = kPullIndexAhead, B = kPullRowAhead, W = kPullRing;
   static_assert(A + B < W && (W & (W - 1)) == 0);
   uint64_t h[W];
