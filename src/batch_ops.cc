@@ -39,7 +39,7 @@ class KeySet {
     std::memset(slots_, 0, cap * sizeof(uint64_t));
   }
 
-  static uint64_t Hash(uint64_t key) { return Mix64(key ^ kRouteSalt); }
+  static uint64_t Hash(uint64_t key) { return RouteMix(key); }
   void Prefetch(uint64_t h) const { __builtin_prefetch(slots_ + (h & mask_), 1); }
 
   // The index of key (whose Hash is h) among the distinct keys so far, held
@@ -133,9 +133,10 @@ void ByWidth(size_t d, F&& f) {
   }
 }
 
-}  // namespace
-
-size_t UniqueInverse(const uint64_t* keys, size_t n, uint64_t* uniq, int64_t* inverse) {
+// UniqueInverse, calling on_new(i, h) as key i (hash h) joins the distinct keys.
+template <typename OnNew>
+size_t UniqueInverseT(const uint64_t* keys, size_t n, uint64_t* uniq, int64_t* inverse,
+                      OnNew&& on_new) {
   CheckCount(n);
   KeySet set(n);
   uint32_t m = 0;
@@ -155,9 +156,18 @@ size_t UniqueInverse(const uint64_t* keys, size_t n, uint64_t* uniq, int64_t* in
       set.Prefetch(ahead);
       ring[i % kAhead] = ahead;
     }
-    inverse[i] = set.Find(keys[i], h, uniq, &m);
+    const uint32_t before = m;
+    const uint32_t j = set.Find(keys[i], h, uniq, &m);
+    if (m != before) on_new(j, h);
+    inverse[i] = j;
   }
   return m;
+}
+
+}  // namespace
+
+size_t UniqueInverse(const uint64_t* keys, size_t n, uint64_t* uniq, int64_t* inverse) {
+  return UniqueInverseT(keys, n, uniq, inverse, [](uint32_t, uint64_t) {});
 }
 
 void SumRows(const float* values, size_t n, size_t d, const int64_t* inverse, size_t m,
@@ -176,32 +186,36 @@ size_t UniqueRoute(const uint64_t* keys, size_t n, uint32_t num_servers, uint64_
     offsets[1] = static_cast<int64_t>(m);
     return m;
   }
+  // The owner of each distinct key comes from the hash deduplication already
+  // computed (the same salted mix): no second hash pass. Positions are 32-bit
+  // (CheckCount bounds n), so the final remap's random reads stay in cache
+  // longer.
   thread_local std::vector<uint64_t> uniq;
-  thread_local std::vector<int64_t> position;  // owner first, then place in grouped
+  thread_local std::vector<uint32_t> position;  // owner first, then place in grouped
   if (uniq.size() < n) {
     uniq.resize(n);
     position.resize(n);
   }
-  const size_t m = UniqueInverse(keys, n, uniq.data(), inverse);
   std::memset(offsets, 0, (num_servers + 1) * sizeof(int64_t));
-  for (size_t j = 0; j < m; ++j) {
-    const uint32_t s = RouteKey(uniq[j], num_servers);
-    position[j] = s;
+  uint32_t* pos = position.data();
+  const size_t m = UniqueInverseT(keys, n, uniq.data(), inverse, [&](uint32_t j, uint64_t h) {
+    const uint32_t s = RouteHash(h, num_servers);
+    pos[j] = s;
     ++offsets[s + 1];
-  }
+  });
   for (uint32_t s = 0; s < num_servers; ++s) offsets[s + 1] += offsets[s];
   // offsets[s] doubles as server s's cursor while placing, then is restored.
   for (size_t j = 0; j < m; ++j) {
-    const int64_t p = offsets[position[j]]++;
+    const int64_t p = offsets[pos[j]]++;
     grouped[p] = uniq[j];
-    position[j] = p;
+    pos[j] = static_cast<uint32_t>(p);
   }
   for (uint32_t s = num_servers; s > 0; --s) offsets[s] = offsets[s - 1];
   offsets[0] = 0;
-  for (size_t i = 0; i < n; ++i) inverse[i] = position[inverse[i]];
+  for (size_t i = 0; i < n; ++i) inverse[i] = pos[inverse[i]];
   if (n > kMaxKeptSlots) {  // do not keep a huge batch's scratch alive
     std::vector<uint64_t>().swap(uniq);
-    std::vector<int64_t>().swap(position);
+    std::vector<uint32_t>().swap(position);
   }
   return m;
 }

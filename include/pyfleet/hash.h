@@ -25,9 +25,14 @@ inline constexpr uint64_t kInitSalt = 0x2545f4914f6cdd1dULL;
 
 // Which of num_servers owns key: multiply-shift of a salted mix, uniform over
 // [0, num_servers) and never key % n of the raw id.
-inline uint32_t RouteKey(uint64_t key, uint32_t num_servers) {
-  const uint64_t h = Mix64(key ^ kRouteSalt);
+// RouteHash(h, n) is the owner given h = RouteMix(key), for callers that
+// already hashed the key (deduplication hashes with the same mix).
+inline uint64_t RouteMix(uint64_t key) { return Mix64(key ^ kRouteSalt); }
+inline uint32_t RouteHash(uint64_t h, uint32_t num_servers) {
   return static_cast<uint32_t>((static_cast<unsigned __int128>(h) * num_servers) >> 64);
+}
+inline uint32_t RouteKey(uint64_t key, uint32_t num_servers) {
+  return RouteHash(RouteMix(key), num_servers);
 }
 
 void Route(const uint64_t* keys, size_t n, uint32_t num_servers, int32_t* out);
