@@ -1,7 +1,7 @@
 """Service pull/push throughput against a raw pyzmq round trip of the same bytes.
 
     python benchmarks/bench_service.py [--sizes 1000 16000 128000] [--dim 16]
-                                       [--servers 1 2] [--seconds 1.0]
+                                       [--servers 1 2] [--seconds 1.0] [--cpu]
 
 Everything on loopback, measured in the same run:
 
@@ -20,10 +20,15 @@ of calls interleaved round by round (every contender sees the same machine
 load); the table prints keys/s and the ratios, including service vs the
 in-process table, which bounds the service when the table is slower than the
 wire.
+
+``--cpu`` adds a table of CPU time per pull (this process, and the echo or
+server processes, from ``/proc``) over back-to-back calls: on a machine with
+few cores it shows how much of the wall time is work that no overlap can hide.
 """
 
 import argparse
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -53,6 +58,33 @@ def echo_main():
             # at 8 MB than bytes in real memory, which a server always sends).
             replies[n] = np.full(n, 0x3C, np.uint8)
         sock.send_multipart([ident, replies[n]], copy=False)
+
+
+def _cpu_seconds(pid=None):
+    """CPU seconds (user + system, every thread) of process ``pid`` (None: this
+    one), to the nanosecond: the scheduler's run time of each of its threads."""
+    if pid is None:
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except FileNotFoundError:  # a thread that just ended
+            pass
+    return total / 1e9
+
+
+def cpu_per_call(fn, pids, calls):
+    """``(wall, this process's CPU, the CPU of pids)``, seconds per call of
+    ``fn`` over ``calls`` calls back to back."""
+    fn()
+    w0, c0, p0 = time.perf_counter(), _cpu_seconds(), sum(_cpu_seconds(p) for p in pids)
+    for _ in range(calls):
+        fn()
+    w1, c1, p1 = time.perf_counter(), _cpu_seconds(), sum(_cpu_seconds(p) for p in pids)
+    return (w1 - w0) / calls, (c1 - c0) / calls, (p1 - p0) / calls
 
 
 def interleaved_medians(fns, seconds, min_rounds=5):
@@ -104,6 +136,8 @@ def main():
                     help="the clients' max_pull_keys (default: the Client's)")
     ap.add_argument("--split-pull-keys", type=int, default=None,
                     help="the servers' split_pull_keys (default: the Server's)")
+    ap.add_argument("--cpu", action="store_true",
+                    help="also print CPU time per pull of 16k keys and more")
     a = ap.parse_args()
     dim = a.dim
     rng = np.random.default_rng(0)
@@ -142,6 +176,14 @@ def main():
             for op, fns in calls(n, dim, batches, raw, table, clients).items():
                 for who, sec in interleaved_medians(fns, a.seconds).items():
                     t[(n, op, who)] = sec
+        cpu = {}
+        if a.cpu:
+            pids = {"raw": [echo.pid], "in-process": [],
+                    **{f"service S={S}": [p.pid for p in g.procs]
+                       for S, g in zip(a.servers, groups)}}
+            for n in (n for n in a.sizes if n >= 16000):
+                for who, fn in calls(n, dim, batches, raw, table, clients)["pull"].items():
+                    cpu[(n, who)] = cpu_per_call(fn, pids[who], max(20, 8_000_000 // n))
         for c in clients.values():
             c.stop_worker()
             c.close()
@@ -177,6 +219,13 @@ def main():
                     for S, r in zip(a.servers, ratios):
                         verdicts.append((f"{n}-key pull >= 0.5x raw (S={S})", r >= 0.5,
                                          f"{r:.2f}x"))
+    if cpu:
+        print("\npulls back to back: ms per call (wall, CPU of this process, CPU of the "
+              f"echo/server processes) on {os.cpu_count()} cores")
+        print(f"{'keys':>7} {'who':>12} {'wall':>7} {'client':>7} {'peers':>7} {'CPU/wall':>9}")
+        for (n, who), (wall, mine, peers) in cpu.items():
+            print(f"{n:>7} {who:>12} {wall * 1e3:>7.2f} {mine * 1e3:>7.2f} {peers * 1e3:>7.2f} "
+                  f"{(mine + peers) / wall:>8.2f}x")
     print()
     for what, ok, value in verdicts:
         print(f"{'PASS' if ok else 'MISS'}  {what}: {value}")
