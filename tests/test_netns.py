@@ -225,8 +225,10 @@ _LOOP = textwrap.dedent("""
     except PyfleetError as e:
         rep = {{"type": type(e).__name__, "message": str(e), "steps": step,
                "seconds_after_last_success": time.monotonic() - last_ok}}
-        with open(f"{{out_dir}}/report{{w}}.json", "w") as f:
+        # Written whole, then renamed: the test polls for the name.
+        with open(f"{{out_dir}}/report{{w}}.tmp", "w") as f:
             json.dump(rep, f)
+        os.replace(f"{{out_dir}}/report{{w}}.tmp", f"{{out_dir}}/report{{w}}.json")
     os._exit(0)  # a server is unreachable: skip closing sockets to it
 """).format(timeout=REQUEST_TIMEOUT)
 
