@@ -61,8 +61,9 @@ def echo_main():
 
 
 def _cpu_seconds(pid=None):
-    """CPU seconds (user + system, every thread) of process ``pid`` (None: this
-    one), to the nanosecond: the scheduler's run time of each of its threads."""
+    """CPU seconds (user + system, every thread) of process ``pid``: the
+    scheduler's run time of each of its threads, in nanoseconds (not the 10 ms
+    ticks of /proc/<pid>/stat). None: this process, from getrusage."""
     if pid is None:
         r = resource.getrusage(resource.RUSAGE_SELF)
         return r.ru_utime + r.ru_stime
