@@ -127,9 +127,10 @@ def commit(path, manifest):
             shutil.rmtree(os.path.join(path, name), ignore_errors=True)
 
 
-def build_manifest(previous, gen, mode, replies, tables, placement, parent):
+def build_manifest(previous, gen, mode, replies, tables, placement, parent, meta=None):
     """The manifest after saving generation ``gen`` (server ``replies`` of
-    SAVE). ``previous``: the manifest a delta extends (None: start a chain)."""
+    SAVE). ``previous``: the manifest a delta extends (None: start a chain);
+    ``meta``: the caller's JSON object, kept as ``"meta"`` (omitted when None)."""
     files, rows = {}, {}
     for s, r in enumerate(replies):
         for fi in r.get("file_info") or []:
@@ -140,11 +141,14 @@ def build_manifest(previous, gen, mode, replies, tables, placement, parent):
     entry = {"dir": gen, "id": uuid.uuid4().hex, "mode": mode, "server_num": len(replies),
              "rows": rows, "files": files}
     chain = [*previous["chain"], entry] if previous is not None else [entry]
-    return {"format": "pyfleet-checkpoint", "version": MANIFEST_VERSION, "id": entry["id"],
-            "created": time.time(), "mode": mode, "server_num": len(replies),
-            "tables": tables, "placement": placement,
-            "parent": previous["parent"] if previous is not None else parent,
-            "chain": chain}
+    manifest = {"format": "pyfleet-checkpoint", "version": MANIFEST_VERSION, "id": entry["id"],
+                "created": time.time(), "mode": mode, "server_num": len(replies),
+                "tables": tables, "placement": placement,
+                "parent": previous["parent"] if previous is not None else parent,
+                "chain": chain}
+    if meta is not None:
+        manifest["meta"] = meta
+    return manifest
 
 
 def verify_generation(path, gen):

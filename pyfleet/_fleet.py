@@ -30,6 +30,7 @@ request from the network can write elsewhere.
 """
 
 import collections
+import json
 import os
 
 import numpy as np
@@ -440,7 +441,8 @@ class Fleet:
         self._backend._wait_dense_push()
         client.barrier()
 
-    def save_persistables(self, executor=None, dirname=None, main_program=None, mode="full"):
+    def save_persistables(self, executor=None, dirname=None, main_program=None, mode="full",
+                          meta=None):
         """Every server saves its shard of every table (with optimizer state) and
         its dense blocks into a new generation directory under ``dirname``, in
         parallel; then ``dirname/MANIFEST.json`` (per-file sha256, sizes and row
@@ -453,10 +455,21 @@ class Fleet:
         extends the chain, elsewhere it starts one to be loaded after its base.
         Without a committed previous save in this process (first save, or the
         previous one failed) a delta is written as a full save. Call it from
-        one worker (normally worker 0). Returns the manifest."""
+        one worker (normally worker 0).
+
+        ``meta``: a JSON object of the caller's own (for example the pass just
+        finished), kept as the manifest's ``"meta"``, committed with the
+        parameters it describes. Returns the manifest."""
         client = self._require_worker("save_persistables")
         if dirname is None:
             raise ValueError("save_persistables needs dirname")
+        if meta is not None:
+            if not isinstance(meta, dict):
+                raise ValueError(f"meta must be a dict (a JSON object), got {type(meta).__name__}")
+            try:
+                meta = json.loads(json.dumps(meta, allow_nan=False))
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"meta must be JSON-serializable: {e}") from None
         if mode not in ("full", "delta"):
             raise ValueError(f"mode must be 'full' or 'delta', got {mode!r}")
         rel, path = _relative_to_root(dirname)
@@ -477,7 +490,7 @@ class Fleet:
         self._last_save = None  # a failed save leaves the servers' delta base unknown
         replies = client.save(os.path.join(rel, gen), mode=mode)
         manifest = _checkpoint.build_manifest(previous, gen, mode, replies, self._tables,
-                                              self._placement, parent)
+                                              self._placement, parent, meta)
         _checkpoint.commit(path, manifest)
         self._last_save = (path, manifest["id"])
         return manifest

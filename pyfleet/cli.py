@@ -156,14 +156,30 @@ def cmd_train(args):
     from pyfleet.data import Dataset
     schema = Dataset(train, format=fmt).schema
     resume = os.path.abspath(args.resume) if args.resume else None
-    if resume and not os.path.exists(os.path.join(resume, "checkpoint", "MANIFEST.json")):
-        raise SystemExit(f"pyfleet train: --resume {args.resume}: no checkpoint there "
-                         f"(expected {resume}/checkpoint/MANIFEST.json)")
+    first_pass = 1
+    if resume:
+        from pyfleet import _checkpoint
+        try:
+            manifest = _checkpoint.read_manifest(os.path.join(resume, "checkpoint"))
+        except ValueError as e:
+            raise SystemExit(f"pyfleet train: --resume {args.resume}: {e}") from None
+        if manifest is None:
+            raise SystemExit(f"pyfleet train: --resume {args.resume}: no checkpoint there "
+                             f"(expected {resume}/checkpoint/MANIFEST.json)")
+        done = (manifest.get("meta") or {}).get("pass")
+        if isinstance(done, int) and not isinstance(done, bool) and done >= 1:
+            first_pass = done + 1
+            print(f"resuming after pass {done} of {resume}: passes {first_pass}.."
+                  f"{done + args.epochs}", flush=True)
+        else:  # saved by save_persistables without the trainer's pass number
+            print(f"resuming from {resume}/checkpoint, which does not say which pass it "
+                  f"ended: passes are numbered from 1 again", flush=True)
     job = {**JOB_DEFAULTS, "train": train, "test": test, "format": fmt, "model": args.model,
            "embedding_dim": args.embedding_dim,
            "layers": [int(x) for x in args.layers.split(",") if x],
            "lr": args.lr, "batch_size": args.batch_size, "epochs": args.epochs,
            "mode": args.mode, "seed": args.seed, "run_dir": run_dir, "resume": resume,
+           "first_pass": first_pass,
            "n_dense": schema.n_dense, "n_slots": schema.n_slots,
            "admission_count": args.admission_count, "show_click": args.show_click,
            "shrink_min_score": args.shrink_min_score, "shrink_decay": args.shrink_decay,

@@ -31,7 +31,7 @@ __all__ = ["JOB_DEFAULTS", "entry_of", "feed_of", "run_role", "summarize", "trai
 JOB_DEFAULTS = {
     "train": None, "test": None, "format": "criteo", "model": "dnn", "embedding_dim": 16,
     "layers": [256, 128, 64], "lr": 0.001, "batch_size": 512, "epochs": 1, "mode": "async",
-    "seed": 0, "run_dir": None, "resume": None, "progress_interval": 2.0,
+    "seed": 0, "run_dir": None, "resume": None, "first_pass": 1, "progress_interval": 2.0,
     "request_timeout": 60.0, "connect_timeout": 120.0, "barrier_timeout": 300.0,
     "heartbeat_timeout": 10.0, "save_model": True, "geo_k_steps": 100,
     "admission_count": None, "show_click": False, "shrink_min_score": None,
@@ -242,8 +242,13 @@ def run_role(job):
     gc.freeze()
     train_seconds = train_cpu = 0.0
     history = []
-    for epoch in range(1, int(job["epochs"]) + 1):
-        data = _dataset(job, job["train"], wi, wn, shuffle=True)
+    # One dataset for every pass: each pass is shuffled by (seed, pass number).
+    # A resumed job starts at the pass after its checkpoint's, in the order an
+    # uninterrupted run would read it.
+    first = int(job["first_pass"])
+    data = _dataset(job, job["train"], wi, wn, shuffle=True)
+    data.set_pass(first)
+    for epoch in range(first, first + int(job["epochs"])):
         t0, c0 = time.perf_counter(), time.process_time()
         for batch, feed in _prefetching(data, exe, main, model):
             loss, pred = exe.run(main, feed=feed, fetch_list=[model.avg_cost, model.predict])
@@ -259,7 +264,8 @@ def run_role(job):
         if wi == 0:
             if _shrink_args(job):  # end of pass: decay show/click, drop stale rows
                 fleet.shrink(**_shrink_args(job))
-            fleet.save_persistables(exe, os.path.join(run_dir, "checkpoint"))
+            fleet.save_persistables(exe, os.path.join(run_dir, "checkpoint"),
+                                    meta={"pass": epoch})
     progress.close()
 
     from pyfleet.metrics import MetricStats
@@ -317,9 +323,10 @@ def train_local(job):
     progress = _Progress(float("inf"), None, 0)   # the workers' bookkeeping, never printed
     gc.freeze()   # as run_role
     seconds = cpu = 0.0
+    data = _dataset(job, job["train"], 0, 1, shuffle=True)  # as run_role: one for every pass
     for epoch in range(1, int(job["epochs"]) + 1):
         t0, c0 = time.perf_counter(), time.process_time()
-        for batch in _dataset(job, job["train"], 0, 1, shuffle=True):
+        for batch in data:
             loss, pred = exe.run(main, feed=feed_of(batch, model),
                                  fetch_list=[model.avg_cost, model.predict])
             progress.update(epoch, pred.reshape(-1), batch.labels, loss.reshape(-1)[0])

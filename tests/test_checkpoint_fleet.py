@@ -135,11 +135,17 @@ def assert_same_state(a, b, optimizer_state=True):
 def test_manifest_lists_every_file_with_its_checksum_and_rows(root, data):
     with cluster(2, data) as c:
         c.train(5, seed=1)
-        m = c.worker.save_persistables(c.exe, "ck")
+        for bad, why in (([1], "must be a dict"), ({"t": object()}, "JSON-serializable"),
+                         ({"x": float("nan")}, "JSON-serializable")):
+            with pytest.raises(ValueError, match=why):
+                c.worker.save_persistables(c.exe, "ck", meta=bad)
+        assert not (root / "ck").exists()  # refused before anything was written
+        m = c.worker.save_persistables(c.exe, "ck", meta={"pass": 3, "note": "x"})
         rows = {n: v["keys"].shape[0] for n, v in c.state().items() if isinstance(v, dict)}
     on_disk = json.loads((root / "ck" / MANIFEST_NAME).read_text())
     assert on_disk == json.loads(json.dumps(m))
     assert m["version"] == 2 and m["server_num"] == 2 and m["mode"] == "full"
+    assert on_disk["meta"] == {"pass": 3, "note": "x"}
     (gen,) = m["chain"]
     assert sorted(os.listdir(root / "ck")) == [MANIFEST_NAME, gen["dir"]]
     bins = sorted(n for n in os.listdir(root / "ck" / gen["dir"]) if n.endswith(".bin"))

@@ -394,6 +394,21 @@ def test_shuffle_is_a_deterministic_permutation(tmp_path):
     assert markers(other) != p1
 
 
+def test_set_pass_reads_that_pass_in_an_uninterrupted_runs_order(tmp_path):
+    for k in range(3):
+        write(tmp_path / f"p{k}", synthetic_lines(30, start=30 * k))
+    kw = dict(dense_transform="none", shuffle=True, seed=5, batch_size=8)
+    ds = Dataset(tmp_path, **kw)
+    passes = [markers(ds) for _ in range(3)]
+    assert ds.passes == 3 and len({tuple(p) for p in passes}) == 3
+    resumed = Dataset(tmp_path, **kw)
+    resumed.set_pass(3)  # a job resumed after pass 2
+    assert markers(resumed) == passes[2] and resumed.passes == 3
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="pass number"):
+            resumed.set_pass(bad)
+
+
 def test_shuffle_keeps_slot_rows_intact(tmp_path):
     ref = ref_slot(need(SLOT))
     ds = Dataset(SLOT, format="slot", shuffle=True, seed=1, batch_size=13)

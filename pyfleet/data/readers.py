@@ -281,6 +281,19 @@ class Dataset:
         s["malformed_by_reason"] = dict(s["malformed_by_reason"])
         return s
 
+    @property
+    def passes(self) -> int:
+        """Passes begun so far (the number of the current or latest pass)."""
+        return self._pass
+
+    def set_pass(self, n: int) -> None:
+        """Make the next iteration pass ``n`` (from 1): its shuffle is the one
+        pass ``n`` of an uninterrupted run reads, so a job resumed after pass
+        ``n - 1`` goes on in the same order."""
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+            raise ValueError(f"set_pass needs a pass number >= 1, got {n!r}")
+        self._pass = int(n) - 1
+
     def __iter__(self) -> Iterator[Batch]:
         self._pass += 1
         self._stats = self._empty_stats()
