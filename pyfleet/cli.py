@@ -13,6 +13,7 @@ prints a summary (also in ``RUN_DIR/summary.json``).
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -85,6 +86,8 @@ def _format_summary(s):
     rows += [("train AUC", f"{s['train_auc']:.4f}"),
              ("train logloss", f"{s['train_logloss']:.4f}"),
              ("train examples", f"{s['train_examples']:,}"),
+             *([("malformed lines skipped", f"{s['train_malformed']:,} (last pass; first: "
+                 f"{s['first_malformed'][0]})")] if s.get("train_malformed") else []),
              ("train examples/s", f"{s['train_examples_per_sec']:,.0f}"),
              ("train seconds", f"{s['train_seconds']:.1f}")]
     for name, n in sorted(s.get("table_rows", {}).items()):
@@ -134,6 +137,19 @@ def cmd_train(args):
 
     if args.servers < 1 or args.workers < 1:
         raise SystemExit("pyfleet train: --servers and --workers must be >= 1")
+    for flag, value in (("--epochs", args.epochs), ("--batch-size", args.batch_size),
+                        ("--embedding-dim", args.embedding_dim)):
+        if value < 1:
+            raise SystemExit(f"pyfleet train: {flag} must be >= 1, got {value}")
+    if not math.isfinite(args.lr) or args.lr <= 0:
+        raise SystemExit(f"pyfleet train: --lr must be a finite number > 0, got {args.lr}")
+    try:
+        layers = [int(x) for x in args.layers.split(",") if x.strip()]
+    except ValueError:
+        layers = None
+    if layers is None or any(n < 1 for n in layers):
+        raise SystemExit(f"pyfleet train: --layers must be hidden layer sizes >= 1, separated "
+                         f"by commas (e.g. 256,128,64), got {args.layers!r}")
     if args.admission_count is not None and args.admission_count < 1:
         raise SystemExit("pyfleet train: --admission-count must be >= 1")
     if args.shrink_min_score is not None and not args.show_click:
@@ -141,20 +157,6 @@ def cmd_train(args):
                          "counts every row scores 0)")
     if not 0.0 < args.shrink_decay <= 1.0:
         raise SystemExit("pyfleet train: --shrink-decay must be in (0, 1]")
-    run_dir = args.run_dir or args.checkpoint_dir or os.path.join(
-        "runs", time.strftime("%Y%m%d-%H%M%S"))
-    run_dir = os.path.abspath(run_dir)
-    os.makedirs(run_dir, exist_ok=True)
-    truth = None
-    train, test, fmt = _split_paths(args.train), _split_paths(args.test), args.format
-    if train is None:
-        from pyfleet.data import synthetic
-        print(f"generating {args.rows:,} synthetic rows (seed {args.seed}) into "
-              f"{run_dir}/data ...", flush=True)
-        truth = synthetic.generate(os.path.join(run_dir, "data"), rows=args.rows, seed=args.seed)
-        train, test, fmt = truth["train"], truth["test"], "criteo"
-    from pyfleet.data import Dataset
-    schema = Dataset(train, format=fmt).schema
     resume = os.path.abspath(args.resume) if args.resume else None
     first_pass = 1
     if resume:
@@ -174,9 +176,32 @@ def cmd_train(args):
         else:  # saved by save_persistables without the trainer's pass number
             print(f"resuming from {resume}/checkpoint, which does not say which pass it "
                   f"ended: passes are numbered from 1 again", flush=True)
+    from pyfleet.data import Dataset
+    truth = schema = None
+    train, test, fmt = _split_paths(args.train), _split_paths(args.test), args.format
+    for flag, paths in (("--train", train), ("--test", test)):
+        for path in [paths] if isinstance(paths, str) else paths or []:
+            if not os.path.exists(path):
+                raise SystemExit(f"pyfleet train: {flag}: no such file or directory: {path}")
+    if train is not None:  # the schema (and a file it cannot read) before anything is written
+        try:
+            schema = Dataset(train, format=fmt).schema
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"pyfleet train: --train: {e}") from None
+    run_dir = args.run_dir or args.checkpoint_dir or os.path.join(
+        "runs", time.strftime("%Y%m%d-%H%M%S"))
+    run_dir = os.path.abspath(run_dir)
+    os.makedirs(run_dir, exist_ok=True)
+    if train is None:
+        from pyfleet.data import synthetic
+        print(f"generating {args.rows:,} synthetic rows (seed {args.seed}) into "
+              f"{run_dir}/data ...", flush=True)
+        truth = synthetic.generate(os.path.join(run_dir, "data"), rows=args.rows, seed=args.seed)
+        train, test, fmt = truth["train"], truth["test"], "criteo"
+        schema = Dataset(train, format=fmt).schema
     job = {**JOB_DEFAULTS, "train": train, "test": test, "format": fmt, "model": args.model,
            "embedding_dim": args.embedding_dim,
-           "layers": [int(x) for x in args.layers.split(",") if x],
+           "layers": layers,
            "lr": args.lr, "batch_size": args.batch_size, "epochs": args.epochs,
            "mode": args.mode, "seed": args.seed, "run_dir": run_dir, "resume": resume,
            "first_pass": first_pass,
@@ -227,6 +252,13 @@ def cmd_train(args):
         print(json.dumps(summary))
     else:
         print(_format_summary(summary))
+    if summary["train_examples"] == 0:
+        why = (f"{summary['train_malformed']:,} malformed line(s), the first: "
+               + "; ".join(summary["first_malformed"])) if summary["train_malformed"] else \
+            "the training data has no data line"
+        print(f"pyfleet train: no training example was read from {train} ({why}; "
+              f"--format is {fmt!r}, see docs/formats.md)", file=sys.stderr)
+        return 1
     return 0
 
 

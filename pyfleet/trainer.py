@@ -258,8 +258,12 @@ def run_role(job):
         train_seconds += time.perf_counter() - t0
         train_cpu += time.process_time() - c0
         progress.report(epoch)
+        st = data.stats()
         history.append({"pass": epoch, "examples": progress.examples,
-                        "seconds": train_seconds, "malformed": data.stats()["malformed"]})
+                        "seconds": train_seconds, "malformed": st["malformed"],
+                        "first_malformed": [
+                            f"{f}:{line}: {why}" for (f, line), why in
+                            zip(st["first_malformed"], st["first_malformed_reasons"])][:3]})
         fleet.barrier_worker()  # every worker finished the pass: the checkpoint is of it
         if wi == 0:
             if _shrink_args(job):  # end of pass: decay show/click, drop stale rows
@@ -372,6 +376,10 @@ def summarize(run_dir, workers):
     summary["train_examples_per_sec"] = summary["train_examples"] / max(seconds, 1e-9)
     summary["train_logloss"] = train.logloss()
     summary["train_auc"] = train.auc()
+    # Malformed lines skipped in the last pass (each worker reads its own share).
+    last = [r["passes"][-1] for r in results if r.get("passes")]
+    summary["train_malformed"] = sum(p.get("malformed", 0) for p in last)
+    summary["first_malformed"] = [m for p in last for m in p.get("first_malformed", [])][:3]
     parts = [np.load(os.path.join(run_dir, f"worker{i}.test.npz"))
              for i in range(workers)
              if os.path.exists(os.path.join(run_dir, f"worker{i}.test.npz"))]

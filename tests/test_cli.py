@@ -60,9 +60,27 @@ def test_bad_arguments_are_named(tmp_path):
     assert r.returncode != 0 and "nope.tsv" in r.stderr
     r = pyfleet("train", "--resume", str(tmp_path), cwd=tmp_path)
     assert r.returncode != 0 and "checkpoint" in r.stderr
+    for flag, value in (("--epochs", "0"), ("--batch-size", "0"), ("--embedding-dim", "-1"),
+                        ("--lr", "0"), ("--lr", "nan"), ("--layers", "16,x"),
+                        ("--layers", "0")):
+        r = pyfleet("train", flag, value, cwd=tmp_path)
+        assert r.returncode != 0 and f"pyfleet train: {flag} must" in r.stderr, (flag, r.stderr)
+    assert os.listdir(tmp_path) == []  # refused before anything was written
 
 
 def test_no_command_prints_help(tmp_path):
     r = pyfleet(cwd=tmp_path)
     assert r.returncode == 2 and "train" in r.stdout
     assert os.listdir(tmp_path) == []
+
+
+def test_training_data_with_no_valid_line_is_an_error_naming_the_first(tmp_path):
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("x\ty\n" + "1\t" * 3 + "\n")
+    r = pyfleet("train", "--train", str(bad), "--workers", "1", "--run-dir",
+                str(tmp_path / "run"), cwd=tmp_path, timeout=120)
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "no training example was read" in r.stderr
+    assert "2 malformed line(s)" in r.stderr and f"{bad}:1: bad label" in r.stderr, r.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["train_examples"] == 0 and summary["train_malformed"] == 2
