@@ -19,6 +19,7 @@ after it leaves at most unreferenced directories, removed by the next save.
 
     {"format", "version", "id", "created", "mode", "server_num", "tables",
      "placement", "parent": id of the checkpoint a leading delta applies to | null,
+     "meta": the saver's own JSON object (optional; ``pyfleet train``: {"pass"}),
      "chain": [{"dir": "g000007-full", "id", "mode": "full"|"delta",
                 "server_num", "rows": {table: rows written},
                 "files": {name: {"sha256", "bytes", "rows", "table", "server"}}}, ...]}
@@ -41,14 +42,44 @@ import shutil
 import time
 import uuid
 
-__all__ = ["MANIFEST_NAME", "MANIFEST_VERSION", "build_manifest", "commit", "file_info",
-           "new_generation",
-           "read_manifest", "resolve", "verify_generation"]
+__all__ = ["MANIFEST_NAME", "MANIFEST_VERSION", "build_manifest", "check_tables", "commit",
+           "file_info", "new_generation", "read_manifest", "resolve", "verify_generation"]
 
 MANIFEST_NAME = "MANIFEST.json"
 MANIFEST_VERSION = 2
 _GEN_RE = re.compile(r"g(\d{6,})-(full|delta)")
 _CHUNK = 1 << 20
+
+
+def _table_form(t):
+    """What must match between a saved table and a program's: kind and dim or shape."""
+    if t.get("kind") == "sparse":
+        return f"a sparse table of dim {t.get('dim')}"
+    return f"a dense parameter of shape {list(t.get('shape') or [])}"
+
+
+def check_tables(saved, current, where, extra_ok=True):
+    """Raise ValueError when the tables ``saved`` in checkpoint ``where`` (a
+    manifest's ``"tables"``) cannot be loaded into a program's ``current``
+    ones: a table missing from the checkpoint, or saved with another kind,
+    dim or shape (another model: other layers, embedding size or number of
+    input features). ``extra_ok=False``: tables the program does not have are
+    refused too."""
+    by_name = {t.get("name"): t for t in saved if isinstance(t, dict)}
+    for t in current:
+        name = t["name"]
+        old = by_name.get(name)
+        if old is None:
+            raise ValueError(f"checkpoint {where} has no {name!r} ({_table_form(t)} of this "
+                             f"program): a checkpoint of another model")
+        if _table_form(old) != _table_form(t):
+            raise ValueError(f"checkpoint {where} holds {name!r} as {_table_form(old)}; this "
+                             f"program has it as {_table_form(t)}: a checkpoint of another model")
+    if not extra_ok:
+        extra = sorted(set(by_name) - {t["name"] for t in current})
+        if extra:
+            raise ValueError(f"checkpoint {where} holds {extra}, which this program does not "
+                             f"have: a checkpoint of another model")
 
 
 def file_info(path):

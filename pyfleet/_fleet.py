@@ -357,7 +357,9 @@ class Fleet:
         :meth:`save_persistables` (its chain of full + delta saves is replayed,
         every file checked against the manifest's sha256 first), or a list of
         them, a base then its deltas in order. A damaged or incomplete
-        checkpoint is a ValueError naming the file."""
+        checkpoint is a ValueError naming the file; one of another model (a
+        table it lacks, or holds with another dim or shape) a ValueError naming
+        the table and both forms."""
         from pyfleet.auth import server_options_from_env
         from pyfleet.server import Server
         role = self._role_maker()
@@ -377,9 +379,11 @@ class Fleet:
             dirs = model_dir if isinstance(model_dir, (list, tuple)) else [model_dir]
             rels = [_relative_to_root(d)[0] for d in dirs]
             for rel, d in zip(rels, dirs):
-                if _checkpoint.read_manifest(os.path.join(checkpoint_root(), rel)) is None:
+                m = _checkpoint.read_manifest(os.path.join(checkpoint_root(), rel))
+                if m is None:
                     raise ValueError(f"model_dir {os.fspath(d)!r} has no {MANIFEST_NAME}: an "
                                      f"incomplete save, or not a fleet checkpoint")
+                _checkpoint.check_tables(m.get("tables") or [], self._tables, os.fspath(d))
             self._server.load_checkpoint(rels if isinstance(model_dir, (list, tuple))
                                          else rels[0])
 

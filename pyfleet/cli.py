@@ -209,6 +209,16 @@ def cmd_train(args):
            "admission_count": args.admission_count, "show_click": args.show_click,
            "shrink_min_score": args.shrink_min_score, "shrink_decay": args.shrink_decay,
            "shrink_unseen_passes": args.shrink_unseen_passes}
+    if resume:  # another model's checkpoint: refused here, not in every server
+        from pyfleet import _checkpoint
+        from pyfleet.trainer import tables_of
+        try:
+            _checkpoint.check_tables(manifest.get("tables") or [], tables_of(job),
+                                     f"{resume}/checkpoint", extra_ok=False)
+        except ValueError as e:
+            raise SystemExit(f"pyfleet train: --resume {args.resume}: {e} (--model, "
+                             f"--layers, --embedding-dim and the data's features must be "
+                             f"those of the run resumed)") from None
     job_path = os.path.join(run_dir, "job.json")
     with open(job_path, "w") as f:
         json.dump(job, f, indent=1)

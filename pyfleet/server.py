@@ -106,6 +106,28 @@ SPLIT_PULL_KEYS = 8192
 _EXPORT_PAGE_ROWS = 65536
 
 
+_SERVER_JSON_RE = re.compile(r"server\d+-of-\d+\.json")
+
+
+def _saved_dense_shapes(path, names):
+    """``{name: shape}`` of the dense parameters a save directory's
+    ``server<i>-of-<S>.json`` files describe (empty for a directory without
+    them). An unreadable one is refused, naming it."""
+    shapes = {}
+    for n in sorted(names):
+        if not _SERVER_JSON_RE.fullmatch(n):
+            continue
+        try:
+            with open(os.path.join(path, n)) as f:
+                tables = json.load(f).get("tables") or []
+            for t in tables:
+                if t.get("kind") == "dense":
+                    shapes[t["name"]] = [int(x) for x in t["shape"]]
+        except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
+            raise _Refused(f"{os.path.join(path, n)} is unreadable: {e}") from None
+    return shapes
+
+
 def segment_sum(keys, values):
     """``(unique_keys, sums)``: rows of ``values`` with equal keys summed, in
     input order, keys in first-occurrence order (the core's hashing kernels,
@@ -832,6 +854,7 @@ class Server:
             if not os.path.isdir(path):
                 raise _Refused(f"checkpoint dir {rel!r} does not exist")
             names = os.listdir(path)
+            saved = _saved_dense_shapes(path, names)
             rows = {}
             with self._lock:
                 for e in self._entries.values():
@@ -845,12 +868,20 @@ class Server:
                                                                self.server_index))
                                           for n in shard_files)
                     else:
+                        shape = saved.get(e.name)
+                        if shape is not None and shape != list(e.shape):
+                            # Blocks are flat ranges: loaded, they would fill
+                            # this shape with another parameter's values.
+                            raise _Refused(f"dense {e.name!r} has shape {shape} in {rel!r}, "
+                                           f"{list(e.shape)} here: a checkpoint of another "
+                                           f"model")
                         rows[e.key] = self._load_dense(e, path, names, rel)
             return rows
         except _Refused as e:
             raise ValueError(str(e)) from None
 
     def _load_dense(self, e, path, names, rel):
+        """Load dense block ``e`` from the files ``names`` of ``path``."""
         exact = f"{e.name}.{e.start}-{e.end}.bin"
         with e.lock:
             if exact in names:

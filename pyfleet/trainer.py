@@ -26,7 +26,8 @@ import time
 
 import numpy as np
 
-__all__ = ["JOB_DEFAULTS", "entry_of", "feed_of", "run_role", "summarize", "train_local"]
+__all__ = ["JOB_DEFAULTS", "entry_of", "feed_of", "run_role", "summarize", "tables_of",
+           "train_local"]
 
 JOB_DEFAULTS = {
     "train": None, "test": None, "format": "criteo", "model": "dnn", "embedding_dim": 16,
@@ -84,6 +85,19 @@ def build_program(job, n_dense, n_slots):
                              embedding_dim=int(job["embedding_dim"]),
                              layers=tuple(int(x) for x in job["layers"]))
     return main, startup, model
+
+
+def tables_of(job):
+    """The table configs of the job's program (``pyfleet._fleet.table_configs``):
+    what a checkpoint it resumes from must hold."""
+    from pyfleet import fluid
+    from pyfleet._fleet import table_configs
+    from pyfleet.optimizer import Adam
+    with fluid.unique_name.guard():  # the names a role's first program gets
+        main, startup, model = build_program(job, job["n_dense"], job["n_slots"])
+        with fluid.program_guard(main, startup):
+            Adam(learning_rate=job["lr"]).minimize(model.avg_cost)
+    return table_configs(main, entry_of(job))[0]
 
 
 def strategy_of(job):
@@ -225,7 +239,11 @@ def run_role(job):
 
     if fleet.is_server():
         resume = job["resume"]
-        fleet.init_server(os.path.join(resume, "checkpoint") if resume else None)
+        try:
+            fleet.init_server(os.path.join(resume, "checkpoint") if resume else None)
+        except ValueError as e:  # damaged, incomplete, another model's: it says which file
+            raise SystemExit(f"pyfleet server {fleet.server_index()}: cannot load "
+                             f"{resume}/checkpoint: {e}") from None
         fleet.run_server()
         return 0
 

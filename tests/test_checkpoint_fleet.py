@@ -40,11 +40,11 @@ def root(tmp_path, monkeypatch):
 class Cluster:
     """``S`` servers (threads) + one worker fleet in this process."""
 
-    def __init__(self, num_servers, data, model_dir=None):
+    def __init__(self, num_servers, data, model_dir=None, job=JOB):
         self.data = data
         schema = Dataset(data, format="criteo").schema
         with fluid.unique_name.guard():  # the same parameter names in every cluster
-            main, startup, self.model = build_program(JOB, schema.n_dense, schema.n_slots)
+            main, startup, self.model = build_program(job, schema.n_dense, schema.n_slots)
         eps = [f"127.0.0.1:{p}" for p in free_ports(num_servers)]
         strategy = strategy_of(JOB)
         self.worker = Fleet()
@@ -112,8 +112,8 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def cluster(num_servers, data, model_dir=None):
-    c = Cluster(num_servers, data, model_dir)
+def cluster(num_servers, data, model_dir=None, job=JOB):
+    c = Cluster(num_servers, data, model_dir, job)
     try:
         yield c
     finally:
@@ -179,6 +179,29 @@ def test_restore_is_exact_and_a_damaged_file_is_refused_by_name(root, data):
     path.unlink()
     with pytest.raises(ValueError, match=f"{gen}/{victim} is missing"):
         Cluster(2, data, model_dir="ck")
+
+
+def test_a_checkpoint_of_another_model_is_refused_naming_the_parameter(root, data):
+    with cluster(2, data) as c:
+        c.train(2, seed=1)
+        m = c.worker.save_persistables(c.exe, "ck")
+    n_in = next(t["shape"][0] for t in m["tables"] if t["name"] == "fc_0.w_0")
+    # other hidden layer sizes: every dense block would load, as flat ranges
+    # of the old weights, without this check
+    wide = {**JOB, "layers": [6]}
+    with pytest.raises(ValueError, match=rf"'fc_0.w_0' as a dense parameter of shape "
+                                         rf"\[{n_in}, 8\]; this program has it as a dense "
+                                         rf"parameter of shape \[{n_in}, 6\]"):
+        Cluster(2, data, model_dir="ck", job=wide)
+    with pytest.raises(ValueError, match=r"'SparseFeatFactors' as a sparse table of dim 4; "
+                                         r"this program has it as a sparse table of dim 5"):
+        Cluster(1, data, model_dir="ck", job={**JOB, "embedding_dim": 5})
+    # the servers check too, for a save directory without a manifest
+    gen = m["chain"][0]["dir"]
+    with cluster(2, data, job=wide) as c:
+        with pytest.raises(ValueError, match=rf"dense 'fc_0.w_0' has shape \[{n_in}, 8\] in "
+                                             rf"'ck/{gen}', \[{n_in}, 6\] here"):
+            c.servers[0].load_checkpoint(f"ck/{gen}")
 
 
 def test_a_directory_without_a_manifest_is_refused(root, data):
