@@ -282,10 +282,28 @@ def cmd_gen_data(args):
 
 def cmd_predict(args):
     from pyfleet import inference
-    model = inference.load(args.model)
-    n = model.predict_file(args.data, args.out, format=args.format,
-                           batch_size=args.batch_size)
+    if args.batch_size < 1:
+        raise SystemExit(f"pyfleet predict: --batch-size must be >= 1, got {args.batch_size}")
+    try:
+        model = inference.load(args.model)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"pyfleet predict: --model {args.model}: {e} (the model/ directory "
+                         f"of a pyfleet train run, or fleet.save_inference_model's)") from None
+    try:
+        n = model.predict_file(args.data, args.out, format=args.format,
+                               batch_size=args.batch_size, skip_malformed=args.skip_malformed)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"pyfleet predict: {e}") from None
+    st = model.last_file_stats
     print(f"wrote {n:,} predictions to {args.out}")
+    if st["malformed"]:
+        first = ", ".join(f"{f}:{line}: {why}" for (f, line), why in
+                          zip(st["first_malformed"][:1], st["first_malformed_reasons"][:1]))
+        print(f"skipped {st['malformed']:,} malformed line(s) (first: {first}): the output "
+              f"has a line per valid example", file=sys.stderr)
+    if n == 0:
+        print(f"pyfleet predict: no example in {args.data}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -313,6 +331,9 @@ def main(argv=None):
     p.add_argument("--format", default="criteo", choices=["criteo", "csv", "slot", "auto"])
     p.add_argument("--out", default="predictions.txt")
     p.add_argument("--batch-size", type=int, default=4096)
+    p.add_argument("--skip-malformed", action="store_true",
+                   help="skip malformed lines (default: stop at the first, naming it: a "
+                        "skipped line shifts every later prediction against its input line)")
     k = sub.add_parser("keygen", help="write CURVE key pairs (server and client)")
     k.add_argument("dir")
     k.add_argument("--names", nargs="+", default=["server", "client"])

@@ -232,6 +232,7 @@ class Predictor:
         self.feed_names = list(feed_names)
         self.fetch_names = list(fetch_names)
         self.tables = {n: int(v[0].shape[0]) for n, v in backend.sparse.items()}
+        self.last_file_stats = None  # the reader's counts of predict_file's last file
         program._backend = backend
         self._exe = Executor()
         self._scope = Scope()
@@ -263,22 +264,34 @@ class Predictor:
             feed[name] = (ids, offsets)
         return feed
 
-    def predict_file(self, path, out_path, format="criteo", batch_size=4096):
+    def predict_file(self, path, out_path, format="criteo", batch_size=4096,
+                     skip_malformed=False):
         """Score every example of ``path`` (read by :class:`pyfleet.data.Dataset`
         in ``format``, with its default dense transform, as ``pyfleet train``
-        reads) and write one probability per line (the first fetch's last
-        column) to ``out_path``. Returns the rows written."""
+        reads) and write one probability per data line (the first fetch's last
+        column) to ``out_path``, in order. Returns the rows written.
+
+        A malformed line is a ValueError naming the file and line, and nothing
+        is written: a skipped line would shift every later prediction against
+        its input line. ``skip_malformed=True`` skips them instead (the output
+        then has a line per valid example); :attr:`last_file_stats` is the
+        reader's counts (``malformed``, ``first_malformed``...) of the file."""
         from pyfleet.data import Dataset
-        data = Dataset(path, format=format, batch_size=batch_size)
+        data = Dataset(path, format=format, batch_size=batch_size, strict=not skip_malformed)
         rows = 0
         tmp = f"{out_path}.tmp.{os.getpid()}"
-        with open(tmp, "w") as f:
-            for batch in data:
-                out = np.asarray(self.predict(self._feed_of_batch(batch))[0])
-                prob = out.reshape(out.shape[0], -1)[:, -1]
-                np.savetxt(f, prob, fmt="%.9g")
-                rows += prob.shape[0]
-        os.replace(tmp, out_path)
+        try:
+            with open(tmp, "w") as f:
+                for batch in data:
+                    out = np.asarray(self.predict(self._feed_of_batch(batch))[0])
+                    prob = out.reshape(out.shape[0], -1)[:, -1]
+                    np.savetxt(f, prob, fmt="%.9g")
+                    rows += prob.shape[0]
+            os.replace(tmp, out_path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        self.last_file_stats = data.stats()
         return rows
 
 

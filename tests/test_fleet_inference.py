@@ -99,6 +99,36 @@ def test_predict_file_and_cli(tmp_path):
     np.testing.assert_allclose(np.loadtxt(tmp_path / "p2.txt"), want, rtol=1e-6, atol=1e-7)
 
 
+@needs_data
+def test_predict_cli_stops_at_a_malformed_line_unless_told_to_skip(tmp_path):
+    main, _, m, _, _, _ = _trained(steps=1, batch_size=500)
+    feeds = [v.name for v in m.inputs if v is not m.label]
+    model = tmp_path / "model"
+    inference.save(model, main, feeds, [m.predict], inference.LocalSource(main._get_backend()))
+    lines = TINY.read_text().splitlines()
+    bad = tmp_path / "bad.csv"
+    bad.write_text("\n".join(lines[:4] + ["garbage line"] + lines[4:]) + "\n")
+    out = tmp_path / "pred.txt"
+
+    def predict(*extra, model=model):
+        return subprocess.run([sys.executable, "-m", "pyfleet.cli", "predict", "--model",
+                               str(model), "--data", str(bad), "--format", "csv", "--out",
+                               str(out), *extra],
+                              capture_output=True, text=True, timeout=120, check=False)
+
+    r = predict()
+    # a skipped line would shift every later prediction against its input line
+    assert r.returncode == 1 and f"pyfleet predict: {bad}:5" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and not out.exists()
+    assert set(os.listdir(tmp_path)) == {"model", "bad.csv"}  # no temporary file left
+    r = predict("--skip-malformed")
+    assert r.returncode == 0 and "skipped 1 malformed line(s)" in r.stderr, r.stderr
+    assert np.loadtxt(out).shape == (len(lines) - 1,)  # a line per valid example
+    r = predict(model=tmp_path)
+    assert r.returncode == 1 and f"pyfleet predict: --model {tmp_path}" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
 def test_load_refuses_missing_or_foreign(tmp_path):
     with pytest.raises(ValueError, match="no inference model"):
         inference.load(tmp_path)
