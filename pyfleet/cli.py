@@ -88,6 +88,8 @@ def _format_summary(s):
              ("train examples", f"{s['train_examples']:,}"),
              *([("malformed lines skipped", f"{s['train_malformed']:,} (last pass; first: "
                  f"{s['first_malformed'][0]})")] if s.get("train_malformed") else []),
+             *([("malformed test lines", f"{s['test_malformed']:,} (first: "
+                 f"{s['first_test_malformed'][0]})")] if s.get("test_malformed") else []),
              ("train examples/s", f"{s['train_examples_per_sec']:,.0f}"),
              ("train seconds", f"{s['train_seconds']:.1f}")]
     for name, n in sorted(s.get("table_rows", {}).items()):
@@ -185,9 +187,26 @@ def cmd_train(args):
                 raise SystemExit(f"pyfleet train: {flag}: no such file or directory: {path}")
     if train is not None:  # the schema (and a file it cannot read) before anything is written
         try:
-            schema = Dataset(train, format=fmt).schema
+            ds = Dataset(train, format=fmt)
         except (OSError, ValueError) as e:
             raise SystemExit(f"pyfleet train: --train: {e}") from None
+        schema, fmt = ds.schema, ds.format  # "auto" resolved once, for train and test alike
+        if test is not None:
+            try:
+                if args.format == "auto" and Dataset(test, format="auto").format != fmt:
+                    raise ValueError(f"it looks like {Dataset(test, format='auto').format}, "
+                                     f"--train like {fmt}: they must be in the same format")
+                test_schema = Dataset(test, format=fmt).schema
+            except (OSError, ValueError) as e:
+                raise SystemExit(f"pyfleet train: --test: {e}") from None
+            if (test_schema.n_dense, test_schema.n_slots) != (schema.n_dense, schema.n_slots):
+                raise SystemExit(
+                    f"pyfleet train: --test has {test_schema.n_dense} dense features and "
+                    f"{test_schema.n_slots} slots read as {fmt}, --train {schema.n_dense} and "
+                    f"{schema.n_slots}: they must be in the same format")
+    elif test is not None:
+        raise SystemExit("pyfleet train: --test needs --train (without --train the generated "
+                         "data set's own test split is used)")
     run_dir = args.run_dir or args.checkpoint_dir or os.path.join(
         "runs", time.strftime("%Y%m%d-%H%M%S"))
     run_dir = os.path.abspath(run_dir)
@@ -268,6 +287,13 @@ def cmd_train(args):
             "the training data has no data line"
         print(f"pyfleet train: no training example was read from {train} ({why}; "
               f"--format is {fmt!r}, see docs/formats.md)", file=sys.stderr)
+        return 1
+    if test is not None and not summary.get("test_examples"):
+        why = (f"{summary['test_malformed']:,} malformed line(s), the first: "
+               + "; ".join(summary["first_test_malformed"])) if summary["test_malformed"] else \
+            "it has no data line"
+        print(f"pyfleet train: no test example was read from {test} ({why}); the model and "
+              f"checkpoint are in {run_dir}", file=sys.stderr)
         return 1
     return 0
 

@@ -219,6 +219,15 @@ class _Progress:
             self.metrics.close()
 
 
+def _malformed_of(data):
+    """``{"malformed", "first_malformed": ["file:line: reason", ...]}`` of a
+    dataset's latest pass."""
+    st = data.stats()
+    return {"malformed": st["malformed"],
+            "first_malformed": [f"{f}:{line}: {why}" for (f, line), why in
+                                zip(st["first_malformed"], st["first_malformed_reasons"])][:3]}
+
+
 def run_role(job):
     """Run this process's role (from the environment contract) of the job."""
     from pyfleet import fluid
@@ -276,12 +285,8 @@ def run_role(job):
         train_seconds += time.perf_counter() - t0
         train_cpu += time.process_time() - c0
         progress.report(epoch)
-        st = data.stats()
         history.append({"pass": epoch, "examples": progress.examples,
-                        "seconds": train_seconds, "malformed": st["malformed"],
-                        "first_malformed": [
-                            f"{f}:{line}: {why}" for (f, line), why in
-                            zip(st["first_malformed"], st["first_malformed_reasons"])][:3]})
+                        "seconds": train_seconds, **_malformed_of(data)})
         fleet.barrier_worker()  # every worker finished the pass: the checkpoint is of it
         if wi == 0:
             if _shrink_args(job):  # end of pass: decay show/click, drop stale rows
@@ -293,18 +298,21 @@ def run_role(job):
     from pyfleet.metrics import MetricStats
     test_stats = MetricStats()
     preds, labels = [], []
+    test_read = {"malformed": 0, "first_malformed": []}
     if job["test"]:
-        for batch in _dataset(job, job["test"], wi, wn):
+        test_data = _dataset(job, job["test"], wi, wn)
+        for batch in test_data:
             (pred,) = exe.run(test_program, feed=feed_of(batch, model),
                               fetch_list=[model.predict])
             preds.append(pred.reshape(-1))
             labels.append(batch.labels)
         if preds:
             test_stats.update(np.concatenate(preds), np.concatenate(labels))
+        test_read = _malformed_of(test_data)
     result = {"worker": wi, "examples": progress.examples, "train_seconds": train_seconds,
               "train_cpu_seconds": train_cpu,
               "passes": history, "test_stats": test_stats.to_json(),
-              "train_stats": progress.stats.to_json()}
+              "train_stats": progress.stats.to_json(), "test_read": test_read}
     if preds:
         np.savez(os.path.join(run_dir, f"worker{wi}.test.npz"), pred=np.concatenate(preds),
                  label=np.concatenate(labels))
@@ -398,6 +406,9 @@ def summarize(run_dir, workers):
     last = [r["passes"][-1] for r in results if r.get("passes")]
     summary["train_malformed"] = sum(p.get("malformed", 0) for p in last)
     summary["first_malformed"] = [m for p in last for m in p.get("first_malformed", [])][:3]
+    tests = [r.get("test_read") or {} for r in results]
+    summary["test_malformed"] = sum(t.get("malformed", 0) for t in tests)
+    summary["first_test_malformed"] = [m for t in tests for m in t.get("first_malformed", [])][:3]
     parts = [np.load(os.path.join(run_dir, f"worker{i}.test.npz"))
              for i in range(workers)
              if os.path.exists(os.path.join(run_dir, f"worker{i}.test.npz"))]

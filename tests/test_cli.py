@@ -84,3 +84,28 @@ def test_training_data_with_no_valid_line_is_an_error_naming_the_first(tmp_path)
     assert "2 malformed line(s)" in r.stderr and f"{bad}:1: bad label" in r.stderr, r.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["train_examples"] == 0 and summary["train_malformed"] == 2
+
+
+SLOT_SAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data",
+                           "criteo-paddlerec-dnn-slot", "sample_train.txt")
+
+
+def test_test_data_problems_are_named(tmp_path):
+    r = pyfleet("gen-data", "--rows", "2000", "--out", str(tmp_path / "g"), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    train = str(tmp_path / "g" / "train.tsv")
+    r = pyfleet("train", "--rows", "2000", "--test", train, cwd=tmp_path)
+    assert r.returncode != 0 and "--test needs --train" in r.stderr
+    # a slot file beside Criteo training data
+    r = pyfleet("train", "--train", train, "--test", SLOT_SAMPLE, "--format", "auto",
+                cwd=tmp_path)
+    assert r.returncode != 0 and "it looks like slot, --train like criteo" in r.stderr, r.stderr
+    assert not (tmp_path / "runs").exists()  # refused before anything was written
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("garbage\nmore garbage\n")
+    r = pyfleet("train", "--train", train, "--test", str(bad), "--workers", "1",
+                "--run-dir", str(tmp_path / "run"), cwd=tmp_path, timeout=120)
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
+    assert (f"no test example was read from {bad} (2 malformed line(s), the first: "
+            f"{bad}:1: bad label") in r.stderr, r.stderr
+    assert (tmp_path / "run" / "checkpoint" / "MANIFEST.json").exists()  # training was kept
