@@ -140,7 +140,7 @@ def cmd_train(args):
     if args.servers < 1 or args.workers < 1:
         raise SystemExit("pyfleet train: --servers and --workers must be >= 1")
     for flag, value in (("--epochs", args.epochs), ("--batch-size", args.batch_size),
-                        ("--embedding-dim", args.embedding_dim)):
+                        ("--embedding-dim", args.embedding_dim), ("--rows", args.rows)):
         if value < 1:
             raise SystemExit(f"pyfleet train: {flag} must be >= 1, got {value}")
     if not math.isfinite(args.lr) or args.lr <= 0:
@@ -210,12 +210,20 @@ def cmd_train(args):
     run_dir = args.run_dir or args.checkpoint_dir or os.path.join(
         "runs", time.strftime("%Y%m%d-%H%M%S"))
     run_dir = os.path.abspath(run_dir)
-    os.makedirs(run_dir, exist_ok=True)
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+    except OSError as e:
+        raise SystemExit(f"pyfleet train: --run-dir: cannot create {run_dir}: {e.strerror}") \
+            from None
     if train is None:
         from pyfleet.data import synthetic
         print(f"generating {args.rows:,} synthetic rows (seed {args.seed}) into "
               f"{run_dir}/data ...", flush=True)
-        truth = synthetic.generate(os.path.join(run_dir, "data"), rows=args.rows, seed=args.seed)
+        try:
+            truth = synthetic.generate(os.path.join(run_dir, "data"), rows=args.rows,
+                                       seed=args.seed)
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"pyfleet train: cannot generate the data set: {e}") from None
         train, test, fmt = truth["train"], truth["test"], "criteo"
         schema = Dataset(train, format=fmt).schema
     job = {**JOB_DEFAULTS, "train": train, "test": test, "format": fmt, "model": args.model,
@@ -300,8 +308,11 @@ def cmd_train(args):
 
 def cmd_gen_data(args):
     from pyfleet.data import synthetic
-    info = synthetic.generate(args.out, rows=args.rows, seed=args.seed,
-                              test_fraction=args.test_fraction, train_shards=args.shards)
+    try:
+        info = synthetic.generate(args.out, rows=args.rows, seed=args.seed,
+                                  test_fraction=args.test_fraction, train_shards=args.shards)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"pyfleet gen-data: {e}") from None
     print(json.dumps(info, indent=1))
     return 0
 
@@ -367,8 +378,12 @@ def main(argv=None):
     if args.command is None:
         parser.print_help()
         return 2
-    return {"train": cmd_train, "gen-data": cmd_gen_data, "predict": cmd_predict,
-            "keygen": cmd_keygen}[args.command](args)
+    try:
+        return {"train": cmd_train, "gen-data": cmd_gen_data, "predict": cmd_predict,
+                "keygen": cmd_keygen}[args.command](args)
+    except KeyboardInterrupt:  # (pyfleet train's roles are stopped by its launcher)
+        print(f"pyfleet {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

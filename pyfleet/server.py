@@ -66,6 +66,7 @@ from pyfleet import auth as _auth
 from pyfleet import initializer as _init
 from pyfleet import optimizer as _opt
 from pyfleet import protocol as P
+from pyfleet.errors import PyfleetError
 from pyfleet.protocol import Op, ProtocolError, Status
 
 __all__ = ["Server", "main", "segment_sum"]
@@ -287,10 +288,16 @@ class Server:
                 # Encrypted, and clients must know this server's public key.
                 self._frontend.curve_server = True
                 self._frontend.curve_secretkey = _z85(curve_secret_key)
-            if port == 0:
-                port = self._frontend.bind_to_random_port(f"tcp://{host}")
-            else:
-                self._frontend.bind(f"tcp://{host}:{port}")
+            try:
+                if port == 0:
+                    port = self._frontend.bind_to_random_port(f"tcp://{host}")
+                else:
+                    self._frontend.bind(f"tcp://{host}:{port}")
+            except zmq.ZMQError as e:
+                hint = (" (another process listens there: stop it or choose another port)"
+                        if e.errno == zmq.EADDRINUSE else "")
+                raise PyfleetError(f"server {server_index}: cannot serve on {host}:{port}: "
+                                   f"{e.strerror}{hint}") from None
             self.endpoint = f"{host}:{port}"
             inproc = f"inproc://pyfleet-server-{id(self):x}"
             self._work_addr, self._reply_addr = inproc + "-work", inproc + "-reply"
@@ -1144,12 +1151,21 @@ def main(argv=None):
     if a.tables:
         with open(a.tables) as f:
             tables = json.load(f)
-    server = Server(a.endpoint, a.index, a.num_servers, a.workers, mode=a.mode, tables=tables,
-                    handler_threads=a.handler_threads, max_message_bytes=a.max_message_bytes,
-                    heartbeat_timeout=a.heartbeat_timeout, barrier_timeout=a.barrier_timeout,
-                    checkpoint_dir=a.checkpoint_dir, inline_limit=a.inline_limit,
-                    curve_secret_key=curve, curve_client_keys=clients,
-                    split_pull_keys=a.split_pull_keys)
+    if a.checkpoint_dir is not None and not os.path.isdir(a.checkpoint_dir):
+        print(f"pyfleet.server: --checkpoint-dir {a.checkpoint_dir} is not a directory",
+              file=sys.stderr)
+        return 2
+    try:
+        server = Server(a.endpoint, a.index, a.num_servers, a.workers, mode=a.mode,
+                        tables=tables, handler_threads=a.handler_threads,
+                        max_message_bytes=a.max_message_bytes,
+                        heartbeat_timeout=a.heartbeat_timeout,
+                        barrier_timeout=a.barrier_timeout, checkpoint_dir=a.checkpoint_dir,
+                        inline_limit=a.inline_limit, curve_secret_key=curve,
+                        curve_client_keys=clients, split_pull_keys=a.split_pull_keys)
+    except (PyfleetError, ValueError) as e:  # a taken port, a bad table config
+        print(f"pyfleet.server: {e}", file=sys.stderr)
+        return 1
     signal.signal(signal.SIGTERM, lambda *_: server.stop())
     signal.signal(signal.SIGINT, lambda *_: server.stop())
     print(f"pyfleet.server ready on {server.endpoint}", flush=True)

@@ -65,7 +65,17 @@ def test_bad_arguments_are_named(tmp_path):
                         ("--layers", "0")):
         r = pyfleet("train", flag, value, cwd=tmp_path)
         assert r.returncode != 0 and f"pyfleet train: {flag} must" in r.stderr, (flag, r.stderr)
+    for args, says in ((("gen-data", "--rows", "-5", "--out", "g"), "rows must be"),
+                       (("gen-data", "--test-fraction", "1.5", "--out", "g"), "test_fraction"),
+                       (("train", "--rows", "-5"), "--rows must be >= 1")):
+        r = pyfleet(*args, cwd=tmp_path)
+        assert r.returncode == 1 and says in r.stderr and "Traceback" not in r.stderr, args
     assert os.listdir(tmp_path) == []  # refused before anything was written
+    (tmp_path / "f").write_text("")
+    r = pyfleet("train", "--run-dir", str(tmp_path / "f" / "run"), cwd=tmp_path)
+    assert r.returncode == 1 and "--run-dir: cannot create" in r.stderr
+    r = pyfleet("gen-data", "--out", "f", cwd=tmp_path)
+    assert r.returncode == 1 and "'f' is a file" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_no_command_prints_help(tmp_path):

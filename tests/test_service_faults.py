@@ -3,6 +3,8 @@
 import os
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -139,6 +141,26 @@ def test_killed_worker_fails_the_sync_barrier_naming_it(tmp_path):
         c.push_sparse("emb", keys, grads)
         with pytest.raises(BarrierError, match="worker 1"):
             c.barrier()
+
+
+def test_a_taken_port_is_an_error_naming_it(tmp_path):
+    taken = zmq.Context.instance().socket(zmq.ROUTER)
+    try:
+        port = taken.bind_to_random_port("tcp://127.0.0.1")
+        with pytest.raises(pyfleet.PyfleetError, match=rf"server 0: cannot serve on "
+                                                       rf"127.0.0.1:{port}: Address already in use"):
+            Server(f"127.0.0.1:{port}", 0, 1, 1)
+        r = subprocess.run([sys.executable, "-m", "pyfleet.server", "--endpoint",
+                            f"127.0.0.1:{port}", "--index", "0", "--num-servers", "1",
+                            "--workers", "1"], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 1 and "Address already in use" in r.stderr
+        assert "Traceback" not in r.stderr
+    finally:
+        taken.close(linger=0)
+    r = subprocess.run([sys.executable, "-m", "pyfleet.server", "--index", "0", "--num-servers",
+                        "1", "--workers", "1", "--checkpoint-dir", str(tmp_path / "nope")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "is not a directory" in r.stderr
 
 
 def test_bad_control_requests_and_checkpoint_paths_are_refused(tmp_path):

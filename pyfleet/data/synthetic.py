@@ -227,6 +227,8 @@ def generate(path_or_dir, rows: int, seed: int = 0, test_fraction: float = 0.1,
     ``ctr_test``, ``mean_prob_test``, ``seed``. Files are byte-identical for
     equal arguments.
     """
+    if isinstance(rows, bool) or not isinstance(rows, (int, np.integer)) or rows < 0:
+        raise ValueError(f"rows must be a non-negative integer, got {rows!r}")  # before mkdir
     if not 0.0 <= test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction!r}")
     if not isinstance(train_shards, (int, np.integer)) or train_shards < 1:
