@@ -51,6 +51,7 @@ __all__ = ["Client", "GeoClient", "PullFuture", "unique_keys"]
 log = logging.getLogger("pyfleet.client")
 
 _RIDS = itertools.count(1)
+_NO_CREATE = int(P.Flag.NO_CREATE)
 _SLICE_MS = 50  # longest uninterrupted wait on a channel's sockets
 
 
@@ -579,33 +580,37 @@ class Client:
 
     # ---------------------------------------------------------- sparse data
 
-    def pull_sparse_async(self, table, keys, unique=False):
+    def pull_sparse_async(self, table, keys, unique=False, create=True):
         """Send the pull now; the rows (float32 ``[len(keys), dim]``, in the
         order of ``keys``) come from ``.result()``. Lets a trainer prefetch.
         ``keys`` must not be modified until the result is taken.
         ``unique=True``: the caller already deduplicated ``keys``, so the
-        client may skip its own dedup (see :meth:`_plan`)."""
-        ch, calls, parts, inverse, dim = self._send_pull(table, keys, unique)
+        client may skip its own dedup (see :meth:`_plan`). ``create=False``:
+        keys without a row get their initial row and the servers make none
+        (evaluation: test-only ids do not grow the tables)."""
+        ch, calls, parts, inverse, dim = self._send_pull(table, keys, unique, create)
         if not calls:  # no keys at all
             return _Done(np.empty((0, dim), dtype=np.float32))
         return PullFuture(ch, calls, parts, inverse, dim)
 
-    def pull_sparse(self, table, keys, unique=False):
-        """Rows of ``keys`` (uint64 1-D) as float32 ``[len(keys), dim]``. Blocks."""
-        ch, calls, parts, inverse, dim = self._send_pull(table, keys, unique)
+    def pull_sparse(self, table, keys, unique=False, create=True):
+        """Rows of ``keys`` (uint64 1-D) as float32 ``[len(keys), dim]``. Blocks.
+        ``unique`` and ``create``: as :meth:`pull_sparse_async`."""
+        ch, calls, parts, inverse, dim = self._send_pull(table, keys, unique, create)
         if not calls:
             return np.empty((0, dim), dtype=np.float32)
         # No future to build: its bookkeeping is a tenth of a 1-key pull here.
         return _pull_rows(ch.wait(calls), parts, inverse, dim)
 
-    def _send_pull(self, table, keys, unique):
+    def _send_pull(self, table, keys, unique, create=True):
         """``(channel, calls, parts, inverse, dim)`` of a pull sent now."""
         keys = _check_keys(keys)
         dim = self._sparse_dim(table)
         grouped, inverse, parts = self._plan(keys, unique, self.max_pull_keys)
         ch = self._channel()
+        flags = 0 if create else _NO_CREATE
         calls = [self._send(ch, s, Op.PULL_SPARSE, table=self._ids[s][table],
-                            keys=grouped[a:b], dim=dim) for s, a, b in parts]
+                            keys=grouped[a:b], dim=dim, flags=flags) for s, a, b in parts]
         return ch, calls, parts, inverse, dim
 
     def push_sparse_async(self, table, keys, grads, delta=False, unique=False, copy=True):

@@ -192,7 +192,7 @@ class _FrozenBackend(Backend):
         except KeyError:
             raise ValueError(f"the inference model has no parameter {name!r}") from None
 
-    def pull_sparse(self, name, keys):
+    def pull_sparse(self, name, keys, create=True):  # never creates: the model is read-only
         try:
             skeys, weights, init = self.sparse[name]
         except KeyError:

@@ -6,7 +6,8 @@ Every message is a ZeroMQ multipart message. A request is::
                 magic     4s   b"PFPS"
                 version   u8   PROTOCOL_VERSION; any other version is refused
                 op        u8   an :class:`Op`
-                flags     u16  :class:`Flag` bits (REPLY on replies, ADD_DELTA on geo pushes)
+                flags     u16  :class:`Flag` bits (REPLY on replies, ADD_DELTA on geo pushes,
+                               NO_CREATE on evaluation pulls)
                 table     u32  table id (from the CREATE_TABLES / TABLES reply), 0 for control
                 status    u32  :class:`Status` on replies; on requests the sender's
                                worker index + 1 (0: anonymous)
@@ -128,6 +129,7 @@ class Flag(enum.IntFlag):
     NONE = 0
     ADD_DELTA = 1     # PUSH_SPARSE/PUSH_DENSE(_MANY) in geo mode: values are deltas added to rows
     PULL_AFTER = 2    # PUSH_DENSE_MANY: reply with each block's values after the push
+    NO_CREATE = 4     # PULL_SPARSE: a key without a row gets its initial row, none is made
     REPLY = 0x8000
 
 

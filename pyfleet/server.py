@@ -83,6 +83,7 @@ _HANDLER_JOIN_SECONDS = 30.0
 _PEEK = struct.Struct("<5xB18xQI")
 _ADD_DELTA = int(P.Flag.ADD_DELTA)
 _PULL_AFTER = int(P.Flag.PULL_AFTER)
+_NO_CREATE = int(P.Flag.NO_CREATE)
 # Ops whose header dim is a block count, not a row width: their size is count.
 _DENSE_MANY_OPS = frozenset({int(Op.PULL_DENSE_MANY), int(Op.PUSH_DENSE_MANY)})
 _OP_BY_INT = {int(o): o for o in Op}
@@ -474,15 +475,16 @@ class Server:
     def _pull_sparse(self, h, op, frames, ident):
         e, keys = self._sparse_rows(h, op, frames, 1)
         n = keys.shape[0]
+        create = not h.flags & _NO_CREATE
         parts = min(self.handler_threads, n // max(self.split_pull_keys // 2, 1)) \
             if self.split_pull_keys and e.table.entry is None else 1
         if parts < 2:
-            return [[ident] + P.reply(h, values=e.table.pull(keys))]
+            return [[ident] + P.reply(h, values=e.table.pull(keys, create=create))]
         out = np.empty((n, e.dim), dtype=np.float32)
         bounds = [n * i // parts for i in range(parts + 1)]
-        rest = [self._pull_helpers.submit(e.table.pull, keys[a:b], out[a:b])
+        rest = [self._pull_helpers.submit(e.table.pull, keys[a:b], out[a:b], create)
                 for a, b in zip(bounds[1:-1], bounds[2:])]
-        e.table.pull(keys[:bounds[1]], out[:bounds[1]])
+        e.table.pull(keys[:bounds[1]], out[:bounds[1]], create)
         for f in rest:
             f.result()
         return [[ident] + P.reply(h, values=out)]

@@ -108,16 +108,18 @@ class SparseTable:
                    _init.from_config(config["initializer"]), config.get("seed", 0),
                    _entry.from_config(config.get("entry")), config.get("name"))
 
-    def pull(self, keys, out=None):
+    def pull(self, keys, out=None, create=True):
         """Rows of ``keys`` as float32 ``[n, dim]``; a missing key is created
         with its initial value (or, under an admission policy, counted and
-        answered with its initial value). Duplicates and empty arrays are fine."""
+        answered with its initial value). ``create=False``: a missing key is
+        answered with its initial value and the table is not changed (for
+        evaluation and serving). Duplicates and empty arrays are fine."""
         keys = _keys(keys)
         if out is None:
             out = np.empty((keys.shape[0], self.dim), dtype=np.float32)
         else:
             out = _values(out, (keys.shape[0], self.dim), "out")
-        self._t.pull(keys, out)
+        self._t.pull(keys, out, bool(create))
         return out
 
     def push(self, keys, grads):

@@ -104,14 +104,14 @@ PYBIND11_MODULE(_core, m) {
   py::class_<SparseTable>(m, "SparseTable")
       .def(py::init<size_t, const pyfleet::OptimizerConfig&, const pyfleet::InitializerConfig&,
                     uint64_t, const pyfleet::EntryConfig&>())
-      .def("pull", [](SparseTable& t, Keys keys, Floats out) {
+      .def("pull", [](SparseTable& t, Keys keys, Floats out, bool create) {
         CheckSize("out", out.size(), keys.size() * t.dim());
         const uint64_t* k = keys.data();
         float* o = out.mutable_data();
         const size_t n = keys.size();
         py::gil_scoped_release release;
-        t.Pull(k, n, o);
-      }, py::arg("keys").noconvert(), py::arg("out").noconvert())
+        t.Pull(k, n, o, create);
+      }, py::arg("keys").noconvert(), py::arg("out").noconvert(), py::arg("create") = true)
       .def("push", [](SparseTable& t, Keys keys, Floats grads, bool add_delta) {
         CheckSize("grads", grads.size(), keys.size() * t.dim());
         const uint64_t* k = keys.data();

@@ -229,7 +229,7 @@ void SparseTable::EraseLocked(Shard& s, uint64_t key, uint64_t h) {
   s.dropped.push_back(key);
 }
 
-void SparseTable::Pull(const uint64_t* keys, size_t n, float* out) {
+void SparseTable::Pull(const uint64_t* keys, size_t n, float* out, bool create) {
   pull_calls_.fetch_add(1, std::memory_order_relaxed);
   pull_keys_.fetch_add(n, std::memory_order_relaxed);
   if (n == 0) return;
@@ -250,7 +250,16 @@ void SparseTable::Pull(const uint64_t* keys, size_t n, float* out) {
     }
     for (const auto& sp : shards_) sp->mu.unlock_shared();
   }
-  if (!b.misses.empty()) PullMisses(keys, b, out);
+  if (b.misses.empty()) return;
+  if (create) {
+    PullMisses(keys, b, out);
+    return;
+  }
+  // No row, and none made: the row the key would start with.
+  for (const PullMiss& m : b.misses) {
+    pyfleet::InitialValues(init_, seed_, keys[m.pos], out + static_cast<size_t>(m.pos) * dim_,
+                           dim_);
+  }
 }
 
 template <size_t D>

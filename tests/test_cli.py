@@ -27,6 +27,11 @@ def test_train_writes_a_complete_run_directory(tmp_path):
     assert 0.5 < summary["test_auc"] <= summary["truth_auc_test"] + 0.02
     assert 0 < summary["test_logloss"] < 1.0
     assert summary["table_rows"]["SparseFeatFactors"] > 1000
+    # evaluation on the test rows made no table rows: the tables hold what the
+    # checkpoint after the last pass holds
+    manifest = json.loads((run / "checkpoint" / "MANIFEST.json").read_text())
+    assert manifest["chain"][-1]["rows"]["SparseFeatFactors"] == \
+        summary["table_rows"]["SparseFeatFactors"]
     assert (run / "checkpoint" / "MANIFEST.json").exists()
     assert (run / "metrics.jsonl").read_text().strip()
     for name in ("job.json", "logs/worker.0.log", "logs/server.0.log"):

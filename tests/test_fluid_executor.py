@@ -264,6 +264,30 @@ def test_clone_for_test_computes_without_updating():
     assert c < a                          # one SGD step on this batch lowers its loss
 
 
+def test_evaluation_reads_rows_without_making_them():
+    main, startup, net, _ = _build()
+    exe = fluid.Executor()
+    exe.run(startup)
+    test = main.clone(for_test=True)
+    table = main._get_backend().sparse["emb"]
+    rng = np.random.default_rng(6)
+    train_feed = _feed(rng)
+    exe.run(main, feed=train_feed, fetch_list=[net[-1]])
+    seen = table.keys()
+    test_feed = _feed(rng, b=20)
+    ids = np.concatenate([test_feed["s0"][0], test_feed["s1"][0]]).astype(np.uint64)
+    assert not np.isin(ids, seen).all()   # the test batch has ids never trained
+    (pred,) = exe.run(test, feed=test_feed, fetch_list=[net[3]])
+    np.testing.assert_array_equal(np.sort(table.keys()), np.sort(seen))  # no row made
+    # the same predictions as a test run on a table holding those rows at
+    # their initial values (what creating them would have given)
+    table.pull(ids)                       # now create them, at their initial rows
+    (again,) = exe.run(test, feed=test_feed, fetch_list=[net[3]])
+    np.testing.assert_array_equal(pred, again)
+    exe.run(main, feed=test_feed, fetch_list=[net[-1]])
+    assert np.isin(ids, table.keys()).all()   # training does make them
+
+
 def test_startup_before_minimize_is_refused_for_training():
     main, startup = fluid.Program(), fluid.Program()
     exe = fluid.Executor()

@@ -60,6 +60,15 @@ def test_pull_push_equals_one_in_process_table(num_servers):
         np.testing.assert_array_equal(c.pull_sparse("emb", all_keys), ref.pull(all_keys))
         rows = sum(s["tables"]["emb"]["rows"] for s in c.stats())
         assert rows == len(ref)
+        # evaluation pulls: unseen keys answered with their initial rows, none made
+        unseen = np.arange(10**12, 10**12 + 500, dtype=np.uint64)
+        mixed = np.concatenate([all_keys[:300], unseen, unseen[:50]])
+        want = ref.pull(mixed, create=False)
+        np.testing.assert_array_equal(c.pull_sparse("emb", mixed, create=False), want)
+        np.testing.assert_array_equal(
+            c.pull_sparse_async("emb", np.unique(mixed), unique=True, create=False).result(),
+            ref.pull(np.unique(mixed), create=False))
+        assert sum(s["tables"]["emb"]["rows"] for s in c.stats()) == len(ref) == rows
         assert c.pull_sparse("emb", np.empty(0, np.uint64)).shape == (0, DIM)
 
 
@@ -79,6 +88,10 @@ def test_split_pulls_equal_the_in_process_table():
         st = c.stats()[0]["tables"]["emb"]
         assert st["rows"] == len(ref)
         np.testing.assert_array_equal(c.pull_sparse("emb", ref.keys()), ref.pull(ref.keys()))
+        keys, _ = batch(12, 0, 3000, DIM, num_keys=10**9)  # split pull, mostly unseen keys
+        np.testing.assert_array_equal(c.pull_sparse("emb", keys, create=False),
+                                      ref.pull(keys, create=False))
+        assert c.stats()[0]["tables"]["emb"]["rows"] == len(ref)
 
 
 def test_prefetch_futures_and_queued_push_merging():

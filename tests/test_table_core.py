@@ -61,6 +61,32 @@ def test_pull_of_every_dim_matches_a_numpy_reference(dim):
     assert len(t) == 1000
 
 
+@pytest.mark.parametrize("dim", [3, 16])
+def test_pull_without_create_answers_initial_rows_and_leaves_the_table(dim):
+    rng = np.random.default_rng(dim)
+    t = pyfleet.SparseTable(dim, SGD(0.5), initializer=Uniform(-1, 1), seed=3)
+    old = rng.choice(2**62, 500, replace=False).astype(np.uint64)
+    grads = rng.standard_normal((500, dim)).astype(np.float32)
+    t.push(old, grads)
+    new = rng.choice(2**62, 200, replace=False).astype(np.uint64) | np.uint64(2**63)
+    batch = np.concatenate([old, new, new[:20]])[rng.permutation(720)]
+    want = {int(k): v for k, v in zip(old, t.initial_values(old) - np.float32(0.5) * grads)}
+    want.update({int(k): v for k, v in zip(new, t.initial_values(new))})
+    before = t.stats()
+    got = t.pull(batch, create=False)
+    np.testing.assert_array_equal(got, np.stack([want[int(k)] for k in batch]))
+    assert len(t) == 500 and not np.isin(new, t.keys()).any()
+    assert t.stats()["memory_bytes"] == before["memory_bytes"]
+    # under an admission policy nothing is counted towards admission either
+    f = pyfleet.SparseTable(2, SGD(1.0), initializer=Constant(0.5), entry=CountFilterEntry(2))
+    for _ in range(3):
+        np.testing.assert_array_equal(f.pull(keys(7), create=False), [[0.5, 0.5]])
+    assert len(f) == 0 and f.stats()["candidates"] == 0
+    f.pull(keys(7))
+    f.pull(keys(7))
+    assert len(f) == 1  # admitted by two counted pulls, as without the lookups
+
+
 def test_nonfinite_gradient_rejects_whole_push():
     t = pyfleet.SparseTable(2, SGD(1.0))
     before = t.pull(keys(1, 2)).copy()

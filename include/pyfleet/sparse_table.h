@@ -63,8 +63,10 @@ class SparseTable {
   ~SparseTable();
 
   // out[i*dim ..] = row of keys[i]; creates (or, under an entry policy,
-  // counts) keys without a row. Thread-safe.
-  void Pull(const uint64_t* keys, size_t n, float* out);
+  // counts) keys without a row. With create = false a key without a row is
+  // answered with its initial row and the table is left as it was (lookups
+  // for evaluation or serving). Thread-safe.
+  void Pull(const uint64_t* keys, size_t n, float* out, bool create = true);
 
   // Applies the optimizer with grads[i*dim ..] to keys[i]'s row. Equal keys
   // are summed and applied once. A NaN/Inf anywhere rejects the whole call

@@ -82,8 +82,11 @@ class Backend:
         """Create (or overwrite) dense parameter ``name`` with ``initial_value``."""
         raise NotImplementedError
 
-    def pull_sparse(self, name, keys):
-        """float32 ``[len(keys), dim]`` rows; missing keys get their initial row."""
+    def pull_sparse(self, name, keys, create=True):
+        """float32 ``[len(keys), dim]`` rows; missing keys get their initial row,
+        and (``create=True``, a training step) a row of the table. The
+        executor passes ``create=False`` for programs without an optimizer
+        (``clone(for_test=True)``): evaluation does not grow the tables."""
         raise NotImplementedError
 
     def push_sparse(self, name, keys, grads):
@@ -158,8 +161,8 @@ class LocalBackend(Backend):
             raise ValueError(f"parameter {name!r} does not exist: run the startup "
                              "program before the main program") from None
 
-    def pull_sparse(self, name, keys):
-        return self._sparse(name).pull(keys)
+    def pull_sparse(self, name, keys, create=True):
+        return self._sparse(name).pull(keys, create=create)
 
     def push_sparse(self, name, keys, grads):
         self._sparse(name).push(keys, grads)

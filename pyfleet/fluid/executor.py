@@ -297,7 +297,9 @@ class _Step:
         found = _take_prepared(self.prepared, w.name, keys) if w.is_sparse_table else None
         uniq, inverse = found if found is not None else _unique_inverse(keys)
         if w.is_sparse_table:
-            urows = self.backend.pull_sparse(w.name, uniq)
+            # Evaluation (a program without optimizer) reads rows but makes none.
+            urows = self.backend.pull_sparse(w.name, uniq) if self.plan.training else \
+                self.backend.pull_sparse(w.name, uniq, create=False)
         else:
             urows = np.take(self.data(w), uniq, axis=0)
         pads = []

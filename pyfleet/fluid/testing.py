@@ -38,15 +38,18 @@ class RecordingBackend(Backend):
         self.dense[name] = np.array(initial_value, dtype=self.dtype)
         self.calls.append(("create_dense", name))
 
-    def pull_sparse(self, name, keys):
+    def pull_sparse(self, name, keys, create=True):
         self.calls.append(("pull_sparse", name, len(keys)))
         dim, init, seed = self.sparse_meta[name]
         table = self.sparse[name]
         out = np.empty((len(keys), dim), dtype=self.dtype)
         for i, k in enumerate(keys.tolist()):
-            if k not in table:
-                table[k] = np.asarray(init.generate((dim,), seed=seed, key=k), dtype=self.dtype)
-            out[i] = table[k]
+            row = table.get(k)
+            if row is None:
+                row = np.asarray(init.generate((dim,), seed=seed, key=k), dtype=self.dtype)
+                if create:
+                    table[k] = row
+            out[i] = row
         return out
 
     def push_sparse(self, name, keys, grads):
