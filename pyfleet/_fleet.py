@@ -113,7 +113,9 @@ class RemoteBackend(Backend):
         self.client.dense_shape(name)
 
     def pull_sparse(self, name, keys, create=True):
-        if not create and self.geo is None:  # evaluation: never prefetched, rows not made
+        if not create:  # evaluation: never prefetched, rows not made
+            if self.geo is not None:
+                return self.geo.pull_sparse(name, keys, create=False)
             return self.client.pull_sparse(name, keys, unique=True, create=False)
         queue = self._prefetched.get(name)
         for i, (ahead, _) in enumerate(queue or ()):

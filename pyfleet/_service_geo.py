@@ -87,10 +87,24 @@ class GeoClient:
             idx = np.searchsorted(c.keys, uniq)
         return idx
 
-    def pull_sparse(self, table, keys):
-        """Rows of ``keys`` as the local model has them (float32 ``[n, dim]``)."""
+    def pull_sparse(self, table, keys, create=True):
+        """Rows of ``keys`` as the local model has them (float32 ``[n, dim]``).
+        ``create=False`` (evaluation): keys not in the local copy are read
+        from the servers without making rows there, nor copies here."""
         c = self._copy(table)
         uniq, inverse = np.unique(keys, return_inverse=True)
+        if not create:
+            idx = np.searchsorted(c.keys, uniq)
+            hit = idx < c.keys.shape[0]
+            hit[hit] = c.keys[idx[hit]] == uniq[hit]
+            rows = np.empty((uniq.shape[0], c.table.dim), np.float32)
+            if hit.any():
+                h = idx[hit]
+                rows[hit] = c.base[h] + (c.table.pull(uniq[hit]) - c.snap[h])
+            if not hit.all():
+                rows[~hit] = self.client.pull_sparse(table, uniq[~hit], unique=True,
+                                                     create=False)
+            return rows[inverse.reshape(-1)]
         idx = self._locate(c, uniq)
         rows = c.base[idx] + (c.table.pull(uniq) - c.snap[idx])
         return rows[inverse.reshape(-1)]

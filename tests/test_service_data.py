@@ -265,5 +265,21 @@ def test_geo_worker_sends_deltas_every_k_steps():
             else:
                 for gc in geo:
                     gc.step()
+        # evaluation mid-interval: the local model's rows for keys it holds, the
+        # servers' (initial) rows for the others; no row made anywhere
+        keys, grads = batch(0, 99, 30, 4, num_keys=40, dyadic=True)
+        geo[0].pull_sparse("emb", keys)
+        geo[0].push_sparse("emb", keys, grads)
+        unseen = np.array([10**15, 10**15 + 1], np.uint64)
+        probe = np.concatenate([keys, unseen, keys[:3]])
+        rows_before = sum(s["tables"]["emb"]["rows"] for s in c0.stats())
+        copy_before = geo[0]._copies["emb"].keys.shape[0]
+        got = geo[0].pull_sparse("emb", probe, create=False)
+        n = keys.shape[0]
+        np.testing.assert_array_equal(got[:n], geo[0].pull_sparse("emb", keys))
+        np.testing.assert_array_equal(got[n + 2:], got[:3])
+        np.testing.assert_array_equal(got[n:n + 2], np.ones((2, 4), np.float32))  # initial
+        assert geo[0]._copies["emb"].keys.shape[0] == copy_before
+        assert sum(s["tables"]["emb"]["rows"] for s in c0.stats()) == rows_before
         with pytest.raises(pyfleet.errors.RemoteError, match="geo-mode server takes deltas"):
             c0.push_sparse("emb", np.array([1], np.uint64), np.ones((1, 4), np.float32))
