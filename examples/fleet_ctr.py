@@ -121,7 +121,7 @@ def criteo_reader(paths, trainer_id=0, trainer_num=1):
                 first = True
                 skip_id = False
                 sep = "\t"
-                for line in f:
+                for lineno, line in enumerate(f, 1):
                     line = line.rstrip("\r\n")
                     if first:
                         first = False
@@ -138,6 +138,9 @@ def criteo_reader(paths, trainer_id=0, trainer_num=1):
                     features = line.split(sep)
                     if skip_id:
                         features = features[1:]
+                    if len(features) != 40:  # label, 13 dense, 26 categorical
+                        raise ValueError(f"{path}:{lineno}: {len(features)} fields, a Criteo "
+                                         f"line has 40 (label, I1-I13, C1-C26)")
                     dense_feature = []
                     for idx in range(1, 14):
                         x = features[idx]

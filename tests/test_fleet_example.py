@@ -119,3 +119,12 @@ def test_fleet_inference_model_equals_training_forward(tmp_path):
     assert "1,999" in out
     scores = np.loadtxt(tmp_path / "all.txt")
     assert scores.shape == (1999,) and ((scores > 0) & (scores < 1)).all()
+
+
+def test_reader_names_a_line_that_is_not_criteo(tmp_path):
+    reader = _example_module().criteo_reader
+    assert sum(1 for _ in reader([str(TINY)])()) == 1999
+    slot = tmp_path / "slot.txt"
+    slot.write_text("click:1 dense_feature:0.5 1:123 2:456\n")
+    with pytest.raises(ValueError, match=rf"{slot}:1: 1 fields, a Criteo line has 40"):
+        next(reader([str(slot)])())
