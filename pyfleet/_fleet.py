@@ -360,10 +360,13 @@ class Fleet:
         the parameters saved there (by any number of servers): a directory of
         :meth:`save_persistables` (its chain of full + delta saves is replayed,
         every file checked against the manifest's sha256 first), or a list of
-        them, a base then its deltas in order. A damaged or incomplete
-        checkpoint is a ValueError naming the file; one of another model (a
-        table it lacks, or holds with another dim or shape) a ValueError naming
-        the table and both forms."""
+        them, a base then its deltas in order. A relative ``model_dir`` is
+        taken from the checkpoint root (``PYFLEET_CHECKPOINT_DIR``); the load
+        is this process's own, so it may be outside that root, to which only
+        the saves and loads workers request are confined. A damaged or
+        incomplete checkpoint is a ValueError naming the file; one of another
+        model (a table it lacks, or holds with another dim or shape) a
+        ValueError naming the table and both forms."""
         from pyfleet.auth import server_options_from_env
         from pyfleet.server import Server
         role = self._role_maker()
@@ -381,15 +384,19 @@ class Fleet:
                               checkpoint_dir=checkpoint_root(), **kwargs)
         if model_dir is not None:
             dirs = model_dir if isinstance(model_dir, (list, tuple)) else [model_dir]
-            rels = [_relative_to_root(d)[0] for d in dirs]
-            for rel, d in zip(rels, dirs):
-                m = _checkpoint.read_manifest(os.path.join(checkpoint_root(), rel))
+            paths = [os.path.realpath(os.path.join(checkpoint_root(), os.fspath(d)))
+                     for d in dirs]
+            for path, d in zip(paths, dirs):
+                m = _checkpoint.read_manifest(path)
                 if m is None:
                     raise ValueError(f"model_dir {os.fspath(d)!r} has no {MANIFEST_NAME}: an "
                                      f"incomplete save, or not a fleet checkpoint")
                 _checkpoint.check_tables(m.get("tables") or [], self._tables, os.fspath(d))
+            # Loaded relative to the deepest directory holding them all.
+            base = os.path.commonpath([os.path.dirname(p) for p in paths])
+            rels = [os.path.relpath(p, base) for p in paths]
             self._server.load_checkpoint(rels if isinstance(model_dir, (list, tuple))
-                                         else rels[0])
+                                         else rels[0], root=base)
 
     def run_server(self):
         """Serve until every worker called ``stop_worker`` (then return). Raises

@@ -249,9 +249,9 @@ def cmd_train(args):
     job_path = os.path.join(run_dir, "job.json")
     with open(job_path, "w") as f:
         json.dump(job, f, indent=1)
-    # Servers may only save and load below this directory.
-    root = os.path.commonpath([run_dir] + ([resume] if resume else []))
-    env = dict(os.environ, PYFLEET_CHECKPOINT_DIR=root)
+    # Workers' save and load requests are confined to the run directory (the
+    # servers load --resume's checkpoint themselves, from wherever it is).
+    env = dict(os.environ, PYFLEET_CHECKPOINT_DIR=run_dir)
     if args.curve_dir:
         from pyfleet import auth
         env["PYFLEET_CURVE_DIR"] = os.path.abspath(args.curve_dir)

@@ -772,16 +772,19 @@ class Server:
                 self._done.set()
         return out
 
-    def _checkpoint_path(self, payload):
-        if self.checkpoint_dir is None:
+    def _checkpoint_path(self, payload, root=None):
+        """The real path of ``payload["dir"]``, which must stay inside ``root``
+        (default: ``checkpoint_dir``, the only root a request may use)."""
+        root = self.checkpoint_dir if root is None else root
+        if root is None:
             raise _Refused("this server has no checkpoint_dir; save/load are disabled")
         rel = payload.get("dir")
         if not isinstance(rel, str) or not rel:
             raise _Refused(f"dir must be a non-empty relative path, got {rel!r}")
         if os.path.isabs(rel) or "\x00" in rel:
             raise _Refused(f"dir {rel!r} must be relative to the checkpoint dir")
-        path = os.path.realpath(os.path.join(self.checkpoint_dir, rel))
-        if os.path.commonpath([path, self.checkpoint_dir]) != self.checkpoint_dir:
+        path = os.path.realpath(os.path.join(root, rel))
+        if os.path.commonpath([path, root]) != root:
             raise _Refused(f"dir {rel!r} escapes the checkpoint dir")
         return path
 
@@ -832,34 +835,40 @@ class Server:
         rows = self.load_checkpoint(payload.get("dir"))
         return [[ident] + P.reply(h, payload={"rows": rows})]
 
-    def load_checkpoint(self, rel):
+    def load_checkpoint(self, rel, root=None):
         """Load every table from ``<checkpoint_dir>/<rel>`` (written by any
         number of servers). ``rel`` may be a checkpoint of
         ``fleet.save_persistables`` (its manifest's chain is replayed, every
         file verified first) or a list of them (a base, then its deltas in
         order), or a plain ``Client.save`` directory. Returns ``{table: rows}``
         (rows read, summed over a chain); raises ValueError naming what is
-        missing, damaged or refused. Thread-safe."""
+        missing, damaged or refused. Thread-safe.
+
+        ``root``: the directory ``rel`` is relative to, for a load this
+        process asks for itself (``fleet.init_server(model_dir)``); a LOAD
+        request from the network is always confined to ``checkpoint_dir``."""
+        root = None if root is None else os.path.realpath(os.fspath(root))
+        base = self.checkpoint_dir if root is None else root
         if isinstance(rel, (list, tuple)) or (isinstance(rel, str) and rel):
             for r in [rel] if isinstance(rel, str) else rel:
                 try:
-                    self._checkpoint_path({"dir": r})
+                    self._checkpoint_path({"dir": r}, root)
                 except _Refused as e:
                     raise ValueError(str(e)) from None
-            chain = _checkpoint.resolve(self.checkpoint_dir, rel)
+            chain = _checkpoint.resolve(base, rel)
             if chain is not None:
                 total = {}
                 for _, gen, path in chain:
                     _checkpoint.verify_generation(path, gen)
                 for grel, _, _ in chain:
-                    for k, n in self._load_dir(grel).items():
+                    for k, n in self._load_dir(grel, root).items():
                         total[k] = total.get(k, 0) + n
                 return total
-        return self._load_dir(rel)
+        return self._load_dir(rel, root)
 
-    def _load_dir(self, rel):
+    def _load_dir(self, rel, root=None):
         try:
-            path = self._checkpoint_path({"dir": rel})
+            path = self._checkpoint_path({"dir": rel}, root)
             if not os.path.isdir(path):
                 raise _Refused(f"checkpoint dir {rel!r} does not exist")
             names = os.listdir(path)

@@ -13,6 +13,7 @@ import threading
 import numpy as np
 import pytest
 
+import pyfleet
 from pyfleet import fluid
 from pyfleet._fleet import MANIFEST_NAME, Fleet
 from pyfleet.data import Dataset, synthetic
@@ -202,6 +203,22 @@ def test_a_checkpoint_of_another_model_is_refused_naming_the_parameter(root, dat
         with pytest.raises(ValueError, match=rf"dense 'fc_0.w_0' has shape \[{n_in}, 8\] in "
                                              rf"'ck/{gen}', \[{n_in}, 6\] here"):
             c.servers[0].load_checkpoint(f"ck/{gen}")
+
+
+def test_init_server_loads_from_outside_the_root_but_requests_may_not(root, data,
+                                                                     monkeypatch):
+    with cluster(2, data) as c:
+        c.train(3, seed=1)
+        c.worker.save_persistables(c.exe, "ck")
+        want = c.state()
+    (root / "other").mkdir()
+    monkeypatch.setenv("PYFLEET_CHECKPOINT_DIR", str(root / "other"))
+    with cluster(2, data, model_dir=str(root / "ck")) as c:  # the server's own load
+        assert_same_state(c.state(), want)
+        with pytest.raises(ValueError, match="must be inside the checkpoint root"):
+            c.worker.save_persistables(c.exe, str(root / "ck2"))
+        with pytest.raises(pyfleet.errors.RemoteError, match="escapes the checkpoint dir"):
+            c.worker._client.load("../ck")  # a request from the network stays confined
 
 
 def test_a_directory_without_a_manifest_is_refused(root, data):
