@@ -264,6 +264,26 @@ def test_clone_for_test_computes_without_updating():
     assert c < a                          # one SGD step on this batch lowers its loss
 
 
+def test_float_ids_or_labels_and_ragged_feeds_are_refused_by_name():
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup):
+        ids = L.data("ids", [1], dtype="int64")
+        x = L.data("x", [3], dtype="float32")
+        emb = L.embedding(ids, [10**9, 2], is_distributed=True)
+    exe = fluid.Executor()
+    exe.run(startup)
+    # float32 cannot hold every id: 123456789 and 123456790 are one float32,
+    # so rounding would read one row for both
+    with pytest.raises(ValueError, match=r"feed 'ids': declared int64, got float32"):
+        exe.run(main, feed={"ids": np.array([[123456789], [123456790]], np.float32)},
+                fetch_list=[emb])
+    (rows,) = exe.run(main, feed={"ids": np.array([[123456789], [123456790]])}, fetch_list=[emb])
+    assert not np.array_equal(rows[0], rows[1])
+    with pytest.raises(ValueError, match=r"feed 'x': not a rectangular array"):
+        exe.run(main, feed={"ids": np.array([[1], [2]]), "x": [[1, 2, 3], [1, 2]]},
+                fetch_list=[emb])
+
+
 def test_evaluation_reads_rows_without_making_them():
     main, startup, net, _ = _build()
     exe = fluid.Executor()

@@ -490,11 +490,20 @@ def _feed_value(var, value, checked=None):
         return t
     if isinstance(value, LoDTensor):
         value = value.data
-    a = np.asarray(value)
+    try:
+        a = np.asarray(value)
+    except ValueError as e:  # ragged nested lists
+        raise ValueError(f"feed {var.name!r}: not a rectangular array ({e}); a variable-"
+                         f"length input needs lod_level=1") from None
+    if a.dtype == object:
+        raise ValueError(f"feed {var.name!r}: not a rectangular array of numbers; a "
+                         f"variable-length input needs lod_level=1")
     if a.dtype != var.dtype:
-        if var.dtype.kind in "iu" and a.dtype.kind == "f" and a.size and \
-                not np.all(np.isfinite(a)):
-            raise ValueError(f"feed {var.name!r}: non-finite value for an integer input")
+        if var.dtype.kind in "iu" and a.dtype.kind not in "iub":
+            # As Fluid: ids and labels are not rounded from floats (float32 cannot
+            # even hold every id: 123456789 and 123456790 are one float32).
+            raise ValueError(f"feed {var.name!r}: declared {var.dtype.name}, got {a.dtype} "
+                             f"(convert with .astype(np.{var.dtype.name}))")
         a = a.astype(var.dtype)
     if var.shape is not None and len(var.shape) > 0:
         tail = var.shape[1:] if var.shape[0] == -1 else var.shape
