@@ -61,6 +61,29 @@ def _relative_to_root(dirname):
     return os.path.relpath(path, root), path
 
 
+class _NoServers(Backend):
+    """The backend of the fleet's programs on a worker before ``init_worker``
+    (or after ``stop_worker``): the startup program may run (tables are
+    created by ``init_worker``), anything that would read or write a
+    parameter raises ConfigError: silently training a local model instead
+    of the servers' is worse than failing."""
+
+    def __init__(self, why):
+        self.why = why
+
+    def create_sparse(self, name, dim, optimizer, initializer, seed):
+        pass
+
+    def create_dense(self, name, initial_value, optimizer):
+        pass
+
+    def _refuse(self, *args, **kwargs):
+        raise ConfigError(self.why)
+
+    pull_sparse = push_sparse = pull_dense = push_dense = pull_dense_many = _refuse
+    push_dense_many = set_dense = save = load = prefetch_sparse = _refuse
+
+
 class RemoteBackend(Backend):
     """The executor's parameters, held by the servers (see :mod:`pyfleet.fluid.backend`).
 
@@ -235,6 +258,17 @@ class RemoteBackend(Backend):
         elif self.geo is not None:
             self.geo.step()
 
+    def save(self, dirname, params):
+        raise ConfigError("the parameters of a fleet program live on the servers: save them "
+                          "with fleet.save_persistables(exe, dirname) (a checkpoint) or "
+                          "fleet.save_inference_model(exe, dirname, feeds, targets), not "
+                          "fluid.io's save functions")
+
+    def load(self, dirname, params):
+        raise ConfigError("the parameters of a fleet program live on the servers: load a "
+                          "checkpoint with fleet.init_server(model_dir) on the servers, not "
+                          "fluid.io's load functions")
+
     def finish(self):
         """Send what is still local or queued (geo deltas, async pushes)."""
         self._wait_dense_push()
@@ -344,6 +378,10 @@ class Fleet:
 
     def _set_program(self, main, startup, strategy, sparse_entry=None):
         self.main_program, self.startup_program, self._strategy = main, startup, strategy
+        if self._client is None:  # workers: until init_worker, no parameter to train
+            main._backend = startup._backend = _NoServers(
+                "this fleet program's parameters live on the servers: call "
+                "fleet.init_worker() (on a worker) before running fleet.main_program")
         self._tables, dense_shapes = table_configs(main, sparse_entry)
         self._placement = [
             (b.name, b.start, b.end, b.server_index)
@@ -448,6 +486,9 @@ class Fleet:
         finally:
             client.close()
             self._client = None
+            self.main_program._backend = self.startup_program._backend = _NoServers(
+                "fleet.stop_worker() was called: this worker is no longer connected to the "
+                "servers")
 
     def barrier_worker(self):
         """Wait for every worker (a server-side barrier), once this worker's own

@@ -221,6 +221,23 @@ def test_init_server_loads_from_outside_the_root_but_requests_may_not(root, data
             c.worker._client.load("../ck")  # a request from the network stays confined
 
 
+def test_fluid_io_saves_and_runs_after_stop_worker_are_refused_by_name(root, data):
+    from pyfleet.errors import ConfigError
+    c = Cluster(1, data)
+    try:
+        feeds = [v.name for v in c.model.inputs if v is not c.model.label]
+        with pytest.raises(ConfigError, match=r"fleet.save_inference_model"):
+            fluid.io.save_inference_model(str(root / "m"), feeds, [c.model.predict], c.exe,
+                                          main_program=c.main)
+        assert not (root / "m").exists()  # no model file without its parameters
+        with pytest.raises(ConfigError, match=r"fleet.save_persistables"):
+            fluid.io.save_persistables(c.exe, str(root / "p"), main_program=c.main)
+    finally:
+        c.close()
+    with pytest.raises(ConfigError, match=r"fleet.stop_worker\(\) was called"):
+        c.train(1, seed=1)
+
+
 def test_a_directory_without_a_manifest_is_refused(root, data):
     (root / "half").mkdir()
     with pytest.raises(ValueError, match="no MANIFEST.json"):

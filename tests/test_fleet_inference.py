@@ -233,6 +233,21 @@ def test_role_errors():
         Fleet().init(role_maker="worker")
 
 
+def test_a_worker_program_without_servers_refuses_to_train():
+    from pyfleet.role_maker import Role
+    f = _minimized(Fleet(), Role.WORKER)
+    exe = fluid.Executor()
+    exe.run(f.startup_program)  # allowed before init_worker, as in Fluid scripts
+    block = f.main_program.global_block()
+    feed = {v.name: (np.array([1, 2], np.int64), np.array([0, 1, 2])) if v.lod_level else
+            np.zeros((2, *v.shape[1:]), v.dtype)
+            for v in block.vars.values() if getattr(v, "is_data", False)}
+    assert feed
+    # without init_worker it would otherwise train a local model nobody sees
+    with pytest.raises(ConfigError, match=r"call fleet.init_worker\(\)"):
+        exe.run(f.main_program, feed=feed)
+
+
 def test_fluid_import_paths_are_the_same_objects():
     from pyfleet import config, role_maker
     from pyfleet.fluid.incubate.fleet.base.role_maker import (

@@ -129,11 +129,17 @@ def save_inference_model(dirname, feeded_var_names, target_vars, executor, main_
     desc = program.to_dict(ops)
     desc["feed"] = feed_names
     desc["fetch"] = [t.name for t in targets]
+    created = not os.path.isdir(dirname)
     os.makedirs(dirname, exist_ok=True)
-    write_json_atomic(os.path.join(dirname, model_filename or MODEL_FILENAME), desc)
-    if not program_only:
+    if not program_only:  # the parameters first: a model file says the directory is complete
         used = {v.name: v for op in ops for v in op.input_vars() if isinstance(v, Parameter)}
-        program._get_backend().save(dirname, list(used.values()))
+        try:
+            program._get_backend().save(dirname, list(used.values()))
+        except BaseException:
+            if created and not os.listdir(dirname):
+                os.rmdir(dirname)
+            raise
+    write_json_atomic(os.path.join(dirname, model_filename or MODEL_FILENAME), desc)
     return [t.name for t in targets]
 
 
