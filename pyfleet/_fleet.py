@@ -492,10 +492,13 @@ class Fleet:
 
     def barrier_worker(self):
         """Wait for every worker (a server-side barrier), once this worker's own
-        pushes are applied."""
+        pushes are applied. In sync mode a worker waiting here takes no part
+        in the others' step barriers (their steps average the gradients of
+        the workers still training): with fewer batches than the others, a
+        worker waits for them to finish the pass."""
         client = self._require_worker("barrier_worker")
         self._backend._wait_dense_push()
-        client.barrier()
+        client.barrier(kind="pass")
 
     def save_persistables(self, executor=None, dirname=None, main_program=None, mode="full",
                           meta=None):

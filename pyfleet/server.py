@@ -253,7 +253,7 @@ class Server:
         self._entries = {}                        # id -> _Entry
         self._by_key = {}                         # "name" / "name[s:e]" -> _Entry
         self._sync_buf = {}                       # id -> [(worker, keys, grads)]
-        self._waiting = {}                        # worker -> (identity, Header)
+        self._waiting = {}                        # worker -> (identity, Header, kind)
         self._barrier_started = None
         self._barrier_count = 0
         self._last_seen = {}
@@ -677,27 +677,44 @@ class Server:
         return w
 
     def _barrier(self, h, op, frames, ident):
-        w = self._worker_of(self._control_payload(frames, op))
+        payload = self._control_payload(frames, op)
+        w = self._worker_of(payload)
+        kind = payload.get("kind", "step")
+        if kind not in ("step", "pass"):
+            raise _Refused(f"barrier kind must be 'step' or 'pass', got {kind!r}")
         with self._lock:
             self._last_seen[w] = time.monotonic()
             if w in self._waiting:
                 raise _Refused(f"worker {w} is already waiting at this barrier")
             if not self._waiting:
                 self._barrier_started = time.monotonic()
-            self._waiting[w] = (ident, h)
+            self._waiting[w] = (ident, h, kind)
             return self._complete_barrier_locked()
 
     def _complete_barrier_locked(self):
+        """Release the barrier once every live worker waits at one. A *step*
+        barrier (sync mode: the end of a training step) completes with the
+        workers at it; workers waiting at a *pass* barrier
+        (``fleet.barrier_worker``: done with their share) take no part in it,
+        as stopped ones, and are released once every live worker is at the
+        pass barrier. So workers with fewer batches wait for the others
+        instead of releasing, or deadlocking, their steps."""
         live = set(range(self.worker_num)) - self._stopped
         if not self._waiting or not live <= self._waiting.keys():
             return None
-        if self.mode == "sync":
-            self._apply_sync(len(live))
+        step = {w: v for w, v in self._waiting.items() if v[2] == "step"}
+        release = step or self._waiting
+        if self.mode == "sync" and step:
+            self._apply_sync(len(step))
         self._barrier_count += 1
         out = [[ident] + P.reply(hh, payload={"barrier": self._barrier_count})
-               for ident, hh in self._waiting.values()]
-        self._waiting = {}
-        self._barrier_started = None
+               for ident, hh, _ in release.values()]
+        if step:
+            self._waiting = {w: v for w, v in self._waiting.items() if v[2] != "step"}
+            self._barrier_started = time.monotonic() if self._waiting else None
+        else:
+            self._waiting = {}
+            self._barrier_started = None
         return out
 
     def _housekeeping(self, sock):
@@ -728,7 +745,7 @@ class Server:
             log.error("%s", msg)
             self._count("barrier_failures")
             out = [[ident] + P.error_reply(hh.op, hh.request, msg, Status.BARRIER_FAILED)
-                   for ident, hh in self._waiting.values()]
+                   for ident, hh, _ in self._waiting.values()]
             self._waiting = {}
             self._barrier_started = None
             self._sync_buf = {}  # that step's gradients die with it

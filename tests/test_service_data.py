@@ -1,6 +1,8 @@
 """Pulls and pushes through real server processes on loopback, checked against
 in-process tables and numpy references, in async, sync and geo modes."""
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -205,6 +207,58 @@ def test_sync_two_workers_apply_the_average(tmp_path):
         for k, gsum in total.items():
             rows[k] = (rows.get(k, np.full(DIM, 0.25, np.float32))
                        - np.float32(lr) * (gsum / np.float32(2))).astype(np.float32)
+
+
+def test_sync_pass_barrier_waits_for_a_worker_with_more_steps():
+    """fleet.barrier_worker with unequal shares: the worker done first waits at a
+    pass barrier, the other's steps go on alone (averaged over the workers that
+    stepped), and the pass barrier opens only when both are done."""
+    lr, dim = 0.5, 4
+    cfg = {"kind": "sparse", "name": "emb", "dim": dim, "optimizer": SGD(lr).to_config(),
+           "initializer": Constant(0.25).to_config()}
+    keys = np.arange(8, dtype=np.uint64)
+    steps = [2, 5]
+    events, lock, errors, final = [], threading.Lock(), [], [None, None]
+
+    def grad(i, s):
+        return np.full((8, dim), 0.125 * (i + 1) * (s + 1), np.float32)
+
+    def worker(i, c):
+        try:
+            for s in range(steps[i]):
+                c.push_sparse("emb", keys, grad(i, s))
+                c.barrier()
+                with lock:
+                    events.append((i, "step", s))
+            c.barrier(kind="pass")
+            with lock:
+                events.append((i, "pass", None))
+            final[i] = c.pull_sparse("emb", keys)
+            c.stop_worker()
+        except BaseException as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    with ServerGroup(1, 2, mode="sync") as g, \
+            Client(g.endpoints, timeout=20, worker_index=0) as c0, \
+            Client(g.endpoints, timeout=20, worker_index=1) as c1:
+        c0.create_tables([cfg])
+        c1.create_tables([cfg])
+        threads = [threading.Thread(target=worker, args=(i, c)) for i, c in enumerate((c0, c1))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors, errors
+        assert g.wait(30) == [0]
+    # worker 0 leaves its pass barrier only after worker 1's last step
+    assert events.index((0, "pass", None)) > events.index((1, "step", 4))
+    row = np.float32(0.25)
+    for s in range(5):
+        stepped = [i for i in range(2) if s < steps[i]]
+        total = sum(grad(i, s)[0, 0] for i in stepped)
+        row = np.float32(row - np.float32(lr) * (total / np.float32(len(stepped))))
+    for i in range(2):  # both read the rows of all 5 steps after the pass barrier
+        np.testing.assert_array_equal(final[i], np.full((8, dim), row, np.float32))
 
 
 def test_async_two_worker_processes_match_reference():
