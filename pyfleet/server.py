@@ -261,6 +261,7 @@ class Server:
         self._counters = {}
         self._counter_lock = threading.Lock()
         self._last_house = 0.0
+        self._serving_since = None  # monotonic time run() began
         self._done = threading.Event()
         self._ran = False
         self._export_snapshots = {}               # table id -> sorted keys of an export
@@ -339,6 +340,7 @@ class Server:
         if self._ran:
             raise RuntimeError("Server.run() may be called once")
         self._ran = True
+        self._serving_since = time.monotonic()
         handlers = [threading.Thread(target=self._handler_loop, name=f"pyfleet-handler-{i}",
                                      daemon=True) for i in range(self.handler_threads)]
         for t in handlers:
@@ -762,10 +764,23 @@ class Server:
         gone = sorted(w for w in set(range(self.worker_num)) - self._stopped
                       if w in self._last_seen
                       and now - self._last_seen[w] > self.heartbeat_timeout)
-        if gone and len(self._stopped) + len(gone) == self.worker_num:
-            self.failure = (f"server {self.server_index} ({self.endpoint}) gives up: worker(s) "
-                            f"{gone} sent nothing for more than {self.heartbeat_timeout:g} s "
-                            f"(dead?) and every other worker has stopped")
+        # A worker that died before its first request is never seen: it counts
+        # as gone once it has not appeared within barrier_timeout of the start.
+        never = sorted(w for w in set(range(self.worker_num)) - self._stopped
+                       if w not in self._last_seen)
+        late = self._serving_since is not None and \
+            now - self._serving_since > self.barrier_timeout
+        if (gone or never) and len(self._stopped) + len(gone) + len(never) == self.worker_num \
+                and (self._stopped or gone) and (not never or late):
+            why = []
+            if gone:
+                why.append(f"worker(s) {gone} sent nothing for more than "
+                           f"{self.heartbeat_timeout:g} s (dead?)")
+            if never:
+                why.append(f"worker(s) {never} never connected within "
+                           f"{self.barrier_timeout:g} s")
+            self.failure = (f"server {self.server_index} ({self.endpoint}) gives up: "
+                            f"{'; '.join(why)}, and every other worker has stopped")
             log.error("%s", self.failure)
             self._done.set()
 

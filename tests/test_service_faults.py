@@ -47,6 +47,25 @@ def test_in_process_run_returns_once_every_worker_stopped():
         t.join(10)
 
 
+def test_a_worker_that_never_connects_fails_the_run_after_the_barrier_timeout():
+    server = Server("127.0.0.1:0", 0, 1, 2, tables=[SPARSE], barrier_timeout=1.5,
+                    heartbeat_timeout=1.0)
+    t = threading.Thread(target=server.run)
+    t0 = time.monotonic()
+    t.start()
+    try:
+        with Client([server.endpoint], worker_index=0, timeout=10) as a:
+            a.pull_sparse("emb", np.array([3], np.uint64))
+            a.stop_worker()  # worker 1 died before its first request
+        t.join(15)
+        assert not t.is_alive()  # it used to serve forever
+        assert time.monotonic() - t0 >= 1.5
+        assert "worker(s) [1] never connected within 1.5 s" in server.failure
+    finally:
+        server.stop()
+        t.join(10)
+
+
 def test_killed_server_is_a_peer_timeout_naming_it():
     with ServerGroup(2, 1) as g, Client(g.endpoints, timeout=2, heartbeat_interval=0) as c:
         c.create_tables([SPARSE])
