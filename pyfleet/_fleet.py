@@ -37,7 +37,7 @@ import numpy as np
 
 from pyfleet import _checkpoint
 from pyfleet import config as _config
-from pyfleet.errors import ConfigError
+from pyfleet.errors import ConfigError, RemoteError
 from pyfleet.fluid.backend import Backend
 
 __all__ = ["Fleet", "DistributedOptimizer", "RemoteBackend", "fleet", "checkpoint_root",
@@ -244,8 +244,19 @@ class RemoteBackend(Backend):
 
     def step_end(self):
         if self.mode == "sync":
-            self._wait_sync_push()
-            self.client.barrier()
+            # A push the servers refused (a NaN gradient, say) is raised after
+            # the step's barrier, not instead of it: the other workers' step
+            # completes without this worker's gradients, and this worker stays
+            # in step with them (skipping the barrier would pair its next step
+            # with their current one). Every error of the step is taken here,
+            # so none resurfaces at the next step.
+            refused = []
+            for wait in (self._wait_sync_push, self.client.flush):
+                try:
+                    wait()
+                except RemoteError as e:
+                    refused.append(e)
+            self.client.barrier(flush=False)
             # The values the next step reads are final now: fetch them meanwhile.
             if self._dense_names and not self.dense_staleness:
                 self._dense_push = self._background(self.client.pull_dense_many, self._dense_names)
@@ -255,6 +266,8 @@ class RemoteBackend(Backend):
                 while len(queue) >= 2:
                     queue.popleft()[1].result()
                 queue.append((k, self.client.pull_sparse_async(name, k, unique=True)))
+            if refused:
+                raise refused[0]
         elif self.geo is not None:
             self.geo.step()
 

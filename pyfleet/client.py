@@ -842,15 +842,17 @@ class Client:
                  for s, lst in enumerate(per_server)]
         self._learn([P.parse_json(frames[0]) for _, frames in ch.wait(calls)])
 
-    def barrier(self, kind="step"):
+    def barrier(self, kind="step", flush=True):
         """Flush pushes, then wait until every live worker reached the barrier on
         every server (sync mode: the step's averaged update is applied). Raises
         BarrierError naming a missing worker when the servers give up.
 
         ``kind="pass"`` (``fleet.barrier_worker``): this worker is done with
         its share; the others' step barriers go on without it, and this one
-        returns once every live worker is at a pass barrier."""
-        self.flush()
+        returns once every live worker is at a pass barrier. ``flush=False``:
+        the caller flushed (and took the errors of) the pushes itself."""
+        if flush:
+            self.flush()
         return self._control_all(Op.BARRIER, {"worker": self.worker_index, "kind": kind},
                                  timeout=self.barrier_timeout + self.timeout)
 

@@ -311,3 +311,81 @@ def test_a_manifest_naming_files_outside_its_generation_is_refused(root, data):
     (root / "ck" / MANIFEST_NAME).write_text(json.dumps(m))
     with pytest.raises(ValueError, match="bad file names"):
         Cluster(1, data, model_dir="ck")
+
+
+def test_sync_worker_with_a_refused_push_stays_in_step(data):
+    """A NaN gradient is refused by the servers; the worker gets the error for
+    that step only, and its later steps still pair with the other worker's."""
+    from pyfleet.config import DistributeTranspilerConfig
+    from pyfleet.errors import RemoteError
+    schema = Dataset(data, format="criteo").schema
+    eps = [f"127.0.0.1:{p}" for p in free_ports(1)]
+    strategy = DistributeTranspilerConfig()
+    strategy.sync_mode = True
+    strategy.runtime.request_timeout = strategy.runtime.connect_timeout = 20.0
+    strategy.runtime.barrier_timeout = 20.0
+
+    def program():
+        with fluid.unique_name.guard():
+            main, startup, model = build_program(JOB, schema.n_dense, schema.n_slots)
+        return main, startup, model
+
+    server = Fleet()
+    server.init(UserDefinedRoleMaker(0, Role.SERVER, 2, eps))
+    main, startup, _ = program()
+    with fluid.program_guard(main, startup):
+        Adam(JOB["lr"]).minimize(_.avg_cost)
+    server._set_program(main, startup, strategy)
+    server.init_server()
+    srv = server._server
+    t = threading.Thread(target=server.run_server, daemon=True)
+    t.start()
+    batches = list(Dataset(data, format="criteo", batch_size=64))[:4]
+    results = [[], []]
+
+    workers = []  # built here: fluid's program and name guards are process-wide
+    for i in range(2):
+        f = Fleet()
+        f.init(UserDefinedRoleMaker(i, Role.WORKER, 2, eps))
+        main, startup, model = program()
+        with fluid.program_guard(main, startup):
+            f.distributed_optimizer(Adam(JOB["lr"]), strategy).minimize(model.avg_cost)
+        workers.append((f, model))
+
+    def worker(i):
+        f, model = workers[i]
+        f.init_worker()
+        exe = fluid.Executor()
+        exe.run(f.startup_program)
+        backend, push = f._backend, f._backend.push_dense_many
+        for step, b in enumerate(batches):
+            feed = feed_of(b, model)
+            # worker 1's step 1 pushes a NaN gradient (as a diverging model would)
+            backend.push_dense_many = (lambda g: push({k: np.full_like(v, np.nan)
+                                                       for k, v in g.items()})) \
+                if (i, step) == (1, 1) else push
+            try:
+                (loss,) = exe.run(f.main_program, feed=feed, fetch_list=[model.avg_cost])
+                results[i].append(float(np.asarray(loss).reshape(-1)[0]))
+            except RemoteError as e:
+                results[i].append(str(e))
+        f.stop_worker()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+    for w in threads:
+        w.start()
+    for w in threads:
+        w.join(60)
+    srv.stop()
+    t.join(30)
+    assert isinstance(results[1][1], str) and "NaN or Inf" in results[1][1]
+    # one error, at its step; the later steps train (and no step of either
+    # worker fails with the refused step's leftovers)
+    assert all(isinstance(x, float) for k, x in enumerate(results[1]) if k != 1)
+    assert all(isinstance(x, float) for x in results[0])
+    # in step: both feed the same batches, so reading the same parameters at
+    # every step they see the same loss (a skipped barrier would pair worker
+    # 1's step 2 with worker 0's step 3)
+    for step in (0, 2, 3):
+        assert results[0][step] == pytest.approx(results[1][step], rel=1e-6), step
+    assert srv._barrier_count == len(batches)

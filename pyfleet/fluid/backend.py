@@ -165,13 +165,19 @@ class LocalBackend(Backend):
         return self._sparse(name).pull(keys, create=create)
 
     def push_sparse(self, name, keys, grads):
-        self._sparse(name).push(keys, grads)
+        try:
+            self._sparse(name).push(keys, grads)
+        except ValueError as e:
+            raise ValueError(f"sparse table {name!r}: {e}") from None
 
     def pull_dense(self, name):
         return self._dense(name).pull()
 
     def push_dense(self, name, grad):
-        self._dense(name).push(grad)
+        try:
+            self._dense(name).push(grad)
+        except ValueError as e:
+            raise ValueError(f"parameter {name!r}: {e}") from None
 
     def set_dense(self, name, value):
         self._dense(name).set(value)
