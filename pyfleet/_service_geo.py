@@ -70,11 +70,18 @@ class GeoClient:
             c = self._copies[table] = _LocalCopy(local, dim)
         return c
 
-    def _locate(self, c, uniq):
-        """Indices of ``uniq`` in the copy, fetching rows not there yet."""
+    @staticmethod
+    def _find(c, uniq):
+        """``(idx, hit)``: where sorted ``uniq`` would be in the copy's keys,
+        and whether it is there."""
         idx = np.searchsorted(c.keys, uniq)
         hit = idx < c.keys.shape[0]
         hit[hit] = c.keys[idx[hit]] == uniq[hit]
+        return idx, hit
+
+    def _locate(self, c, uniq):
+        """Indices of ``uniq`` in the copy, fetching rows not there yet."""
+        idx, hit = self._find(c, uniq)
         if not hit.all():
             miss = uniq[~hit]
             server = self.client.pull_sparse(c.table.name, miss)
@@ -94,9 +101,7 @@ class GeoClient:
         c = self._copy(table)
         uniq, inverse = np.unique(keys, return_inverse=True)
         if not create:
-            idx = np.searchsorted(c.keys, uniq)
-            hit = idx < c.keys.shape[0]
-            hit[hit] = c.keys[idx[hit]] == uniq[hit]
+            idx, hit = self._find(c, uniq)
             rows = np.empty((uniq.shape[0], c.table.dim), np.float32)
             if hit.any():
                 h = idx[hit]

@@ -290,20 +290,25 @@ def cmd_train(args):
     else:
         print(_format_summary(summary))
     if summary["train_examples"] == 0:
-        why = (f"{summary['train_malformed']:,} malformed line(s), the first: "
-               + "; ".join(summary["first_malformed"])) if summary["train_malformed"] else \
-            "the training data has no data line"
+        why = _why_no_example(summary["train_malformed"], summary["first_malformed"],
+                              "the training data has no data line")
         print(f"pyfleet train: no training example was read from {train} ({why}; "
               f"--format is {fmt!r}, see docs/formats.md)", file=sys.stderr)
         return 1
     if test is not None and not summary.get("test_examples"):
-        why = (f"{summary['test_malformed']:,} malformed line(s), the first: "
-               + "; ".join(summary["first_test_malformed"])) if summary["test_malformed"] else \
-            "it has no data line"
+        why = _why_no_example(summary["test_malformed"], summary["first_test_malformed"],
+                              "it has no data line")
         print(f"pyfleet train: no test example was read from {test} ({why}); the model and "
               f"checkpoint are in {run_dir}", file=sys.stderr)
         return 1
     return 0
+
+
+def _why_no_example(malformed, first, otherwise):
+    """Why a data set gave no example: its malformed lines, or ``otherwise``."""
+    if not malformed:
+        return otherwise
+    return f"{malformed:,} malformed line(s), the first: " + "; ".join(first)
 
 
 def cmd_gen_data(args):
@@ -334,10 +339,10 @@ def cmd_predict(args):
     st = model.last_file_stats
     print(f"wrote {n:,} predictions to {args.out}")
     if st["malformed"]:
-        first = ", ".join(f"{f}:{line}: {why}" for (f, line), why in
-                          zip(st["first_malformed"][:1], st["first_malformed_reasons"][:1]))
-        print(f"skipped {st['malformed']:,} malformed line(s) (first: {first}): the output "
-              f"has a line per valid example", file=sys.stderr)
+        from pyfleet.data.readers import describe_malformed
+        print(f"skipped {st['malformed']:,} malformed line(s) (first: "
+              f"{describe_malformed(st, 1)[0]}): the output has a line per valid example",
+              file=sys.stderr)
     if n == 0:
         print(f"pyfleet predict: no example in {args.data}", file=sys.stderr)
         return 1

@@ -222,10 +222,9 @@ class _Progress:
 def _malformed_of(data):
     """``{"malformed", "first_malformed": ["file:line: reason", ...]}`` of a
     dataset's latest pass."""
+    from pyfleet.data.readers import describe_malformed
     st = data.stats()
-    return {"malformed": st["malformed"],
-            "first_malformed": [f"{f}:{line}: {why}" for (f, line), why in
-                                zip(st["first_malformed"], st["first_malformed_reasons"])][:3]}
+    return {"malformed": st["malformed"], "first_malformed": describe_malformed(st)}
 
 
 def run_role(job):

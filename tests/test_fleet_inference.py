@@ -77,12 +77,19 @@ def test_unseen_key_gets_the_servers_initial_row(tmp_path):
     assert np.abs(rows[5:]).max() > 0  # the initializer's row, not zeros
 
 
-@needs_data
-def test_predict_file_and_cli(tmp_path):
-    main, test, m, exe, batches, feed_of = _trained(steps=3, batch_size=500)
+def _saved_model(tmp_path, steps, batch_size):
+    """``(model dir, _trained's result)``: a model trained here, saved by inference.save."""
+    trained = _trained(steps=steps, batch_size=batch_size)
+    main, m = trained[0], trained[2]
     feeds = [v.name for v in m.inputs if v is not m.label]
     model = tmp_path / "model"
     inference.save(model, main, feeds, [m.predict], inference.LocalSource(main._get_backend()))
+    return model, trained
+
+
+@needs_data
+def test_predict_file_and_cli(tmp_path):
+    model, (main, test, m, exe, batches, feed_of) = _saved_model(tmp_path, 3, 500)
     want = np.concatenate([exe.run(test, feed=feed_of(b, m), fetch_list=[m.predict])[0]
                            for b in batches]).reshape(-1)
     out = tmp_path / "pred.txt"
@@ -101,10 +108,7 @@ def test_predict_file_and_cli(tmp_path):
 
 @needs_data
 def test_predict_cli_stops_at_a_malformed_line_unless_told_to_skip(tmp_path):
-    main, _, m, _, _, _ = _trained(steps=1, batch_size=500)
-    feeds = [v.name for v in m.inputs if v is not m.label]
-    model = tmp_path / "model"
-    inference.save(model, main, feeds, [m.predict], inference.LocalSource(main._get_backend()))
+    model, _ = _saved_model(tmp_path, 1, 500)
     lines = TINY.read_text().splitlines()
     bad = tmp_path / "bad.csv"
     bad.write_text("\n".join(lines[:4] + ["garbage line"] + lines[4:]) + "\n")

@@ -42,20 +42,28 @@ def test_empty_and_duplicate_pulls():
     assert sorted(t.keys().tolist()) == [0, 5, 2**64 - 1]
 
 
+def _pushed_table(dim, n_old, n_new):
+    """``(rng, table, old, new, want)``: an SGD(0.5) table holding ``n_old``
+    rows pushed once, ``n_new`` keys it does not hold, and the numpy reference
+    ``want[key]`` of each one's row (pushed, or initial)."""
+    rng = np.random.default_rng(dim)
+    t = pyfleet.SparseTable(dim, SGD(0.5), initializer=Uniform(-1, 1), seed=3)
+    old = rng.choice(2**62, n_old, replace=False).astype(np.uint64)
+    grads = rng.standard_normal((n_old, dim)).astype(np.float32)
+    t.push(old, grads)
+    new = rng.choice(2**62, n_new, replace=False).astype(np.uint64) | np.uint64(2**63)
+    want = {int(k): v for k, v in zip(old, t.initial_values(old) - np.float32(0.5) * grads)}
+    want.update({int(k): v for k, v in zip(new, t.initial_values(new))})
+    return rng, t, old, new, want
+
+
 @pytest.mark.parametrize("dim", [1, 3, 8, 16, 17, 32, 64, 100])
 def test_pull_of_every_dim_matches_a_numpy_reference(dim):
     # Pull has a copy loop unrolled for dims 8, 16, 32 and 64 and a generic
     # one; rows that exist, rows it creates and repeated keys, in one call
     # longer than its pipeline's groups, all in the caller's order.
-    rng = np.random.default_rng(dim)
-    t = pyfleet.SparseTable(dim, SGD(0.5), initializer=Uniform(-1, 1), seed=3)
-    old = rng.choice(2**62, 700, replace=False).astype(np.uint64)
-    grads = rng.standard_normal((700, dim)).astype(np.float32)
-    t.push(old, grads)
-    new = rng.choice(2**62, 300, replace=False).astype(np.uint64) | np.uint64(2**63)
+    rng, t, old, new, want = _pushed_table(dim, 700, 300)
     batch = np.concatenate([old, new, old[:50], new[:50]])[rng.permutation(1100)]
-    want = {int(k): v for k, v in zip(old, t.initial_values(old) - np.float32(0.5) * grads)}
-    want.update({int(k): v for k, v in zip(new, t.initial_values(new))})
     got = t.pull(batch)
     np.testing.assert_array_equal(got, np.stack([want[int(k)] for k in batch]))
     assert len(t) == 1000
@@ -63,15 +71,8 @@ def test_pull_of_every_dim_matches_a_numpy_reference(dim):
 
 @pytest.mark.parametrize("dim", [3, 16])
 def test_pull_without_create_answers_initial_rows_and_leaves_the_table(dim):
-    rng = np.random.default_rng(dim)
-    t = pyfleet.SparseTable(dim, SGD(0.5), initializer=Uniform(-1, 1), seed=3)
-    old = rng.choice(2**62, 500, replace=False).astype(np.uint64)
-    grads = rng.standard_normal((500, dim)).astype(np.float32)
-    t.push(old, grads)
-    new = rng.choice(2**62, 200, replace=False).astype(np.uint64) | np.uint64(2**63)
+    rng, t, old, new, want = _pushed_table(dim, 500, 200)
     batch = np.concatenate([old, new, new[:20]])[rng.permutation(720)]
-    want = {int(k): v for k, v in zip(old, t.initial_values(old) - np.float32(0.5) * grads)}
-    want.update({int(k): v for k, v in zip(new, t.initial_values(new))})
     before = t.stats()
     got = t.pull(batch, create=False)
     np.testing.assert_array_equal(got, np.stack([want[int(k)] for k in batch]))

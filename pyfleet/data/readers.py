@@ -29,6 +29,7 @@ __all__ = [
     "Dataset",
     "Schema",
     "criteo_schema",
+    "describe_malformed",
     "feature_hash",
     "parse_criteo_bytes",
     "list_files",
@@ -131,6 +132,13 @@ def parse_criteo_bytes(buf, dense_transform: str = "log", dense_min=None,
     kind, index = _criteo_columns()
     return _parse.parse_delimited(_as_bytes_view(buf), 9, kind, index, 13, 26,
                                   dense_transform, dense_min, dense_max)
+
+
+def describe_malformed(stats, limit: int = 3) -> List[str]:
+    """``["file:line: reason", ...]``: the first ``limit`` malformed lines of
+    :meth:`Dataset.stats` (or a saved copy of it)."""
+    return [f"{f}:{line}: {why}" for (f, line), why in
+            zip(stats["first_malformed"][:limit], stats["first_malformed_reasons"][:limit])]
 
 
 def list_files(paths: Union[PathLike, Sequence[PathLike]]) -> List[str]:
