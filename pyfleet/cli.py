@@ -85,12 +85,14 @@ def _format_summary(s):
         rows.append(("ground-truth AUC", f"{s['truth_auc_test']:.4f}"))
     rows += [("train AUC", f"{s['train_auc']:.4f}"),
              ("train logloss", f"{s['train_logloss']:.4f}"),
-             ("train examples", f"{s['train_examples']:,}"),
-             *([("malformed lines skipped", f"{s['train_malformed']:,} (last pass; first: "
-                 f"{s['first_malformed'][0]})")] if s.get("train_malformed") else []),
-             *([("malformed test lines", f"{s['test_malformed']:,} (first: "
-                 f"{s['first_test_malformed'][0]})")] if s.get("test_malformed") else []),
-             ("train examples/s", f"{s['train_examples_per_sec']:,.0f}"),
+             ("train examples", f"{s['train_examples']:,}")]
+    if s.get("train_malformed"):
+        rows.append(("malformed lines skipped", (f"{s['train_malformed']:,} (last pass; "
+                                                 f"first: {s['first_malformed'][0]})")))
+    if s.get("test_malformed"):
+        rows.append(("malformed test lines", (f"{s['test_malformed']:,} (first: "
+                                              f"{s['first_test_malformed'][0]})")))
+    rows += [("train examples/s", f"{s['train_examples_per_sec']:,.0f}"),
              ("train seconds", f"{s['train_seconds']:.1f}")]
     for name, n in sorted(s.get("table_rows", {}).items()):
         rows.append((f"rows in {name}", f"{n:,}"))

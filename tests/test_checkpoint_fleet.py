@@ -199,10 +199,10 @@ def test_a_checkpoint_of_another_model_is_refused_naming_the_parameter(root, dat
         Cluster(1, data, model_dir="ck", job={**JOB, "embedding_dim": 5})
     # the servers check too, for a save directory without a manifest
     gen = m["chain"][0]["dir"]
-    with cluster(2, data, job=wide) as c:
-        with pytest.raises(ValueError, match=rf"dense 'fc_0.w_0' has shape \[{n_in}, 8\] in "
-                                             rf"'ck/{gen}', \[{n_in}, 6\] here"):
-            c.servers[0].load_checkpoint(f"ck/{gen}")
+    with cluster(2, data, job=wide) as c, \
+            pytest.raises(ValueError, match=rf"dense 'fc_0.w_0' has shape \[{n_in}, 8\] in "
+                                            rf"'ck/{gen}', \[{n_in}, 6\] here"):
+        c.servers[0].load_checkpoint(f"ck/{gen}")
 
 
 def test_init_server_loads_from_outside_the_root_but_requests_may_not(root, data,

@@ -397,7 +397,7 @@ def test_shuffle_is_a_deterministic_permutation(tmp_path):
 def test_set_pass_reads_that_pass_in_an_uninterrupted_runs_order(tmp_path):
     for k in range(3):
         write(tmp_path / f"p{k}", synthetic_lines(30, start=30 * k))
-    kw = dict(dense_transform="none", shuffle=True, seed=5, batch_size=8)
+    kw = {"dense_transform": "none", "shuffle": True, "seed": 5, "batch_size": 8}
     ds = Dataset(tmp_path, **kw)
     passes = [markers(ds) for _ in range(3)]
     assert ds.passes == 3 and len({tuple(p) for p in passes}) == 3

@@ -89,7 +89,7 @@ def _saved_model(tmp_path, steps, batch_size):
 
 @needs_data
 def test_predict_file_and_cli(tmp_path):
-    model, (main, test, m, exe, batches, feed_of) = _saved_model(tmp_path, 3, 500)
+    model, (_, test, m, exe, batches, feed_of) = _saved_model(tmp_path, 3, 500)
     want = np.concatenate([exe.run(test, feed=feed_of(b, m), fetch_list=[m.predict])[0]
                            for b in batches]).reshape(-1)
     out = tmp_path / "pred.txt"

@@ -268,7 +268,7 @@ def test_float_ids_or_labels_and_ragged_feeds_are_refused_by_name():
     main, startup = fluid.Program(), fluid.Program()
     with fluid.program_guard(main, startup):
         ids = L.data("ids", [1], dtype="int64")
-        x = L.data("x", [3], dtype="float32")
+        L.data("x", [3], dtype="float32")
         emb = L.embedding(ids, [10**9, 2], is_distributed=True)
     exe = fluid.Executor()
     exe.run(startup)
