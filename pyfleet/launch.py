@@ -47,6 +47,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Callable, TextIO, Union
 
+from pyfleet.endpoint import split_endpoint
 from pyfleet.errors import ConfigError
 from pyfleet.role_maker import parse_endpoints
 
@@ -98,8 +99,8 @@ def role_env(role: str, index: int, server_endpoints: Sequence[str], worker_num:
         "PADDLE_TRAINERS_NUM": str(worker_num),
     }
     if role == "server":
-        host, _, port = server_endpoints[index].rpartition(":")
-        env.update(PYFLEET_SERVER_INDEX=str(index), POD_IP=host, PADDLE_PORT=port)
+        host, port = split_endpoint(server_endpoints[index], "server endpoint")
+        env.update(PYFLEET_SERVER_INDEX=str(index), POD_IP=host, PADDLE_PORT=str(port))
     elif role == "worker":
         env.update(PYFLEET_WORKER_INDEX=str(index), PADDLE_TRAINER_ID=str(index))
     else:

@@ -28,6 +28,8 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from pyfleet.endpoint import check_endpoint as _check_endpoint
+from pyfleet.endpoint import parse_endpoints
 from pyfleet.errors import ConfigError
 
 __all__ = [
@@ -66,46 +68,6 @@ class RoleInfo:
     def describe(self) -> str:
         name = "worker" if self.role == Role.WORKER else "server"
         return f"{name} {self.index}"
-
-
-def _check_endpoint(ep, what: str) -> str:
-    if not isinstance(ep, str):
-        raise ConfigError(f"{what}: an endpoint must be a 'host:port' string, got {ep!r}")
-    ep = ep.strip()
-    host, sep, port = ep.rpartition(":")
-    if not sep or not host or not port:
-        raise ConfigError(f"{what}: {ep!r} is not of the form host:port (e.g. 10.0.0.1:6000)")
-    if host.startswith("[") != host.endswith("]") or any(c.isspace() for c in host):
-        raise ConfigError(f"{what}: {ep!r} has a malformed host")
-    if not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise ConfigError(f"{what}: {ep!r} has a port that is not an integer in 1..65535")
-    return f"{host}:{int(port)}"
-
-
-def parse_endpoints(value, what: str) -> tuple[str, ...]:
-    """Validate server endpoints given as ``"h:p,h:p"`` or a list of ``"h:p"``.
-
-    Returns them as a tuple in the given order (the order defines server indices). Raises
-    ConfigError naming ``what`` for an empty list, an empty item, a malformed endpoint or a
-    duplicate.
-    """
-    if isinstance(value, str):
-        items = value.split(",")
-    elif isinstance(value, (list, tuple)):
-        items = list(value)
-    else:
-        raise ConfigError(f"{what} must be a list of 'host:port' strings, got {value!r}")
-    if not items or items == [""]:
-        raise ConfigError(f"{what} is empty: give at least one server endpoint host:port")
-    eps = []
-    for i, item in enumerate(items):
-        if isinstance(item, str) and not item.strip():
-            raise ConfigError(f"{what}: item {i} is empty (a stray comma?) in {value!r}")
-        eps.append(_check_endpoint(item, what))
-    dup = sorted({e for e in eps if eps.count(e) > 1})
-    if dup:
-        raise ConfigError(f"{what}: endpoint(s) listed more than once: {', '.join(dup)}")
-    return tuple(eps)
 
 
 class RoleMakerBase:

@@ -66,6 +66,7 @@ from pyfleet import auth as _auth
 from pyfleet import initializer as _init
 from pyfleet import optimizer as _opt
 from pyfleet import protocol as P
+from pyfleet.endpoint import split_endpoint
 from pyfleet.errors import PyfleetError
 from pyfleet.protocol import Op, ProtocolError, Status
 
@@ -267,7 +268,7 @@ class Server:
         self._export_snapshots = {}               # table id -> sorted keys of an export
         self.failure = None  # why run() ended before every worker stopped (None: it did not)
 
-        host, port = _split_endpoint(endpoint)
+        host, port = split_endpoint(endpoint, "server endpoint", allow_zero=True)
         if curve_client_keys is not None and curve_secret_key is None:
             raise ValueError("curve_client_keys needs curve_secret_key (the server's key pair)")
         if curve_client_keys is None and not _auth.is_loopback_host(host):
@@ -1113,15 +1114,6 @@ def _z85(key):
     if len(key) != 40:
         raise ValueError("a CURVE key must be 40 Z85 characters (zmq.curve_keypair())")
     return key
-
-
-def _split_endpoint(endpoint):
-    s = str(endpoint)
-    s = s.removeprefix("tcp://")
-    host, sep, port = s.rpartition(":")
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise ValueError(f"endpoint must be 'host:port', got {endpoint!r}")
-    return host, int(port)
 
 
 def _op_name(op):

@@ -10,7 +10,7 @@ import pytest
 
 from pyfleet.data import Batch, Dataset, criteo_schema, feature_hash, parse_criteo_bytes
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+from support import DATA
 TSV = DATA / "criteo-paddlerec-part0" / "part-0.tsv"
 DEEPCTR = DATA / "criteo-deepctr-sample" / "criteo_sample.txt"
 KAGGLE = DATA / "criteo-kaggle-tiny" / "train.tiny.csv"

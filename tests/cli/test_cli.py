@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from support import DATA
+
 pytestmark = pytest.mark.slow
 
 
@@ -101,7 +103,7 @@ def test_training_data_with_no_valid_line_is_an_error_naming_the_first(tmp_path)
     assert summary["train_examples"] == 0 and summary["train_malformed"] == 2
 
 
-SLOT_SAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data",
+SLOT_SAMPLE = os.path.join(DATA,
                            "criteo-paddlerec-dnn-slot", "sample_train.txt")
 
 

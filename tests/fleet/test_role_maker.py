@@ -5,6 +5,8 @@ import threading
 
 import pytest
 
+from support import REPO
+
 import pyfleet.role_maker as rm
 from pyfleet.errors import ConfigError
 from pyfleet.role_maker import (
@@ -279,7 +281,7 @@ def test_kubernetes_sample_gives_every_pod_a_valid_role():
     yaml = pytest.importorskip("yaml")
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "examples" / "k8s" / "pyfleet-job.yaml"
+    path = REPO / "examples" / "k8s" / "pyfleet-job.yaml"
     docs = list(yaml.safe_load_all(path.read_text()))
     service = next(d for d in docs if d["kind"] == "Service")
     jobs = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Job"}

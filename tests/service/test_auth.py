@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import test_service_faults as F  # the fuzz tests, reused against an authenticated server
+import test_faults as F  # the fuzz tests, reused against an authenticated server
 import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st

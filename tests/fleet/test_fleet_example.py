@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from support import REPO
 EXAMPLE = REPO / "examples" / "fleet_ctr.py"
 TINY = REPO.parent / "shared" / "data" / "criteo-kaggle-tiny" / "train.tiny.csv"
 pytestmark = pytest.mark.skipif(not TINY.exists(), reason="shared Criteo sample missing")

@@ -14,7 +14,7 @@ from pyfleet.fluid.testing import RecordingBackend
 from pyfleet.optimizer import SGD, Adam
 
 L = fluid.layers
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+from support import DATA
 TINY = DATA / "criteo-kaggle-tiny" / "train.tiny.csv"
 
 

@@ -9,11 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from support import DATA
+
 import pyfleet.fluid as fluid  # noqa: PLR0402 (the line Fluid users write)
 from pyfleet.fluid.dataset import parse_multislot
 from pyfleet.optimizer import Adam
 
-TSV = Path(__file__).resolve().parents[2] / "shared" / "data" / "criteo-paddlerec-part0" / \
+TSV = DATA / "criteo-paddlerec-part0" / \
     "part-0.tsv"
 
 # Fluid 1.5's criteo_reader.py, with only the import line changed.

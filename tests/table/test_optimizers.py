@@ -6,7 +6,7 @@ import pytest
 import pyfleet
 from pyfleet.optimizer import FTRL, SGD, Adagrad, Adam
 
-from reference import init_state, update
+from support.reference import init_state, update
 
 OPTIMIZERS = [
     SGD(learning_rate=0.1),

@@ -13,7 +13,9 @@ from pathlib import Path
 import pybind11
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from support import REPO
+
+ROOT = REPO
 
 pytestmark = pytest.mark.skipif(shutil.which("cmake") is None or shutil.which("c++") is None,
                                 reason="needs cmake and a C++ compiler")

@@ -15,7 +15,7 @@ from pyfleet import fluid, inference, models
 from pyfleet._fleet import Fleet
 from pyfleet.errors import ConfigError
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+from support import DATA
 TINY = DATA / "criteo-kaggle-tiny" / "train.tiny.csv"
 needs_data = pytest.mark.skipif(not TINY.exists(), reason="shared Criteo sample missing")
 
