@@ -21,7 +21,7 @@ from typing import Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from pyfleet._prefetch import prefetched
+from pyfleet.data.prefetch import prefetched
 from pyfleet.data import _parse
 
 __all__ = [
