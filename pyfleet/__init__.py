@@ -1,12 +1,39 @@
-"""pyfleet: a sparse parameter server for CTR training, with PaddlePaddle Fluid's Fleet API."""
+"""pyfleet: a sparse parameter server for CTR training, with PaddlePaddle Fluid's Fleet API.
 
-__version__ = "0.1.0"
+The table layer is imported here; ``fleet``, ``models`` and ``batch`` pull in
+the Fluid layer, so they load on first use (PEP 562): a server process
+imports ``pyfleet`` on its way to :mod:`pyfleet.service.server` without Fluid.
+"""
 
-from pyfleet import entry, initializer, metrics, models, optimizer  # noqa: E402
-from pyfleet.errors import PyfleetError  # noqa: E402
-from pyfleet.table import DenseTable, SparseTable, route  # noqa: E402
-from pyfleet.fluid.reader import batch  # noqa: E402
-from pyfleet._fleet import fleet  # noqa: E402
+import importlib
+
+from pyfleet import entry, initializer, metrics, optimizer
+from pyfleet._version import __version__
+from pyfleet.errors import PyfleetError
+from pyfleet.table import DenseTable, SparseTable, route
 
 __all__ = ["SparseTable", "DenseTable", "route", "optimizer", "initializer", "entry",
            "metrics", "models", "PyfleetError", "batch", "fleet", "__version__"]
+
+# name -> (module, attribute or None for the module itself)
+_LAZY = {
+    "fleet": ("pyfleet.distributed.fleet", "fleet"),
+    "models": ("pyfleet.models", None),
+    "batch": ("pyfleet.fluid.reader", "batch"),
+}
+
+
+def __getattr__(name):
+    try:
+        module, attr = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'pyfleet' has no attribute {name!r}") from None
+    value = importlib.import_module(module)
+    if attr is not None:
+        value = getattr(value, attr)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

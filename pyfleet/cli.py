@@ -18,6 +18,12 @@ import os
 import sys
 import time
 
+from pyfleet.data import Dataset, synthetic
+from pyfleet.data.readers import describe_malformed
+from pyfleet.launch import launch_local
+from pyfleet.service import auth
+from pyfleet.service import checkpoint as _checkpoint
+
 __all__ = ["main"]
 
 DEFAULT_ROWS = 200_000
@@ -136,7 +142,7 @@ def _plot(run_dir):
 
 
 def cmd_train(args):
-    from pyfleet.launch import launch_local
+    # The trainer imports Fluid and Fleet: loaded by the commands that need them only.
     from pyfleet.trainer import JOB_DEFAULTS, summarize
 
     if args.servers < 1 or args.workers < 1:
@@ -164,7 +170,6 @@ def cmd_train(args):
     resume = os.path.abspath(args.resume) if args.resume else None
     first_pass = 1
     if resume:
-        from pyfleet import _checkpoint
         try:
             manifest = _checkpoint.read_manifest(os.path.join(resume, "checkpoint"))
         except ValueError as e:
@@ -180,7 +185,6 @@ def cmd_train(args):
         else:  # saved by save_persistables without the trainer's pass number
             print(f"resuming from {resume}/checkpoint, which does not say which pass it "
                   f"ended: passes are numbered from 1 again", flush=True)
-    from pyfleet.data import Dataset
     truth = schema = None
     train, test, fmt = _split_paths(args.train), _split_paths(args.test), args.format
     for flag, paths in (("--train", train), ("--test", test)):
@@ -218,7 +222,6 @@ def cmd_train(args):
         raise SystemExit(f"pyfleet train: --run-dir: cannot create {run_dir}: {e.strerror}") \
             from None
     if train is None:
-        from pyfleet.data import synthetic
         print(f"generating {args.rows:,} synthetic rows (seed {args.seed}) into "
               f"{run_dir}/data ...", flush=True)
         try:
@@ -239,7 +242,6 @@ def cmd_train(args):
            "shrink_min_score": args.shrink_min_score, "shrink_decay": args.shrink_decay,
            "shrink_unseen_passes": args.shrink_unseen_passes}
     if resume:  # another model's checkpoint: refused here, not in every server
-        from pyfleet import _checkpoint
         from pyfleet.trainer import tables_of
         try:
             _checkpoint.check_tables(manifest.get("tables") or [], tables_of(job),
@@ -255,7 +257,6 @@ def cmd_train(args):
     # servers load --resume's checkpoint themselves, from wherever it is).
     env = dict(os.environ, PYFLEET_CHECKPOINT_DIR=run_dir)
     if args.curve_dir:
-        from pyfleet import auth
         env["PYFLEET_CURVE_DIR"] = os.path.abspath(args.curve_dir)
         try:  # fail here, not in every role
             auth.server_options_from_env(env)
@@ -314,7 +315,6 @@ def _why_no_example(malformed, first, otherwise):
 
 
 def cmd_gen_data(args):
-    from pyfleet.data import synthetic
     try:
         info = synthetic.generate(args.out, rows=args.rows, seed=args.seed,
                                   test_fraction=args.test_fraction, train_shards=args.shards)
@@ -325,7 +325,7 @@ def cmd_gen_data(args):
 
 
 def cmd_predict(args):
-    from pyfleet import inference
+    from pyfleet.fluid import inference  # Fluid: loaded by the command that needs it only
     if args.batch_size < 1:
         raise SystemExit(f"pyfleet predict: --batch-size must be >= 1, got {args.batch_size}")
     try:
@@ -341,7 +341,6 @@ def cmd_predict(args):
     st = model.last_file_stats
     print(f"wrote {n:,} predictions to {args.out}")
     if st["malformed"]:
-        from pyfleet.data.readers import describe_malformed
         print(f"skipped {st['malformed']:,} malformed line(s) (first: "
               f"{describe_malformed(st, 1)[0]}): the output has a line per valid example",
               file=sys.stderr)
@@ -352,7 +351,6 @@ def cmd_predict(args):
 
 
 def cmd_keygen(args):
-    from pyfleet import auth
     paths = auth.keygen(args.dir, names=args.names)
     for p in paths:
         print(p)

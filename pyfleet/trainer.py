@@ -26,6 +26,15 @@ import time
 
 import numpy as np
 
+from pyfleet import fluid, models
+from pyfleet.config import DistributeTranspilerConfig
+from pyfleet.data import Dataset
+from pyfleet.data.readers import describe_malformed
+from pyfleet.distributed.fleet import fleet, table_configs
+from pyfleet.entry import CountFilterEntry
+from pyfleet.metrics import MetricStats, exact_auc, logloss
+from pyfleet.optimizer import Adam
+
 __all__ = ["JOB_DEFAULTS", "entry_of", "feed_of", "run_role", "summarize", "tables_of",
            "train_local"]
 
@@ -69,7 +78,6 @@ def _prefetching(batches, exe, program, model):
 
 
 def _dataset(job, paths, worker_index, worker_num, shuffle=False, prefetch=4):
-    from pyfleet.data import Dataset
     return Dataset(paths, format=job["format"], batch_size=job["batch_size"],
                    worker_index=worker_index, worker_num=worker_num, shuffle=shuffle,
                    seed=job["seed"], prefetch=prefetch)
@@ -77,7 +85,6 @@ def _dataset(job, paths, worker_index, worker_num, shuffle=False, prefetch=4):
 
 def build_program(job, n_dense, n_slots):
     """``(main, startup, model)`` of the job's network (no optimizer yet)."""
-    from pyfleet import fluid, models
     main, startup = fluid.Program(), fluid.Program()
     main.random_seed = startup.random_seed = int(job["seed"])
     with fluid.program_guard(main, startup):
@@ -88,11 +95,8 @@ def build_program(job, n_dense, n_slots):
 
 
 def tables_of(job):
-    """The table configs of the job's program (``pyfleet._fleet.table_configs``):
+    """The table configs of the job's program (``pyfleet.distributed.fleet.table_configs``):
     what a checkpoint it resumes from must hold."""
-    from pyfleet import fluid
-    from pyfleet._fleet import table_configs
-    from pyfleet.optimizer import Adam
     with fluid.unique_name.guard():  # the names a role's first program gets
         main, startup, model = build_program(job, job["n_dense"], job["n_slots"])
         with fluid.program_guard(main, startup):
@@ -101,7 +105,6 @@ def tables_of(job):
 
 
 def strategy_of(job):
-    from pyfleet.config import DistributeTranspilerConfig
     cfg = DistributeTranspilerConfig()
     cfg.mode = job["mode"]
     cfg.geo_k_steps = int(job["geo_k_steps"])
@@ -143,7 +146,6 @@ def entry_of(job):
     n = job.get("admission_count")
     if n is None:
         return None
-    from pyfleet.entry import CountFilterEntry
     return CountFilterEntry(int(n))
 
 
@@ -157,7 +159,6 @@ class _Progress:
     _CHUNK = 1 << 15
 
     def __init__(self, interval, metrics_path, worker_index):
-        from pyfleet.metrics import MetricStats
         self.stats = MetricStats()
         self.window = MetricStats()
         self.interval = float(interval)
@@ -187,7 +188,6 @@ class _Progress:
         """Count the buffered predictions into ``stats`` and the report window."""
         if not self._preds:
             return
-        from pyfleet.metrics import MetricStats
         chunk = MetricStats().update(np.concatenate(self._preds), np.concatenate(self._labels))
         self._preds, self._labels, self._buffered = [], [], 0
         self.stats.merge(chunk)
@@ -209,7 +209,6 @@ class _Progress:
         if self.metrics:
             self.metrics.write(json.dumps(line) + "\n")
             self.metrics.flush()
-        from pyfleet.metrics import MetricStats
         self.window = MetricStats()
         self.last = now
 
@@ -222,16 +221,12 @@ class _Progress:
 def _malformed_of(data):
     """``{"malformed", "first_malformed": ["file:line: reason", ...]}`` of a
     dataset's latest pass."""
-    from pyfleet.data.readers import describe_malformed
     st = data.stats()
     return {"malformed": st["malformed"], "first_malformed": describe_malformed(st)}
 
 
 def run_role(job):
     """Run this process's role (from the environment contract) of the job."""
-    from pyfleet import fluid
-    from pyfleet import fleet
-    from pyfleet.optimizer import Adam
 
     job = {**JOB_DEFAULTS, **job}
     run_dir = job["run_dir"]
@@ -294,7 +289,6 @@ def run_role(job):
                                     meta={"pass": epoch})
     progress.close()
 
-    from pyfleet.metrics import MetricStats
     test_stats = MetricStats()
     preds, labels = [], []
     test_read = {"malformed": 0, "first_malformed": []}
@@ -335,9 +329,6 @@ def train_local(job):
     no servers): the baseline the distributed runs are compared with. Returns
     the summary keys :func:`summarize` gives (``train_examples_per_sec``,
     ``test_auc``, ...) for one worker."""
-    from pyfleet import fluid
-    from pyfleet.metrics import exact_auc, logloss
-    from pyfleet.optimizer import Adam
 
     job = {**JOB_DEFAULTS, **job}
     n_dense, n_slots = job.get("n_dense"), job.get("n_slots")
@@ -386,7 +377,6 @@ def train_local(job):
 
 def summarize(run_dir, workers):
     """Combine every worker's file into the job summary (a JSON-friendly dict)."""
-    from pyfleet.metrics import MetricStats, exact_auc, logloss
     results = []
     for i in range(workers):
         with open(os.path.join(run_dir, f"worker{i}.json")) as f:

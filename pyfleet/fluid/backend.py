@@ -38,32 +38,23 @@ import os
 
 import numpy as np
 
-__all__ = ["Backend", "LocalBackend", "param_path"]
+from pyfleet import _atomic
+from pyfleet.endpoint import check_file_name
+from pyfleet.optimizer import SGD
+from pyfleet.table import DenseTable, SparseTable
+
+__all__ = ["Backend", "LocalBackend", "LocalSource", "param_path"]
 
 
 def param_path(dirname, param):
     """The file of one parameter under ``dirname`` (``.npy`` dense, ``.table`` sparse)."""
-    name = param.name
-    if not name or name.startswith(".") or "/" in name or os.sep in name or "\0" in name:
-        raise ValueError(f"parameter name {name!r} cannot be used as a file name")
+    name = check_file_name(param.name, "parameter name")
     return os.path.join(dirname, name + (".table" if param.is_sparse_table else ".npy"))
-
-
-def _save_npy_atomic(path, value):
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "wb") as f:
-        np.save(f, np.ascontiguousarray(value), allow_pickle=False)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _placeholder_optimizer(param):
     opt = param.optimizer or getattr(param, "_saved_optimizer", None)
-    if opt is None:
-        from pyfleet.optimizer import SGD
-        opt = SGD(1.0)
-    return opt
+    return SGD(1.0) if opt is None else opt
 
 
 class Backend:
@@ -127,6 +118,12 @@ class Backend:
         """Read what :meth:`save` wrote, creating missing parameters."""
         raise NotImplementedError(f"{type(self).__name__} cannot load parameters")
 
+    def inference_source(self):
+        """The parameters as a source for :func:`pyfleet.fluid.inference.save`
+        (what ``fluid.io.save_inference_model`` writes); a backend whose
+        parameters live elsewhere raises, naming how to save them."""
+        raise NotImplementedError(f"{type(self).__name__} cannot save an inference model")
+
 
 class LocalBackend(Backend):
     """Parameters held in this process by :class:`pyfleet.SparseTable` and
@@ -137,12 +134,10 @@ class LocalBackend(Backend):
         self.dense = {}
 
     def create_sparse(self, name, dim, optimizer, initializer, seed):
-        from pyfleet.table import SparseTable
         self.sparse[name] = SparseTable(dim, optimizer, initializer=initializer, seed=seed,
                                         name=name)
 
     def create_dense(self, name, initial_value, optimizer):
-        from pyfleet.table import DenseTable
         initial_value = np.asarray(initial_value, dtype=np.float32)
         self.dense[name] = DenseTable(initial_value.shape, optimizer, initial=initial_value,
                                       name=name)
@@ -182,6 +177,9 @@ class LocalBackend(Backend):
     def set_dense(self, name, value):
         self._dense(name).set(value)
 
+    def inference_source(self):
+        return LocalSource(self)
+
     def save(self, dirname, params):
         os.makedirs(dirname, exist_ok=True)
         for p in params:
@@ -189,7 +187,7 @@ class LocalBackend(Backend):
             if p.is_sparse_table:
                 self._sparse(p.name).save(path)
             else:
-                _save_npy_atomic(path, self._dense(p.name).pull())
+                _atomic.save_npy(path, self._dense(p.name).pull())
 
     def load(self, dirname, params):
         """Dense values replace the parameter (its optimizer state restarts);
@@ -219,3 +217,29 @@ class LocalBackend(Backend):
                 self.dense[p.name].set(value)
             else:
                 self.create_dense(p.name, value, _placeholder_optimizer(p))
+
+
+class LocalSource:
+    """The parameters of a :class:`LocalBackend` as a source for
+    :func:`pyfleet.fluid.inference.save`: dense values, each sparse table's
+    config, and its rows in pages of ``page_rows`` (optimizer state dropped)."""
+
+    def __init__(self, backend, page_rows=65536):
+        if not hasattr(backend, "sparse") or not hasattr(backend, "dense"):
+            raise ValueError(f"LocalSource needs a LocalBackend, got {backend!r}")
+        self.backend = backend
+        self.page_rows = int(page_rows)
+
+    def dense(self, name):
+        return self.backend.pull_dense(name)
+
+    def sparse_config(self, param):
+        t = self.backend._sparse(param.name)
+        return {"dim": t.dim, "initializer": t.initializer.to_config(), "seed": t.seed}
+
+    def sparse_pages(self, name):
+        t = self.backend._sparse(name)
+        keys = t.keys()
+        for a in range(0, keys.shape[0], self.page_rows):
+            rows = t.export(keys[a:a + self.page_rows])
+            yield rows["keys"], rows["weights"]

@@ -15,7 +15,7 @@ import pytest
 
 import pyfleet
 from pyfleet import fluid
-from pyfleet._fleet import MANIFEST_NAME, Fleet
+from pyfleet.distributed.fleet import MANIFEST_NAME, Fleet
 from pyfleet.data import Dataset, synthetic
 from pyfleet.launch import free_ports
 from pyfleet.optimizer import Adam

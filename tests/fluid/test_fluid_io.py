@@ -85,3 +85,20 @@ def test_load_refuses_bad_files(tmp_path):
     np.save(tmp_path / "p" / "fc_0.w_0.npy", np.zeros((3, 3), np.float32))
     with pytest.raises(ValueError, match="shape"):
         fluid.io.load_persistables(exe, str(tmp_path / "p"), main)
+
+
+def test_program_only_model_loads_the_persistables_saved_beside_it(tmp_path):
+    """The other form fluid.io wrote before the one format: __model__.json without
+    its parameters section, the parameters as save_persistables files."""
+    main, _startup, m, exe = _trained("dnn")
+    feed = _feed(np.random.default_rng(8))
+    feed_names = [v.name for v in m.inputs if v.name != "label"]
+    want = exe.run(main.clone(for_test=True), feed=feed, fetch_list=[m.predict])[0]
+    fluid.io.save_inference_model(str(tmp_path), feed_names, [m.predict], exe, main,
+                                  program_only=True)
+    assert "inference" not in json.loads((tmp_path / "__model__.json").read_text())
+    fluid.io.save_persistables(exe, str(tmp_path), main)
+    program, feeds, fetches = fluid.io.load_inference_model(str(tmp_path), exe)
+    assert feeds == feed_names
+    del feed["label"]
+    np.testing.assert_array_equal(exe.run(program, feed=feed, fetch_list=fetches)[0], want)

@@ -1,4 +1,4 @@
-"""pyfleet.inference (local source, unseen keys, predict_file, the CLI), the
+"""pyfleet.fluid.inference (local source, unseen keys, predict_file, the CLI), the
 EXPORT_SPARSE paging it uses, Fleet's error paths and Fluid's import-path shims."""
 
 import json
@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 import pyfleet
-from pyfleet import fluid, inference, models
-from pyfleet._fleet import Fleet
+from pyfleet import fluid, models
+from pyfleet.distributed.fleet import Fleet
 from pyfleet.errors import ConfigError
+from pyfleet.fluid import inference
 
 from support import DATA
 TINY = DATA / "criteo-kaggle-tiny" / "train.tiny.csv"
@@ -142,8 +143,8 @@ def test_load_refuses_missing_or_foreign(tmp_path):
 
 
 def test_export_sparse_pages_every_row_of_every_server():
-    from pyfleet._service_testing import ServerGroup
-    from pyfleet.client import Client
+    from pyfleet.service.client import Client
+    from support.service import ServerGroup
     from pyfleet.optimizer import Adagrad
     cfg = {"kind": "sparse", "name": "emb", "dim": 3, "optimizer": Adagrad(0.1).to_config(),
            "initializer": pyfleet.initializer.Uniform(-0.1, 0.1).to_config(), "seed": 5,
@@ -169,7 +170,7 @@ def test_export_sparse_pages_every_row_of_every_server():
             next(c.export_sparse("emb", page_rows=0))
         # Hostile requests get an error reply naming the problem; the server goes on.
         from pyfleet.errors import RemoteError
-        from pyfleet.protocol import Op
+        from pyfleet.service.protocol import Op
         ch = c._channel()
         for payload, what in [({"limit": 0}, "limit"), ({"limit": True}, "limit"),
                               ({"after": -1}, "after"), ({"after": 2**64}, "after"),
@@ -266,3 +267,22 @@ def test_fluid_import_paths_are_the_same_objects():
     assert UserDefinedRoleMaker is role_maker.UserDefinedRoleMaker
     assert Role is role_maker.Role and PaddleCloudRoleMaker is role_maker.PaddleCloudRoleMaker
     assert DistributeTranspilerConfig is C2 is config.DistributeTranspilerConfig
+    import pyfleet.inference as old_inference  # the old path of pyfleet.fluid.inference
+    assert old_inference.load is inference.load and old_inference.save is inference.save
+    assert old_inference.LocalSource is inference.LocalSource
+
+
+def test_the_package_loads_fluid_and_fleet_on_first_use_only():
+    code = ("import sys, pyfleet\n"
+            "assert not [m for m in sys.modules if m.startswith(('pyfleet.fluid', "
+            "'pyfleet.distributed', 'pyfleet.models'))], sorted(sys.modules)\n"
+            "from pyfleet import fleet\n"
+            "from pyfleet.distributed.fleet import Fleet\n"
+            "assert isinstance(fleet, Fleet) and pyfleet.batch and pyfleet.models.build\n"
+            "assert set(pyfleet.__all__) <= set(dir(pyfleet))\n"
+            "print(pyfleet.__version__)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=60, check=False)
+    assert r.returncode == 0, r.stderr
+    from pyfleet._version import __version__
+    assert r.stdout.strip() == __version__ == pyfleet.__version__

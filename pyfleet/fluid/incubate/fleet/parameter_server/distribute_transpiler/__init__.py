@@ -1,11 +1,11 @@
 """Fluid 1.5's ``paddle.fluid.incubate.fleet.parameter_server.distribute_transpiler``:
-``fleet`` is pyfleet's Fleet singleton (:mod:`pyfleet._fleet`), so::
+``fleet`` is pyfleet's Fleet singleton (:mod:`pyfleet.distributed.fleet`), so::
 
     from pyfleet.fluid.incubate.fleet.parameter_server.distribute_transpiler import fleet
 
 gives the same object as ``from pyfleet import fleet``."""
 
-from pyfleet._fleet import DistributedOptimizer, Fleet, fleet
+from pyfleet.distributed.fleet import DistributedOptimizer, Fleet, fleet
 from pyfleet.config import DistributeTranspilerConfig
 
 __all__ = ["DistributeTranspilerConfig", "DistributedOptimizer", "Fleet", "fleet"]

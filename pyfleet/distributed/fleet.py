@@ -29,19 +29,23 @@ to it or an absolute path inside it; a path outside it is refused, so no
 request from the network can write elsewhere.
 """
 
-import collections
 import json
 import os
 
-import numpy as np
-
-from pyfleet import _checkpoint
 from pyfleet import config as _config
-from pyfleet.errors import ConfigError, RemoteError
-from pyfleet.fluid.backend import Backend
+from pyfleet.distributed.remote_backend import NoServers, RemoteBackend
+from pyfleet.entry import Entry
+from pyfleet.errors import ConfigError, PyfleetError
+from pyfleet.fluid import framework, inference
+from pyfleet.optimizer import Optimizer
+from pyfleet.role_maker import RoleMakerBase, default_role_maker
+from pyfleet.service import checkpoint as _checkpoint
+from pyfleet.service.auth import client_options_from_env, server_options_from_env
+from pyfleet.service.client import Client
+from pyfleet.service.server import Server
 
 __all__ = ["Fleet", "DistributedOptimizer", "RemoteBackend", "fleet", "checkpoint_root",
-           "MANIFEST_NAME"]
+           "MANIFEST_NAME", "table_configs", "server_table_configs"]
 
 MANIFEST_NAME = _checkpoint.MANIFEST_NAME
 MANIFEST_VERSION = _checkpoint.MANIFEST_VERSION
@@ -61,235 +65,6 @@ def _relative_to_root(dirname):
     return os.path.relpath(path, root), path
 
 
-class _NoServers(Backend):
-    """The backend of the fleet's programs on a worker before ``init_worker``
-    (or after ``stop_worker``): the startup program may run (tables are
-    created by ``init_worker``), anything that would read or write a
-    parameter raises ConfigError: silently training a local model instead
-    of the servers' is worse than failing."""
-
-    def __init__(self, why):
-        self.why = why
-
-    def create_sparse(self, name, dim, optimizer, initializer, seed):
-        pass
-
-    def create_dense(self, name, initial_value, optimizer):
-        pass
-
-    def _refuse(self, *args, **kwargs):
-        raise ConfigError(self.why)
-
-    pull_sparse = push_sparse = pull_dense = push_dense = pull_dense_many = _refuse
-    push_dense_many = set_dense = save = load = prefetch_sparse = _refuse
-
-
-class RemoteBackend(Backend):
-    """The executor's parameters, held by the servers (see :mod:`pyfleet.fluid.backend`).
-
-    - async: sparse pushes go out in the background (merged while queued),
-      and each step's dense push, followed by a pull of the dense values,
-      travels in the background during the next step; every push is applied
-      on arrival. By default (``dense_staleness = 0``) a step waits for that
-      push and pull of the step before, so it reads its own last update. With
-      ``dense_staleness = 1`` a step reads the values pulled after its push of
-      two steps before and no dense round trip waits in the step (the delay
-      of Fluid's async communicator's separate send and receive threads); it
-      trains measurably worse early on (test AUC -0.006 after 90k examples of
-      the synthetic set), so it is an opt-in.
-    - sync: pushes are buffered by the servers; :meth:`step_end` is the
-      barrier (after flushing this worker's dense and sparse pushes, sent in
-      the background meanwhile) after which the averaged update is applied, so
-      the next pull sees every worker's step. Right after the barrier the
-      next step's dense values and its prefetched sparse keys
-      (:meth:`prefetch_sparse`) are pulled in the background: between two
-      barriers the servers' values do not change, so these are exactly what
-      the next step's pulls would read.
-    - geo: sparse rows train on a local copy; deltas every ``geo_k_steps``.
-
-    Tables are created by :meth:`Fleet.init_worker` from the program, so the
-    startup program's ``create_*`` calls only check that the table exists.
-    """
-
-    def __init__(self, client, mode, geo_k_steps=100):
-        self.client = client
-        self.mode = mode
-        self.geo = None
-        if mode == "geo":
-            from pyfleet.client import GeoClient
-            self.geo = GeoClient(client, geo_k_steps)
-        self._sparse = self.geo or client
-        self._dense_pusher = None
-        # {name: value} dicts, keys in the order asked for:
-        self._dense_push = None   # future of the values pulled after the push
-        self._dense_ready = None  # values the next pull_dense_many may take
-        self.dense_staleness = 0
-        self._prefetched = {}     # table -> deque of (unique keys, PullFuture), oldest first
-        self._sync_push = None    # sync: future of this step's dense push
-        self._sync_keys = []      # sync: (table, keys) to pull after the next barrier
-        self._dense_names = None  # the names of the last pull_dense_many
-
-    def create_sparse(self, name, dim, optimizer, initializer, seed):
-        self.client.sparse_dim(name)  # raises if init_worker did not create it
-
-    def create_dense(self, name, initial_value, optimizer):
-        self.client.dense_shape(name)
-
-    def pull_sparse(self, name, keys, create=True):
-        if not create:  # evaluation: never prefetched, rows not made
-            if self.geo is not None:
-                return self.geo.pull_sparse(name, keys, create=False)
-            return self.client.pull_sparse(name, keys, unique=True, create=False)
-        queue = self._prefetched.get(name)
-        for i, (ahead, _) in enumerate(queue or ()):
-            if ahead.shape == keys.shape and np.array_equal(ahead, keys):
-                for _ in range(i):  # prefetches never asked for: consume their replies
-                    queue.popleft()[1].result()
-                return queue.popleft()[1].result()
-        for i, (table, ahead) in enumerate(self._sync_keys):
-            if table == name and ahead.shape == keys.shape and np.array_equal(ahead, keys):
-                del self._sync_keys[:i + 1]   # pulled now: not again after the barrier
-                break
-        if self.geo is not None:
-            return self.geo.pull_sparse(name, keys)
-        return self.client.pull_sparse(name, keys, unique=True)
-
-    def prefetch_sparse(self, name, keys):
-        """Async mode: start pulling the rows of ``keys`` (the sorted unique ids the
-        executor will ask for in the next step) now, so the round trip overlaps
-        this step's compute; the next :meth:`pull_sparse` of exactly these keys
-        takes them (at most two wait per table; one older than the keys asked
-        for is dropped). The rows may then miss this worker's last step of updates
-        (one more step of the staleness async training already has). No-op in
-        geo mode, whose pulls read the local copy. In sync mode the pull starts
-        right after the next step's barrier (see the class doc)."""
-        if self.mode == "sync":
-            self._sync_keys.append((name, keys))
-            del self._sync_keys[:-4]   # a caller prefetching feeds it never runs
-            return
-        if self.mode != "async":
-            return
-        queue = self._prefetched.setdefault(name, collections.deque())
-        while len(queue) >= 2:
-            queue.popleft()[1].result()
-        queue.append((keys, self.client.pull_sparse_async(name, keys, unique=True)))
-
-    def push_sparse(self, name, keys, grads):
-        # Sync too: the push travels while the dense push is sent, and step_end's
-        # barrier flushes it (raising its error) before the servers apply the step.
-        # The executor hands over distinct keys and fresh gradient sums it
-        # never touches again (see pyfleet.fluid.backend): no copy, no dedup.
-        if self.mode in ("async", "sync"):
-            self.client.push_sparse_async(name, keys, grads, unique=True, copy=False)
-        else:
-            self._sparse.push_sparse(name, keys, grads)
-
-    def pull_dense(self, name):
-        return self.client.pull_dense(name)
-
-    def push_dense(self, name, grad):
-        self.client.push_dense(name, grad)
-
-    def pull_dense_many(self, names):
-        names = list(names)
-        self._dense_names = names
-        if self.dense_staleness:
-            ready, self._dense_ready = self._dense_ready, None
-            if ready is not None and list(ready) == names:
-                return ready
-        elif self._dense_push is not None:
-            pending, self._dense_push = self._dense_push, None
-            values = pending.result()
-            if list(values) == names:
-                return values
-        return self.client.pull_dense_many(names)
-
-    def _background(self, fn, *args):
-        if self._dense_pusher is None:
-            from concurrent.futures import ThreadPoolExecutor
-            self._dense_pusher = ThreadPoolExecutor(1, thread_name_prefix="pyfleet-dense-push")
-        return self._dense_pusher.submit(fn, *args)
-
-    def push_dense_many(self, grads):
-        if self.mode == "sync":
-            # Travels while the sparse gradients are summed; step_end waits for it.
-            self._wait_sync_push()
-            self._sync_push = self._background(self.client.push_dense_many, dict(grads))
-            return
-        if self.mode != "async":
-            self.client.push_dense_many(grads)
-            return
-        # Async (as Fluid's async communicator): the step's dense push, answered
-        # with the values after it (one round trip per server), travels while
-        # this worker computes (see dense_staleness). One at a time. Sent from
-        # this thread; the reply waits in its sockets until asked for: no
-        # thread hand-off (measured: 0.7 ms a step of queueing and wake-ups).
-        pending, self._dense_push = self._dense_push, None
-        if pending is not None:
-            ready = pending.result()  # re-raises its error in this thread
-            self._dense_ready = ready if self.dense_staleness else None
-        self._dense_push = self.client.push_pull_dense_many_async(grads)
-
-    def _wait_sync_push(self):
-        pending, self._sync_push = self._sync_push, None
-        if pending is not None:
-            pending.result()  # re-raises the push's error in the training thread
-
-    def _wait_dense_push(self):
-        self._wait_sync_push()
-        self._dense_ready = None  # a pull older than whatever comes next
-        pending, self._dense_push = self._dense_push, None
-        if pending is not None:
-            pending.result()  # re-raises the push's error in the training thread
-
-    def step_end(self):
-        if self.mode == "sync":
-            # A push the servers refused (a NaN gradient, say) is raised after
-            # the step's barrier, not instead of it: the other workers' step
-            # completes without this worker's gradients, and this worker stays
-            # in step with them (skipping the barrier would pair its next step
-            # with their current one). Every error of the step is taken here,
-            # so none resurfaces at the next step.
-            refused = []
-            for wait in (self._wait_sync_push, self.client.flush):
-                try:
-                    wait()
-                except RemoteError as e:
-                    refused.append(e)
-            self.client.barrier(flush=False)
-            # The values the next step reads are final now: fetch them meanwhile.
-            if self._dense_names and not self.dense_staleness:
-                self._dense_push = self._background(self.client.pull_dense_many, self._dense_names)
-            keys, self._sync_keys = self._sync_keys, []
-            for name, k in keys:
-                queue = self._prefetched.setdefault(name, collections.deque())
-                while len(queue) >= 2:
-                    queue.popleft()[1].result()
-                queue.append((k, self.client.pull_sparse_async(name, k, unique=True)))
-            if refused:
-                raise refused[0]
-        elif self.geo is not None:
-            self.geo.step()
-
-    def save(self, dirname, params):
-        raise ConfigError("the parameters of a fleet program live on the servers: save them "
-                          "with fleet.save_persistables(exe, dirname) (a checkpoint) or "
-                          "fleet.save_inference_model(exe, dirname, feeds, targets), not "
-                          "fluid.io's save functions")
-
-    def load(self, dirname, params):
-        raise ConfigError("the parameters of a fleet program live on the servers: load a "
-                          "checkpoint with fleet.init_server(model_dir) on the servers, not "
-                          "fluid.io's load functions")
-
-    def finish(self):
-        """Send what is still local or queued (geo deltas, async pushes)."""
-        self._wait_dense_push()
-        if self.geo is not None:
-            self.geo.sync()
-        self.client.flush()
-
-
 class DistributedOptimizer:
     """``fleet.distributed_optimizer(optimizer, strategy)``: ``minimize`` builds the
     program as usual and decides where every parameter lives."""
@@ -300,7 +75,6 @@ class DistributedOptimizer:
         self._strategy = strategy
 
     def minimize(self, loss, startup_program=None, parameter_list=None, no_grad_set=None):
-        from pyfleet.fluid import framework
         result = framework.minimize(self._optimizer, loss, startup_program=startup_program,
                                     parameter_list=parameter_list, no_grad_set=no_grad_set)
         self._fleet._set_program(loss.block.program,
@@ -328,7 +102,6 @@ class Fleet:
     def init(self, role_maker=None):
         """Resolve this process's role once (default: MPI under mpirun, else the
         environment contract of docs/fleet.md, else a ConfigError saying what to set)."""
-        from pyfleet.role_maker import RoleMakerBase, default_role_maker
         if role_maker is None:
             role_maker = default_role_maker()
         if not isinstance(role_maker, RoleMakerBase):
@@ -374,8 +147,6 @@ class Fleet:
         ``sparse_entry`` (a pyfleet extension): an admission policy from
         :mod:`pyfleet.entry` (e.g. ``CountFilterEntry(2)``) given to every
         sparse table; None admits every key on first sight (Fluid 1.5)."""
-        from pyfleet.entry import Entry
-        from pyfleet.optimizer import Optimizer
         if sparse_entry is not None and not isinstance(sparse_entry, Entry):
             raise ValueError(f"sparse_entry must be a pyfleet.entry policy or None, "
                              f"got {sparse_entry!r}")
@@ -392,7 +163,7 @@ class Fleet:
     def _set_program(self, main, startup, strategy, sparse_entry=None):
         self.main_program, self.startup_program, self._strategy = main, startup, strategy
         if self._client is None:  # workers: until init_worker, no parameter to train
-            main._backend = startup._backend = _NoServers(
+            main._backend = startup._backend = NoServers(
                 "this fleet program's parameters live on the servers: call "
                 "fleet.init_worker() (on a worker) before running fleet.main_program")
         self._tables, dense_shapes = table_configs(main, sparse_entry)
@@ -418,8 +189,6 @@ class Fleet:
         incomplete checkpoint is a ValueError naming the file; one of another
         model (a table it lacks, or holds with another dim or shape) a
         ValueError naming the table and both forms."""
-        from pyfleet.auth import server_options_from_env
-        from pyfleet.server import Server
         role = self._role_maker()
         if not role.is_server():
             raise ConfigError("fleet.init_server() called on a worker")
@@ -462,15 +231,12 @@ class Fleet:
         finally:
             self._server = None
         if server.failure is not None:
-            from pyfleet.errors import PyfleetError
             raise PyfleetError(server.failure)
 
     # --------------------------------------------------------------- worker
     def init_worker(self):
         """Connect to every server (waiting up to ``runtime.connect_timeout`` for
         them to come up), create the tables, and point the programs at them."""
-        from pyfleet.auth import client_options_from_env
-        from pyfleet.client import Client
         role = self._role_maker()
         if not role.is_worker():
             raise ConfigError("fleet.init_worker() called on a server")
@@ -499,7 +265,7 @@ class Fleet:
         finally:
             client.close()
             self._client = None
-            self.main_program._backend = self.startup_program._backend = _NoServers(
+            self.main_program._backend = self.startup_program._backend = NoServers(
                 "fleet.stop_worker() was called: this worker is no longer connected to the "
                 "servers")
 
@@ -520,7 +286,7 @@ class Fleet:
         parallel; then ``dirname/MANIFEST.json`` (per-file sha256, sizes and row
         counts, server count) is replaced atomically, the commit point: a crash
         before it leaves the previous checkpoint in ``dirname`` loadable (see
-        :mod:`pyfleet._checkpoint` and docs/operations.md).
+        :mod:`pyfleet.service.checkpoint` and docs/operations.md).
 
         ``mode="delta"`` writes only sparse rows changed since this worker's
         previous save (and dense blocks whole); into the same ``dirname`` it
@@ -571,8 +337,7 @@ class Fleet:
                              main_program=None, export_for_deployment=True):
         """A self-contained prediction directory: the network, the dense weights
         and every embedding row (optimizer state dropped), gathered from the
-        servers. ``pyfleet.inference.load(dirname)`` predicts from it."""
-        from pyfleet import inference
+        servers. ``pyfleet.fluid.inference.load(dirname)`` predicts from it."""
         client = self._require_worker("save_inference_model")
         self._backend.finish()
         program = main_program or self.main_program

@@ -1,0 +1,396 @@
+"""Prediction models: one format, written by :func:`save` and read by :func:`load_program`.
+
+``fluid.io.save_inference_model``, ``fleet.save_inference_model``, ``pyfleet
+train`` and :func:`save` all write a prediction directory::
+
+    __model__.json          the network pruned to the targets (Program.to_dict), the
+                            feed and fetch names, and an "inference" section listing
+                            the files below with each sparse table's dim, initializer
+                            and seed; written last, so its presence means complete
+    <param>.npy             each dense weight the network reads (numpy format)
+    <table>.keys.npy        uint64[n]: every key of each sparse table the network reads
+    <table>.weights.npy     float32[n, dim]: their embedding rows (optimizer state dropped)
+
+Nothing is pickled; every ``.npy`` is read with ``allow_pickle=False``. A
+``program_only`` save writes ``__model__.json`` without the "inference"
+section: its parameters are then the ``<name>.npy``/``<name>.table`` files
+``fluid.io.save_persistables`` writes into the same directory (the form
+``fluid.io.save_inference_model`` also wrote with ``model_filename``,
+``params_filename`` or a non-local backend before: such directories still load).
+
+A key the model never saw predicts with the row a server would have created
+for it: the table's initializer applied with its seed (a pure function of
+seed and key, ``SparseTable.initial_values``), never zeros.
+
+Where the parameters come from is a *source*:
+:class:`~pyfleet.fluid.backend.LocalSource` (an in-process
+:class:`pyfleet.fluid.backend.LocalBackend`, ``backend.inference_source()``) or
+:class:`RemoteSource` (the parameter servers of a Fleet job: sparse rows are
+streamed from every server in bounded pages with ``Client.export_sparse``,
+dense values come from ``Client.pull_dense``). Memory while saving is one page
+per table; a loaded :class:`Predictor` holds every row in memory.
+
+Thread safety: :func:`save` must not run concurrently with training on the
+same parameters if a consistent snapshot is wanted (rows pushed during the
+save may or may not be included). A :class:`Predictor` is not thread-safe;
+load one per thread (or guard it).
+"""
+
+import json
+import os
+
+import numpy as np
+
+from pyfleet import _atomic
+from pyfleet import initializer as _init
+from pyfleet.data import Dataset
+from pyfleet.endpoint import check_file_name
+from pyfleet.fluid import framework
+from pyfleet.fluid.backend import Backend, LocalBackend, LocalSource, param_path
+from pyfleet.fluid.executor import Executor
+from pyfleet.fluid.framework import Parameter, Program, Scope, Variable
+from pyfleet.optimizer import SGD
+from pyfleet.table import SparseTable
+
+__all__ = ["INFERENCE_FORMAT", "MODEL_FILENAME", "LocalSource", "Predictor", "RemoteSource",
+           "load", "load_program", "read_model_desc", "resolve_program", "save"]
+
+MODEL_FILENAME = "__model__.json"
+INFERENCE_FORMAT = "pyfleet-inference"
+INFERENCE_VERSION = 1
+_PAGE_ROWS = 65536
+
+
+def resolve_program(program):
+    """The :class:`Program` ``program`` stands for: itself, a CompiledProgram's
+    program, or (None) the default main program. ValueError for anything else."""
+    program = program or framework.default_main_program()
+    program = getattr(program, "_program", program)  # fluid.CompiledProgram
+    if not isinstance(program, Program):
+        raise ValueError(f"main_program must be a fluid.Program, got {program!r}")
+    return program
+
+
+class RemoteSource:
+    """Parameters held by the servers of a Fleet job, through a connected
+    :class:`pyfleet.service.client.Client`; ``table_configs`` is the job's table list
+    (``pyfleet.distributed.fleet.table_configs``), which gives each sparse table's
+    initializer and seed."""
+
+    def __init__(self, client, table_configs, page_rows=_PAGE_ROWS):
+        self.client = client
+        self.page_rows = int(page_rows)
+        self.configs = {c["name"]: c for c in table_configs if c.get("kind") == "sparse"}
+
+    def dense(self, name):
+        return self.client.pull_dense(name)
+
+    def sparse_config(self, param):
+        cfg = self.configs.get(param.name)
+        if cfg is None:
+            raise ValueError(f"sparse table {param.name!r} is not in the job's table configs "
+                             f"(known: {sorted(self.configs)})")
+        return {"dim": int(cfg["dim"]), "initializer": cfg["initializer"],
+                "seed": int(cfg["seed"])}
+
+    def sparse_pages(self, name):
+        return self.client.export_sparse(name, page_rows=self.page_rows)
+
+
+def _write_rows(dirname, name, dim, pages):
+    """Stream ``pages`` of (keys, weights) into ``<name>.keys.npy`` and
+    ``<name>.weights.npy`` through raw temporary files (bounded memory)."""
+    kpath = os.path.join(dirname, name + ".keys.npy")
+    wpath = os.path.join(dirname, name + ".weights.npy")
+    kraw, wraw = f"{kpath}.raw.{os.getpid()}", f"{wpath}.raw.{os.getpid()}"
+    n = 0
+    try:
+        with open(kraw, "wb") as fk, open(wraw, "wb") as fw:
+            for keys, weights in pages:
+                keys = np.ascontiguousarray(keys, dtype="<u8").reshape(-1)
+                weights = np.ascontiguousarray(weights, dtype="<f4")
+                if weights.shape != (keys.shape[0], dim):
+                    raise ValueError(f"table {name!r}: a page of {keys.shape[0]} keys came with "
+                                     f"weights of shape {weights.shape}, expected dim {dim}")
+                keys.tofile(fk)
+                weights.tofile(fw)
+                n += keys.shape[0]
+        if n:
+            keys = np.memmap(kraw, dtype="<u8", mode="r", shape=(n,))
+            weights = np.memmap(wraw, dtype="<f4", mode="r", shape=(n, dim))
+        else:
+            keys, weights = np.empty(0, "<u8"), np.empty((0, dim), "<f4")
+        _atomic.save_npy(kpath, keys)
+        _atomic.save_npy(wpath, weights)
+        del keys, weights
+    finally:
+        for p in (kraw, wraw):
+            if os.path.exists(p):
+                os.remove(p)
+    return n, os.path.basename(kpath), os.path.basename(wpath)
+
+
+def _prune(program, feed_names, targets):
+    """The ops computing ``targets`` from ``feed_names`` and parameters (no
+    auc); ValueError naming a variable that is neither fed nor computed."""
+    wanted = {t.name for t in targets}
+    keep = []
+    for op in reversed(program.global_block().ops):
+        if op.type == "auc":
+            continue
+        if any(v.name in wanted for v in op.output_vars()):
+            keep.append(op)
+            wanted.update(v.name for v in op.input_vars())
+    keep.reverse()
+    produced = {v.name for op in keep for v in op.output_vars()}
+    for op in keep:
+        for v in op.input_vars():
+            if v.name not in produced and not isinstance(v, Parameter) and \
+                    v.name not in feed_names:
+                raise ValueError(f"target needs {v.name!r}, which is neither fed "
+                                 f"({sorted(feed_names)}) nor computed")
+    return keep
+
+
+def _write_params(dirname, ops, source):
+    """The "inference" section, after writing every parameter ``ops`` read."""
+    used = {}
+    for op in ops:
+        for v in op.input_vars():
+            if isinstance(v, Parameter):
+                used.setdefault(v.name, v)
+    section = {"format": INFERENCE_FORMAT, "version": INFERENCE_VERSION,
+               "dense": {}, "sparse": {}}
+    for p in used.values():
+        path = param_path(dirname, p)  # also refuses names unfit for a file
+        if p.is_sparse_table:
+            cfg = source.sparse_config(p)
+            rows, kfile, wfile = _write_rows(dirname, p.name, cfg["dim"],
+                                             source.sparse_pages(p.name))
+            section["sparse"][p.name] = {**cfg, "rows": rows, "keys": kfile, "weights": wfile}
+        else:
+            value = np.asarray(source.dense(p.name), dtype=np.float32)
+            if tuple(value.shape) != tuple(p.shape):
+                raise ValueError(f"parameter {p.name!r} has shape {tuple(p.shape)}, the "
+                                 f"source gave {value.shape}")
+            _atomic.save_npy(path, value)
+            section["dense"][p.name] = os.path.basename(path)
+    return section
+
+
+def save(dirname, program, feeded_var_names, target_vars, source, model_filename=None):
+    """Write a prediction directory (see the module doc) for ``target_vars``
+    computed from ``feeded_var_names``, with parameters from ``source`` (None:
+    the program only). Returns the target names. Raises ValueError if a target
+    needs a variable that is neither fed nor computed."""
+    program = resolve_program(program)
+    if isinstance(feeded_var_names, str):
+        feeded_var_names = [feeded_var_names]
+    if isinstance(target_vars, (Variable, str)):
+        target_vars = [target_vars]
+    feed_names = list(feeded_var_names)
+    block = program.global_block()
+    for n in feed_names:
+        block.var(n)
+    targets = [block.var(t.name if isinstance(t, Variable) else t) for t in target_vars]
+    ops = _prune(program, set(feed_names), targets)
+    desc = program.to_dict(ops)
+    desc["feed"] = feed_names
+    desc["fetch"] = [t.name for t in targets]
+    created = not os.path.isdir(dirname)
+    os.makedirs(dirname, exist_ok=True)
+    if source is not None:  # the parameters first: a model file says the directory is complete
+        try:
+            desc["inference"] = _write_params(dirname, ops, source)
+        except BaseException:
+            if created and not os.listdir(dirname):
+                os.rmdir(dirname)
+            raise
+    _atomic.write_json(os.path.join(dirname, model_filename or MODEL_FILENAME), desc)
+    return [t.name for t in targets]
+
+
+class _FrozenBackend(Backend):
+    """Read-only parameters of a prediction directory."""
+
+    def __init__(self, dense, sparse):
+        self.dense = dense    # name -> float32 array
+        self.sparse = sparse  # name -> (sorted keys, weights, empty SparseTable for initial rows)
+
+    def _refuse(self, *_):
+        raise ValueError("an inference model is read-only: it cannot create, train or "
+                         "save parameters")
+
+    create_sparse = create_dense = push_sparse = push_dense = set_dense = _refuse
+
+    def pull_dense(self, name):
+        try:
+            return self.dense[name].copy()
+        except KeyError:
+            raise ValueError(f"the inference model has no parameter {name!r}") from None
+
+    def pull_sparse(self, name, keys, create=True):  # never creates: the model is read-only
+        try:
+            skeys, weights, init = self.sparse[name]
+        except KeyError:
+            raise ValueError(f"the inference model has no sparse table {name!r}") from None
+        keys = np.ascontiguousarray(keys, dtype=np.uint64)
+        out = np.empty((keys.shape[0], weights.shape[1]), dtype=np.float32)
+        if skeys.shape[0]:
+            pos = np.minimum(np.searchsorted(skeys, keys), skeys.shape[0] - 1)
+            hit = skeys[pos] == keys
+            out[hit] = weights[pos[hit]]
+        else:
+            hit = np.zeros(keys.shape[0], dtype=bool)
+        miss = ~hit
+        if miss.any():
+            out[miss] = init.initial_values(keys[miss])
+        return out
+
+
+def _load_npy(dirname, name):
+    path = os.path.join(dirname, check_file_name(name, "the inference model's file"))
+    try:
+        return np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise ValueError(f"inference model file {path} is missing") from None
+
+
+class Predictor:
+    """A loaded prediction model (see :func:`load`). Attributes: ``program``,
+    ``feed_names``, ``fetch_names``, ``tables`` (``{name: rows}``)."""
+
+    def __init__(self, program, feed_names, fetch_names):
+        backend = program._get_backend()
+        self.program = program
+        self.feed_names = list(feed_names)
+        self.fetch_names = list(fetch_names)
+        self.tables = {n: int(v[0].shape[0]) for n, v in backend.sparse.items()}
+        self.last_file_stats = None  # the reader's counts of predict_file's last file
+        self._exe = Executor()
+        self._scope = Scope()
+        block = program.global_block()
+        self._fetch = [block.var(n) for n in self.fetch_names]
+
+    def predict(self, feed):
+        """``[output per fetch name]`` (numpy) for ``feed`` ``{name: value}``
+        (values as for ``Executor.run``: arrays, LoDTensors or CSR
+        ``(ids, offsets)`` tuples). Every feed name is required."""
+        missing = [n for n in self.feed_names if n not in feed]
+        if missing:
+            raise ValueError(f"feed is missing {missing} (the model reads {self.feed_names})")
+        return self._exe.run(self.program, feed=feed, fetch_list=self._fetch,
+                             scope=self._scope)
+
+    def _feed_of_batch(self, batch):
+        block = self.program.global_block()
+        slots = [n for n in self.feed_names if block.var(n).lod_level >= 1]
+        others = [n for n in self.feed_names if block.var(n).lod_level == 0]
+        if len(slots) != len(batch.sparse):
+            raise ValueError(f"the model reads {len(slots)} sparse slots, the data has "
+                             f"{len(batch.sparse)}")
+        if len(others) != 1:
+            raise ValueError(f"predict_file needs a model fed by one dense input and the "
+                             f"sparse slots; it is fed by {self.feed_names}")
+        feed = {others[0]: batch.dense}
+        for name, (ids, offsets) in zip(slots, batch.sparse):
+            feed[name] = (ids, offsets)
+        return feed
+
+    def predict_file(self, path, out_path, format="criteo", batch_size=4096,
+                     skip_malformed=False):
+        """Score every example of ``path`` (read by :class:`pyfleet.data.Dataset`
+        in ``format``, with its default dense transform, as ``pyfleet train``
+        reads) and write one probability per data line (the first fetch's last
+        column) to ``out_path``, in order. Returns the rows written.
+
+        A malformed line is a ValueError naming the file and line, and nothing
+        is written: a skipped line would shift every later prediction against
+        its input line. ``skip_malformed=True`` skips them instead (the output
+        then has a line per valid example); :attr:`last_file_stats` is the
+        reader's counts (``malformed``, ``first_malformed``...) of the file."""
+        data = Dataset(path, format=format, batch_size=batch_size, strict=not skip_malformed)
+        rows = 0
+        with _atomic.atomic_open(out_path, "w") as f:
+            for batch in data:
+                out = np.asarray(self.predict(self._feed_of_batch(batch))[0])
+                prob = out.reshape(out.shape[0], -1)[:, -1]
+                np.savetxt(f, prob, fmt="%.9g")
+                rows += prob.shape[0]
+        self.last_file_stats = data.stats()
+        return rows
+
+
+def read_model_desc(path):
+    """The JSON model description at ``path``; ValueError naming it if missing or bad."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise ValueError(f"no inference model at {path}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not a valid model description: {e}") from None
+
+
+def _check_section(path, section):
+    if not isinstance(section, dict) or section.get("format") != INFERENCE_FORMAT:
+        raise ValueError(f"{path} was not written by pyfleet.inference.save or "
+                         "fluid.io.save_inference_model with its parameters (a program_only "
+                         "model loads with fluid.io.load_inference_model)")
+    if section.get("version") != INFERENCE_VERSION:
+        raise ValueError(f"{path}: inference format version {section.get('version')!r} is not "
+                         f"supported (expected {INFERENCE_VERSION})")
+
+
+def _frozen_backend(dirname, section, program):
+    params = {p.name: p for p in program.all_parameters()}
+    dense = {}
+    for name, fname in section["dense"].items():
+        value = _load_npy(dirname, fname).astype(np.float32, copy=False)
+        want = tuple(params[name].shape) if name in params else None
+        if want is not None and tuple(value.shape) != want:
+            raise ValueError(f"{fname} holds shape {value.shape}, parameter {name!r} has {want}")
+        dense[name] = value
+    sparse = {}
+    for name, cfg in section["sparse"].items():
+        dim = int(cfg["dim"])
+        keys = _load_npy(dirname, cfg["keys"]).astype(np.uint64, copy=False).reshape(-1)
+        weights = _load_npy(dirname, cfg["weights"]).astype(np.float32, copy=False)
+        if weights.shape != (keys.shape[0], dim):
+            raise ValueError(f"table {name!r}: {keys.shape[0]} keys but weights of shape "
+                             f"{weights.shape} (dim {dim})")
+        order = np.argsort(keys, kind="stable")
+        init = SparseTable(dim, SGD(1.0), initializer=_init.from_config(cfg["initializer"]),
+                           seed=int(cfg["seed"]), name=name)
+        sparse[name] = (keys[order], weights[order], init)
+    return _FrozenBackend(dense, sparse)
+
+
+def load_program(dirname, model_filename=None, program_only_ok=True):
+    """``(program, feed names, fetch names)`` of a prediction directory, the
+    program's backend set to its parameters: read-only rows and values of the
+    "inference" section or, for a model saved without it (``program_only``),
+    a :class:`LocalBackend` loaded from the ``<name>.npy``/``<name>.table``
+    files beside it (``program_only_ok=False`` refuses such a model).
+    ValueError naming a missing or malformed file."""
+    path = os.path.join(dirname, model_filename or MODEL_FILENAME)
+    desc = read_model_desc(path)
+    section = desc.get("inference")
+    if section is None and program_only_ok:
+        program = Program.from_dict(desc)
+        backend = LocalBackend()
+        backend.load(dirname, program.all_parameters())
+    else:
+        _check_section(path, section)
+        program = Program.from_dict(desc)
+        backend = _frozen_backend(dirname, section, program)
+    program._backend = backend
+    return program, list(desc.get("feed", [])), list(desc.get("fetch", []))
+
+
+def load(dirname, model_filename=None):
+    """A :class:`Predictor` for a directory :func:`save` wrote with its
+    parameters (no server needed). Raises ValueError naming a missing or
+    malformed file."""
+    program, feeds, fetches = load_program(dirname, model_filename, program_only_ok=False)
+    return Predictor(program, feeds, fetches)
