@@ -25,6 +25,7 @@ __all__ = [
     "bucket_counts",
     "bucket_index",
     "bucketed_auc",
+    "count_buckets",
     "exact_auc",
     "logloss",
 ]
@@ -89,12 +90,21 @@ def bucket_counts(pred, label, num_thresholds=DEFAULT_NUM_THRESHOLDS):
     """``(pos, neg)``: int64 ``[num_thresholds + 1]`` counts of positives and
     negatives per bucket (a label is positive when non-zero)."""
     _, y = _check_pair(pred, label)
-    idx = bucket_index(pred, num_thresholds)
-    is_pos = y.astype(bool)
-    n = num_thresholds + 1
-    pos = np.bincount(idx[is_pos], minlength=n).astype(np.int64)
-    neg = np.bincount(idx[~is_pos], minlength=n).astype(np.int64)
-    return pos, neg
+    return count_buckets(_as_1d(pred, "pred"), y, num_thresholds)
+
+
+def count_buckets(pred, label, num_thresholds):
+    """:func:`bucket_counts` of 1-D ``pred`` and ``label`` of one length, without
+    the shape handling: the kernel (one ``bincount``) that the Fluid auc op
+    runs every step. Raises ValueError for a probability outside ``[0, 1]``."""
+    p = np.asarray(pred, dtype=np.float32)
+    if p.size and not (p.min() >= 0 and p.max() <= 1):
+        bucket_index(p, num_thresholds)   # raises, naming the bad value
+    idx = (p * np.float32(num_thresholds)).astype(np.int64)
+    idx *= 2
+    idx += label != 0
+    both = np.bincount(idx, minlength=2 * (num_thresholds + 1))
+    return both[1::2].copy(), both[0::2].copy()
 
 
 def bucketed_auc(pos, neg):

@@ -18,7 +18,7 @@ The reference configuration: embedding dim 16, layers 256-128-64, Adam lr
 """
 
 from pyfleet.fluid import layers as L
-from pyfleet.fluid.framework import ParamAttr
+from pyfleet.fluid.param_attr import ParamAttr
 from pyfleet.initializer import Constant
 
 __all__ = ["DNN", "LR", "MODELS", "CTRModel", "DeepFM", "WideDeep", "build"]

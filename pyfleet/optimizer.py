@@ -3,7 +3,9 @@
 Each class is a small, validated record of hyper-parameters. The update rule
 itself runs in the C++ core, where the row lives (``include/pyfleet/optimizer.h``
 has the formulas); ``minimize`` hands the optimizer to the program that owns
-the loss, as Fluid's ``optimizer.minimize(avg_cost)`` does.
+the loss, as Fluid's ``optimizer.minimize(avg_cost)`` does. This module is
+rules only: it sits below the table layer and imports nothing of Fluid
+(:mod:`pyfleet.fluid.optimizer` is the Fluid-side view of these classes).
 
 Rules (per element; ``g`` the gradient, ``w`` the weight):
 
@@ -28,8 +30,8 @@ from pyfleet import _core
 from pyfleet._record import ConfigRecord
 from pyfleet._record import from_config as _from_config
 
-__all__ = ["Optimizer", "SGD", "Adagrad", "Adam", "FTRL",
-           "SGDOptimizer", "AdagradOptimizer", "AdamOptimizer", "FtrlOptimizer"]
+__all__ = ["FTRL", "SGD", "Adagrad", "AdagradOptimizer", "Adam", "AdamOptimizer",
+           "FtrlOptimizer", "Optimizer", "SGDOptimizer", "from_config"]
 
 
 def _positive(name, value):
@@ -70,10 +72,17 @@ class Optimizer(ConfigRecord):
         return _core.optimizer_state_dim(self._core_config(), int(dim))
 
     def minimize(self, loss, startup_program=None, parameter_list=None, no_grad_set=None):
-        """Fluid's ``optimizer.minimize(loss)``: attach this rule to the loss's program."""
-        from pyfleet.fluid import framework
-        return framework.minimize(self, loss, startup_program=startup_program,
-                                  parameter_list=parameter_list, no_grad_set=no_grad_set)
+        """Fluid's ``optimizer.minimize(loss)``: attach this rule to the loss's program.
+
+        The work is the Fluid side's (``Program.attach_optimizer``, reached
+        through the loss): this module knows no graph and imports no Fluid
+        module. Returns ``(optimize_ops, params_grads)`` as Fluid does.
+        """
+        program = getattr(getattr(loss, "block", None), "program", None)
+        attach = getattr(program, "attach_optimizer", None)
+        if attach is None:
+            raise ValueError(f"loss must be a fluid Variable, got {loss!r}")
+        return attach(self, loss, parameter_list=parameter_list, no_grad_set=no_grad_set)
 
 
 class SGD(Optimizer):

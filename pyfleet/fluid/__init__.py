@@ -6,28 +6,42 @@ by ``import pyfleet.fluid as fluid``. Parameters live in a backend
 servers under Fleet.
 """
 
-from pyfleet import initializer, optimizer
-from pyfleet.fluid import backend, core, dataset, incubate, io, layers, unique_name
+from pyfleet import initializer
+from pyfleet.config import DistributeTranspilerConfig
+from pyfleet.fluid import (
+    backend,
+    core,
+    dataset,
+    framework,
+    incubate,
+    io,
+    layers,
+    optimizer,
+    transpiler,
+    unique_name,
+)
 from pyfleet.fluid.data_feeder import DataFeeder
 from pyfleet.fluid.dataset import DatasetFactory
 from pyfleet.fluid.executor import Executor
 from pyfleet.fluid.framework import (
+    Program,
+    Variable,
+    default_main_program,
+    default_startup_program,
+    name_scope,
+    program_guard,
+)
+from pyfleet.fluid.param_attr import ParamAttr
+from pyfleet.fluid.reader import batch
+from pyfleet.fluid.tensor import (
     CPUPlace,
     CUDAPlace,
     LoDTensor,
-    ParamAttr,
-    Program,
     Scope,
-    Variable,
     create_lod_tensor,
-    default_main_program,
-    default_startup_program,
     global_scope,
-    name_scope,
-    program_guard,
     scope_guard,
 )
-from pyfleet.fluid.reader import batch
 
 
 class CompiledProgram:
@@ -53,16 +67,13 @@ def data(name, shape, dtype="float32", lod_level=0):
     return layers.data(name, shape, dtype, lod_level, append_batch_size=False)
 
 
-from pyfleet.config import DistributeTranspilerConfig  # noqa: E402
-from pyfleet.fluid import transpiler  # noqa: E402
-
 __all__ = [
     "CPUPlace",
-    "DistributeTranspilerConfig",
     "CUDAPlace",
     "CompiledProgram",
     "DataFeeder",
     "DatasetFactory",
+    "DistributeTranspilerConfig",
     "Executor",
     "LoDTensor",
     "ParamAttr",
@@ -78,15 +89,16 @@ __all__ = [
     "default_main_program",
     "default_startup_program",
     "embedding",
+    "framework",
     "global_scope",
     "incubate",
     "initializer",
     "io",
-    "transpiler",
     "layers",
     "name_scope",
     "optimizer",
     "program_guard",
     "scope_guard",
+    "transpiler",
     "unique_name",
 ]

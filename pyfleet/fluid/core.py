@@ -1,6 +1,6 @@
 """``fluid.core``: the few core names Fluid scripts touch."""
 
-from pyfleet.fluid.framework import CPUPlace, LoDTensor, Scope
+from pyfleet.fluid.tensor import CPUPlace, LoDTensor, Scope
 
 __all__ = ["CPUPlace", "EOFException", "LoDTensor", "Scope"]
 

@@ -13,7 +13,9 @@ import itertools
 
 import numpy as np
 
-from pyfleet.fluid.framework import LoDTensor, Variable
+from pyfleet.fluid import framework
+from pyfleet.fluid.framework import Variable
+from pyfleet.fluid.tensor import LoDTensor
 
 __all__ = ["DataFeeder", "sequences_to_lod"]
 
@@ -37,7 +39,6 @@ class DataFeeder:
     (or their names together with ``program``)."""
 
     def __init__(self, feed_list, place=None, program=None):
-        from pyfleet.fluid import framework
         program = program or framework.default_main_program()
         self.feed_vars = []
         for v in feed_list:

@@ -17,8 +17,11 @@ while the executor trains in the calling thread. A failing pipe command is a
 """
 
 import subprocess
+import tempfile
 
 import numpy as np
+
+from pyfleet.fluid.reader import PyReader
 
 __all__ = ["CHUNK_BYTES", "DatasetFactory", "InMemoryDataset", "QueueDataset", "parse_multislot"]
 
@@ -154,7 +157,6 @@ class DatasetBase:
 
     def _read_file(self, path):
         """Yield ``(columns, n)`` per chunk of the pipe's output (bounded memory)."""
-        import tempfile
         try:
             src = open(path, "rb")  # noqa: SIM115 (closed by the with below)
         except OSError as e:
@@ -214,7 +216,6 @@ class DatasetBase:
     def _feeds(self):
         """Feed dicts of every batch, parsed one file ahead in a background thread."""
         self._check()
-        from pyfleet.fluid.reader import PyReader
         reader = PyReader(self.use_vars, capacity=4, use_double_buffer=True, iterable=True)
         reader.decorate_batch_generator(self._batch_feeds)
         for (feed,) in reader():

@@ -17,8 +17,13 @@ import builtins
 
 import numpy as np
 
-from pyfleet.fluid import framework
-from pyfleet.fluid.framework import ParamAttr, Variable, convert_dtype, unique_name
+from pyfleet import initializer as _init
+from pyfleet.fluid import framework, unique_name
+from pyfleet.fluid.framework import check_variable as _check_var
+from pyfleet.fluid.param_attr import ParamAttr, create_parameter_in
+from pyfleet.fluid.reader import PyReader
+from pyfleet.fluid.tensor import convert_dtype
+from pyfleet.table import DEFAULT_INITIALIZER
 
 __all__ = [
     "accuracy",
@@ -71,15 +76,6 @@ def _tmp(prefix, shape, dtype="float32", lod_level=0):
     return _block().create_var(unique_name.generate(prefix + ".tmp"), shape, dtype, lod_level)
 
 
-def _check_var(x, what):
-    if not isinstance(x, Variable):
-        raise ValueError(f"{what} must be a fluid Variable, got {type(x).__name__}")
-    if x.block.program is not _main():
-        raise ValueError(f"{what} ({x.name}) belongs to another program than the current "
-                         "main program: build the whole network under one program_guard")
-    return x
-
-
 def _op(type, inputs, outputs, attrs=None):
     return _block().append_op(type, inputs, outputs, attrs)
 
@@ -101,9 +97,8 @@ def _act(x, act):
 
 
 def _param(attr, shape, dtype, default_initializer, prefix, is_sparse_table=False):
-    return framework.create_parameter_in(_main(), framework.default_startup_program(), attr,
-                                         shape, dtype, default_initializer, prefix,
-                                         is_sparse_table)
+    return create_parameter_in(_main(), framework.default_startup_program(), attr, shape,
+                               dtype, default_initializer, prefix, is_sparse_table)
 
 
 # --------------------------------------------------------------------------- inputs
@@ -127,7 +122,6 @@ def data(name, shape, dtype="float32", lod_level=0, append_batch_size=True,
 def create_py_reader_by_data(capacity, feed_list, name=None, use_double_buffer=True):
     """A non-iterable :class:`~pyfleet.fluid.reader.PyReader` filling ``feed_list``:
     ``start()``, ``exe.run(program)`` until ``fluid.core.EOFException``, ``reset()``."""
-    from pyfleet.fluid.reader import PyReader
     return PyReader(feed_list, capacity, use_double_buffer, iterable=False)
 
 
@@ -166,9 +160,7 @@ def _embedding(input, size, is_sparse, is_distributed, padding_idx, param_attr, 
     vocab, dim = int(size[0]), int(size[1])
     sparse_table = bool(is_distributed) or vocab >= framework.SPARSE_TABLE_MIN_VOCAB
     attr = ParamAttr._to_attr(param_attr)
-    from pyfleet import initializer as _init
     if sparse_table:
-        from pyfleet.table import DEFAULT_INITIALIZER
         default = DEFAULT_INITIALIZER
     else:
         default = _init.Xavier()
@@ -201,7 +193,6 @@ def fc(input, size, num_flatten_dims=1, param_attr=None, bias_attr=None, act=Non
         raise ValueError(f"fc: {len(attrs)} param_attrs for {len(inputs)} inputs")
     size = int(size)
     prefix = name or unique_name.generate("fc")
-    from pyfleet import initializer as _init
     partial = []
     for i, (x, a) in enumerate(zip(inputs, attrs)):
         _check_var(x, "fc input")
@@ -237,7 +228,6 @@ def fc(input, size, num_flatten_dims=1, param_attr=None, bias_attr=None, act=Non
 def create_parameter(shape, dtype, name=None, attr=None, is_bias=False,
                      default_initializer=None):
     """A free parameter usable by any layer (e.g. with matmul)."""
-    from pyfleet import initializer as _init
     attr = ParamAttr._to_attr(attr)
     if attr is False:
         raise ValueError("create_parameter needs a ParamAttr, not False")

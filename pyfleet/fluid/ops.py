@@ -18,14 +18,22 @@ import math
 
 import numpy as np
 
-from pyfleet import _core
-from pyfleet.fluid.framework import LoDTensor
+from pyfleet.fluid import loss_ops
+from pyfleet.fluid.loss_ops import sigmoid as _sigmoid
+from pyfleet.fluid.sequence import (
+    is_unit,
+    segment_sum,
+    sequence_pool_backward,
+    sequence_pool_forward,
+)
+from pyfleet.fluid.tensor import LoDTensor
 
 __all__ = [
     "BACKWARD",
     "FORWARD",
     "NO_GRAD",
     "STATEFUL",
+    "is_unit",
     "segment_sum",
     "sequence_pool_backward",
     "sequence_pool_forward",
@@ -242,16 +250,6 @@ def _unary(fn, dfn):
     return fwd, bwd
 
 
-def _sigmoid(x):
-    # Split by sign so exp never overflows.
-    out = np.empty_like(x)
-    pos = x >= 0
-    out[pos] = 1.0 / (1.0 + np.exp(-x[pos]))
-    e = np.exp(x[~pos])
-    out[~pos] = e / (1.0 + e)
-    return out
-
-
 def _softmax(x):
     z = x - x.max(axis=-1, keepdims=True)
     e = np.exp(z)
@@ -442,234 +440,7 @@ _register("reduce_sum", _reduce_fwd(np.sum), _reduce_bwd(False))
 _register("reduce_mean", _reduce_fwd(np.mean), _reduce_bwd(True))
 
 
-# --------------------------------------------------------------------------- losses
-
-def _label_like(label, x, name):
-    if label.shape != x.shape:
-        if label.size != x.size:
-            raise ValueError(f"{name}: label shape {label.shape} does not match input "
-                             f"shape {x.shape}")
-        label = label.reshape(x.shape)
-    return label.astype(x.dtype, copy=False)
-
-
-def _sce_fwd(op, s):
-    x = s.data(op.input("X")[0])
-    raw = s.data(op.input("Label")[0])
-    label = _label_like(raw, x, op.type)
-    # max(x, 0) - x*z + log(1 + exp(-|x|)): stable for any x.
-    loss = np.maximum(x, 0) - x * label + np.log1p(np.exp(-np.abs(x)))
-    ignore = op.attrs.get("ignore_index", -100)
-    mask = label != ignore
-    loss = np.where(mask, loss, 0).astype(x.dtype, copy=False)
-    if op.attrs.get("normalize"):
-        loss = loss / x.dtype.type(max(int(mask.sum()), 1))
-    s.set(op.output("Out")[0], loss)
-
-
-def _sce_bwd(op, s):
-    xv = op.input("X")[0]
-    g = s.grad(op.output("Out")[0])
-    if g is None or not s.needs_grad(xv):
-        return
-    x = s.data(xv)
-    label = _label_like(s.data(op.input("Label")[0]), x, op.type)
-    mask = label != op.attrs.get("ignore_index", -100)
-    dx = np.where(mask, (_sigmoid(x) - label) * g, 0).astype(x.dtype, copy=False)
-    if op.attrs.get("normalize"):
-        dx = dx / x.dtype.type(max(int(mask.sum()), 1))
-    s.add_grad(xv, dx)
-
-
-_register("sigmoid_cross_entropy_with_logits", _sce_fwd, _sce_bwd)
-
-
-def _ce_label_index(op, x, label):
-    lab = label.reshape(-1).astype(np.int64)
-    if lab.shape[0] != x.shape[0]:
-        raise ValueError(f"cross_entropy: {lab.shape[0]} labels for {x.shape[0]} rows")
-    ignore = op.attrs.get("ignore_index", -100)
-    mask = lab != ignore
-    bad = mask & ((lab < 0) | (lab >= x.shape[1]))
-    if bad.any():
-        raise ValueError(f"cross_entropy: label {lab[bad][0]} out of range [0, {x.shape[1]})")
-    return np.where(mask, lab, 0), mask
-
-
-def _ce_fwd(op, s):
-    x = s.data(op.input("X")[0])
-    label = s.data(op.input("Label")[0])
-    tiny = np.finfo(x.dtype).tiny
-    if op.attrs.get("soft_label"):
-        loss = -(label * np.log(np.maximum(x, tiny))).sum(axis=-1, keepdims=True)
-    else:
-        lab, mask = _ce_label_index(op, x, label)
-        p = x[np.arange(x.shape[0]), lab]
-        loss = np.where(mask, -np.log(np.maximum(p, tiny)), 0).reshape(-1, 1)
-    s.set(op.output("Y")[0], loss.astype(x.dtype, copy=False))
-
-
-def _ce_bwd(op, s):
-    xv = op.input("X")[0]
-    g = s.grad(op.output("Y")[0])
-    if g is None or not s.needs_grad(xv):
-        return
-    x = s.data(xv)
-    label = s.data(op.input("Label")[0])
-    tiny = np.finfo(x.dtype).tiny
-    if op.attrs.get("soft_label"):
-        dx = -g.reshape(-1, 1) * label / np.maximum(x, tiny)
-    else:
-        lab, mask = _ce_label_index(op, x, label)
-        rows = np.arange(x.shape[0])
-        dx = np.zeros_like(x)
-        p = np.maximum(x[rows, lab], tiny)
-        dx[rows, lab] = np.where(mask, -g.reshape(-1) / p, 0)
-    s.add_grad(xv, dx.astype(x.dtype, copy=False))
-
-
-_register("cross_entropy", _ce_fwd, _ce_bwd)
-
-
-def _log_loss_fwd(op, s):
-    p = s.data(op.input("Predicted")[0])
-    y = _label_like(s.data(op.input("Labels")[0]), p, "log_loss")
-    eps = p.dtype.type(op.attrs.get("epsilon", 1e-4))
-    s.set(op.output("Loss")[0], -y * np.log(p + eps) - (1 - y) * np.log(1 - p + eps))
-
-
-def _log_loss_bwd(op, s):
-    pv = op.input("Predicted")[0]
-    g = s.grad(op.output("Loss")[0])
-    if g is None or not s.needs_grad(pv):
-        return
-    p = s.data(pv)
-    y = _label_like(s.data(op.input("Labels")[0]), p, "log_loss")
-    eps = p.dtype.type(op.attrs.get("epsilon", 1e-4))
-    s.add_grad(pv, g * (-y / (p + eps) + (1 - y) / (1 - p + eps)))
-
-
-_register("log_loss", _log_loss_fwd, _log_loss_bwd)
-
-
-def _accuracy_fwd(op, s):
-    x = s.data(op.input("Out")[0])
-    label = s.data(op.input("Label")[0]).reshape(-1)
-    k = op.attrs.get("k", 1)
-    topk = np.argsort(-x, axis=1, kind="stable")[:, :k]
-    correct = (topk == label[:, None]).any(axis=1)
-    s.set(op.output("Accuracy")[0], np.array([correct.mean() if len(correct) else 0.0],
-                                             dtype=np.float32))
-
-
-_register("accuracy", _accuracy_fwd)
-
-
 # --------------------------------------------------------------------------- sequences
-
-def segment_sum(values, segment, num_segments):
-    """``out[k] = sum of values[i] with segment[i] == k`` for 2-D ``values``.
-
-    float32 (the engine's dtype): one pass of the core's ``sum_rows``, adding
-    in input order. Any other dtype (float64 gradient checks): one float64
-    ``bincount`` per column."""
-    if values.dtype == np.float32:
-        return _core.sum_rows(values, np.asarray(segment, dtype=np.int64), num_segments)
-    out = np.empty((num_segments, values.shape[1]), dtype=values.dtype)
-    for j in range(values.shape[1]):
-        out[:, j] = np.bincount(segment, weights=values[:, j], minlength=num_segments)
-    return out
-
-
-def _seq_info(x):
-    off = x.offsets
-    lens = np.diff(off)
-    nonempty = lens > 0
-    return off, lens, nonempty
-
-
-def is_unit(x):
-    """Whether LoDTensor ``x`` has exactly one row per sequence (pooling is the identity)."""
-    return _is_unit(x)
-
-
-def _is_unit(x):
-    # Every sequence of length 1 (one id per slot): pooling is the identity.
-    cached = getattr(x, "_unit", None)
-    if cached is None:
-        off = x.offsets
-        cached = off.shape[0] - 1 == x.data.shape[0] and (
-            off.shape[0] == 1 or int(np.diff(off).min()) >= 1)
-        x._unit = cached
-    return cached
-
-
-def sequence_pool_forward(x, pool_type):
-    """Pool each sequence of LoDTensor ``x``: returns ``(out, aux)``; an empty
-    sequence pools to zeros."""
-    data = x.data
-    pool_type = pool_type.lower()
-    if _is_unit(x):
-        return data, None
-    off, lens, nonempty = _seq_info(x)
-    b = lens.shape[0]
-    out = np.zeros((b,) + data.shape[1:], dtype=data.dtype)
-    if not nonempty.any():
-        return out, None
-    starts = off[:-1][nonempty]
-    aux = None
-    if pool_type in ("sum", "average", "sqrt"):
-        out[nonempty] = np.add.reduceat(data, starts, axis=0)
-        if pool_type == "average":
-            out[nonempty] /= lens[nonempty].astype(data.dtype).reshape(
-                (-1,) + (1,) * (data.ndim - 1))
-        elif pool_type == "sqrt":
-            out[nonempty] /= np.sqrt(lens[nonempty].astype(data.dtype)).reshape(
-                (-1,) + (1,) * (data.ndim - 1))
-    elif pool_type == "max":
-        out[nonempty] = np.maximum.reduceat(data, starts, axis=0)
-        rows = np.arange(data.shape[0]).reshape((-1,) + (1,) * (data.ndim - 1))
-        is_max = data == out[x.segment_ids()]
-        first = np.where(is_max, rows, data.shape[0])
-        aux = np.minimum.reduceat(first, starts, axis=0)   # row of the max, per column
-    elif pool_type == "first":
-        out[nonempty] = data[starts]
-    elif pool_type == "last":
-        out[nonempty] = data[off[1:][nonempty] - 1]
-    else:
-        raise ValueError(f"sequence_pool: unknown pool_type {pool_type!r}; expected sum, "
-                         "average, sqrt, max, first or last")
-    return out, aux
-
-
-def sequence_pool_backward(x, pool_type, g, aux):
-    data = x.data
-    pool_type = pool_type.lower()
-    if _is_unit(x):
-        return g
-    off, lens, nonempty = _seq_info(x)
-    shape1 = (-1,) + (1,) * (data.ndim - 1)
-    if pool_type == "sum":
-        return g[x.segment_ids()]
-    if pool_type == "average":
-        return (g / np.maximum(lens, 1).astype(g.dtype).reshape(shape1))[x.segment_ids()]
-    if pool_type == "sqrt":
-        return (g / np.sqrt(np.maximum(lens, 1)).astype(g.dtype).reshape(shape1))[
-            x.segment_ids()]
-    gx = np.zeros(data.shape, dtype=g.dtype)
-    if not nonempty.any():
-        return gx
-    if pool_type == "max":
-        g2 = g[nonempty].reshape(aux.shape[0], -1)
-        r = aux.reshape(aux.shape[0], -1)
-        cols = np.broadcast_to(np.arange(r.shape[1]), r.shape)
-        gx.reshape(data.shape[0], -1)[r, cols] = g2
-    elif pool_type == "first":
-        gx[off[:-1][nonempty]] = g[nonempty]
-    elif pool_type == "last":
-        gx[off[1:][nonempty] - 1] = g[nonempty]
-    return gx
-
 
 def _seq_pool_fwd(op, s):
     xv = op.input("X")[0]
@@ -698,3 +469,8 @@ def _seq_pool_bwd(op, s):
 
 
 _register("sequence_pool", _seq_pool_fwd, _seq_pool_bwd)
+
+
+# Losses and metrics (their own module), after this module's own kernels.
+FORWARD.update(loss_ops.FORWARD)
+BACKWARD.update(loss_ops.BACKWARD)

@@ -12,7 +12,8 @@ generator is raised by the ``exe.run`` that would have consumed its batch.
 A PyReader is used by one executor thread at a time.
 """
 
-from pyfleet._prefetch import prefetched
+from pyfleet.data.prefetch import prefetched
+from pyfleet.fluid.data_feeder import DataFeeder
 
 __all__ = ["PyReader", "batch"]
 
@@ -65,7 +66,6 @@ class PyReader:
 
     def decorate_sample_list_generator(self, reader, places=None):
         """``reader()`` yields lists of samples (as ``paddle.batch`` makes)."""
-        from pyfleet.fluid.data_feeder import DataFeeder
         feeder = DataFeeder(self.feed_list, program=self.feed_list[0].block.program)
 
         def feeds():

@@ -4,11 +4,9 @@ and InMemoryDataset, Executor.train_from_dataset; MultiSlot parsing edge cases."
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import numpy as np
 import pytest
-
 from support import DATA
 
 import pyfleet.fluid as fluid  # noqa: PLR0402 (the line Fluid users write)

@@ -2,19 +2,19 @@
 and a real training run of the reference DNN on Criteo rows."""
 
 import csv
-from pathlib import Path
 
 import numpy as np
 import pytest
+from support.fluid import RecordingBackend
 
 import pyfleet
 from pyfleet import fluid, metrics
 from pyfleet.fluid.backend import LocalBackend
-from pyfleet.fluid.testing import RecordingBackend
 from pyfleet.optimizer import SGD, Adam
 
 L = fluid.layers
 from support import DATA
+
 TINY = DATA / "criteo-kaggle-tiny" / "train.tiny.csv"
 
 
@@ -113,8 +113,8 @@ def test_backend_call_pattern_one_round_trip_each():
 def test_unique_inverse_and_segment_sum_match_numpy():
     """The executor's dedup (first-occurrence order) and per-id gradient sums
     against plain numpy, with duplicates, negative int64 hashes and both dtypes."""
-    from pyfleet.fluid.executor import _unique_inverse
     from pyfleet.fluid.ops import segment_sum
+    from pyfleet.fluid.step import unique_inverse as _unique_inverse
     rng = np.random.default_rng(7)
     ids = rng.integers(-50, 50, 3000).astype(np.int64) * (1 << 40)
     for keys in (ids, ids.view(np.uint64), np.array([], np.uint64), ids[:1]):
@@ -190,7 +190,7 @@ def test_prefetch_dedups_ahead_and_run_uses_it_only_for_the_same_ids():
 
 
 def test_auc_bucket_counts_match_metrics():
-    from pyfleet.fluid.executor import _bucket_counts
+    from pyfleet.metrics import count_buckets as _bucket_counts
     rng = np.random.default_rng(11)
     p = np.concatenate([[0.0, 1.0, 0.5], rng.random(997)]).astype(np.float32)
     y = rng.integers(0, 3, p.shape[0])        # any non-zero label is a positive

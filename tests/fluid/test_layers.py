@@ -3,9 +3,9 @@ central finite differences (float64 networks, RecordingBackend)."""
 
 import numpy as np
 import pytest
+from support.fluid import RecordingBackend, check_gradients
 
 from pyfleet import fluid
-from pyfleet.fluid.testing import check_gradients
 from pyfleet.optimizer import SGD
 
 L = fluid.layers
@@ -45,7 +45,6 @@ def _w(shape, seed=3):
 
 
 def _run_forward(main, startup, feed, fetch):
-    from pyfleet.fluid.testing import RecordingBackend
     main._backend = RecordingBackend()
     exe = fluid.Executor(fluid.CPUPlace())
     exe.run(startup)

@@ -3,9 +3,9 @@ training steps of each model lowering its loss."""
 
 import numpy as np
 import pytest
+from support.fluid import check_gradients
 
 from pyfleet import fluid, models
-from pyfleet.fluid.testing import check_gradients
 from pyfleet.optimizer import SGD, Adam
 
 SMALL = {"num_dense": 3, "num_slots": 3, "embedding_dim": 4, "layers": (5, 3)}

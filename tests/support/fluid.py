@@ -1,4 +1,4 @@
-"""Test helpers: a float64 recording backend and a finite-difference gradient check.
+"""Fluid test helpers: a float64 recording backend and a finite-difference gradient check.
 
 :class:`RecordingBackend` keeps parameters as float64 numpy arrays, never
 applies an update, and records the last gradients pushed, so a program's
@@ -9,6 +9,7 @@ gradients can be compared with central finite differences of its loss
 import numpy as np
 
 from pyfleet.fluid.backend import Backend
+from pyfleet.fluid.executor import Executor
 
 __all__ = ["RecordingBackend", "check_gradients"]
 
@@ -88,9 +89,8 @@ def check_gradients(main_program, startup_program, loss, feed, eps=1e-6, rtol=1e
     biases do not put relu inputs exactly on their kink. Raises
     AssertionError listing mismatches; returns the number of entries checked.
     """
-    from pyfleet.fluid.executor import Executor
     be = RecordingBackend()
-    main_program._backend = be
+    main_program.set_backend(be)
     exe = Executor()
     exe.run(startup_program)
     rng = np.random.default_rng(seed)

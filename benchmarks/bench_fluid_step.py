@@ -1,6 +1,6 @@
 """Time one training step of the reference DNN against its matmuls alone.
 
-``python -m pyfleet.fluid.bench [--batch 512] [--steps 40]`` builds the
+``python benchmarks/bench_fluid_step.py [--batch 512] [--steps 40]`` builds the
 reference network (26 slots sharing one sparse table, dim 16, sum-pooled,
 13 dense features, fc 256-128-64 relu, fc 2 softmax, Adam, LocalBackend),
 runs ``Executor.run`` steps on Zipf-distributed ids, and prints the step time
@@ -14,7 +14,8 @@ import time
 
 import numpy as np
 
-__all__ = ["main"]
+from pyfleet import fluid, models
+from pyfleet.optimizer import Adam
 
 
 def _clock(fn, n):
@@ -25,9 +26,6 @@ def _clock(fn, n):
 
 
 def main(argv=None):
-    from pyfleet import fluid, models
-    from pyfleet.optimizer import Adam
-
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=512)
     ap.add_argument("--steps", type=int, default=40)

@@ -1,0 +1,40 @@
+"""``fluid.optimizer``: the optimizer rules under Fluid's names, and ``minimize``.
+
+The rule classes are :mod:`pyfleet.optimizer`'s (the same class objects, so
+``fluid.optimizer.Adam`` is ``pyfleet.optimizer.Adam``): that module holds
+only hyper-parameters and what the table layer needs, and imports nothing of
+Fluid. Attaching a rule to a network is the Fluid side's work, done by the
+loss's program (:meth:`pyfleet.fluid.framework.Program.attach_optimizer`):
+
+- ``opt.minimize(loss)`` (Fluid's spelling, on any rule) calls
+  ``loss.block.program.attach_optimizer(opt, loss, ...)``: the rule reaches the
+  graph through the loss it is given, never through an import, so the layers
+  point down only (table and optimizer rules below Fluid);
+- :func:`minimize` here is the same call as a function (what Fleet's
+  ``distributed_optimizer(opt).minimize(loss)`` uses).
+"""
+
+from pyfleet.optimizer import (
+    FTRL,
+    SGD,
+    Adagrad,
+    AdagradOptimizer,
+    Adam,
+    AdamOptimizer,
+    FtrlOptimizer,
+    Optimizer,
+    SGDOptimizer,
+    from_config,
+)
+
+__all__ = ["FTRL", "SGD", "Adagrad", "AdagradOptimizer", "Adam", "AdamOptimizer",
+           "FtrlOptimizer", "Optimizer", "SGDOptimizer", "from_config", "minimize"]
+
+
+def minimize(optimizer, loss, startup_program=None, parameter_list=None, no_grad_set=None):
+    """Attach ``optimizer`` to the program of ``loss``; see
+    :meth:`pyfleet.fluid.framework.Program.attach_optimizer`."""
+    if not isinstance(optimizer, Optimizer):
+        raise ValueError(f"optimizer must be a pyfleet.optimizer rule, got {optimizer!r}")
+    return optimizer.minimize(loss, startup_program=startup_program,
+                              parameter_list=parameter_list, no_grad_set=no_grad_set)

@@ -1,0 +1,246 @@
+"""Runtime values of ``pyfleet.fluid``: tensors, scopes and places.
+
+:class:`LoDTensor` (a value with sequence offsets), :class:`Scope` (the
+persistable non-parameter state of a worker, e.g. the auc layer's counts),
+:func:`global_scope` / :func:`scope_guard`, and the places (CPU only).
+This module imports no other Fluid module: kernels, feeds and the graph all
+build on it.
+"""
+
+import contextlib
+
+import numpy as np
+
+__all__ = [
+    "CPUPlace",
+    "CUDAPlace",
+    "LoDTensor",
+    "Scope",
+    "convert_dtype",
+    "create_lod_tensor",
+    "global_scope",
+    "scope_guard",
+]
+
+
+_DTYPES = {"float32": np.float32, "float64": np.float64, "int64": np.int64,
+           "int32": np.int32, "uint64": np.uint64, "bool": np.bool_, "float16": np.float16,
+           "int8": np.int8, "uint8": np.uint8, "int16": np.int16}
+
+
+def convert_dtype(dtype):
+    """A numpy dtype from a Fluid dtype name, numpy dtype or type."""
+    if isinstance(dtype, str):
+        try:
+            return np.dtype(_DTYPES[dtype])
+        except KeyError:
+            raise ValueError(f"unsupported dtype {dtype!r}; expected one of "
+                             f"{sorted(_DTYPES)}") from None
+    try:
+        return np.dtype(dtype)
+    except TypeError:
+        raise ValueError(f"unsupported dtype {dtype!r}") from None
+
+
+class CPUPlace:
+    def __repr__(self):
+        return "CPUPlace"
+
+
+class CUDAPlace:
+    def __init__(self, device_id=0):
+        raise ValueError("pyfleet runs on CPU only: use fluid.CPUPlace()")
+
+
+class LoDTensor:
+    """A tensor with one level of sequence offsets (Fluid's LoDTensor, lod_level <= 1).
+
+    ``data`` has one row per element of all sequences; ``offsets`` (int64,
+    ``B + 1`` entries, starting at 0, non-decreasing, ending at ``len(data)``)
+    delimits sequence ``i`` as rows ``offsets[i]:offsets[i+1]``.
+    """
+
+    def __init__(self, data=None, offsets=None):
+        self._data = None if data is None else np.asarray(data)
+        self._offsets = None
+        self._segment_ids = None
+        self._unit = None
+        if offsets is not None:
+            self._set_offsets(offsets)
+
+    # Fluid's API
+    def set(self, data, place=None):
+        self._data = np.asarray(data)
+        self._segment_ids = None
+        self._unit = None
+
+    def set_lod(self, lod):
+        if len(lod) == 0:
+            self._offsets = None
+            return
+        if len(lod) != 1:
+            raise ValueError(f"only lod_level <= 1 is supported, got {len(lod)} levels")
+        self._set_offsets(lod[0])
+
+    def lod(self):
+        return [] if self._offsets is None else [self._offsets.tolist()]
+
+    def set_recursive_sequence_lengths(self, lengths):
+        if len(lengths) == 0:
+            self._offsets = None
+            return
+        if len(lengths) != 1:
+            raise ValueError(f"only lod_level <= 1 is supported, got {len(lengths)} levels")
+        lens = np.asarray(lengths[0], dtype=np.int64)
+        self._set_offsets(np.concatenate([[0], np.cumsum(lens)]))
+
+    def recursive_sequence_lengths(self):
+        return [] if self._offsets is None else [np.diff(self._offsets).tolist()]
+
+    def has_valid_recursive_sequence_lengths(self):
+        try:
+            self.validate()
+            return True
+        except ValueError:
+            return False
+
+    def shape(self):
+        return list(self._data.shape)
+
+    def __array__(self, dtype=None, copy=None):
+        return self._data if dtype is None else self._data.astype(dtype)
+
+    def _set_offsets(self, offsets):
+        off = np.asarray(offsets)
+        if off.ndim != 1 or off.size < 1 or off.dtype.kind not in "iu":
+            raise ValueError(f"lod offsets must be a 1-D integer array of B+1 entries, got "
+                             f"dtype {off.dtype} shape {off.shape}")
+        self._offsets = off.astype(np.int64, copy=False)
+        self._segment_ids = None
+        self._unit = None
+
+    # engine helpers
+    @property
+    def data(self):
+        return self._data
+
+    @property
+    def offsets(self):
+        return self._offsets
+
+    @property
+    def num_sequences(self):
+        return self._offsets.shape[0] - 1
+
+    def validate(self, name="value"):
+        if self._data is None:
+            raise ValueError(f"{name}: LoDTensor has no data")
+        if self._offsets is None:
+            raise ValueError(f"{name}: LoDTensor has no lod (sequence offsets)")
+        off = self._offsets
+        n = self._data.shape[0] if self._data.ndim else 0
+        shortest = int(np.minimum.reduce(off[1:] - off[:-1])) if off.size > 1 else 0
+        if off[0] != 0 or off[-1] != n or shortest < 0:
+            raise ValueError(f"{name}: lod offsets must start at 0, never decrease and end "
+                             f"at the number of rows ({n}); got first={off[0]} "
+                             f"last={off[-1]}")
+        # n rows in n sequences, none empty: every sequence has one row.
+        self._unit = off.size - 1 == n and (n == 0 or shortest >= 1)
+        return self
+
+    def _like(self, data):
+        """A LoDTensor of ``data`` (same number of rows) with this one's
+        sequences, already validated: shares offsets and cached facts."""
+        t = LoDTensor.__new__(LoDTensor)
+        t._data, t._offsets = data, self._offsets
+        t._segment_ids, t._unit = self._segment_ids, self._unit
+        return t
+
+    def segment_ids(self):
+        """The sequence index of every row (cached)."""
+        if self._segment_ids is None:
+            lens = np.diff(self._offsets)
+            self._segment_ids = np.repeat(np.arange(lens.shape[0], dtype=np.int64), lens)
+        return self._segment_ids
+
+    def __repr__(self):
+        shape = None if self._data is None else self._data.shape
+        return f"LoDTensor(shape={shape}, lod={self.recursive_sequence_lengths()})"
+
+
+def create_lod_tensor(data, recursive_seq_lens, place=None):
+    """Fluid's ``create_lod_tensor``: ``data`` an array (or a list of sequences)."""
+    if isinstance(data, LoDTensor):
+        data = data.data
+    if isinstance(data, list):
+        flat = [x for seq in data for x in (seq if isinstance(seq, (list, tuple, np.ndarray))
+                                             else [seq])]
+        data = np.asarray(flat).reshape(len(flat), -1)
+    t = LoDTensor()
+    t.set(np.asarray(data))
+    t.set_recursive_sequence_lengths(recursive_seq_lens)
+    t.validate("create_lod_tensor")
+    return t
+
+
+class _ScopeVar:
+    def __init__(self, scope, name):
+        self._scope, self._name = scope, name
+
+    def get_tensor(self):
+        return _ScopeTensor(self._scope, self._name)
+
+
+class _ScopeTensor:
+    """A live view of one scope entry; ``set`` replaces the value."""
+
+    def __init__(self, scope, name):
+        self._scope, self._name = scope, name
+
+    def set(self, value, place=None):
+        old = self._scope.vars.get(self._name)
+        value = np.array(value, copy=True)
+        if old is not None:
+            value = value.astype(old.dtype, copy=False).reshape(old.shape)
+        self._scope.vars[self._name] = value
+
+    def __array__(self, dtype=None, copy=None):
+        v = self._scope.vars[self._name]
+        return v if dtype is None else v.astype(dtype)
+
+    def shape(self):
+        return list(self._scope.vars[self._name].shape)
+
+
+class Scope:
+    """Persistable non-parameter state of a worker (e.g. the auc layer's counts).
+
+    Not thread-safe: one executor thread per scope.
+    """
+
+    def __init__(self):
+        self.vars = {}
+
+    def find_var(self, name):
+        return _ScopeVar(self, name) if name in self.vars else None
+
+    def var(self, name):
+        self.vars.setdefault(name, np.zeros(0, dtype=np.float32))
+        return _ScopeVar(self, name)
+
+
+_global_scope = Scope()
+
+
+def global_scope():
+    return _global_scope
+
+
+@contextlib.contextmanager
+def scope_guard(scope):
+    global _global_scope
+    saved, _global_scope = _global_scope, scope
+    try:
+        yield
+    finally:
+        _global_scope = saved
