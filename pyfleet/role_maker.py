@@ -28,6 +28,8 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from pyfleet.endpoint import check_endpoint as _check_endpoint
 from pyfleet.endpoint import parse_endpoints
 from pyfleet.errors import ConfigError
@@ -369,7 +371,7 @@ class PaddleCloudRoleMaker(RoleMakerBase):
 
 
 def _import_mpi():
-    try:
+    try:  # an optional dependency (the mpi extra): imported by the MPI role maker only
         from mpi4py import MPI
     except ImportError as exc:
         raise ImportError("MPISymetricRoleMaker needs mpi4py and an MPI library: "
@@ -416,8 +418,6 @@ class MPISymetricRoleMaker(RoleMakerBase):
         self._node_type_comm = None
 
     def _resolve(self) -> RoleInfo:
-        import numpy as np
-
         env = dict(os.environ)
         rank, size = self._comm.Get_rank(), self._comm.Get_size()
         if size < 2 or size % 2:
