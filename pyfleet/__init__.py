@@ -12,8 +12,20 @@ from pyfleet._version import __version__
 from pyfleet.errors import PyfleetError
 from pyfleet.table import DenseTable, SparseTable, route
 
-__all__ = ["SparseTable", "DenseTable", "route", "optimizer", "initializer", "entry",
-           "metrics", "models", "PyfleetError", "batch", "fleet", "__version__"]
+__all__ = [
+    "DenseTable",
+    "PyfleetError",
+    "SparseTable",
+    "__version__",
+    "batch",
+    "entry",
+    "fleet",
+    "initializer",
+    "metrics",
+    "models",
+    "optimizer",
+    "route",
+]
 
 # name -> (module, attribute or None for the module itself)
 _LAZY = {

@@ -1,4 +1,4 @@
 """The old import path of :mod:`pyfleet.data.prefetch`."""
 
-from pyfleet.data.prefetch import *  # noqa: F403
+from pyfleet.data.prefetch import *
 from pyfleet.data.prefetch import __all__  # noqa: F401

@@ -255,7 +255,7 @@ def run_role(job):
     exe = fluid.Executor(fluid.CPUPlace())
     exe.run(fleet.startup_program)
     test_program = main.clone(for_test=True)
-    test_program._backend = main._backend
+    test_program.set_backend(main.backend)
     progress = _Progress(job["progress_interval"],
                          os.path.join(run_dir, "metrics.jsonl") if wi == 0 else None, wi)
     # The program, tables and modules are long-lived: keep the cyclic
@@ -360,7 +360,7 @@ def train_local(job):
                "train_logloss": train.logloss(), "train_auc": train.auc()}
     if job["test"]:
         test_program = main.clone(for_test=True)
-        test_program._backend = main._backend
+        test_program.set_backend(main.backend)
         preds, labels = [], []
         for batch in _dataset(job, job["test"], 0, 1):
             (pred,) = exe.run(test_program, feed=feed_of(batch, model),

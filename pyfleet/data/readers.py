@@ -16,13 +16,14 @@ from __future__ import annotations
 import gzip
 import os
 import re
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterator, List, Optional, Sequence, Tuple, Union
+from typing import List, Optional, Tuple, Union
 
 import numpy as np
 
-from pyfleet.data.prefetch import prefetched
 from pyfleet.data import _parse
+from pyfleet.data.prefetch import prefetched
 
 __all__ = [
     "Batch",
@@ -31,8 +32,8 @@ __all__ = [
     "criteo_schema",
     "describe_malformed",
     "feature_hash",
-    "parse_criteo_bytes",
     "list_files",
+    "parse_criteo_bytes",
     "shard_files",
 ]
 
@@ -88,7 +89,7 @@ class Batch:
     The arrays may be views of a larger parse buffer: treat them as read-only.
     """
 
-    __slots__ = ("labels", "dense", "sparse", "slot_names")
+    __slots__ = ("dense", "labels", "slot_names", "sparse")
 
     def __init__(self, labels: np.ndarray, dense: np.ndarray,
                  sparse: List[Tuple[np.ndarray, np.ndarray]], slot_names: Sequence[str]):
@@ -335,7 +336,7 @@ class Dataset:
         if pending_n and not self.drop_last:
             yield Batch(*_concat(pending), names)
 
-    def _chunks(self, files) -> Iterator["_Chunk"]:
+    def _chunks(self, files) -> Iterator[_Chunk]:
         data_line = 0  # data lines seen over all files: the line-sharding counter
         for path in files:
             self._stats["files"] += 1
@@ -368,7 +369,7 @@ class Dataset:
             self.dense_transform, self._dense_min, self._dense_max, data_line,
             self._line_mod, self._line_rem)
 
-    def _chunk(self, r) -> "_Chunk":
+    def _chunk(self, r) -> _Chunk:
         if self.format == "slot":
             starts = r["slot_starts"]
             ids = r["ids"]
@@ -420,7 +421,7 @@ class Dataset:
 class _Chunk:
     """Parsed examples of one block: per-slot id arrays, CSR offsets or one id per row."""
 
-    __slots__ = ("labels", "dense", "slot_ids", "offsets")
+    __slots__ = ("dense", "labels", "offsets", "slot_ids")
 
     def __init__(self, labels, dense, slot_ids, offsets):
         self.labels = labels
@@ -444,7 +445,7 @@ class _Chunk:
                       for s, ids in enumerate(self.slot_ids)]
         return self.labels[a:b], self.dense[a:b], sparse
 
-    def permute(self, perm: np.ndarray) -> "_Chunk":
+    def permute(self, perm: np.ndarray) -> _Chunk:
         if self.offsets is None:
             return _Chunk(self.labels[perm], self.dense[perm],
                           [ids[perm] for ids in self.slot_ids], None)

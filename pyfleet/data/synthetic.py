@@ -39,7 +39,7 @@ import numpy as np
 
 from pyfleet.data import _parse
 
-__all__ = ["generate", "generate_arrays", "auc", "logloss", "N_DENSE", "N_SLOTS"]
+__all__ = ["N_DENSE", "N_SLOTS", "auc", "generate", "generate_arrays", "logloss"]
 
 N_DENSE = 13
 N_SLOTS = 26

@@ -36,7 +36,9 @@ from pyfleet import config as _config
 from pyfleet.distributed.remote_backend import NoServers, RemoteBackend
 from pyfleet.entry import Entry
 from pyfleet.errors import ConfigError, PyfleetError
-from pyfleet.fluid import framework, inference
+from pyfleet.fluid import inference
+from pyfleet.fluid.framework import default_startup_program
+from pyfleet.fluid.optimizer import minimize
 from pyfleet.optimizer import Optimizer
 from pyfleet.role_maker import RoleMakerBase, default_role_maker
 from pyfleet.service import checkpoint as _checkpoint
@@ -44,8 +46,16 @@ from pyfleet.service.auth import client_options_from_env, server_options_from_en
 from pyfleet.service.client import Client
 from pyfleet.service.server import Server
 
-__all__ = ["Fleet", "DistributedOptimizer", "RemoteBackend", "fleet", "checkpoint_root",
-           "MANIFEST_NAME", "table_configs", "server_table_configs"]
+__all__ = [
+    "MANIFEST_NAME",
+    "DistributedOptimizer",
+    "Fleet",
+    "RemoteBackend",
+    "checkpoint_root",
+    "fleet",
+    "server_table_configs",
+    "table_configs",
+]
 
 MANIFEST_NAME = _checkpoint.MANIFEST_NAME
 MANIFEST_VERSION = _checkpoint.MANIFEST_VERSION
@@ -75,10 +85,10 @@ class DistributedOptimizer:
         self._strategy = strategy
 
     def minimize(self, loss, startup_program=None, parameter_list=None, no_grad_set=None):
-        result = framework.minimize(self._optimizer, loss, startup_program=startup_program,
-                                    parameter_list=parameter_list, no_grad_set=no_grad_set)
+        result = minimize(self._optimizer, loss, startup_program=startup_program,
+                          parameter_list=parameter_list, no_grad_set=no_grad_set)
         self._fleet._set_program(loss.block.program,
-                                 startup_program or framework.default_startup_program(),
+                                 startup_program or default_startup_program(),
                                  self._strategy, getattr(self, "_sparse_entry", None))
         return result
 
@@ -163,9 +173,9 @@ class Fleet:
     def _set_program(self, main, startup, strategy, sparse_entry=None):
         self.main_program, self.startup_program, self._strategy = main, startup, strategy
         if self._client is None:  # workers: until init_worker, no parameter to train
-            main._backend = startup._backend = NoServers(
+            self._set_backend(NoServers(
                 "this fleet program's parameters live on the servers: call "
-                "fleet.init_worker() (on a worker) before running fleet.main_program")
+                "fleet.init_worker() (on a worker) before running fleet.main_program"))
         self._tables, dense_shapes = table_configs(main, sparse_entry)
         self._placement = [
             (b.name, b.start, b.end, b.server_index)
@@ -248,8 +258,11 @@ class Fleet:
         self._client.create_tables(self._tables, self._placement)
         self._backend = RemoteBackend(self._client, self._strategy.mode,
                                       self._strategy.geo_k_steps)
-        self.main_program._backend = self._backend
-        self.startup_program._backend = self._backend
+        self._set_backend(self._backend)
+
+    def _set_backend(self, backend):
+        self.main_program.set_backend(backend)
+        self.startup_program.set_backend(backend)
 
     def _require_worker(self, what):
         if self._client is None:
@@ -265,9 +278,9 @@ class Fleet:
         finally:
             client.close()
             self._client = None
-            self.main_program._backend = self.startup_program._backend = NoServers(
+            self._set_backend(NoServers(
                 "fleet.stop_worker() was called: this worker is no longer connected to the "
-                "servers")
+                "servers"))
 
     def barrier_worker(self):
         """Wait for every worker (a server-side barrier), once this worker's own

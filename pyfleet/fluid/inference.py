@@ -45,10 +45,10 @@ from pyfleet import _atomic
 from pyfleet import initializer as _init
 from pyfleet.data import Dataset
 from pyfleet.endpoint import check_file_name
-from pyfleet.fluid import framework
 from pyfleet.fluid.backend import Backend, LocalBackend, LocalSource, param_path
 from pyfleet.fluid.executor import Executor
-from pyfleet.fluid.framework import Parameter, Program, Scope, Variable
+from pyfleet.fluid.framework import Parameter, Program, Variable, default_main_program
+from pyfleet.fluid.tensor import Scope
 from pyfleet.optimizer import SGD
 from pyfleet.table import SparseTable
 
@@ -64,7 +64,7 @@ _PAGE_ROWS = 65536
 def resolve_program(program):
     """The :class:`Program` ``program`` stands for: itself, a CompiledProgram's
     program, or (None) the default main program. ValueError for anything else."""
-    program = program or framework.default_main_program()
+    program = program or default_main_program()
     program = getattr(program, "_program", program)  # fluid.CompiledProgram
     if not isinstance(program, Program):
         raise ValueError(f"main_program must be a fluid.Program, got {program!r}")
@@ -261,7 +261,7 @@ class Predictor:
     ``feed_names``, ``fetch_names``, ``tables`` (``{name: rows}``)."""
 
     def __init__(self, program, feed_names, fetch_names):
-        backend = program._get_backend()
+        backend = program.backend
         self.program = program
         self.feed_names = list(feed_names)
         self.fetch_names = list(fetch_names)
@@ -384,7 +384,7 @@ def load_program(dirname, model_filename=None, program_only_ok=True):
         _check_section(path, section)
         program = Program.from_dict(desc)
         backend = _frozen_backend(dirname, section, program)
-    program._backend = backend
+    program.set_backend(backend)
     return program, list(desc.get("feed", [])), list(desc.get("fetch", []))
 
 

@@ -17,10 +17,11 @@ import numpy as np
 
 from pyfleet import _atomic
 from pyfleet.endpoint import check_file_name
-from pyfleet.fluid import framework, inference
+from pyfleet.fluid import inference
 from pyfleet.fluid.framework import Parameter, Variable
 from pyfleet.fluid.inference import MODEL_FILENAME, resolve_program
 from pyfleet.fluid.reader import PyReader
+from pyfleet.fluid.tensor import global_scope
 
 __all__ = [
     "MODEL_FILENAME",
@@ -41,19 +42,19 @@ def _state_path(dirname, name):
 def save_params(executor, dirname, main_program=None, filename=None):
     """Save every parameter of the program (dense values and sparse tables)."""
     program = resolve_program(main_program)
-    program._get_backend().save(dirname, program.all_parameters())
+    program.backend.save(dirname, program.all_parameters())
 
 
 def load_params(executor, dirname, main_program=None, filename=None):
     program = resolve_program(main_program)
-    program._get_backend().load(dirname, program.all_parameters())
+    program.backend.load(dirname, program.all_parameters())
 
 
 def save_persistables(executor, dirname, main_program=None, filename=None):
     """Save the parameters and the persistable scope state (auc counters)."""
     program = resolve_program(main_program)
     save_params(executor, dirname, program)
-    scope = framework.global_scope()
+    scope = global_scope()
     for v in program.list_vars():
         if v.persistable and not isinstance(v, Parameter) and v.name in scope.vars:
             _atomic.save_npy(_state_path(dirname, v.name), scope.vars[v.name])
@@ -62,7 +63,7 @@ def save_persistables(executor, dirname, main_program=None, filename=None):
 def load_persistables(executor, dirname, main_program=None, filename=None):
     program = resolve_program(main_program)
     load_params(executor, dirname, program)
-    scope = framework.global_scope()
+    scope = global_scope()
     for v in program.list_vars():
         if v.persistable and not isinstance(v, Parameter):
             path = _state_path(dirname, v.name)
@@ -81,7 +82,7 @@ def save_inference_model(dirname, feeded_var_names, target_vars, executor, main_
     program = resolve_program(main_program)
     if isinstance(target_vars, Variable):
         target_vars = [target_vars]
-    source = None if program_only else program._get_backend().inference_source()
+    source = None if program_only else program.backend.inference_source()
     return inference.save(dirname, program, feeded_var_names, list(target_vars), source,
                           model_filename=model_filename)
 

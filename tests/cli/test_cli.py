@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 import pytest
-
 from support import DATA
 
 pytestmark = pytest.mark.slow

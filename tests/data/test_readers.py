@@ -7,10 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support import DATA
 
 from pyfleet.data import Batch, Dataset, criteo_schema, feature_hash, parse_criteo_bytes
 
-from support import DATA
 TSV = DATA / "criteo-paddlerec-part0" / "part-0.tsv"
 DEEPCTR = DATA / "criteo-deepctr-sample" / "criteo_sample.txt"
 KAGGLE = DATA / "criteo-kaggle-tiny" / "train.tiny.csv"
@@ -413,7 +413,7 @@ def test_shuffle_keeps_slot_rows_intact(tmp_path):
     ref = ref_slot(need(SLOT))
     ds = Dataset(SLOT, format="slot", shuffle=True, seed=1, batch_size=13)
     got = collect(ds)
-    key = lambda r: (r[0], tuple(np.float32(r[1]).tolist()), tuple(map(tuple, r[2])))  # noqa: E731
+    key = lambda r: (r[0], tuple(np.float32(r[1]).tolist()), tuple(map(tuple, r[2])))
     assert sorted(map(key, got)) == sorted(map(key, ref))
     assert [r[2] for r in got] != [r[2] for r in ref]
 

@@ -15,8 +15,8 @@ import pytest
 
 import pyfleet
 from pyfleet import fluid
-from pyfleet.distributed.fleet import MANIFEST_NAME, Fleet
 from pyfleet.data import Dataset, synthetic
+from pyfleet.distributed.fleet import MANIFEST_NAME, Fleet
 from pyfleet.launch import free_ports
 from pyfleet.optimizer import Adam
 from pyfleet.role_maker import Role, UserDefinedRoleMaker

@@ -6,12 +6,11 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
-
 from support import REPO
+
 EXAMPLE = REPO / "examples" / "fleet_ctr.py"
 TINY = REPO.parent / "shared" / "data" / "criteo-kaggle-tiny" / "train.tiny.csv"
 pytestmark = pytest.mark.skipif(not TINY.exists(), reason="shared Criteo sample missing")

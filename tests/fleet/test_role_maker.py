@@ -4,7 +4,6 @@ import sys
 import threading
 
 import pytest
-
 from support import REPO
 
 import pyfleet.role_maker as rm
@@ -279,7 +278,6 @@ def test_mpi_role_maker_without_mpi4py_says_how_to_install(monkeypatch):
 
 def test_kubernetes_sample_gives_every_pod_a_valid_role():
     yaml = pytest.importorskip("yaml")
-    from pathlib import Path
 
     path = REPO / "examples" / "k8s" / "pyfleet-job.yaml"
     docs = list(yaml.safe_load_all(path.read_text()))

@@ -5,10 +5,10 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+from support import DATA
 
 import pyfleet
 from pyfleet import fluid, models
@@ -16,7 +16,6 @@ from pyfleet.distributed.fleet import Fleet
 from pyfleet.errors import ConfigError
 from pyfleet.fluid import inference
 
-from support import DATA
 TINY = DATA / "criteo-kaggle-tiny" / "train.tiny.csv"
 needs_data = pytest.mark.skipif(not TINY.exists(), reason="shared Criteo sample missing")
 
@@ -43,13 +42,13 @@ def test_local_inference_model_equals_training_forward(tmp_path):
     main, test, m, exe, batches, feed_of = _trained()
     feeds = [v.name for v in m.inputs if v is not m.label]
     names = inference.save(tmp_path / "model", main, feeds, [m.predict],
-                           inference.LocalSource(main._get_backend()))
+                           inference.LocalSource(main.backend))
     assert names == [m.predict.name]
     files = set(os.listdir(tmp_path / "model"))
     assert {"__model__.json", "SparseFeatFactors.keys.npy",
             "SparseFeatFactors.weights.npy"} <= files
     assert not any(f.endswith(".table") for f in files)  # no optimizer state
-    table = main._get_backend().sparse["SparseFeatFactors"]
+    table = main.backend.sparse["SparseFeatFactors"]
     p = inference.load(tmp_path / "model")
     assert p.tables == {"SparseFeatFactors": len(table)}
     # Seen keys (first batches) and unseen ones (the last batch) alike.
@@ -65,13 +64,13 @@ def test_local_inference_model_equals_training_forward(tmp_path):
 def test_unseen_key_gets_the_servers_initial_row(tmp_path):
     main, _, m, _, _, _ = _trained(steps=2)
     feeds = [v.name for v in m.inputs if v is not m.label]
-    inference.save(tmp_path, main, feeds, [m.predict], inference.LocalSource(main._get_backend()))
+    inference.save(tmp_path, main, feeds, [m.predict], inference.LocalSource(main.backend))
     p = inference.load(tmp_path)
-    table = main._get_backend().sparse["SparseFeatFactors"]
+    table = main.backend.sparse["SparseFeatFactors"]
     seen = table.keys()[:5]
     unseen = np.array([2**63 + 12345, 987654321987], dtype=np.uint64)
     assert not np.isin(unseen, table.keys()).any()
-    backend = p.program._get_backend()
+    backend = p.program.backend
     rows = backend.pull_sparse("SparseFeatFactors", np.concatenate([seen, unseen]))
     np.testing.assert_array_equal(rows[:5], table.export(seen)["weights"])
     np.testing.assert_array_equal(rows[5:], table.initial_values(unseen))
@@ -84,7 +83,7 @@ def _saved_model(tmp_path, steps, batch_size):
     main, m = trained[0], trained[2]
     feeds = [v.name for v in m.inputs if v is not m.label]
     model = tmp_path / "model"
-    inference.save(model, main, feeds, [m.predict], inference.LocalSource(main._get_backend()))
+    inference.save(model, main, feeds, [m.predict], inference.LocalSource(main.backend))
     return model, trained
 
 
@@ -143,9 +142,10 @@ def test_load_refuses_missing_or_foreign(tmp_path):
 
 
 def test_export_sparse_pages_every_row_of_every_server():
-    from pyfleet.service.client import Client
     from support.service import ServerGroup
+
     from pyfleet.optimizer import Adagrad
+    from pyfleet.service.client import Client
     cfg = {"kind": "sparse", "name": "emb", "dim": 3, "optimizer": Adagrad(0.1).to_config(),
            "initializer": pyfleet.initializer.Uniform(-0.1, 0.1).to_config(), "seed": 5,
            "entry": None}
