@@ -1,7 +1,7 @@
 """Operator kernels: numpy forward and reverse-mode backward of every op type.
 
 Each kernel is a pair of functions over one :class:`~pyfleet.fluid.framework.Operator`
-and the running step ``s`` (see :mod:`pyfleet.fluid.executor`):
+and the running step ``s`` (a :class:`pyfleet.fluid.step.Step`):
 
 - ``forward(op, s)`` reads input values (``s.data(var)`` for an ndarray,
   ``s.value(var)`` for a possibly-LoD value) and stores outputs (``s.set``);
@@ -272,7 +272,7 @@ def _concat_fwd(op, s):
     xs = [s.data(v) for v in op.input("X")]
     axis = op.attrs.get("axis", 0)
     if len(xs) > 2 and xs[0].ndim == 2 and axis in (1, -1):
-        # Interleaved embedding lookups (see executor._LookupGroup) are column
+        # Interleaved embedding lookups (see step.LookupGroup) are column
         # blocks of one array: one copy for all of them instead of one per slot.
         xs = s.column_runs(xs)
         if len(xs) == 1:
