@@ -37,9 +37,13 @@ import numpy as np
 import zmq
 
 import pyfleet
-from pyfleet._service_testing import ServerGroup
-from pyfleet.client import Client
 from pyfleet.optimizer import Adam
+from pyfleet.service.client import Client
+
+# ServerGroup is a test helper (tests/support/service.py), not part of the
+# package: put the checkout's tests/ folder on sys.path to import it.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+from support.service import ServerGroup  # noqa: E402
 
 
 def echo_main():

@@ -17,13 +17,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pyfleet
-from pyfleet import auth
-from pyfleet import protocol as P
-from pyfleet.client import Client
 from pyfleet.errors import PeerTimeout, RemoteError
 from pyfleet.optimizer import SGD, Adam
-from pyfleet.protocol import Op
-from pyfleet.server import Server
+from pyfleet.service import auth
+from pyfleet.service import protocol as P
+from pyfleet.service.client import Client
+from pyfleet.service.protocol import Op
+from pyfleet.service.server import Server
 
 pytestmark = [pytest.mark.timeout(180)]
 

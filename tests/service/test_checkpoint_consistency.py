@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 
 import pyfleet
-from pyfleet.client import Client
 from pyfleet.optimizer import SGD, Adagrad
-from pyfleet.server import Server
+from pyfleet.service.client import Client
+from pyfleet.service.server import Server
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -4,12 +4,12 @@ keys on one server, duplicates, several servers, requests cut into chunks)."""
 
 import numpy as np
 import pytest
+from support.service import ServerGroup
 
 import pyfleet
-from pyfleet._service_testing import ServerGroup
-from pyfleet.client import Client, unique_keys
 from pyfleet.initializer import Uniform
 from pyfleet.optimizer import Adam
+from pyfleet.service.client import Client, unique_keys
 
 DIM = 4
 U64_MAX = 2**64 - 1

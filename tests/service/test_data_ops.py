@@ -5,12 +5,13 @@ import threading
 
 import numpy as np
 import pytest
+from support.service import ServerGroup, batch, start_worker
 
 import pyfleet
-from pyfleet._service_testing import ServerGroup, batch, start_worker
-from pyfleet.client import Client, GeoClient
 from pyfleet.initializer import Constant, Uniform
 from pyfleet.optimizer import SGD, Adagrad, Adam
+from pyfleet.service.client import Client
+from pyfleet.service.geo import GeoClient
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 

@@ -6,15 +6,15 @@ import threading
 import numpy as np
 import pytest
 import zmq
+from support.service import ServerGroup
 
 import pyfleet
-from pyfleet import protocol as P
-from pyfleet._service_testing import ServerGroup
-from pyfleet.client import Client
 from pyfleet.errors import RemoteError
 from pyfleet.optimizer import SGD, Adam
-from pyfleet.protocol import Op
-from pyfleet.server import Server
+from pyfleet.service import protocol as P
+from pyfleet.service.client import Client
+from pyfleet.service.protocol import Op
+from pyfleet.service.server import Server
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -85,7 +85,7 @@ def raw_server():
          "initializer": {"type": "Constant", "value": 0.0}}] + _configs(SGD(1.0)))
     t = threading.Thread(target=server.run, daemon=True)
     t.start()
-    ids = {k: e.id for k, e in server._by_key.items()}
+    ids = {k: e.id for k, e in server.registry.by_key.items()}
     ctx = zmq.Context.instance()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)

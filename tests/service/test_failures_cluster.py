@@ -16,9 +16,9 @@ import time
 
 import pytest
 
-from pyfleet import _checkpoint
 from pyfleet.data import Dataset, synthetic
 from pyfleet.launch import free_ports, role_env
+from pyfleet.service import checkpoint as _checkpoint
 from pyfleet.trainer import JOB_DEFAULTS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -318,7 +318,7 @@ def test_pyfleet_train_leaves_no_process(tmp_path, interrupt):
 
 IDLE_WORKER = r"""
 import sys, time
-from pyfleet.client import Client
+from pyfleet.service.client import Client
 c = Client(sys.argv[1].split(","), worker_index=1, timeout=10)
 print("connected", flush=True)
 time.sleep(600)
@@ -326,8 +326,9 @@ time.sleep(600)
 
 
 def test_servers_exit_1_when_a_killed_async_worker_never_stops(tmp_path):
-    from pyfleet._service_testing import ServerGroup
-    from pyfleet.client import Client
+    from support.service import ServerGroup
+
+    from pyfleet.service.client import Client
     script = tmp_path / "idle.py"
     script.write_text(IDLE_WORKER)
     with ServerGroup(2, 2, mode="async", heartbeat_timeout=2.0) as g:

@@ -13,15 +13,15 @@ import pytest
 import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.service import ServerGroup, batch, start_worker
 
 import pyfleet
-from pyfleet import protocol as P
-from pyfleet._service_testing import ServerGroup, batch, start_worker
-from pyfleet.client import Client
 from pyfleet.errors import BarrierError, PeerTimeout, RemoteError
 from pyfleet.optimizer import SGD, Adam
-from pyfleet.protocol import Op
-from pyfleet.server import Server
+from pyfleet.service import protocol as P
+from pyfleet.service.client import Client
+from pyfleet.service.protocol import Op
+from pyfleet.service.server import Server
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 

@@ -112,7 +112,7 @@ def netns():
 
 @pytest.fixture
 def keys(tmp_path):
-    from pyfleet import auth
+    from pyfleet.service import auth
     auth.keygen(tmp_path / "keys")
     return tmp_path / "keys"
 
@@ -190,7 +190,7 @@ def test_training_across_namespaces(netns, keys, tmp_path):
 _LOOP = textwrap.dedent("""
     import json, os, sys, time
     import numpy as np
-    from pyfleet import auth
+    from pyfleet.service import auth
     from pyfleet.errors import PyfleetError
     from pyfleet.role_maker import PaddleCloudRoleMaker
 
@@ -198,12 +198,12 @@ _LOOP = textwrap.dedent("""
     role = PaddleCloudRoleMaker()
     role.generate_role()
     if role.is_server():
-        from pyfleet.server import Server
+        from pyfleet.service.server import Server
         s = Server(role.current_endpoint(), role.server_index(), role.server_num(),
                    role.worker_num(), heartbeat_timeout=5.0, **auth.server_options_from_env())
         s.run()
         sys.exit(0)
-    from pyfleet.client import Client
+    from pyfleet.service.client import Client
     w = role.worker_index()
     c = Client(role.server_endpoints(), worker_index=w, timeout={timeout},
                connect_deadline=60, heartbeat_interval=0, **auth.client_options_from_env())

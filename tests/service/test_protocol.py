@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import zmq
 
-from pyfleet import protocol as P
-from pyfleet.protocol import Op, ProtocolError
+from pyfleet.service import protocol as P
+from pyfleet.service.protocol import Op, ProtocolError
 
 
 def test_header_round_trip():

@@ -1,4 +1,4 @@
-"""Geo-SGD on the worker side: :class:`GeoClient` (re-exported by :mod:`pyfleet.client`).
+"""Geo-SGD on the worker side: :class:`GeoClient`, over a :class:`pyfleet.service.client.Client`.
 
 A worker in geo mode trains its sparse tables on a local copy and, every
 ``k_steps`` steps, sends the accumulated change of every row it touched
@@ -6,7 +6,7 @@ A worker in geo mode trains its sparse tables on a local copy and, every
 row fetches the server's current value again.
 
 How the local copy is kept: for each sparse table a local
-:class:`pyfleet.SparseTable` ``L`` with the table's own optimizer and a zero
+:class:`pyfleet.table.SparseTable` ``L`` with the table's own optimizer and a zero
 initializer accumulates the local updates (SGD, Adagrad and Adam steps do not
 read the weight, so ``L``'s row is exactly the sum of the local steps and its
 optimizer state persists across rounds). When a row is first touched in a
@@ -20,9 +20,9 @@ applied on the servers on arrival). Not thread-safe: one trainer thread.
 
 import numpy as np
 
-import pyfleet
 from pyfleet import optimizer as _opt
 from pyfleet.initializer import Constant
+from pyfleet.table import SparseTable
 
 __all__ = ["GeoClient"]
 
@@ -41,7 +41,7 @@ class GeoClient:
     """Geo-SGD training through a :class:`Client` to geo-mode servers.
 
     Args:
-        client: a connected :class:`pyfleet.client.Client`.
+        client: a connected :class:`pyfleet.service.client.Client`.
         k_steps: local steps between two exchanges with the servers.
 
     Call :meth:`pull_sparse` / :meth:`push_sparse` as with a Client, then
@@ -66,7 +66,7 @@ class GeoClient:
             if isinstance(opt, _opt.FTRL):
                 raise ValueError(f"geo mode cannot train table {table!r} with FTRL: its step "
                                  f"reads the weight (use SGD, Adagrad or Adam)")
-            local = pyfleet.SparseTable(dim, opt, initializer=Constant(0.0), name=table)
+            local = SparseTable(dim, opt, initializer=Constant(0.0), name=table)
             c = self._copies[table] = _LocalCopy(local, dim)
         return c
 

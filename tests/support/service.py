@@ -1,10 +1,11 @@
 """Helpers for tests and benchmarks of the service: server processes on loopback
-and scripted worker processes. Not part of the public API.
+and scripted worker processes (``from support.service import ServerGroup``).
 
 ``ServerGroup`` starts ``S`` ``python -m pyfleet.server`` processes on
 127.0.0.1 with ephemeral ports and always stops them (context manager).
-``python -m pyfleet._service_testing SCENARIO JSON`` runs one scripted worker
-(see ``SCENARIOS``); deterministic data comes from :func:`batch`.
+``python tests/support/service.py SCENARIO JSON`` runs one scripted worker
+(see ``SCENARIOS``; :func:`start_worker` starts one); deterministic data comes
+from :func:`batch`.
 """
 
 import json
@@ -16,6 +17,8 @@ import sys
 import time
 
 import numpy as np
+
+from pyfleet.service.client import Client
 
 __all__ = ["SCENARIOS", "ServerGroup", "batch", "start_worker"]
 
@@ -115,12 +118,11 @@ def batch(seed, step, n, dim, num_keys=1000, dyadic=False):
 
 def start_worker(scenario, **args):
     """A worker process running ``SCENARIOS[scenario](**args)``."""
-    return subprocess.Popen([sys.executable, "-m", "pyfleet._service_testing", scenario,
+    return subprocess.Popen([sys.executable, os.path.abspath(__file__), scenario,
                              json.dumps(args)])
 
 
 def _async_push(endpoints, worker, steps, n, dim, table, timeout=20.0):
-    from pyfleet.client import Client
     with Client(endpoints, worker_index=worker, timeout=timeout) as c:
         futs = []
         for step in range(steps):
@@ -133,7 +135,6 @@ def _async_push(endpoints, worker, steps, n, dim, table, timeout=20.0):
 
 def _sync_steps(endpoints, worker, steps, n, dim, table, out=None, hang_after=None,
                 timeout=20.0):
-    from pyfleet.client import Client
     pulled = []
     with Client(endpoints, worker_index=worker, timeout=timeout) as c:
         for step in range(steps):

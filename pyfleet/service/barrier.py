@@ -1,0 +1,179 @@
+"""Liveness and barriers of one server, without sockets: :class:`Barriers`.
+
+The server tells a :class:`Barriers` what happens (a worker was heard from,
+arrived at a barrier, pushed a sync-mode gradient, stopped) and what time it
+is (``now``, seconds of ``time.monotonic()``); the object answers with
+decisions: which waiting requests a completed barrier releases, whether a
+barrier failed (a missing worker went silent, or it waited too long), and
+whether the server should give up (every worker stopped or went silent, one at
+least silent). Requests are opaque *tokens* here (the server's reply
+envelopes), so every rule is testable with plain values and a fake clock.
+
+Rules:
+
+- A worker is *live* until it called ``stop_worker``. A barrier completes
+  once every live worker waits at one.
+- A *step* barrier (sync mode: the end of a training step) completes with the
+  workers at it; workers waiting at a *pass* barrier (``fleet.barrier_worker``:
+  done with their share) take no part in it, as stopped ones, and are released
+  once every live worker is at the pass barrier. So workers with fewer
+  batches wait for the others instead of releasing, or deadlocking, their
+  steps.
+- In sync mode the gradients pushed during a step are buffered here and handed
+  back with the step barrier's release, to be averaged over the workers at it;
+  a failed barrier drops them.
+- A barrier fails when a missing live worker has been silent for
+  ``heartbeat_timeout`` (dead), or when it waited ``barrier_timeout`` in all.
+- The server gives up once every worker has stopped or gone silent for
+  ``heartbeat_timeout``, at least one silent; a worker never heard from counts
+  as gone once ``barrier_timeout`` has passed since serving began (it died
+  before its first request).
+
+Not thread-safe: the server calls every method under its lock, except
+:meth:`seen`, a single dict store.
+"""
+
+from typing import NamedTuple
+
+from pyfleet.service.protocol import Refused
+
+__all__ = ["BARRIER_KINDS", "Barriers", "Failure", "Release"]
+
+BARRIER_KINDS = ("step", "pass")
+
+
+class Release(NamedTuple):
+    """A completed barrier: answer every ``tokens`` request with barrier
+    number ``count``; with ``sync`` (``{table id: [(worker, keys, grads)]}``,
+    sync mode only) apply those gradients first, divided by ``workers``."""
+
+    tokens: list
+    count: int
+    sync: dict
+    workers: int
+
+
+class Failure(NamedTuple):
+    """A failed barrier: answer every ``tokens`` request with an error saying ``why``."""
+
+    tokens: list
+    why: str
+
+
+class Barriers:
+    """Barrier, liveness and stop state of one server for ``worker_num`` workers.
+
+    ``sync``: buffer gradients (:meth:`buffer`) and release them with each
+    step barrier (a sync-mode server)."""
+
+    def __init__(self, worker_num, heartbeat_timeout, barrier_timeout, sync=False):
+        self.worker_num = int(worker_num)
+        self.heartbeat_timeout = float(heartbeat_timeout)
+        self.barrier_timeout = float(barrier_timeout)
+        self.sync = bool(sync)
+        self.waiting = {}        # worker -> (token, kind)
+        self.started = None      # when the current barrier's first worker arrived
+        self.count = 0           # barriers completed
+        self.last_seen = {}      # worker -> last time heard from
+        self.stopped = set()
+        self.serving_since = None
+        self.sync_buf = {}       # table id -> [(worker, keys, grads)]
+
+    def start(self, now):
+        """The server begins serving (the clock of workers that never connect)."""
+        self.serving_since = now
+
+    def seen(self, worker, now):
+        """``worker`` sent something (a request carrying its index, a heartbeat)."""
+        self.last_seen[worker] = now
+
+    def buffer(self, worker, table_id, keys, grads):
+        """Keep a sync-mode push until the step's barrier."""
+        self.sync_buf.setdefault(table_id, []).append((worker, keys, grads))
+
+    def live(self):
+        return set(range(self.worker_num)) - self.stopped
+
+    def arrive(self, worker, token, kind, now):
+        """``worker`` waits at a barrier of ``kind`` (``"step"``/``"pass"``);
+        its request is ``token``. Returns a :class:`Release` when this
+        completes the barrier, else None. A worker already waiting is refused."""
+        if kind not in BARRIER_KINDS:
+            raise Refused(f"barrier kind must be 'step' or 'pass', got {kind!r}")
+        self.last_seen[worker] = now
+        if worker in self.waiting:
+            raise Refused(f"worker {worker} is already waiting at this barrier")
+        if not self.waiting:
+            self.started = now
+        self.waiting[worker] = (token, kind)
+        return self._complete(now)
+
+    def stop(self, worker, now):
+        """``worker`` is done. Returns ``(release, every_worker_stopped)``: the
+        barrier its leaving completes, if any."""
+        self.stopped.add(worker)
+        return self._complete(now), len(self.stopped) == self.worker_num
+
+    def _complete(self, now):
+        if not self.waiting or not self.live() <= self.waiting.keys():
+            return None
+        step = {w: v for w, v in self.waiting.items() if v[1] == "step"}
+        release = step or self.waiting
+        sync = {}
+        if self.sync and step:
+            sync, self.sync_buf = self.sync_buf, {}
+        self.count += 1
+        tokens = [token for token, _ in release.values()]
+        if step:
+            self.waiting = {w: v for w, v in self.waiting.items() if v[1] != "step"}
+            self.started = now if self.waiting else None
+        else:
+            self.waiting = {}
+            self.started = None
+        return Release(tokens, self.count, sync, len(step))
+
+    def check(self, now):
+        """A :class:`Failure` when the barrier in progress must fail (a missing
+        worker silent for ``heartbeat_timeout``, or waiting longer than
+        ``barrier_timeout``), else None. A failed barrier's buffered
+        gradients are dropped."""
+        if not self.waiting:
+            return None
+        missing = sorted(self.live() - self.waiting.keys())
+        dead = [w for w in missing if w in self.last_seen
+                and now - self.last_seen[w] > self.heartbeat_timeout]
+        if dead:
+            why = "; ".join(f"worker {w} sent nothing for "
+                            f"{now - self.last_seen[w]:.1f} s (dead?)" for w in dead)
+        elif now - self.started > self.barrier_timeout:
+            why = (f"worker(s) {missing} did not reach the barrier within "
+                   f"{self.barrier_timeout:g} s")
+        else:
+            return None
+        tokens = [token for token, _ in self.waiting.values()]
+        self.waiting = {}
+        self.started = None
+        self.sync_buf = {}  # that step's gradients die with it
+        return Failure(tokens, why)
+
+    def abandoned(self, now):
+        """Why the server should give up (a sentence), or None: every worker
+        has stopped or gone silent, one at least silent (a killed worker never
+        sends ``stop_worker``, and nothing is left to serve)."""
+        live = self.live()
+        gone = sorted(w for w in live if w in self.last_seen
+                      and now - self.last_seen[w] > self.heartbeat_timeout)
+        never = sorted(w for w in live if w not in self.last_seen)
+        late = self.serving_since is not None and \
+            now - self.serving_since > self.barrier_timeout
+        if not ((gone or never) and len(self.stopped) + len(gone) + len(never) == self.worker_num
+                and (self.stopped or gone) and (not never or late)):
+            return None
+        why = []
+        if gone:
+            why.append(f"worker(s) {gone} sent nothing for more than "
+                       f"{self.heartbeat_timeout:g} s (dead?)")
+        if never:
+            why.append(f"worker(s) {never} never connected within "
+                       f"{self.barrier_timeout:g} s")
+        return f"{'; '.join(why)}, and every other worker has stopped"

@@ -1,0 +1,578 @@
+"""The parameter server: one process per endpoint, serving table shards over ZeroMQ.
+
+A :class:`Server` holds, for one ``server_index`` among ``server_num``:
+
+- every sparse table's shard (the keys ``pyfleet.table.route(key, server_num)``
+  sends here), as a :class:`pyfleet.table.SparseTable`;
+- the dense parameter blocks placed on it, as :class:`pyfleet.table.DenseTable`
+
+in a :class:`~pyfleet.service.registry.Registry`. This module is the socket
+loop and the dispatch; the data ops are :mod:`pyfleet.service.data_ops`, the
+barrier and liveness rules :mod:`pyfleet.service.barrier`, the shard files
+:mod:`pyfleet.service.checkpoint`.
+
+Threads: the thread calling :meth:`run` owns the ROUTER socket (the
+endpoint). It answers the requests of a training step itself (at most
+``inline_limit`` floats of keys x dim, 512k by default, and cheap control ops):
+they then cost no thread hand-off. Larger requests, and save/load/shrink/
+create_tables, go over inproc PUSH/PULL sockets to ``handler_threads`` Python
+threads that call into the C++ tables (which release the GIL), so the big
+pulls and pushes of different workers run in parallel; their replies come
+back the same way and leave through the ROUTER. A sparse pull of at least
+``split_pull_keys`` keys is itself pulled in parts by several threads at
+once. A barrier never parks a thread: the waiting requests' envelopes are
+kept and answered when the barrier completes (or fails, detected by the
+ROUTER thread's housekeeping).
+
+Modes (``async``, ``sync``, ``geo``; see docs/service.md and
+:mod:`pyfleet.service.table_ops`) decide when pushes apply.
+
+Every malformed request (bad magic, version, op, sizes, table, dim, non-finite
+gradient...) gets an error reply naming the problem and is counted in
+``stats()``; the server keeps serving.
+
+``python -m pyfleet.server --endpoint HOST:PORT --index I --num-servers S
+--workers W --mode MODE`` runs one server and exits 0 once every worker has
+called ``stop_worker`` (port 0 picks a free port; the line
+``pyfleet.server ready on HOST:PORT`` is printed when it serves).
+"""
+
+import argparse
+import json
+import logging
+import os
+import signal
+import struct
+import sys
+import threading
+import time
+
+import zmq
+
+from pyfleet.config import MODES
+from pyfleet.endpoint import split_endpoint
+from pyfleet.errors import PyfleetError
+from pyfleet.service import auth as _auth
+from pyfleet.service import checkpoint as _checkpoint
+from pyfleet.service import protocol as P
+from pyfleet.service import wire as Z
+from pyfleet.service.barrier import Barriers
+from pyfleet.service.protocol import Op, ProtocolError, Refused, Status
+from pyfleet.service.registry import Registry
+from pyfleet.service.table_ops import TableOps, control_payload, segment_sum
+
+__all__ = ["Server", "main", "segment_sum"]
+
+log = logging.getLogger("pyfleet.server")
+
+# How long run() waits at exit for a handler busy with (say) a save.
+_HANDLER_JOIN_SECONDS = 30.0
+# op (u8 at 5), count (u64 at 24), dim (u32 at 32) of a header, read without decoding it all.
+_PEEK = struct.Struct("<5xB18xQI")
+# Ops whose header dim is a block count, not a row width: their size is count.
+_DENSE_MANY_OPS = frozenset({int(Op.PULL_DENSE_MANY), int(Op.PUSH_DENSE_MANY)})
+_OP_BY_INT = {int(o): o for o in Op}
+_OP_COUNTER = {o: f"op_{o.name.lower()}" for o in Op}
+# Control ops that may take long: never answered by the ROUTER thread.
+_HANDLER_OPS = frozenset({int(Op.SAVE), int(Op.LOAD), int(Op.SHRINK), int(Op.CREATE_TABLES),
+                          int(Op.EXPORT_SPARSE)})
+# Requests of at most this many floats are answered by the ROUTER thread: a
+# training step's requests (a client chunk of 32768 keys x dim 16, every dense
+# block of a server) then cost no inproc hand-off (two thread wake-ups, and
+# the zero-copy frames' garbage-collector wake-ups): ~10-20% less server CPU
+# for the reference DNN. Bigger ones go to the handler threads in parallel.
+INLINE_LIMIT = 1 << 19
+# A sparse pull of at least this many keys is cut into up to
+# ``handler_threads`` parts pulled at once (the serving thread takes one, pull
+# helper threads the others; the table releases the GIL), as Paddle's sparse
+# tables spread a pull over their shards' task pools: a big pull is bound by
+# memory latency, which more cores hide (measured on 2 cores, 16k keys from a
+# 512k-row table: 1.6 ms -> 0.8 ms). Smaller pulls are not worth a hand-off.
+SPLIT_PULL_KEYS = 8192
+
+
+class Server:
+    """One parameter-server endpoint.
+
+    Args:
+        endpoint: ``"host:port"`` (or ``"tcp://host:port"``); port 0 picks a free
+            port, readable afterwards as :attr:`endpoint`. Bound in the constructor.
+        server_index, server_num: this server's place among all servers.
+        worker_num: workers that will connect; :meth:`run` returns after each of
+            them called ``stop_worker``.
+        mode: ``"async"``, ``"sync"`` or ``"geo"``.
+        tables: table configs to create at start (see :meth:`create_tables`).
+        handler_threads: Python threads calling into the tables.
+        max_message_bytes: largest accepted message (``zmq.MAXMSGSIZE`` drops
+            the connection of a peer sending one larger frame; a message whose
+            frames add up to more gets an error reply).
+        heartbeat_timeout: seconds without a heartbeat after which a worker
+            missing at a barrier is declared dead and the barrier fails.
+        barrier_timeout: seconds a barrier may wait in all.
+        checkpoint_dir: root of ``save``/``load`` directories (None: refused).
+        inline_limit: requests of at most this many floats (keys x dim) are
+            answered by the ROUTER thread itself; 0 sends all to the handlers.
+        split_pull_keys: sparse pulls of at least this many keys are pulled in
+            up to ``handler_threads`` parts at once (not under an admission
+            policy, whose counts are per call); 0 never splits.
+        curve_secret_key: a Z85 secret key (``zmq.curve_keypair()[1]``): the
+            endpoint then speaks CURVE (encrypted; a client needs the matching
+            public key). None: plain TCP, for trusted networks.
+        curve_client_keys: a directory of admitted client public keys
+            (``*.key`` certificates, see :mod:`pyfleet.service.auth`); needs
+            ``curve_secret_key``. A ZAP authenticator thread then refuses the
+            handshake of any other client. The server uses its own ZeroMQ
+            context (ZAP handlers are per context) unless ``context`` is given.
+
+    Binding a host other than loopback without ``curve_client_keys`` logs a
+    warning: anyone who can reach the port can then read and change the model.
+
+    Thread safety: :meth:`stop` may be called from any thread (or a signal
+    handler); everything else is driven by :meth:`run`.
+    """
+
+    def __init__(self, endpoint, server_index, server_num, worker_num, mode="async",
+                 tables=None, handler_threads=2, max_message_bytes=1 << 30,
+                 heartbeat_timeout=10.0, barrier_timeout=300.0, checkpoint_dir=None,
+                 inline_limit=INLINE_LIMIT, curve_secret_key=None, curve_client_keys=None,
+                 context=None, split_pull_keys=SPLIT_PULL_KEYS):
+        self.server_index, self.server_num = int(server_index), int(server_num)
+        self.worker_num = int(worker_num)
+        if not 0 <= self.server_index < self.server_num:
+            raise ValueError(f"server_index must be in [0, {self.server_num}), "
+                             f"got {server_index!r}")
+        if self.worker_num < 1:
+            raise ValueError(f"worker_num must be >= 1, got {worker_num!r}")
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if int(handler_threads) < 1:
+            raise ValueError(f"handler_threads must be >= 1, got {handler_threads!r}")
+        self.mode = mode
+        self.handler_threads = int(handler_threads)
+        self.max_message_bytes = int(max_message_bytes)
+        self.heartbeat_timeout = float(heartbeat_timeout)
+        self.barrier_timeout = float(barrier_timeout)
+        self.checkpoint_dir = None if checkpoint_dir is None else os.path.realpath(
+            str(checkpoint_dir))
+        self.inline_limit = int(inline_limit)
+        self.split_pull_keys = int(split_pull_keys)
+        if self.split_pull_keys < 0:
+            raise ValueError(f"split_pull_keys must be >= 0, got {split_pull_keys!r}")
+
+        self._lock = threading.RLock()           # tables, sync buffers, barrier, workers
+        self.registry = Registry(self.server_index, self.server_num, self.max_message_bytes,
+                                 self._lock)
+        self.barriers = Barriers(self.worker_num, self.heartbeat_timeout, self.barrier_timeout,
+                                 sync=(mode == "sync"))
+        self._counters = {}
+        self._counter_lock = threading.Lock()
+        self._data = TableOps(self.registry, self.barriers, mode, self._count,
+                             self.handler_threads, self.split_pull_keys, self.max_message_bytes)
+        self._ops = {**self._data.ops(),
+                     Op.BARRIER: self._barrier, Op.HEARTBEAT: self._heartbeat,
+                     Op.STOP_WORKER: self._stop_worker, Op.SAVE: self._save, Op.LOAD: self._load,
+                     Op.STATS: self._stats}
+        self._last_house = 0.0
+        self._done = threading.Event()
+        self._ran = False
+        self.failure = None  # why run() ended before every worker stopped (None: it did not)
+
+        host, port = split_endpoint(endpoint, "server endpoint", allow_zero=True)
+        if curve_client_keys is not None and curve_secret_key is None:
+            raise ValueError("curve_client_keys needs curve_secret_key (the server's key pair)")
+        if curve_client_keys is None and not _auth.is_loopback_host(host):
+            log.warning("binding %s without client authentication: anyone who can reach this "
+                        "port can read and change the model (see docs/operations.md, "
+                        "'Secure a cluster')", host)
+        self._own_ctx = context is None and curve_client_keys is not None
+        self._ctx = zmq.Context() if self._own_ctx else (context or zmq.Context.instance())
+        self._zap = None
+        self._frontend = self._ctx.socket(zmq.ROUTER)
+        self._work = self._replies = None
+        try:
+            if curve_client_keys is not None:
+                self._zap = _auth.ZapAuthenticator(self._ctx, curve_client_keys).start()
+            self._frontend.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
+            self._frontend.setsockopt(zmq.LINGER, 1000)
+            self._frontend.setsockopt(zmq.SNDHWM, 0)
+            self._frontend.setsockopt(zmq.RCVHWM, 0)
+            if curve_secret_key is not None:
+                # Encrypted, and clients must know this server's public key.
+                self._frontend.curve_server = True
+                self._frontend.curve_secretkey = _auth.z85_key(curve_secret_key)
+            try:
+                if port == 0:
+                    port = self._frontend.bind_to_random_port(f"tcp://{host}")
+                else:
+                    self._frontend.bind(f"tcp://{host}:{port}")
+            except zmq.ZMQError as e:
+                hint = (" (another process listens there: stop it or choose another port)"
+                        if e.errno == zmq.EADDRINUSE else "")
+                raise PyfleetError(f"server {server_index}: cannot serve on {host}:{port}: "
+                                   f"{e.strerror}{hint}") from None
+            self.endpoint = f"{host}:{port}"
+            inproc = f"inproc://pyfleet-server-{id(self):x}"
+            self._work_addr, self._reply_addr = inproc + "-work", inproc + "-reply"
+            self._work = self._inproc(zmq.PUSH, self._work_addr)
+            self._replies = self._inproc(zmq.PULL, self._reply_addr)
+            if tables:
+                self.create_tables(tables)
+        except BaseException:
+            for sock in (self._frontend, self._work, self._replies):
+                if sock is not None:
+                    sock.close(linger=0)
+            self._close_auth()
+            raise
+
+    @property
+    def _entries(self):
+        """``{table id: Entry}`` (tests and tools look at the tables held)."""
+        return self.registry.entries
+
+    @property
+    def _barrier_count(self):
+        """Barriers completed so far."""
+        return self.barriers.count
+
+    def _close_auth(self):
+        if self._zap is not None:
+            self._zap.stop()
+            self._zap = None
+        if self._own_ctx:
+            self._own_ctx = False
+            self._ctx.term()
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def _inproc(self, kind, addr, bind=True):
+        sock = self._ctx.socket(kind)
+        sock.setsockopt(zmq.SNDHWM, 0)
+        sock.setsockopt(zmq.RCVHWM, 0)
+        sock.setsockopt(zmq.LINGER, 1000)
+        (sock.bind if bind else sock.connect)(addr)
+        return sock
+
+    def run(self):
+        """Serve until every worker has called ``stop_worker`` or :meth:`stop`,
+        or until every worker has stopped or died, one at least dead (then
+        :attr:`failure` says which; ``python -m pyfleet.server`` exits 1).
+        Blocks; returns normally (closing the sockets) in every case."""
+        if self._ran:
+            raise RuntimeError("Server.run() may be called once")
+        self._ran = True
+        with self._lock:
+            self.barriers.start(time.monotonic())
+        handlers = [threading.Thread(target=self._handler_loop, name=f"pyfleet-handler-{i}",
+                                     daemon=True) for i in range(self.handler_threads)]
+        for t in handlers:
+            t.start()
+        log.info("server %d/%d serving %s (%s mode)", self.server_index, self.server_num,
+                 self.endpoint, self.mode)
+        front, replies = self._frontend, self._replies
+        try:
+            while not self._done.is_set():
+                for sock in Z.readable([front, replies], 100):
+                    msg = Z.recv_frames(sock)
+                    if sock is replies:
+                        Z.send_frames(front, msg, copy=False)
+                    elif self._inline(msg):
+                        for out in self._handle(msg):
+                            Z.send_frames(front, out)
+                    else:
+                        Z.send_frames(self._work, msg, copy=False)
+                self._housekeeping(front)
+        finally:
+            self._done.set()
+            for t in handlers:
+                t.join(_HANDLER_JOIN_SECONDS)
+            self._data.close()
+            self._forward_replies()
+            self._frontend.close(linger=1000)
+            self._work.close(linger=0)
+            self._replies.close(linger=0)
+            if not any(t.is_alive() for t in handlers):  # term() would wait for their sockets
+                self._close_auth()
+
+    def _forward_replies(self):
+        while Z.readable([self._replies], 0):
+            Z.send_frames(self._frontend, Z.recv_frames(self._replies), copy=False)
+
+    def _inline(self, msg):
+        """Whether the ROUTER thread answers ``msg`` itself (cheap requests)."""
+        if len(msg) < 2 or len(msg[1]) != P.HEADER_SIZE:
+            return True  # an error reply
+        op, count, dim = _PEEK.unpack_from(msg[1].buffer)
+        if op in _HANDLER_OPS:
+            return False
+        if op in _DENSE_MANY_OPS:
+            return count <= self.inline_limit
+        return count * max(dim, 1) <= self.inline_limit
+
+    def stop(self):
+        """Make :meth:`run` return. Thread-safe and idempotent."""
+        self._done.set()
+
+    def _handler_loop(self):
+        work = self._inproc(zmq.PULL, self._work_addr, bind=False)
+        out = self._inproc(zmq.PUSH, self._reply_addr, bind=False)
+        try:
+            while not self._done.is_set():
+                if Z.readable([work], 100):
+                    for reply in self._handle(Z.recv_frames(work)):
+                        Z.send_frames(out, reply)
+        finally:
+            work.close(linger=0)
+            out.close(linger=1000)
+
+    def _count(self, name, n=1):
+        with self._counter_lock:
+            self._counters[name] = self._counters.get(name, 0) + n
+
+    # ---------------------------------------------------------------- dispatch
+
+    def _handle(self, msg):
+        """Replies (each a frame list starting with the identity) for one message."""
+        ident, frames = msg[0], msg[1:]
+        if not frames:
+            self._count("protocol_errors")
+            return [[ident] + P.error_reply(0, 0, "empty message: no header frame")]
+        try:
+            h = P.unpack_header(frames[0].buffer)
+        except ProtocolError as e:
+            self._count("protocol_errors")
+            _log_bad(self._counters.get("protocol_errors", 0), e)
+            return [[ident] + P.error_reply(0, 0, e)]
+        try:
+            op = _OP_BY_INT.get(h.op)
+            if op is None:
+                raise ProtocolError(f"unknown op {h.op}")
+            total = sum(len(f) for f in frames) if len(frames) > 2 else 0
+            if total > self.max_message_bytes:
+                raise ProtocolError(f"message of {total} bytes exceeds max_message_bytes="
+                                    f"{self.max_message_bytes}")
+            if h.status and h.status - 1 < self.worker_num:
+                self.barriers.seen(h.status - 1, time.monotonic())
+            self._count(_OP_COUNTER[op])
+            out = self._ops[op](h, op, frames[1:], ident)
+            return [] if out is None else out
+        except (ProtocolError, Refused, ValueError, TypeError, KeyError, OSError) as e:
+            kind = "protocol_errors" if isinstance(e, ProtocolError) else "refused_requests"
+            self._count(kind)
+            _log_bad(self._counters.get(kind, 0), e)
+            msg = str(e) if not isinstance(e, KeyError) else f"missing field {e}"
+            return [[ident] + P.error_reply(h.op, h.request, f"{_op_name(h.op)}: {msg}",
+                                            table=h.table)]
+        except Exception as e:  # a server bug must not end the server
+            self._count("internal_errors")
+            log.exception("internal error on %s", _op_name(h.op))
+            return [[ident] + P.error_reply(h.op, h.request,
+                                            f"{_op_name(h.op)}: internal error: {e!r}")]
+
+    # ------------------------------------------------------------ control ops
+
+    def _worker_of(self, payload):
+        w = payload.get("worker")
+        if isinstance(w, bool) or not isinstance(w, int) or not 0 <= w < self.worker_num:
+            raise Refused(f"worker must be an integer in [0, {self.worker_num}), got {w!r}")
+        return w
+
+    def _release(self, rel):
+        """The replies of a completed barrier (sync mode: its step applied
+        first); caller holds the lock."""
+        if rel is None:
+            return []
+        if rel.sync:
+            self._data.apply_sync(rel.sync, rel.workers)
+        return [[ident] + P.reply(hh, payload={"barrier": rel.count}) for ident, hh in rel.tokens]
+
+    def _barrier(self, h, op, frames, ident):
+        payload = control_payload(frames, op)
+        w = self._worker_of(payload)
+        kind = payload.get("kind", "step")
+        with self._lock:
+            return self._release(self.barriers.arrive(w, (ident, h), kind,
+                                                      time.monotonic())) or None
+
+    def _housekeeping(self, sock):
+        """Fail a barrier whose missing worker died or that waited too long, and
+        give up once every worker stopped or died. Called by the ROUTER
+        thread only (``sock`` is the ROUTER)."""
+        now = time.monotonic()
+        if now - self._last_house < 0.1:
+            return
+        self._last_house = now
+        with self._lock:
+            if self.failure is None:
+                why = self.barriers.abandoned(now)
+                if why is not None:
+                    self.failure = (f"server {self.server_index} ({self.endpoint}) gives up: "
+                                    f"{why}")
+                    log.error("%s", self.failure)
+                    self._done.set()
+            failed = self.barriers.check(now)
+            if failed is None:
+                return
+            msg = f"barrier failed on server {self.server_index} ({self.endpoint}): {failed.why}"
+            log.error("%s", msg)
+            self._count("barrier_failures")
+            out = [[ident] + P.error_reply(hh.op, hh.request, msg, Status.BARRIER_FAILED)
+                   for ident, hh in failed.tokens]
+        for m in out:
+            Z.send_frames(sock, m, copy=False)
+
+    def _heartbeat(self, h, op, frames, ident):
+        payload = control_payload(frames, op)
+        if "worker" in payload:
+            self.barriers.seen(self._worker_of(payload), time.monotonic())
+        return [[ident] + P.reply(h, payload={
+            "server_index": self.server_index, "server_num": self.server_num,
+            "worker_num": self.worker_num, "mode": self.mode,
+            "heartbeat_timeout": self.heartbeat_timeout, "barrier_timeout": self.barrier_timeout})]
+
+    def _stop_worker(self, h, op, frames, ident):
+        w = self._worker_of(control_payload(frames, op))
+        with self._lock:
+            rel, everyone = self.barriers.stop(w, time.monotonic())
+            out = [[ident] + P.reply(h, payload={"stopped": sorted(self.barriers.stopped)})]
+            out += self._release(rel)
+            if everyone:
+                log.info("every worker stopped; server %d exits", self.server_index)
+                self._done.set()
+        return out
+
+    def _save(self, h, op, frames, ident):
+        payload = control_payload(frames, op)
+        out = self.save_checkpoint(payload.get("dir"), payload.get("mode", "full"))
+        return [[ident] + P.reply(h, payload=out)]
+
+    def save_checkpoint(self, rel, mode="full"):
+        """Save every table under ``<checkpoint_dir>/<rel>``; see
+        :func:`pyfleet.service.checkpoint.save_server`. Thread-safe."""
+        return _checkpoint.save_server(self.registry, self.checkpoint_dir, rel, mode)
+
+    def _load(self, h, op, frames, ident):
+        payload = control_payload(frames, op)
+        rows = self.load_checkpoint(payload.get("dir"))
+        return [[ident] + P.reply(h, payload={"rows": rows})]
+
+    def load_checkpoint(self, rel, root=None):
+        """Load every table from ``<checkpoint_dir>/<rel>``; see
+        :func:`pyfleet.service.checkpoint.load_server`. Thread-safe.
+
+        ``root``: the directory ``rel`` is relative to, for a load this
+        process asks for itself (``fleet.init_server(model_dir)``); a LOAD
+        request from the network is always confined to ``checkpoint_dir``."""
+        root = self.checkpoint_dir if root is None else os.path.realpath(os.fspath(root))
+        return _checkpoint.load_server(self.registry, root, rel)
+
+    def _stats(self, h, op, frames, ident):
+        control_payload(frames, op)
+        return [[ident] + P.reply(h, payload=self.stats())]
+
+    def stats(self):
+        """Counters of this server and of each table (JSON-friendly). Thread-safe."""
+        with self._counter_lock:
+            counters = dict(self._counters)
+        with self._lock:
+            return {"server_index": self.server_index, "server_num": self.server_num,
+                    "endpoint": self.endpoint, "mode": self.mode, "counters": counters,
+                    "tables": self.registry.table_stats(),
+                    "stopped_workers": sorted(self.barriers.stopped),
+                    "barriers": self.barriers.count, "rss_bytes": _rss_bytes()}
+
+    def create_tables(self, configs):
+        """Create tables from JSON configs; see
+        :meth:`pyfleet.service.registry.Registry.create_tables`. Thread-safe.
+        Returns the name -> id map."""
+        return self.registry.create_tables(configs)
+
+
+def _op_name(op):
+    try:
+        return Op(op).name
+    except ValueError:
+        return f"op {op}"
+
+
+def _log_bad(n, err):
+    # Hostile peers must not flood the log: the first few, then every power of ten.
+    if n <= 10 or (n & (n - 1)) == 0:
+        log.warning("refused request (#%d): %s", n, err)
+
+
+def _rss_bytes():
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return -1
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m pyfleet.server", description=__doc__.split("\n")[0])
+    p.add_argument("--endpoint", default="127.0.0.1:0",
+                   help="host:port to bind (port 0: any free port; default 127.0.0.1:0)")
+    p.add_argument("--index", type=int, required=True, help="this server's index")
+    p.add_argument("--num-servers", type=int, required=True)
+    p.add_argument("--workers", type=int, required=True)
+    p.add_argument("--mode", choices=MODES, default="async")
+    p.add_argument("--handler-threads", type=int, default=2)
+    p.add_argument("--inline-limit", type=int, default=INLINE_LIMIT,
+                   help="requests of at most this many floats are served by the socket thread")
+    p.add_argument("--split-pull-keys", type=int, default=SPLIT_PULL_KEYS,
+                   help="pull sparse requests of at least this many keys in up to "
+                        "--handler-threads parts at once (0: never)")
+    p.add_argument("--max-message-bytes", type=int, default=1 << 30)
+    p.add_argument("--heartbeat-timeout", type=float, default=10.0)
+    p.add_argument("--barrier-timeout", type=float, default=300.0)
+    p.add_argument("--checkpoint-dir", default=None)
+    p.add_argument("--tables", default=None, help="JSON file: a list of table configs")
+    p.add_argument("--curve-secret-key-file", default=None,
+                   help="file holding a Z85 CURVE secret key, or a certificate from "
+                        "'pyfleet keygen' (NAME.key_secret): encrypt the endpoint "
+                        "(default: $PYFLEET_CURVE_SERVER_SECRET)")
+    p.add_argument("--curve-client-keys", default=None,
+                   help="directory of admitted client public keys (*.key): authenticate "
+                        "clients (default: $PYFLEET_CURVE_CLIENT_KEYS_DIR)")
+    p.add_argument("--log-level", default="WARNING")
+    a = p.parse_args(argv)
+    logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    env_auth = _auth.server_options_from_env()
+    curve = env_auth.get("curve_secret_key")
+    clients = a.curve_client_keys or env_auth.get("curve_client_keys")
+    if a.curve_secret_key_file:
+        with open(a.curve_secret_key_file) as f:
+            text = f.read().strip()
+        curve = text if len(text) == 40 else _auth.load_keypair(a.curve_secret_key_file)[1]
+    tables = None
+    if a.tables:
+        with open(a.tables) as f:
+            tables = json.load(f)
+    if a.checkpoint_dir is not None and not os.path.isdir(a.checkpoint_dir):
+        print(f"pyfleet.server: --checkpoint-dir {a.checkpoint_dir} is not a directory",
+              file=sys.stderr)
+        return 2
+    try:
+        server = Server(a.endpoint, a.index, a.num_servers, a.workers, mode=a.mode,
+                        tables=tables, handler_threads=a.handler_threads,
+                        max_message_bytes=a.max_message_bytes,
+                        heartbeat_timeout=a.heartbeat_timeout,
+                        barrier_timeout=a.barrier_timeout, checkpoint_dir=a.checkpoint_dir,
+                        inline_limit=a.inline_limit, curve_secret_key=curve,
+                        curve_client_keys=clients, split_pull_keys=a.split_pull_keys)
+    except (PyfleetError, ValueError) as e:  # a taken port, a bad table config
+        print(f"pyfleet.server: {e}", file=sys.stderr)
+        return 1
+    signal.signal(signal.SIGTERM, lambda *_: server.stop())
+    signal.signal(signal.SIGINT, lambda *_: server.stop())
+    print(f"pyfleet.server ready on {server.endpoint}", flush=True)
+    server.run()
+    if server.failure is not None:
+        print(f"pyfleet.server: {server.failure}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
