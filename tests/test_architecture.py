@@ -1,0 +1,185 @@
+"""The package's layers, read from the source with ``ast`` (docs/architecture.md draws them).
+
+Every module of ``pyfleet`` belongs to one room; a room may import only from
+rooms below it, never from a sibling room of the same level (the service and
+Fluid know nothing of each other), and module-level imports form no circle.
+A new module must be given a room here: the test names it otherwise.
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from support import REPO
+
+PACKAGE = REPO / "pyfleet"
+
+# (room, level, module prefixes). Longest prefix wins. Facades and the thin
+# re-exports of old import paths sit on top: nothing below may import them.
+ROOMS = [
+    ("base", 0, ["pyfleet._core", "pyfleet._version", "pyfleet.errors", "pyfleet._atomic",
+                 "pyfleet.endpoint", "pyfleet._record"]),
+    ("table", 1, ["pyfleet.entry", "pyfleet.initializer", "pyfleet.optimizer", "pyfleet.table",
+                  "pyfleet.metrics"]),
+    ("data", 1, ["pyfleet.data"]),
+    ("config", 2, ["pyfleet.config", "pyfleet.role_maker"]),
+    ("service", 3, ["pyfleet.service"]),
+    ("fluid", 3, ["pyfleet.fluid"]),
+    ("distributed", 4, ["pyfleet.distributed", "pyfleet.models"]),
+    ("fluid facade", 5, ["pyfleet.fluid.__init__", "pyfleet.fluid.incubate.fleet",
+                         "pyfleet.fluid.transpiler"]),
+    ("app", 6, ["pyfleet.trainer", "pyfleet.launch", "pyfleet.cli"]),
+    ("facade", 7, ["pyfleet.__init__"]),
+]
+# Old import paths kept for users and docs: thin re-exports of a module's new home.
+COMPAT = ["pyfleet.server", "pyfleet.client", "pyfleet.protocol", "pyfleet.auth",
+          "pyfleet.inference", "pyfleet._fleet", "pyfleet._checkpoint", "pyfleet._prefetch"]
+
+MAX_MODULE_LINES = 550
+MAX_CLASS_LINES = 420
+
+
+def _modules():
+    """``{dotted name: path}`` of every module in the package (a package as ``pkg.__init__``)."""
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(REPO).with_suffix("")
+        out[".".join(rel.parts)] = path
+    return out
+
+
+MODULES = _modules()
+COMPILED = {"pyfleet._core": "src/bindings", "pyfleet.data._parse": "pyfleet/data/_parse.pyx"}
+
+
+def _resolve(name):
+    """The module a dotted import name loads: itself, or its package's ``__init__``."""
+    if name in MODULES or name in COMPILED:
+        return name
+    if name + ".__init__" in MODULES:
+        return name + ".__init__"
+    return None
+
+
+def _room(module):
+    """``(room, level)`` of ``module``: a compat shim, or the longest matching room prefix."""
+    if module in COMPAT:
+        return ("compat", 8)
+    best = None
+    for room, level, prefixes in ROOMS:
+        for p in prefixes:
+            if module == p or module.startswith(p + "."):
+                if best is None or len(p) > best[2]:
+                    best = (room, level, len(p))
+    if best is None:
+        raise AssertionError(f"{module} belongs to no room: add it to ROOMS in {__file__}")
+    return best[:2]
+
+
+def _package_of(module):
+    parts = module.split(".")
+    return ".".join(parts[:-1]) if parts[-1] != "__init__" else ".".join(parts[:-1])
+
+
+def _imports(module, path):
+    """``[(imported module, line, at module level)]`` of one file's pyfleet imports."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    top_level = {id(n) for n in tree.body}
+    for n in tree.body:  # imports under a module-level `if`/`try` still run at import
+        if isinstance(n, (ast.If, ast.Try)):
+            top_level.update(id(c) for c in ast.walk(n))
+    found = []
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                pkg = _package_of(module).split(".")
+                if module.endswith(".__init__"):
+                    pkg = module.split(".")[:-1]
+                base = ".".join(pkg[:len(pkg) - node.level + 1] + ([base] if base else []))
+            for a in node.names:
+                sub = f"{base}.{a.name}"
+                names.append(sub if _resolve(sub) else base)
+        for name in names:
+            if not name.startswith("pyfleet"):
+                continue
+            target = _resolve(name)
+            if target is None:
+                continue  # a compiled module (_core, _parse) or a missing one: import fails anyway
+            found.append((target, node.lineno, id(node) in top_level))
+    return found
+
+
+GRAPH = {m: _imports(m, p) for m, p in MODULES.items()}
+GRAPH.update({m: [] for m in COMPILED})
+
+
+def test_every_module_has_a_room():
+    for module in MODULES:
+        _room(module)
+
+
+def test_no_module_imports_a_higher_or_sibling_room():
+    bad = []
+    for module, imports in GRAPH.items():
+        room, level = _room(module)
+        for target, line, _ in imports:
+            t_room, t_level = _room(target)
+            if t_room == room:
+                continue
+            if t_level > level or (t_level == level and t_room != room):
+                bad.append(f"{MODULES[module].relative_to(REPO)}:{line} ({room}) imports "
+                           f"{target} ({t_room})")
+    assert not bad, "imports against the layers:\n" + "\n".join(bad)
+
+
+def test_module_level_imports_have_no_circle():
+    edges = {m: sorted({t for t, _, top in imps if top and t != m}) for m, imps in GRAPH.items()}
+    # A package's __init__ runs before any of its submodules: importing a submodule
+    # depends on the package. Facades re-export everything below them, so they
+    # are roots, not parts of a cycle (nothing below imports them: checked above).
+    state, stack, cycles = {}, [], []
+
+    def visit(m):
+        state[m] = 1
+        stack.append(m)
+        for t in edges.get(m, ()):
+            if state.get(t) == 1:
+                cycles.append(stack[stack.index(t):] + [t])
+            elif t not in state:
+                visit(t)
+        stack.pop()
+        state[m] = 2
+
+    for m in edges:
+        if m not in state:
+            visit(m)
+    assert not cycles, "import circles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_compat_modules_are_thin():
+    for module in COMPAT:
+        path = MODULES.get(module)
+        if path is None:
+            continue
+        tree = ast.parse(path.read_text())
+        code = [n for n in tree.body if not isinstance(n, (ast.Import, ast.ImportFrom, ast.Expr,
+                                                           ast.Assign, ast.If))]
+        assert not code, f"{module} should only re-export its new home, has {code[0].__class__}"
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_module_and_class_sizes(module):
+    path = MODULES[module]
+    text = path.read_text()
+    lines = text.count("\n")
+    assert lines <= MAX_MODULE_LINES, f"{path.relative_to(REPO)} has {lines} lines"
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.ClassDef):
+            size = node.end_lineno - node.lineno + 1
+            assert size <= MAX_CLASS_LINES, (
+                f"{path.relative_to(REPO)}: class {node.name} has {size} lines")
