@@ -42,7 +42,7 @@ from pyfleet.errors import ConfigError
 
 __all__ = [
     "MODES",
-    "Block",
+    "DenseBlock",
     "DistributeTranspilerConfig",
     "HashName",
     "PSDispatcher",
@@ -416,7 +416,7 @@ class DistributeTranspilerConfig:
         return "DistributeTranspilerConfig(" + ", ".join(f"{k}={v!r}" for k, v in d.items()) + ")"
 
 
-class Block(NamedTuple):
+class DenseBlock(NamedTuple):
     """One contiguous run of a dense parameter, flattened in C order, and its server.
 
     ``name`` is the parameter's name; elements ``[start, end)`` of the flattened parameter
@@ -469,7 +469,7 @@ def slice_variable(shape, slice_count: int, min_block_size: int = 8192) -> list[
 
 
 def place_dense(params: Iterable[tuple[str, Sequence[int]]], server_num: int,
-                config: DistributeTranspilerConfig | None = None) -> list[Block]:
+                config: DistributeTranspilerConfig | None = None) -> list[DenseBlock]:
     """Cut dense parameters into blocks and assign each block to a server.
 
     ``params`` is a list of ``(name, shape)`` in a fixed order (the same on every process:
@@ -487,7 +487,7 @@ def place_dense(params: Iterable[tuple[str, Sequence[int]]], server_num: int,
         raise ValueError(f"config must be a DistributeTranspilerConfig, got {config!r}")
     dispatcher = config.split_method([str(i) for i in range(server_num)])
     seen = set()
-    blocks: list[Block] = []
+    blocks: list[DenseBlock] = []
     for entry in params:
         try:
             name, shape = entry
@@ -506,7 +506,7 @@ def place_dense(params: Iterable[tuple[str, Sequence[int]]], server_num: int,
         start = 0
         for i, size in enumerate(sizes):
             var_name = name if len(sizes) == 1 else block_name(name, i)
-            blocks.append(Block(name, start, start + size, dispatcher.server_of(var_name),
+            blocks.append(DenseBlock(name, start, start + size, dispatcher.server_of(var_name),
                                 var_name))
             start += size
     return blocks

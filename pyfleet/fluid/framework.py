@@ -243,10 +243,7 @@ class Operator:
 
 
 class Block:
-    """The (single) block of a program: its variables and operators in order.
-
-    (Fluid's ``Block``; not :class:`pyfleet.config.Block`, a dense parameter's
-    placement on the servers.)"""
+    """The (single) block of a program: its variables and operators in order (Fluid's ``Block``)."""
 
     def __init__(self, program, idx=0):
         self.program = program

@@ -11,7 +11,7 @@ from functools import reduce
 import pytest
 
 from pyfleet.config import (
-    Block,
+    DenseBlock,
     DistributeTranspilerConfig,
     HashName,
     RoundRobin,
@@ -118,16 +118,16 @@ def test_blocks_cover_every_element_once(servers, method):
 
 def test_exact_blocks_round_robin_three_servers():
     assert place_dense(PARAMS, 3) == [
-        Block("fc_0.w_0", 0, 33400, 0, "fc_0.w_0.block0"),
-        Block("fc_0.w_0", 33400, 66800, 1, "fc_0.w_0.block1"),
-        Block("fc_0.w_0", 66800, 100000, 2, "fc_0.w_0.block2"),
-        Block("fc_0.b_0", 0, 100, 0, "fc_0.b_0"),
-        Block("fc_1.w_0", 0, 10000, 1, "fc_1.w_0.block0"),
-        Block("fc_1.w_0", 10000, 20000, 2, "fc_1.w_0.block1"),
-        Block("fc_1.b_0", 0, 200, 0, "fc_1.b_0"),
-        Block("emb_proj", 0, 13334, 1, "emb_proj.block0"),
-        Block("emb_proj", 13334, 26668, 2, "emb_proj.block1"),
-        Block("emb_proj", 26668, 40000, 0, "emb_proj.block2"),
+        DenseBlock("fc_0.w_0", 0, 33400, 0, "fc_0.w_0.block0"),
+        DenseBlock("fc_0.w_0", 33400, 66800, 1, "fc_0.w_0.block1"),
+        DenseBlock("fc_0.w_0", 66800, 100000, 2, "fc_0.w_0.block2"),
+        DenseBlock("fc_0.b_0", 0, 100, 0, "fc_0.b_0"),
+        DenseBlock("fc_1.w_0", 0, 10000, 1, "fc_1.w_0.block0"),
+        DenseBlock("fc_1.w_0", 10000, 20000, 2, "fc_1.w_0.block1"),
+        DenseBlock("fc_1.b_0", 0, 200, 0, "fc_1.b_0"),
+        DenseBlock("emb_proj", 0, 13334, 1, "emb_proj.block0"),
+        DenseBlock("emb_proj", 13334, 26668, 2, "emb_proj.block1"),
+        DenseBlock("emb_proj", 26668, 40000, 0, "emb_proj.block2"),
     ]
 
 
