@@ -59,7 +59,6 @@ __all__ = [
     "load_keypair",
     "load_public_key",
     "server_options_from_env",
-    "z85_key",
 ]
 
 log = logging.getLogger("pyfleet.auth")
@@ -248,14 +247,6 @@ class ZapAuthenticator:
 
     def __exit__(self, *exc):
         self.stop()
-
-
-def z85_key(key):
-    """``key`` (str or bytes) as the 40 bytes of a Z85 CURVE key; ValueError otherwise."""
-    key = key.encode() if isinstance(key, str) else bytes(key)
-    if len(key) != 40:
-        raise ValueError("a CURVE key must be 40 Z85 characters (zmq.curve_keypair())")
-    return key
 
 
 def client_curve_keys(server_keys, client_key, num_servers):

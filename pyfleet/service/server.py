@@ -6,19 +6,18 @@ A :class:`Server` holds, for one ``server_index`` among ``server_num``:
   sends here), as a :class:`pyfleet.table.SparseTable`;
 - the dense parameter blocks placed on it, as :class:`pyfleet.table.DenseTable`
 
-in a :class:`~pyfleet.service.registry.Registry`. This module is the socket
-loop and the dispatch; the data ops are :mod:`pyfleet.service.data_ops`, the
-barrier and liveness rules :mod:`pyfleet.service.barrier`, the shard files
+in a :class:`~pyfleet.service.registry.Registry`. This module is the
+dispatch and the control ops; it delegates the socket loop to
+:mod:`pyfleet.service.loop`, the data and table ops to
+:mod:`pyfleet.service.table_ops`, the barrier and liveness rules to
+:mod:`pyfleet.service.barrier` and the shard files to
 :mod:`pyfleet.service.checkpoint`.
 
 Threads: the thread calling :meth:`run` owns the ROUTER socket (the
-endpoint). It answers the requests of a training step itself (at most
-``inline_limit`` floats of keys x dim, 512k by default, and cheap control ops):
-they then cost no thread hand-off. Larger requests, and save/load/shrink/
-create_tables, go over inproc PUSH/PULL sockets to ``handler_threads`` Python
-threads that call into the C++ tables (which release the GIL), so the big
-pulls and pushes of different workers run in parallel; their replies come
-back the same way and leave through the ROUTER. A sparse pull of at least
+endpoint) and answers the requests of a training step itself (at most
+``inline_limit`` floats of keys x dim, 512k by default, and cheap control
+ops); larger ones go to ``handler_threads`` Python threads (see
+:mod:`pyfleet.service.loop`). A sparse pull of at least
 ``split_pull_keys`` keys is itself pulled in parts by several threads at
 once. A barrier never parks a thread: the waiting requests' envelopes are
 kept and answered when the barrier completes (or fails, detected by the
@@ -42,7 +41,6 @@ import json
 import logging
 import os
 import signal
-import struct
 import sys
 import threading
 import time
@@ -57,38 +55,17 @@ from pyfleet.service import checkpoint as _checkpoint
 from pyfleet.service import protocol as P
 from pyfleet.service import wire as Z
 from pyfleet.service.barrier import Barriers
+from pyfleet.service.loop import INLINE_LIMIT, SocketLoop
 from pyfleet.service.protocol import Op, ProtocolError, Refused, Status
 from pyfleet.service.registry import Registry
-from pyfleet.service.table_ops import TableOps, control_payload, segment_sum
+from pyfleet.service.table_ops import SPLIT_PULL_KEYS, TableOps, control_payload, segment_sum
 
 __all__ = ["Server", "main", "segment_sum"]
 
 log = logging.getLogger("pyfleet.server")
 
-# How long run() waits at exit for a handler busy with (say) a save.
-_HANDLER_JOIN_SECONDS = 30.0
-# op (u8 at 5), count (u64 at 24), dim (u32 at 32) of a header, read without decoding it all.
-_PEEK = struct.Struct("<5xB18xQI")
-# Ops whose header dim is a block count, not a row width: their size is count.
-_DENSE_MANY_OPS = frozenset({int(Op.PULL_DENSE_MANY), int(Op.PUSH_DENSE_MANY)})
 _OP_BY_INT = {int(o): o for o in Op}
 _OP_COUNTER = {o: f"op_{o.name.lower()}" for o in Op}
-# Control ops that may take long: never answered by the ROUTER thread.
-_HANDLER_OPS = frozenset({int(Op.SAVE), int(Op.LOAD), int(Op.SHRINK), int(Op.CREATE_TABLES),
-                          int(Op.EXPORT_SPARSE)})
-# Requests of at most this many floats are answered by the ROUTER thread: a
-# training step's requests (a client chunk of 32768 keys x dim 16, every dense
-# block of a server) then cost no inproc hand-off (two thread wake-ups, and
-# the zero-copy frames' garbage-collector wake-ups): ~10-20% less server CPU
-# for the reference DNN. Bigger ones go to the handler threads in parallel.
-INLINE_LIMIT = 1 << 19
-# A sparse pull of at least this many keys is cut into up to
-# ``handler_threads`` parts pulled at once (the serving thread takes one, pull
-# helper threads the others; the table releases the GIL), as Paddle's sparse
-# tables spread a pull over their shards' task pools: a big pull is bound by
-# memory latency, which more cores hide (measured on 2 cores, 16k keys from a
-# 512k-row table: 1.6 ms -> 0.8 ms). Smaller pulls are not worth a hand-off.
-SPLIT_PULL_KEYS = 8192
 
 
 class Server:
@@ -188,39 +165,29 @@ class Server:
         self._ctx = zmq.Context() if self._own_ctx else (context or zmq.Context.instance())
         self._zap = None
         self._frontend = self._ctx.socket(zmq.ROUTER)
-        self._work = self._replies = None
+        self._loop = None
         try:
             if curve_client_keys is not None:
                 self._zap = _auth.ZapAuthenticator(self._ctx, curve_client_keys).start()
-            self._frontend.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
-            self._frontend.setsockopt(zmq.LINGER, 1000)
-            self._frontend.setsockopt(zmq.SNDHWM, 0)
-            self._frontend.setsockopt(zmq.RCVHWM, 0)
-            if curve_secret_key is not None:
-                # Encrypted, and clients must know this server's public key.
-                self._frontend.curve_server = True
-                self._frontend.curve_secretkey = _auth.z85_key(curve_secret_key)
             try:
-                if port == 0:
-                    port = self._frontend.bind_to_random_port(f"tcp://{host}")
-                else:
-                    self._frontend.bind(f"tcp://{host}:{port}")
+                port = Z.bind_router(self._frontend, host, port, self.max_message_bytes,
+                                     curve_secret_key)
             except zmq.ZMQError as e:
                 hint = (" (another process listens there: stop it or choose another port)"
                         if e.errno == zmq.EADDRINUSE else "")
                 raise PyfleetError(f"server {server_index}: cannot serve on {host}:{port}: "
                                    f"{e.strerror}{hint}") from None
             self.endpoint = f"{host}:{port}"
-            inproc = f"inproc://pyfleet-server-{id(self):x}"
-            self._work_addr, self._reply_addr = inproc + "-work", inproc + "-reply"
-            self._work = self._inproc(zmq.PUSH, self._work_addr)
-            self._replies = self._inproc(zmq.PULL, self._reply_addr)
+            self._loop = SocketLoop(self._ctx, self._frontend,
+                                    f"inproc://pyfleet-server-{id(self):x}", self._handle,
+                                    self._housekeeping, self.handler_threads,
+                                    self.inline_limit, self._done)
             if tables:
                 self.create_tables(tables)
         except BaseException:
-            for sock in (self._frontend, self._work, self._replies):
-                if sock is not None:
-                    sock.close(linger=0)
+            self._frontend.close(linger=0)
+            if self._loop is not None:
+                self._loop.close()
             self._close_auth()
             raise
 
@@ -244,14 +211,6 @@ class Server:
 
     # ---------------------------------------------------------------- lifecycle
 
-    def _inproc(self, kind, addr, bind=True):
-        sock = self._ctx.socket(kind)
-        sock.setsockopt(zmq.SNDHWM, 0)
-        sock.setsockopt(zmq.RCVHWM, 0)
-        sock.setsockopt(zmq.LINGER, 1000)
-        (sock.bind if bind else sock.connect)(addr)
-        return sock
-
     def run(self):
         """Serve until every worker has called ``stop_worker`` or :meth:`stop`,
         or until every worker has stopped or died, one at least dead (then
@@ -262,67 +221,14 @@ class Server:
         self._ran = True
         with self._lock:
             self.barriers.start(time.monotonic())
-        handlers = [threading.Thread(target=self._handler_loop, name=f"pyfleet-handler-{i}",
-                                     daemon=True) for i in range(self.handler_threads)]
-        for t in handlers:
-            t.start()
         log.info("server %d/%d serving %s (%s mode)", self.server_index, self.server_num,
                  self.endpoint, self.mode)
-        front, replies = self._frontend, self._replies
-        try:
-            while not self._done.is_set():
-                for sock in Z.readable([front, replies], 100):
-                    msg = Z.recv_frames(sock)
-                    if sock is replies:
-                        Z.send_frames(front, msg, copy=False)
-                    elif self._inline(msg):
-                        for out in self._handle(msg):
-                            Z.send_frames(front, out)
-                    else:
-                        Z.send_frames(self._work, msg, copy=False)
-                self._housekeeping(front)
-        finally:
-            self._done.set()
-            for t in handlers:
-                t.join(_HANDLER_JOIN_SECONDS)
-            self._data.close()
-            self._forward_replies()
-            self._frontend.close(linger=1000)
-            self._work.close(linger=0)
-            self._replies.close(linger=0)
-            if not any(t.is_alive() for t in handlers):  # term() would wait for their sockets
-                self._close_auth()
-
-    def _forward_replies(self):
-        while Z.readable([self._replies], 0):
-            Z.send_frames(self._frontend, Z.recv_frames(self._replies), copy=False)
-
-    def _inline(self, msg):
-        """Whether the ROUTER thread answers ``msg`` itself (cheap requests)."""
-        if len(msg) < 2 or len(msg[1]) != P.HEADER_SIZE:
-            return True  # an error reply
-        op, count, dim = _PEEK.unpack_from(msg[1].buffer)
-        if op in _HANDLER_OPS:
-            return False
-        if op in _DENSE_MANY_OPS:
-            return count <= self.inline_limit
-        return count * max(dim, 1) <= self.inline_limit
+        if self._loop.run(on_exit=self._data.close):  # term() would wait for their sockets
+            self._close_auth()
 
     def stop(self):
         """Make :meth:`run` return. Thread-safe and idempotent."""
         self._done.set()
-
-    def _handler_loop(self):
-        work = self._inproc(zmq.PULL, self._work_addr, bind=False)
-        out = self._inproc(zmq.PUSH, self._reply_addr, bind=False)
-        try:
-            while not self._done.is_set():
-                if Z.readable([work], 100):
-                    for reply in self._handle(Z.recv_frames(work)):
-                        Z.send_frames(out, reply)
-        finally:
-            work.close(linger=0)
-            out.close(linger=1000)
 
     def _count(self, name, n=1):
         with self._counter_lock:

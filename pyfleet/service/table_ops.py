@@ -34,9 +34,16 @@ from pyfleet import _core
 from pyfleet.service import protocol as P
 from pyfleet.service.protocol import Op, ProtocolError, Refused, Status
 
-__all__ = ["TableOps", "check_frames", "control_payload", "segment_sum"]
+__all__ = ["SPLIT_PULL_KEYS", "TableOps", "check_frames", "control_payload", "segment_sum"]
 
 MAX_JSON_BYTES = 64 << 20
+# A sparse pull of at least this many keys is cut into up to
+# ``handler_threads`` parts pulled at once (the serving thread takes one, pull
+# helper threads the others; the table releases the GIL), as Paddle's sparse
+# tables spread a pull over their shards' task pools: a big pull is bound by
+# memory latency, which more cores hide (measured on 2 cores, 16k keys from a
+# 512k-row table: 1.6 ms -> 0.8 ms). Smaller pulls are not worth a hand-off.
+SPLIT_PULL_KEYS = 8192
 # Rows per EXPORT_SPARSE page unless the request asks for fewer.
 _EXPORT_PAGE_ROWS = 65536
 _ADD_DELTA = int(P.Flag.ADD_DELTA)

@@ -10,7 +10,7 @@ are sent and received atomically. Not thread-safe beyond the socket's own rules
 import numpy as np
 import zmq
 
-__all__ = ["COPY_LIMIT", "readable", "recv_frames", "send_frames"]
+__all__ = ["COPY_LIMIT", "bind_router", "readable", "recv_frames", "send_frames"]
 
 _SNDMORE = int(zmq.SNDMORE)
 _POLLIN = int(zmq.POLLIN)
@@ -51,3 +51,29 @@ def readable(socks, timeout_ms):
     ``timeout_ms``; the GIL is released meanwhile)."""
     return [s for s, ev in zmq.zmq_poll([(s, _POLLIN) for s in socks], timeout_ms)
             if ev & _POLLIN]
+
+
+def bind_router(sock, host, port, max_message_bytes, curve_secret_key=None):
+    """Set up ROUTER ``sock`` as a server endpoint and bind it to ``host:port``
+    (port 0: a free port); returns the port. ``max_message_bytes``: a peer
+    sending a larger frame is disconnected; ``curve_secret_key``: the Z85
+    secret key of an encrypted (CURVE) endpoint. Raises ``zmq.ZMQError``."""
+    sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+    sock.setsockopt(zmq.LINGER, 1000)
+    sock.setsockopt(zmq.SNDHWM, 0)
+    sock.setsockopt(zmq.RCVHWM, 0)
+    if curve_secret_key is not None:
+        # Encrypted, and clients must know this server's public key.
+        sock.curve_server = True
+        sock.curve_secretkey = _z85(curve_secret_key)
+    if port == 0:
+        return sock.bind_to_random_port(f"tcp://{host}")
+    sock.bind(f"tcp://{host}:{port}")
+    return port
+
+
+def _z85(key):
+    key = key.encode() if isinstance(key, str) else bytes(key)
+    if len(key) != 40:
+        raise ValueError("a CURVE key must be 40 Z85 characters (zmq.curve_keypair())")
+    return key
