@@ -44,7 +44,7 @@ from pyfleet.fluid.step import (
     table_keys,
     unique_inverse,
 )
-from pyfleet.fluid.tensor import LoDTensor, global_scope, scope_guard
+from pyfleet.fluid.tensor import LoDTensor, fetched, global_scope, scope_guard
 from pyfleet.optimizer import SGD
 
 __all__ = ["Executor", "as_numpy", "global_scope", "scope_guard"]
@@ -265,7 +265,7 @@ class Executor:
                 raise ValueError(f"fetch {v.name!r} was not computed in this step")
             if return_numpy and isinstance(val, LoDTensor):
                 val = val.data
-            results.append(val)
+            results.append(fetched(val) if return_numpy else val)
         return results
 
     @staticmethod

@@ -14,6 +14,7 @@ import numpy as np
 __all__ = [
     "CPUPlace",
     "CUDAPlace",
+    "FetchedArray",
     "LoDTensor",
     "Scope",
     "convert_dtype",
@@ -40,6 +41,50 @@ def convert_dtype(dtype):
         return np.dtype(dtype)
     except TypeError:
         raise ValueError(f"unsupported dtype {dtype!r}") from None
+
+
+class FetchedArray(np.ndarray):
+    """A fetched value: a plain ndarray (shape ``[1]`` for a scalar loss, as in
+    Fluid) that also converts to a Python number when it holds one element.
+
+    Fluid scripts print fetches with ``"%f" % cost``, ``float(cost)`` and
+    ``"%f" % cost[0]``; numpy 2 refuses ``float()`` of a 1-element array that
+    is not 0-d, so this subclass does the conversion itself. Any other use
+    (indexing, arithmetic, ``np.array(v)``) is the ndarray's.
+    """
+
+    def _one(self, what):
+        if self.size != 1:
+            raise TypeError(f"only a fetched value of one element converts to {what}; "
+                            f"this one has shape {self.shape}")
+        return self.reshape(-1)[0]
+
+    def __float__(self):
+        return float(self._one("float"))
+
+    def __int__(self):
+        return int(self._one("int"))
+
+    def __index__(self):
+        v = self._one("an index")
+        if self.dtype.kind not in "iub":
+            raise TypeError(f"a fetched {self.dtype} value cannot be used as an index")
+        return int(v)
+
+    def __complex__(self):
+        return complex(self._one("complex"))
+
+    def __format__(self, spec):
+        if spec and self.size == 1:
+            return format(self.reshape(-1)[0].item(), spec)
+        return super().__format__(spec)
+
+
+def fetched(value):
+    """``value`` as a :class:`FetchedArray` (a view, no copy) when it is an ndarray."""
+    if type(value) is np.ndarray:
+        return value.view(FetchedArray)
+    return value
 
 
 class CPUPlace:
