@@ -196,6 +196,7 @@ class Executor:
                 backend.create_sparse(p.name, p.dim, opt, p.initializer, p.seed)
             else:
                 backend.create_dense(p.name, p.initial_value(), opt)
+            scope._register_parameter(p.name, backend, p.is_sparse_table)
         for name, value in startup._init_states:
             scope.vars[name] = np.array(value, copy=True)
 

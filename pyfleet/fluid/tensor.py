@@ -235,43 +235,104 @@ class _ScopeVar:
     def get_tensor(self):
         return _ScopeTensor(self._scope, self._name)
 
+    def __repr__(self):
+        return f"ScopeVar({self._name!r})"
+
 
 class _ScopeTensor:
-    """A live view of one scope entry; ``set`` replaces the value."""
+    """A live view of one scope entry (Fluid's ``var.get_tensor()``).
+
+    A state entry (e.g. an auc layer's counts) is read and replaced in the
+    scope, so what the next ``exe.run`` accumulates starts from the value
+    ``set`` here. A dense parameter registered by the startup program reads
+    and writes its backend (``pull_dense`` / ``set_dense``); a sparse table
+    has no array form and is refused by name.
+    """
 
     def __init__(self, scope, name):
         self._scope, self._name = scope, name
 
+    def _param(self):
+        entry = self._scope._params.get(self._name)
+        if entry is not None and self._name not in self._scope.vars:
+            backend, is_sparse_table = entry
+            if is_sparse_table:
+                raise ValueError(f"{self._name!r} is a sparse table: its rows have no array "
+                                 "form in the scope; read them through the backend or "
+                                 "fluid.io.save_persistables")
+            return backend
+        return None
+
+    def _value(self):
+        backend = self._param()
+        if backend is not None:
+            return np.asarray(backend.pull_dense(self._name))
+        try:
+            return self._scope.vars[self._name]
+        except KeyError:
+            raise ValueError(f"scope variable {self._name!r} holds no value") from None
+
     def set(self, value, place=None):
-        old = self._scope.vars.get(self._name)
+        """Replace the value (Fluid's ``tensor.set(array, place)``). A state
+        keeps its dtype, and its shape when the sizes agree; a parameter keeps
+        its shape and must get as many elements."""
         value = np.array(value, copy=True)
-        if old is not None:
-            value = value.astype(old.dtype, copy=False).reshape(old.shape)
+        backend = self._param()
+        if backend is not None:
+            old = np.asarray(backend.pull_dense(self._name))
+            if value.size != old.size:
+                raise ValueError(f"parameter {self._name!r} has shape {list(old.shape)}, got "
+                                 f"a value of shape {list(value.shape)}")
+            backend.set_dense(self._name, value.astype(old.dtype).reshape(old.shape))
+            return
+        old = self._scope.vars.get(self._name)
+        if old is not None and old.size > 0:
+            value = value.astype(old.dtype, copy=False)
+            if value.size == old.size:
+                value = value.reshape(old.shape)
         self._scope.vars[self._name] = value
 
     def __array__(self, dtype=None, copy=None):
-        v = self._scope.vars[self._name]
+        v = self._value()
         return v if dtype is None else v.astype(dtype)
 
     def shape(self):
-        return list(self._scope.vars[self._name].shape)
+        return list(self._value().shape)
+
+    def _get_dims(self):
+        return self.shape()
+
+    def lod(self):
+        return []
+
+    def __repr__(self):
+        return f"ScopeTensor({self._name!r}, shape={self.shape()})"
 
 
 class Scope:
-    """Persistable non-parameter state of a worker (e.g. the auc layer's counts).
+    """Persistable non-parameter state of a worker (e.g. the auc layer's
+    counts), and the dense parameters its startup programs created (read
+    through their backend).
 
     Not thread-safe: one executor thread per scope.
     """
 
     def __init__(self):
         self.vars = {}
+        self._params = {}   # name -> (backend, is_sparse_table), set by the startup run
 
     def find_var(self, name):
-        return _ScopeVar(self, name) if name in self.vars else None
+        if name in self.vars or name in self._params:
+            return _ScopeVar(self, name)
+        return None
 
     def var(self, name):
-        self.vars.setdefault(name, np.zeros(0, dtype=np.float32))
+        if name not in self._params:
+            self.vars.setdefault(name, np.zeros(0, dtype=np.float32))
         return _ScopeVar(self, name)
+
+    def _register_parameter(self, name, backend, is_sparse_table):
+        self._params[name] = (backend, bool(is_sparse_table))
 
 
 _global_scope = Scope()
