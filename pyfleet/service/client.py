@@ -110,7 +110,7 @@ class Client:
         curve = _auth.client_curve_keys(curve_server_keys, curve_client_key,
                                         self.num_servers)
         self._conn = Connection(self.endpoints, self.worker_index, self.timeout, curve, context)
-        self._map = TableMap(self.num_servers)
+        self._map = TableMap(self.num_servers, lambda: self._control_all(Op.TABLES, {}))
         try:
             hello = self._control_all(Op.HEARTBEAT, {"worker": self.worker_index},
                                       timeout=self.connect_deadline)
@@ -149,39 +149,24 @@ class Client:
     def _control_all(self, op, payload, timeout=None, servers=None):
         return self._conn.control_all(op, payload, timeout, servers)
 
-    def _refresh_tables(self):
-        self._map.learn(self._control_all(Op.TABLES, {}))
-
     def _sparse_dim(self, table):
-        sparse = self._map.sparse
-        if table not in sparse:
-            self._refresh_tables()
-            if table not in sparse:
-                raise ValueError(f"no sparse table {table!r} on the servers "
-                                 f"(known: {sorted(sparse)})")
-        return sparse[table]
+        return self._map.sparse_dim(table)
 
     def sparse_dim(self, name):
         """The row width of sparse table ``name``; ValueError if no server has it."""
-        return self._sparse_dim(name)
+        return self._map.sparse_dim(name)
 
     def dense_shape(self, name):
         """The shape of dense parameter ``name``; ValueError unless fully placed."""
-        return self._dense_blocks(name)[0]
+        return self._map.dense_blocks(name)[0]
 
     def _sparse_configs(self):
         """``{name: config}`` of every sparse table the servers hold."""
-        self._refresh_tables()
+        self._map.refresh()
         return dict(self._map.sparse_cfg)
 
     def _dense_blocks(self, name):
-        dense = self._map.dense
-        if name not in dense:
-            self._refresh_tables()
-            if name not in dense:
-                raise ValueError(f"no dense parameter {name!r} fully placed on the servers "
-                                 f"(known: {sorted(dense)})")
-        return dense[name]
+        return self._map.dense_blocks(name)
 
     # ---------------------------------------------------------- sparse data
 
@@ -322,7 +307,7 @@ class Client:
         A parameter held whole by one server is returned as a view of the reply
         message (no copy): the caller owns it (nothing else refers to that
         buffer) and may modify it; it keeps the reply's memory alive."""
-        shapes, plan = self._dense_plan(names)
+        shapes, plan = self._map.dense_plan(names)
         ch = self._channel()
         calls = [self._conn.send_dense_many(ch, s, Op.PULL_DENSE_MANY, blocks)
                  for s, blocks in plan.items()]
@@ -358,7 +343,7 @@ class Client:
         ch.wait(calls)
 
     def _send_dense_push(self, grads, flags):
-        shapes, plan = self._dense_plan(grads)
+        shapes, plan = self._map.dense_plan(grads)
         flat = {name: check_values(g, shapes[name], f"gradient of {name!r}").reshape(-1)
                 for name, g in grads.items()}
         ch = self._channel()
@@ -366,20 +351,9 @@ class Client:
                  for s, blocks in plan.items()]
         return shapes, plan, ch, calls
 
-    def _dense_plan(self, names):
-        """``(shapes, plan)``: ``{name: shape}`` and, per server,
-        ``[(name, start, end, table_id)]`` of the blocks it holds."""
-        shapes, plan = {}, {}
-        for name in names:
-            shape, blocks = self._dense_blocks(name)
-            shapes[name] = shape
-            for start, end, s, tid in blocks:
-                plan.setdefault(s, []).append((name, start, end, tid))
-        return shapes, plan
-
     def dense_placement(self):
         """``[(name, start, end, server_index)]`` of every known dense block."""
-        self._refresh_tables()
+        self._map.refresh()
         return [(n, a, b, s) for n, (_, blocks) in sorted(self._map.dense.items())
                 for a, b, s, _ in blocks]
 

@@ -27,14 +27,50 @@ class TableMap:
     """What a client knows of the servers' tables: per server the id of each
     table key (``ids``), sparse tables' dims and configs, and every dense
     parameter fully placed (``dense``: ``name -> (shape, [(start, end,
-    server, id)])``). Updated by :meth:`learn`; thread-safe."""
+    server, id)])``). Updated by :meth:`learn`, and by :meth:`refresh`
+    (``fetch()`` returns every server's TABLES reply) when a name is not
+    known yet; thread-safe."""
 
-    def __init__(self, num_servers):
+    def __init__(self, num_servers, fetch):
+        self.fetch = fetch
         self.lock = threading.Lock()
         self.ids = [{} for _ in range(num_servers)]  # per server: key -> id
         self.sparse = {}      # name -> dim
         self.sparse_cfg = {}  # name -> config
         self.dense = {}       # name -> (shape, [(start, end, server, id)])
+
+    def refresh(self):
+        self.learn(self.fetch())
+
+    def sparse_dim(self, table):
+        """The row width of sparse table ``table``; ValueError if no server has it."""
+        if table not in self.sparse:
+            self.refresh()
+            if table not in self.sparse:
+                raise ValueError(f"no sparse table {table!r} on the servers "
+                                 f"(known: {sorted(self.sparse)})")
+        return self.sparse[table]
+
+    def dense_blocks(self, name):
+        """``(shape, [(start, end, server, id)])`` of dense parameter ``name``;
+        ValueError unless fully placed."""
+        if name not in self.dense:
+            self.refresh()
+            if name not in self.dense:
+                raise ValueError(f"no dense parameter {name!r} fully placed on the servers "
+                                 f"(known: {sorted(self.dense)})")
+        return self.dense[name]
+
+    def dense_plan(self, names):
+        """``(shapes, plan)``: ``{name: shape}`` and, per server,
+        ``[(name, start, end, table_id)]`` of the blocks it holds."""
+        shapes, plan = {}, {}
+        for name in names:
+            shape, blocks = self.dense_blocks(name)
+            shapes[name] = shape
+            for start, end, s, tid in blocks:
+                plan.setdefault(s, []).append((name, start, end, tid))
+        return shapes, plan
 
     def learn(self, maps):
         """Take in the TABLES/CREATE_TABLES replies of every server (in order)."""
