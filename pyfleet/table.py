@@ -12,9 +12,12 @@ from pyfleet import entry as _entry
 from pyfleet import initializer as _init
 from pyfleet import optimizer as _opt
 
-__all__ = ["SparseTable", "DenseTable", "route", "DEFAULT_INITIALIZER", "FORMAT_VERSION"]
+__all__ = ["SparseTable", "DenseTable", "route", "DEFAULT_INITIALIZER", "FORMAT_VERSION",
+           "STORAGE_TYPES"]
 
 FORMAT_VERSION = _core.FORMAT_VERSION
+# How a sparse table stores weights and optimizer state (docs/tables.md).
+STORAGE_TYPES = ("fp32", "fp16", "bf16")
 # Small symmetric noise: embeddings start near zero, distinct per key.
 DEFAULT_INITIALIZER = _init.Uniform(-0.01, 0.01)
 
@@ -67,14 +70,22 @@ class SparseTable:
         seed: with ``initializer``, decides every key's initial row.
         entry: an admission policy from :mod:`pyfleet.entry`, or None to admit all.
         name: a label for stats, manifests and error messages.
+        storage: ``"fp32"`` (default), ``"fp16"`` or ``"bf16"``: how rows hold
+            weights and optimizer state. Updates are computed in fp32 and
+            rounded back stochastically (seeded by ``seed``, the key and the
+            row's update count); ``pull`` and ``export`` return fp32.
 
     Thread safety: every method may be called from many threads at once.
     Concurrent pushes to one row are Hogwild: an update may be lost, a row is
     never torn to garbage, a key is never lost or duplicated.
     """
 
-    def __init__(self, dim, optimizer, initializer=None, seed=0, entry=None, name=None):
+    def __init__(self, dim, optimizer, initializer=None, seed=0, entry=None, name=None,
+                 storage="fp32"):
         dim = int(dim)
+        if storage not in STORAGE_TYPES:
+            raise ValueError(f"storage must be one of {', '.join(STORAGE_TYPES)}, "
+                             f"got {storage!r}")
         if dim < 1:
             raise ValueError(f"dim must be >= 1, got {dim}")
         if not isinstance(optimizer, _opt.Optimizer):
@@ -90,23 +101,26 @@ class SparseTable:
         self.seed = int(seed)
         self.entry = entry
         self.name = name or "sparse"
+        self.storage = storage
         entry_cfg = entry._core_config() if entry is not None else _core.EntryConfig()
         self._t = _core.SparseTable(dim, optimizer._core_config(),
                                     initializer._core_config(fan_in=1, fan_out=dim),
-                                    self.seed & 0xFFFFFFFFFFFFFFFF, entry_cfg)
+                                    self.seed & 0xFFFFFFFFFFFFFFFF, entry_cfg,
+                                    getattr(_core.StorageKind, storage))
 
     def config(self):
         """Everything needed to build an equal, empty table (JSON-friendly)."""
         return {"dim": self.dim, "optimizer": self.optimizer.to_config(),
                 "initializer": self.initializer.to_config(), "seed": self.seed,
                 "entry": None if self.entry is None else self.entry.to_config(),
-                "name": self.name}
+                "name": self.name, "storage": self.storage}
 
     @classmethod
     def from_config(cls, config):
         return cls(config["dim"], _opt.from_config(config["optimizer"]),
                    _init.from_config(config["initializer"]), config.get("seed", 0),
-                   _entry.from_config(config.get("entry")), config.get("name"))
+                   _entry.from_config(config.get("entry")), config.get("name"),
+                   config.get("storage", "fp32"))
 
     def pull(self, keys, out=None, create=True):
         """Rows of ``keys`` as float32 ``[n, dim]``; a missing key is created
@@ -196,7 +210,9 @@ class SparseTable:
         ``route(key, num_servers) == server_index``, so a checkpoint of any
         number of servers loads into any other. Refuses, with a message naming
         the file, one that is truncated, fails its checksum, or holds another
-        dim or optimizer. Returns the rows loaded."""
+        dim or optimizer. A file of another storage type is converted (to
+        nearest even); one written before storage types loads as fp32.
+        Returns the rows loaded."""
         n, idx = (0, 0) if filter is None else (int(filter[0]), int(filter[1]))
         if filter is not None and not (n >= 1 and 0 <= idx < n):
             raise ValueError(f"filter must be (num_servers, server_index) with "
@@ -219,7 +235,7 @@ class SparseTable:
 
     def __repr__(self):
         return (f"SparseTable(name={self.name!r}, dim={self.dim}, rows={len(self)}, "
-                f"optimizer={self.optimizer!r})")
+                f"optimizer={self.optimizer!r}, storage={self.storage!r})")
 
 
 class DenseTable:

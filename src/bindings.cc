@@ -12,6 +12,7 @@
 #include "pyfleet/hash.h"
 #include "pyfleet/initializer.h"
 #include "pyfleet/optimizer.h"
+#include "pyfleet/row_storage.h"
 #include "pyfleet/sparse_table.h"
 #include "pyfleet/table_io.h"
 
@@ -90,6 +91,39 @@ PYBIND11_MODULE(_core, m) {
       .def_readwrite("count", &pyfleet::EntryConfig::count)
       .def_readwrite("probability", &pyfleet::EntryConfig::probability);
 
+  py::enum_<pyfleet::StorageKind>(m, "StorageKind")
+      .value("fp32", pyfleet::StorageKind::kFP32)
+      .value("fp16", pyfleet::StorageKind::kFP16)
+      .value("bf16", pyfleet::StorageKind::kBF16);
+  // The rounding rule itself, for tests and tools: values -> 16-bit patterns,
+  // stochastically with the given random bits, or to nearest even without them.
+  m.def("storage_round", [](pyfleet::StorageKind kind, Floats values, py::object random_bits) {
+    pyfleet::ValidateStorage(kind);
+    if (kind == pyfleet::StorageKind::kFP32) ThrowInvalid("storage_round needs fp16 or bf16");
+    const size_t n = static_cast<size_t>(values.size());
+    py::array_t<uint16_t> out(static_cast<py::ssize_t>(n));
+    const float* v = values.data();
+    uint16_t* o = out.mutable_data();
+    if (random_bits.is_none()) {
+      for (size_t i = 0; i < n; ++i) o[i] = pyfleet::NarrowNearest(kind, v[i]);
+    } else {
+      auto r = random_bits.cast<py::array_t<uint32_t, py::array::c_style>>();
+      CheckSize("random_bits", r.size(), n);
+      const uint32_t* rb = r.data();
+      for (size_t i = 0; i < n; ++i) o[i] = pyfleet::NarrowStochastic(kind, v[i], rb[i]);
+    }
+    return out;
+  }, py::arg("kind"), py::arg("values").noconvert(), py::arg("random_bits") = py::none());
+  m.def("storage_widen", [](pyfleet::StorageKind kind,
+                            py::array_t<uint16_t, py::array::c_style> bits) {
+    pyfleet::ValidateStorage(kind);
+    if (kind == pyfleet::StorageKind::kFP32) ThrowInvalid("storage_widen needs fp16 or bf16");
+    const size_t n = static_cast<size_t>(bits.size());
+    py::array_t<float> out(static_cast<py::ssize_t>(n));
+    for (size_t i = 0; i < n; ++i) out.mutable_data()[i] = pyfleet::WidenElem(kind, bits.data()[i]);
+    return out;
+  }, py::arg("kind"), py::arg("bits").noconvert());
+
   m.def("route", [](Keys keys, uint32_t num_servers, py::array_t<int32_t, py::array::c_style> out) {
     if (num_servers == 0) ThrowInvalid("num_servers must be >= 1");
     CheckSize("out", out.size(), keys.size());
@@ -103,7 +137,9 @@ PYBIND11_MODULE(_core, m) {
   using pyfleet::SparseTable;
   py::class_<SparseTable>(m, "SparseTable")
       .def(py::init<size_t, const pyfleet::OptimizerConfig&, const pyfleet::InitializerConfig&,
-                    uint64_t, const pyfleet::EntryConfig&>())
+                    uint64_t, const pyfleet::EntryConfig&, pyfleet::StorageKind>(),
+           py::arg("dim"), py::arg("optimizer"), py::arg("initializer"), py::arg("seed"),
+           py::arg("entry"), py::arg("storage") = pyfleet::StorageKind::kFP32)
       .def("pull", [](SparseTable& t, Keys keys, Floats out, bool create) {
         CheckSize("out", out.size(), keys.size() * t.dim());
         const uint64_t* k = keys.data();
@@ -190,13 +226,15 @@ PYBIND11_MODULE(_core, m) {
         d["memory_bytes"] = s.memory_bytes;
         d["dim"] = t.dim();
         d["state_dim"] = t.state_dim();
+        d["storage"] = pyfleet::StorageName(t.storage());
         return d;
       })
       .def("save", &SparseTable::Save, py::call_guard<py::gil_scoped_release>())
       .def("load", &SparseTable::Load, py::call_guard<py::gil_scoped_release>())
       .def("shrink", &SparseTable::Shrink, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("dim", &SparseTable::dim)
-      .def_property_readonly("state_dim", &SparseTable::state_dim);
+      .def_property_readonly("state_dim", &SparseTable::state_dim)
+      .def_property_readonly("storage", &SparseTable::storage);
 
   using pyfleet::DenseTable;
   py::class_<DenseTable>(m, "DenseTable")

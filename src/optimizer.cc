@@ -44,6 +44,10 @@ size_t OptimizerStateDim(const OptimizerConfig& c, size_t dim) {
   return 0;
 }
 
+size_t OptimizerStateTail(const OptimizerConfig& c) {
+  return c.kind == OptimizerKind::kAdam ? 2 : 0;
+}
+
 void OptimizerInitState(const OptimizerConfig& c, float* state, size_t dim) {
   switch (c.kind) {
     case OptimizerKind::kSGD:

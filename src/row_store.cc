@@ -73,9 +73,9 @@ void PageFree(void* p, size_t bytes, bool huge) {
   if (p != nullptr && bytes > 0) munmap(p, MappedBytes(bytes, huge));
 }
 
-RowStore::RowStore(size_t dim, size_t state_dim)
-    : dim_(dim),
-      state_dim_(state_dim),
+RowStore::RowStore(size_t weight_bytes, size_t state_bytes)
+    : weight_bytes_(weight_bytes),
+      state_bytes_(state_bytes),
       chunks_(static_cast<Chunk*>(PageAlloc(kMaxChunks * sizeof(Chunk)))) {}
 
 RowStore::~RowStore() {
@@ -84,8 +84,8 @@ RowStore::~RowStore() {
 }
 
 void RowStore::FreeChunk(const Chunk& c) {
-  PageFree(c.weights, c.rows * dim_ * sizeof(float));
-  PageFree(c.state, c.rows * state_dim_ * sizeof(float));
+  PageFree(c.weights, c.rows * weight_bytes_);
+  PageFree(c.state, c.rows * state_bytes_);
   PageFree(c.meta, c.rows * sizeof(RowMeta));
 }
 
@@ -101,10 +101,9 @@ uint32_t RowStore::Allocate() {
   if (at.chunk == num_chunks_) {
     Chunk c;
     c.rows = at.capacity;
-    c.weights = static_cast<float*>(PageAllocAligned(c.rows * dim_ * sizeof(float)));
-    c.state = state_dim_
-                  ? static_cast<float*>(PageAllocAligned(c.rows * state_dim_ * sizeof(float)))
-                  : nullptr;
+    c.weights = static_cast<char*>(PageAllocAligned(c.rows * weight_bytes_));
+    c.state = state_bytes_ ? static_cast<char*>(PageAllocAligned(c.rows * state_bytes_))
+                           : nullptr;
     c.meta = static_cast<RowMeta*>(PageAllocAligned(c.rows * sizeof(RowMeta)));
     // Readers find this entry only through rows published after it, under
     // their shard's lock (the chunk is written before this mutex is released).
@@ -125,8 +124,8 @@ void RowStore::CollapseFilledPages(size_t k, size_t offset) {
     // block that did not start 2 MiB-aligned, as a small first chunk does.)
     CollapseToHugePages(static_cast<char*>(base) + (end / kHuge - 1) * kHuge, kHuge);
   };
-  column(c.weights, dim_ * sizeof(float));
-  column(c.state, state_dim_ * sizeof(float));
+  column(c.weights, weight_bytes_);
+  column(c.state, state_bytes_);
   column(c.meta, sizeof(RowMeta));
 }
 
@@ -144,8 +143,8 @@ size_t RowStore::MemoryBytes() const {
     // allocated rows only.
     const Chunk& c = chunks_[k];
     const size_t rows = k + 1 < num_chunks_ ? c.rows : Locate(next_row_ - 1).offset + 1;
-    bytes += RoundUp(rows * dim_ * sizeof(float)) + RoundUp(rows * sizeof(RowMeta)) +
-             (state_dim_ ? RoundUp(rows * state_dim_ * sizeof(float)) : 0);
+    bytes += RoundUp(rows * weight_bytes_) + RoundUp(rows * sizeof(RowMeta)) +
+             (state_bytes_ ? RoundUp(rows * state_bytes_) : 0);
   }
   return bytes;
 }

@@ -97,6 +97,56 @@ inline void CopyRowRelaxed(float* dst, const float* src) {
 #endif
 }
 
+// CopyRowRelaxed for a compact row: the D 16-bit elements are read whole the
+// same way (D % 8 == 0, so rows are 16-byte aligned), then widened.
+template <size_t D, StorageKind S>
+inline void CopyCompactRowRelaxed(float* dst, const char* src) {
+  static_assert(D > 0 && D % 8 == 0 && S != StorageKind::kFP32);
+  alignas(16) uint16_t buf[D];
+#ifdef PYFLEET_VECTOR_ROW_COPY
+#pragma GCC unroll 16
+  for (size_t c = 0; c < D; c += 8) {
+    __m128i v;
+    asm volatile("movdqa %1, %0" : "=x"(v) : "m"(*reinterpret_cast<const __m128i*>(src + 2 * c)));
+    _mm_store_si128(reinterpret_cast<__m128i*>(buf + c), v);
+  }
+#else
+  const uint16_t* p = reinterpret_cast<const uint16_t*>(src);
+#pragma GCC unroll 64
+  for (size_t c = 0; c < D; ++c) buf[c] = LoadField(const_cast<uint16_t*>(p + c));
+#endif
+#if defined(__x86_64__)
+  // The widening of row_storage.h, four lanes at a time (SSE2): bf16 is a
+  // shift; fp16's exponent and mantissa shifted into place are the value
+  // times 2^-112 (subnormals included), and exponent 31 maps to Inf/NaN.
+  const __m128i zero = _mm_setzero_si128();
+  for (size_t c = 0; c < D; c += 8) {
+    const __m128i v = _mm_load_si128(reinterpret_cast<const __m128i*>(buf + c));
+    const __m128i halves[2] = {_mm_unpacklo_epi16(v, zero), _mm_unpackhi_epi16(v, zero)};
+    for (int k = 0; k < 2; ++k) {
+      const __m128i x = halves[k];
+      __m128 f;
+      if constexpr (S == StorageKind::kBF16) {
+        f = _mm_castsi128_ps(_mm_slli_epi32(x, 16));
+      } else {
+        const __m128i sign = _mm_slli_epi32(_mm_and_si128(x, _mm_set1_epi32(0x8000)), 16);
+        const __m128i mag = _mm_slli_epi32(_mm_and_si128(x, _mm_set1_epi32(0x7fff)), 13);
+        const __m128 scaled = _mm_mul_ps(_mm_castsi128_ps(mag), _mm_set1_ps(0x1p112f));
+        const __m128i special = _mm_cmpeq_epi32(_mm_and_si128(x, _mm_set1_epi32(0x7c00)),
+                                                _mm_set1_epi32(0x7c00));
+        const __m128i big = _mm_or_si128(mag, _mm_set1_epi32(0x7f800000));
+        const __m128i bits = _mm_or_si128(_mm_and_si128(special, big),
+                                          _mm_andnot_si128(special, _mm_castps_si128(scaled)));
+        f = _mm_castsi128_ps(_mm_or_si128(bits, sign));
+      }
+      _mm_storeu_ps(dst + c + 4 * k, f);
+    }
+  }
+#else
+  for (size_t c = 0; c < D; ++c) dst[c] = WidenElem(S, buf[c]);
+#endif
+}
+
 }  // namespace
 
 struct SparseTable::Shard {
@@ -128,14 +178,16 @@ struct SparseTable::Batch {
 };
 
 SparseTable::SparseTable(size_t dim, const OptimizerConfig& opt, const InitializerConfig& init,
-                         uint64_t seed, const EntryConfig& entry)
+                         uint64_t seed, const EntryConfig& entry, StorageKind storage)
     : dim_(dim),
       state_dim_((ValidateOptimizer(opt), OptimizerStateDim(opt, dim))),
       opt_(opt),
       init_(init),
       seed_(seed),
       entry_(entry),
-      rows_(dim, state_dim_) {
+      layout_((ValidateStorage(storage), storage), dim, state_dim_, OptimizerStateTail(opt)),
+      round_salt_(Mix64(seed ^ kRoundSalt)),
+      rows_(layout_.weight_bytes(), layout_.state_bytes()) {
   if (dim == 0 || dim > 65536) ThrowInvalid("dim must be in [1, 65536], got ", dim);
   const uint32_t ik = static_cast<uint32_t>(init.kind);
   if (ik < 1 || ik > 4) ThrowInvalid("unknown initializer kind ", ik);
@@ -181,10 +233,40 @@ void SparseTable::GroupByShard(const uint64_t* keys, size_t n, Batch& b,
   }
 }
 
+void SparseTable::InitialRow(uint64_t key, float* out) const {
+  pyfleet::InitialValues(init_, seed_, key, out, dim_);
+  RoundTripNearest(layout_.storage, out, dim_);
+}
+
+void SparseTable::ReadRow(uint32_t row, float* w, float* state) const {
+  if (layout_.compact()) {
+    thread_local std::vector<float> scratch;
+    scratch.resize(state_dim_);
+    LoadCompactRow(layout_, rows_.WeightBytes(row), rows_.StateBytes(row), w,
+                   state ? state : scratch.data());
+    return;
+  }
+  const float* rw = rows_.Weights(row);
+  for (size_t k = 0; k < dim_; ++k) w[k] = LoadRelaxed(rw + k);
+  if (state == nullptr) return;
+  const float* rs = rows_.State(row);
+  for (size_t k = 0; k < state_dim_; ++k) state[k] = LoadRelaxed(rs + k);
+}
+
 uint32_t SparseTable::InsertLocked(Shard& s, uint64_t key, uint64_t h) {
   const uint32_t row = rows_.Allocate();
-  pyfleet::InitialValues(init_, seed_, key, rows_.Weights(row), dim_);
-  OptimizerInitState(opt_, rows_.State(row), dim_);
+  if (!layout_.compact()) {
+    pyfleet::InitialValues(init_, seed_, key, rows_.Weights(row), dim_);
+    OptimizerInitState(opt_, rows_.State(row), dim_);
+  } else {
+    thread_local std::vector<float> w, st;
+    w.resize(dim_);
+    st.resize(state_dim_ + 1);
+    pyfleet::InitialValues(init_, seed_, key, w.data(), dim_);
+    OptimizerInitState(opt_, st.data(), dim_);
+    StoreCompactRowNearest(layout_, w.data(), st.data(), rows_.WeightBytes(row),
+                           rows_.StateBytes(row));
+  }
   *rows_.Meta(row) = RowMeta{0, 0, kRowDirty, 0.f, 0.f};
   s.index.Insert(key, h, row);
   inserted_rows_.fetch_add(1, std::memory_order_relaxed);
@@ -241,12 +323,10 @@ void SparseTable::Pull(const uint64_t* keys, size_t n, float* out, bool create) 
     for (const auto& sp : shards_) sp->mu.lock_shared();
     // A copy loop of known length is unrolled: at dims the models use the
     // pipeline costs about half the instructions per key (the copy was most).
-    switch (dim_) {
-      case 8: PullFound<8>(keys, n, out, b); break;
-      case 16: PullFound<16>(keys, n, out, b); break;
-      case 32: PullFound<32>(keys, n, out, b); break;
-      case 64: PullFound<64>(keys, n, out, b); break;
-      default: PullFound<0>(keys, n, out, b); break;
+    switch (layout_.storage) {
+      case StorageKind::kFP32: PullFoundDim<StorageKind::kFP32>(keys, n, out, b); break;
+      case StorageKind::kFP16: PullFoundDim<StorageKind::kFP16>(keys, n, out, b); break;
+      case StorageKind::kBF16: PullFoundDim<StorageKind::kBF16>(keys, n, out, b); break;
     }
     for (const auto& sp : shards_) sp->mu.unlock_shared();
   }
@@ -257,12 +337,22 @@ void SparseTable::Pull(const uint64_t* keys, size_t n, float* out, bool create) 
   }
   // No row, and none made: the row the key would start with.
   for (const PullMiss& m : b.misses) {
-    pyfleet::InitialValues(init_, seed_, keys[m.pos], out + static_cast<size_t>(m.pos) * dim_,
-                           dim_);
+    InitialRow(keys[m.pos], out + static_cast<size_t>(m.pos) * dim_);
   }
 }
 
-template <size_t D>
+template <StorageKind S>
+void SparseTable::PullFoundDim(const uint64_t* keys, size_t n, float* out, Batch& b) const {
+  switch (dim_) {
+    case 8: PullFound<8, S>(keys, n, out, b); break;
+    case 16: PullFound<16, S>(keys, n, out, b); break;
+    case 32: PullFound<32, S>(keys, n, out, b); break;
+    case 64: PullFound<64, S>(keys, n, out, b); break;
+    default: PullFound<0, S>(keys, n, out, b); break;
+  }
+}
+
+template <size_t D, StorageKind S>
 void SparseTable::PullFound(const uint64_t* keys, size_t n, float* out, Batch& b) const {
   // Keys are served in the caller's order, so `out` is written sequentially,
   // through a software pipeline: while key k is copied, key k+B is probed
@@ -274,7 +364,8 @@ void SparseTable::PullFound(const uint64_t* keys, size_t n, float* out, Batch& b
   // groups of 32 keys (all prefetches of a group at once) gave 1.0x, and
   // A = B = 4 0.9x. Keys without a row go to b.misses.
   const size_t dim = D != 0 ? D : dim_;
-  const size_t row_bytes = dim * sizeof(float);
+  constexpr size_t kElem = S == StorageKind::kFP32 ? sizeof(float) : sizeof(uint16_t);
+  const size_t row_bytes = dim * kElem;
   KeyIndex::View index[kShards];
   for (size_t s = 0; s < kShards; ++s) index[s] = shards_[s]->index.view();
   // Hashes and row addresses wait in rings of W entries (in L1), not in
@@ -282,7 +373,7 @@ void SparseTable::PullFound(const uint64_t* keys, size_t n, float* out, Batch& b
   constexpr size_t A = kPullIndexAhead, B = kPullRowAhead, W = kPullRing;
   static_assert(A + B < W && (W & (W - 1)) == 0);
   uint64_t h[W];
-  const float* src[W];
+  const char* src[W];
   auto hash = [&](size_t i) {
     const uint64_t x = h[i % W] = Mix64(keys[i]);
     index[ShardOf(x)].PrefetchRun(x);
@@ -293,7 +384,7 @@ void SparseTable::PullFound(const uint64_t* keys, size_t n, float* out, Batch& b
     if (row == KeyIndex::kEmpty) {
       src[j % W] = nullptr;
     } else {
-      src[j % W] = rows_.WeightsOf<D>(row);
+      src[j % W] = rows_.WeightBytesOf<D * kElem>(row);
       PrefetchSpan(src[j % W], row_bytes);
     }
   };
@@ -302,16 +393,23 @@ void SparseTable::PullFound(const uint64_t* keys, size_t n, float* out, Batch& b
   for (size_t k = 0; k < n; ++k) {
     if (k + A + B < n) hash(k + A + B);
     if (k + B < n) probe(k + B);
-    const float* row = src[k % W];
+    const char* row = src[k % W];
     if (row == nullptr) {
       b.misses.push_back({h[k % W], static_cast<uint32_t>(k)});
       continue;
     }
     float* dst = out + k * dim;
-    if constexpr (D != 0) {
-      CopyRowRelaxed<D>(dst, row);
+    if constexpr (S != StorageKind::kFP32) {
+      if constexpr (D != 0) {
+        CopyCompactRowRelaxed<D, S>(dst, row);
+      } else {
+        LoadCompactWeights(S, row, dim, dst);
+      }
+    } else if constexpr (D != 0) {
+      CopyRowRelaxed<D>(dst, reinterpret_cast<const float*>(row));
     } else {
-      for (size_t c = 0; c < dim; ++c) dst[c] = LoadRelaxed(row + c);
+      const float* r = reinterpret_cast<const float*>(row);
+      for (size_t c = 0; c < dim; ++c) dst[c] = LoadRelaxed(r + c);
     }
   }
 }
@@ -336,8 +434,10 @@ void SparseTable::PullMisses(const uint64_t* keys, Batch& b, float* out) {
       for (; m < b.misses.size() && keys[b.misses[m].pos] == keys[i]; ++m) {
         float* dst = out + static_cast<size_t>(b.misses[m].pos) * dim_;
         if (row == KeyIndex::kEmpty) {
-          pyfleet::InitialValues(init_, seed_, keys[i], dst, dim_);
+          InitialRow(keys[i], dst);
           candidate_pulls_.fetch_add(1, std::memory_order_relaxed);
+        } else if (layout_.compact()) {
+          LoadCompactWeights(layout_.storage, rows_.WeightBytes(row), dim_, dst);
         } else {
           std::memcpy(dst, rows_.Weights(row), dim_ * sizeof(float));
         }
@@ -407,7 +507,9 @@ void SparseTable::PushShard(Shard& s, Batch& b, size_t lo, size_t hi, const floa
     }
     return misses;
   };
-  const size_t w_bytes = dim_ * sizeof(float), s_bytes = state_dim_ * sizeof(float);
+  const size_t w_bytes = dim_ * sizeof(float);
+  const size_t row_w_bytes = layout_.weight_bytes(), row_s_bytes = layout_.state_bytes();
+  const bool compact = layout_.compact();
   auto apply = [&] {
     float* w = b.w.data();
     float* st = b.s.data();
@@ -415,8 +517,8 @@ void SparseTable::PushShard(Shard& s, Batch& b, size_t lo, size_t hi, const floa
       if (j + kPrefetch < hi && !b.is_dup[j + kPrefetch]) {
         const uint32_t r = rows[j + kPrefetch];
         if (r != KeyIndex::kEmpty) {
-          PrefetchSpan(rows_.Weights(r), w_bytes, true);
-          if (s_bytes) PrefetchSpan(rows_.State(r), s_bytes, true);
+          PrefetchSpan(rows_.WeightBytes(r), row_w_bytes, true);
+          if (row_s_bytes) PrefetchSpan(rows_.StateBytes(r), row_s_bytes, true);
           PrefetchSpan(rows_.Meta(r), sizeof(RowMeta), true);
         }
       }
@@ -438,8 +540,22 @@ void SparseTable::PushShard(Shard& s, Batch& b, size_t lo, size_t hi, const floa
         }
         g = sum;
       }
+      RowMeta* meta = rows_.Meta(row);
       float* rw = rows_.Weights(row);
-      if (add_delta) {
+      if (compact) {
+        // Load into fp32, the fp32 rule, round back stochastically. The
+        // stream is keyed by the update count before this update.
+        char* cw = rows_.WeightBytes(row);
+        char* cs = rows_.StateBytes(row);
+        LoadCompactRow(layout_, cw, cs, w, st);
+        if (add_delta) {
+          for (size_t i = 0; i < dim_; ++i) w[i] += g[i];
+        } else {
+          OptimizerUpdate(opt_, w, st, g, dim_);
+        }
+        StoreCompactRow(layout_, w, st, cw, cs,
+                        RoundStreamOf(round_salt_, b.keys[j], LoadField(&meta->update_count)));
+      } else if (add_delta) {
         for (size_t i = 0; i < dim_; ++i) StoreRelaxed(rw + i, LoadRelaxed(rw + i) + g[i]);
       } else {
         float* rs = rows_.State(row);
@@ -449,7 +565,6 @@ void SparseTable::PushShard(Shard& s, Batch& b, size_t lo, size_t hi, const floa
         for (size_t i = 0; i < dim_; ++i) StoreRelaxed(rw + i, w[i]);
         for (size_t i = 0; i < state_dim_; ++i) StoreRelaxed(rs + i, st[i]);
       }
-      RowMeta* meta = rows_.Meta(row);
       // Hogwild like the weights (a concurrent push to the same row may
       // lose an increment): a locked add here was a full fence after every
       // row's update, keeping the next rows' loads from overlapping it.
@@ -499,11 +614,12 @@ void SparseTable::AddShowClick(const uint64_t* keys, size_t n, const float* show
 }
 
 void SparseTable::InitialValues(const uint64_t* keys, size_t n, float* out) const {
-  for (size_t i = 0; i < n; ++i) pyfleet::InitialValues(init_, seed_, keys[i], out + i * dim_, dim_);
+  for (size_t i = 0; i < n; ++i) InitialRow(keys[i], out + i * dim_);
 }
 
 RowExport SparseTable::Export(const uint64_t* keys, size_t n, bool with_state) const {
   RowExport e;
+  std::vector<float> w(dim_), st(state_dim_);
   for (size_t i = 0; i < n; ++i) {
     const uint64_t h = Mix64(keys[i]);
     const Shard& s = *shards_[ShardOf(h)];
@@ -511,12 +627,9 @@ RowExport SparseTable::Export(const uint64_t* keys, size_t n, bool with_state) c
     const uint32_t row = s.index.Find(keys[i], h);
     if (row == KeyIndex::kEmpty) continue;
     e.keys.push_back(keys[i]);
-    const float* w = rows_.Weights(row);
-    for (size_t k = 0; k < dim_; ++k) e.weights.push_back(LoadRelaxed(w + k));
-    if (with_state) {
-      const float* st = rows_.State(row);
-      for (size_t k = 0; k < state_dim_; ++k) e.state.push_back(LoadRelaxed(st + k));
-    }
+    ReadRow(row, w.data(), with_state ? st.data() : nullptr);
+    e.weights.insert(e.weights.end(), w.begin(), w.end());
+    if (with_state) e.state.insert(e.state.end(), st.begin(), st.end());
     RowMeta* meta = rows_.Meta(row);
     e.update_count.push_back(LoadField(&meta->update_count));
     e.show.push_back(LoadField(&meta->show));
@@ -615,7 +728,8 @@ size_t SparseTable::Save(const std::string& path, bool delta) {
                  ": a previous save of this table failed, so rows changed before it would be "
                  "missing; take a full save first");
   }
-  const size_t rec = sizeof(uint64_t) + sizeof(RowMeta) + (dim_ + state_dim_) * sizeof(float);
+  const size_t wb = layout_.weight_bytes(), sb = layout_.state_bytes();
+  const size_t rec = sizeof(uint64_t) + sizeof(RowMeta) + wb + sb;
   size_t rows = 0;
   std::vector<uint64_t> dropped;
   try {
@@ -630,6 +744,7 @@ size_t SparseTable::Save(const std::string& path, bool delta) {
     hdr.flags = delta ? kFileDelta : 0;
     hdr.seed = seed_;
     hdr.meta_bytes = sizeof(RowMeta);
+    hdr.storage = static_cast<uint32_t>(layout_.storage);
     out.Write(&hdr, sizeof(hdr));
     std::string buf;
     for (const auto& sp : shards_) {
@@ -647,9 +762,8 @@ size_t SparseTable::Save(const std::string& path, bool delta) {
           char* p = buf.data() + at;
           std::memcpy(p, &key, sizeof(key));
           std::memcpy(p + 8, m, sizeof(RowMeta));
-          std::memcpy(p + 8 + sizeof(RowMeta), rows_.Weights(row), dim_ * sizeof(float));
-          std::memcpy(p + 8 + sizeof(RowMeta) + dim_ * sizeof(float), rows_.State(row),
-                      state_dim_ * sizeof(float));
+          std::memcpy(p + 8 + sizeof(RowMeta), rows_.WeightBytes(row), wb);
+          std::memcpy(p + 8 + sizeof(RowMeta) + wb, rows_.StateBytes(row), sb);
         });
         dropped.insert(dropped.end(), s.dropped.begin(), s.dropped.end());
         s.dropped.clear();
@@ -684,7 +798,16 @@ size_t SparseTable::Load(const std::string& path, uint32_t num_servers, uint32_t
     ThrowRuntime(path, " has row metadata of ", h.meta_bytes, " bytes, expected ",
                  sizeof(RowMeta));
   }
-  const size_t rec = sizeof(uint64_t) + sizeof(RowMeta) + (dim_ + state_dim_) * sizeof(float);
+  if (h.storage > static_cast<uint32_t>(StorageKind::kBF16)) {
+    ThrowRuntime(path, " holds rows of unknown storage kind ", h.storage);
+  }
+  // The file's rows as they are laid out; converted when they differ from ours.
+  const RowLayout fl(static_cast<StorageKind>(h.storage), dim_, state_dim_,
+                     OptimizerStateTail(opt_));
+  const bool convert = fl.storage != layout_.storage;
+  const size_t fwb = fl.weight_bytes(), fsb = fl.state_bytes();
+  std::vector<float> cw(dim_), cs(state_dim_ + 1);
+  const size_t rec = sizeof(uint64_t) + sizeof(RowMeta) + fwb + fsb;
   const uint64_t num_rows = in.trailer().num_rows, num_dropped = in.trailer().num_dropped;
   in.ExpectBody(num_rows * rec + num_dropped * sizeof(uint64_t));
   constexpr size_t kBatchRows = 4096;
@@ -711,9 +834,26 @@ size_t SparseTable::Load(const std::string& path, uint32_t num_servers, uint32_t
       RowMeta* m = rows_.Meta(row);
       std::memcpy(m, p + 8, sizeof(RowMeta));
       m->flags = 0;
-      std::memcpy(rows_.Weights(row), p + 8 + sizeof(RowMeta), dim_ * sizeof(float));
-      std::memcpy(rows_.State(row), p + 8 + sizeof(RowMeta) + dim_ * sizeof(float),
-                  state_dim_ * sizeof(float));
+      const char* fw = p + 8 + sizeof(RowMeta);
+      const char* fs = fw + fwb;
+      if (!convert) {
+        std::memcpy(rows_.WeightBytes(row), fw, fwb);
+        std::memcpy(rows_.StateBytes(row), fs, fsb);
+      } else {
+        if (fl.compact()) {
+          LoadCompactRow(fl, fw, fs, cw.data(), cs.data());
+        } else {
+          std::memcpy(cw.data(), fw, fwb);
+          std::memcpy(cs.data(), fs, fsb);
+        }
+        if (layout_.compact()) {
+          StoreCompactRowNearest(layout_, cw.data(), cs.data(), rows_.WeightBytes(row),
+                                 rows_.StateBytes(row));
+        } else {
+          std::memcpy(rows_.WeightBytes(row), cw.data(), dim_ * sizeof(float));
+          std::memcpy(rows_.StateBytes(row), cs.data(), state_dim_ * sizeof(float));
+        }
+      }
       ++loaded;
     }
   }

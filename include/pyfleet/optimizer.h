@@ -36,6 +36,11 @@ void ValidateOptimizer(const OptimizerConfig& cfg);
 
 size_t OptimizerStateDim(const OptimizerConfig& cfg, size_t dim);
 
+// The trailing state floats that a compact (16-bit) row keeps in fp32:
+// Adam's two beta powers (near 1, where 16 bits cannot follow their decay
+// and the bias correction would be wrong); none for the other rules.
+size_t OptimizerStateTail(const OptimizerConfig& cfg);
+
 // Writes the starting state of a row of `dim` weights.
 void OptimizerInitState(const OptimizerConfig& cfg, float* state, size_t dim);
 

@@ -8,7 +8,10 @@
 // later one kChunkRows. A chunk is three separately mapped column blocks, so
 // that a pull touches only the weights:
 //
-//   chunk: weights[rows][dim]    state[rows][state_dim]    meta[rows]
+//   chunk: weights[rows][weight_bytes]    state[rows][state_bytes]    meta[rows]
+//
+// What a row's weight and state bytes hold (fp32, or a compact 16-bit form)
+// is the RowLayout of row_storage.h; the store only keeps the columns.
 //
 // Pages are touched only as rows are allocated. A pull or push reads random
 // rows, and on small pages nearly every one is also a TLB miss (measured:
@@ -50,7 +53,8 @@ class RowStore {
   static constexpr uint32_t kChunkShift = 17;
   static constexpr uint32_t kChunkRows = 1u << kChunkShift;
 
-  RowStore(size_t dim, size_t state_dim);
+  // Bytes of one row in each column (each a multiple of 4).
+  RowStore(size_t weight_bytes, size_t state_bytes);
   ~RowStore();
   RowStore(const RowStore&) = delete;
   RowStore& operator=(const RowStore&) = delete;
@@ -60,31 +64,34 @@ class RowStore {
   uint32_t Allocate();
   void Free(uint32_t row);
 
-  float* Weights(uint32_t row) const {
+  // The row's weight bytes; as float*: for fp32 rows.
+  float* Weights(uint32_t row) const { return reinterpret_cast<float*>(WeightBytes(row)); }
+  char* WeightBytes(uint32_t row) const {
     const Where w = Locate(row);
-    return chunks_[w.chunk].weights + w.offset * dim_;
+    return chunks_[w.chunk].weights + w.offset * weight_bytes_;
   }
-  // Weights(row) for a dim known at compile time (D == dim(); 0: any).
-  template <size_t D>
-  float* WeightsOf(uint32_t row) const {
-    if constexpr (D == 0) {
-      return Weights(row);
+  // WeightBytes(row) for a row size known at compile time (B == weight_bytes(); 0: any).
+  template <size_t B>
+  char* WeightBytesOf(uint32_t row) const {
+    if constexpr (B == 0) {
+      return WeightBytes(row);
     } else {
       const Where w = Locate(row);
-      return chunks_[w.chunk].weights + w.offset * D;
+      return chunks_[w.chunk].weights + w.offset * B;
     }
   }
-  float* State(uint32_t row) const {
+  float* State(uint32_t row) const { return reinterpret_cast<float*>(StateBytes(row)); }
+  char* StateBytes(uint32_t row) const {
     const Where w = Locate(row);
-    return chunks_[w.chunk].state + w.offset * state_dim_;
+    return chunks_[w.chunk].state + w.offset * state_bytes_;
   }
   RowMeta* Meta(uint32_t row) const {
     const Where w = Locate(row);
     return chunks_[w.chunk].meta + w.offset;
   }
 
-  size_t dim() const { return dim_; }
-  size_t state_dim() const { return state_dim_; }
+  size_t weight_bytes() const { return weight_bytes_; }
+  size_t state_bytes() const { return state_bytes_; }
   size_t MemoryBytes() const;
 
  private:
@@ -97,8 +104,8 @@ class RowStore {
     return {1 + (r >> kChunkShift), r & (kChunkRows - 1), kChunkRows};
   }
   struct Chunk {
-    float* weights;
-    float* state;
+    char* weights;
+    char* state;
     RowMeta* meta;
     size_t rows;
   };
@@ -108,8 +115,8 @@ class RowStore {
   void CollapseFilledPages(size_t k, size_t offset);
   static constexpr size_t kMaxChunks = 2 + ((size_t{1} << 32) >> kChunkShift);
 
-  size_t dim_;
-  size_t state_dim_;
+  size_t weight_bytes_;
+  size_t state_bytes_;
   mutable std::mutex mu_;  // guards the fields below, not the rows
   Chunk* chunks_;          // kMaxChunks entries, mapped once (pages touched as used)
   size_t num_chunks_ = 0;

@@ -26,6 +26,7 @@
 #include "pyfleet/initializer.h"
 #include "pyfleet/key_index.h"
 #include "pyfleet/optimizer.h"
+#include "pyfleet/row_storage.h"
 #include "pyfleet/row_store.h"
 #include "pyfleet/slab_arena.h"
 
@@ -58,8 +59,11 @@ class SparseTable {
   static constexpr int kShardBits = 6;
   static constexpr size_t kShards = size_t{1} << kShardBits;
 
+  // storage: how rows hold their weights and state (row_storage.h); every
+  // call still takes and returns fp32.
   SparseTable(size_t dim, const OptimizerConfig& opt, const InitializerConfig& init,
-              uint64_t seed, const EntryConfig& entry);
+              uint64_t seed, const EntryConfig& entry,
+              StorageKind storage = StorageKind::kFP32);
   ~SparseTable();
 
   // out[i*dim ..] = row of keys[i]; creates (or, under an entry policy,
@@ -80,7 +84,8 @@ class SparseTable {
   // nothing changed. Thread-safe; concurrent adds to one row are Hogwild.
   void AddShowClick(const uint64_t* keys, size_t n, const float* shows, const float* clicks);
 
-  // The initial rows of keys, without touching the table.
+  // The initial rows of keys, without touching the table (as the table's
+  // storage holds them: a compact table rounds them to nearest even).
   void InitialValues(const uint64_t* keys, size_t n, float* out) const;
 
   // Copies rows that exist among keys (each shard under its lock).
@@ -96,7 +101,8 @@ class SparseTable {
   // lock, so each row is saved from one instant. Returns rows written.
   size_t Save(const std::string& path, bool delta);
 
-  // Reads a file written by Save. num_servers > 0 keeps only keys with
+  // Reads a file written by Save, of any storage kind: rows of another kind
+  // are converted (to nearest even). num_servers > 0 keeps only keys with
   // RouteKey(key, num_servers) == server_index. Returns rows loaded.
   size_t Load(const std::string& path, uint32_t num_servers, uint32_t server_index);
 
@@ -107,6 +113,7 @@ class SparseTable {
   size_t dim() const { return dim_; }
   size_t state_dim() const { return state_dim_; }
   const OptimizerConfig& optimizer() const { return opt_; }
+  StorageKind storage() const { return layout_.storage; }
 
  private:
   struct Shard;
@@ -116,7 +123,9 @@ class SparseTable {
   void GroupByShard(const uint64_t* keys, size_t n, Batch& b, const float* grads) const;
   // Pull's lookups and copies for rows that exist (D = dim, or 0 for any);
   // the caller holds every shard shared.
-  template <size_t D>
+  template <StorageKind S>
+  void PullFoundDim(const uint64_t* keys, size_t n, float* out, Batch& b) const;
+  template <size_t D, StorageKind S>
   void PullFound(const uint64_t* keys, size_t n, float* out, Batch& b) const;
   void PullMisses(const uint64_t* keys, Batch& b, float* out);
   void PushShard(Shard& s, Batch& b, size_t lo, size_t hi, const float* grads,
@@ -126,6 +135,10 @@ class SparseTable {
   uint32_t AdmitLocked(Shard& s, uint64_t key, uint64_t h, uint64_t draw_salt);
   uint32_t InsertLocked(Shard& s, uint64_t key, uint64_t h);
   void EraseLocked(Shard& s, uint64_t key, uint64_t h);
+  // out[0, dim) = key's initial row, as this table's storage would hold it.
+  void InitialRow(uint64_t key, float* out) const;
+  // An existing row's weights and state as fp32 (state may be null).
+  void ReadRow(uint32_t row, float* w, float* state) const;
 
   const size_t dim_;
   const size_t state_dim_;
@@ -133,6 +146,8 @@ class SparseTable {
   const InitializerConfig init_;
   const uint64_t seed_;
   const EntryConfig entry_;
+  const RowLayout layout_;
+  const uint64_t round_salt_;  // Mix64(seed ^ kRoundSalt): the rounding streams' base
   SlabArena index_arena_;  // the shards' bigger index arrays (outlives shards_)
   std::vector<std::unique_ptr<Shard>> shards_;
   RowStore rows_;  // every shard's rows (row ids are table-wide)

@@ -1,7 +1,8 @@
 // The table file format, and the writer/reader that keep files whole.
 //
 //   +--------------------+  FileHeader, 64 bytes
-//   | body               |  sparse: records {key u64, RowMeta, weights[dim], state[state_dim]}
+//   | body               |  sparse: records {key u64, RowMeta, weight bytes, state bytes}
+//   |                    |    (the RowLayout of the header's storage: row_storage.h)
 //   |                    |  dense:  weights[size], state[state_dim]
 //   | dropped keys u64[] |  sparse delta files: keys removed since the previous save
 //   +--------------------+  FileTrailer, 32 bytes: counts, checksum of all before it
@@ -39,7 +40,8 @@ struct FileHeader {
   uint64_t seed;
   uint64_t dense_size;      // dense: number of weights
   uint32_t meta_bytes;      // sizeof(RowMeta) for sparse files
-  uint8_t reserved[12];
+  uint32_t storage;         // sparse: StorageKind of the rows (0, fp32, in older files)
+  uint8_t reserved[8];
 };
 static_assert(sizeof(FileHeader) == 64, "FileHeader is 64 bytes on disk");
 

@@ -35,6 +35,8 @@ int main(int argc, char** argv) {
   counted.kind = EntryKind::kCountFilter;
   counted.count = 2;
   SparseTable filtered(4, opt, init, 1, counted);
+  // Compact rows: the same Hogwild update through 16-bit loads and stores.
+  SparseTable half(8, opt, init, 1, entry, StorageKind::kFP16);
 
   std::atomic<bool> stop{false};
   std::vector<std::thread> threads;
@@ -52,6 +54,8 @@ int main(int argc, char** argv) {
         table.Push(keys.data(), keys.size(), grads.data());
         filtered.Pull(keys.data(), keys.size() / 2, out.data());
         filtered.Push(keys.data(), keys.size() / 2, grads.data());
+        half.Pull(keys.data(), keys.size(), out.data());
+        half.Push(keys.data(), keys.size(), grads.data());
       }
     });
   }
@@ -69,6 +73,9 @@ int main(int argc, char** argv) {
     for (int s = 0; s < 10; ++s) {
       table.Shrink(3, 0, -INFINITY, 1.f);
       filtered.Shrink(-1, 0, -INFINITY, 1.f);
+      half.Shrink(3, 0, -INFINITY, 1.f);
+      half.Save(dir + "/pyfleet_stress_half.bin", s % 2 == 1);
+      half.Export(nullptr, 0, true);
       table.Save(dir + "/pyfleet_stress.bin", s % 2 == 1);
       table.Stats();
       table.Keys();
@@ -86,6 +93,14 @@ int main(int argc, char** argv) {
   table.Save(dir + "/pyfleet_stress_full.bin", false);
   copy.Load(dir + "/pyfleet_stress_full.bin", 0, 0);
   if (copy.Size() != table.Size()) return Fail("reload size");
+  const std::vector<uint64_t> hkeys = half.Keys();
+  RowExport he = half.Export(hkeys.data(), hkeys.size(), true);
+  for (float v : he.weights) if (!std::isfinite(v)) return Fail("non-finite fp16 weight");
+  for (float v : he.state) if (!std::isfinite(v)) return Fail("non-finite fp16 state");
+  SparseTable half_copy(8, opt, init, 1, entry, StorageKind::kFP16);
+  half.Save(dir + "/pyfleet_stress_half_full.bin", false);
+  half_copy.Load(dir + "/pyfleet_stress_half_full.bin", 0, 0);
+  if (half_copy.Size() != half.Size()) return Fail("fp16 reload size");
   std::printf("stress: ok, %zu rows, %zu filtered rows\n", table.Size(), filtered.Size());
   return 0;
 }

@@ -1,0 +1,164 @@
+// How a sparse table stores the numbers of a row: fp32 (the default), or a
+// compact 16-bit form, fp16 or bf16, for the weights and the optimizer state.
+//
+// Updates are always computed in fp32 (the optimizer rules of optimizer.h on
+// a scratch copy of the row) and rounded back to 16 bits stochastically: a
+// value between two representable neighbours rounds up with probability equal
+// to its distance from the lower one, so the rounding is unbiased and small
+// updates survive on average instead of being rounded away every time. The
+// random bits are a pure function of (table seed, key, update_count), so a
+// run is reproducible and independent of thread scheduling.
+//
+// A compact row keeps the last OptimizerStateTail() state floats in fp32
+// (Adam's beta powers: near 1, 16 bits would skew the bias correction):
+//
+//   weights column: w[dim] (16-bit)
+//   state column:   s[state_dim - tail] (16-bit) | tail[tail] (fp32)
+//
+// An fp32 row is w[dim] and s[state_dim], all fp32 (tail plays no part).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "pyfleet/hash.h"
+
+namespace pyfleet {
+
+enum class StorageKind : uint32_t { kFP32 = 0, kFP16 = 1, kBF16 = 2 };
+
+const char* StorageName(StorageKind kind);
+// Throws std::invalid_argument naming the value unless it is a StorageKind.
+void ValidateStorage(StorageKind kind);
+
+// The byte layout of one row's two columns, declared once.
+struct RowLayout {
+  StorageKind storage = StorageKind::kFP32;
+  size_t dim = 0;
+  size_t state_dim = 0;   // floats of optimizer state, as optimizer.h lays them out
+  size_t state_tail = 0;  // trailing state floats kept in fp32 by a compact row
+
+  RowLayout() = default;
+  RowLayout(StorageKind s, size_t d, size_t sd, size_t tail)
+      : storage(s), dim(d), state_dim(sd), state_tail(s == StorageKind::kFP32 ? 0 : tail) {}
+
+  bool compact() const { return storage != StorageKind::kFP32; }
+  size_t elem_bytes() const { return compact() ? 2 : 4; }
+  // 16-bit (compact) or fp32 elements of the state before the fp32 tail.
+  size_t state_head() const { return state_dim - state_tail; }
+  size_t weight_bytes() const { return dim * elem_bytes(); }
+  size_t tail_offset() const { return state_head() * elem_bytes(); }
+  size_t state_bytes() const { return tail_offset() + state_tail * sizeof(float); }
+  // Elements a compact row rounds on every update: weights, then state head.
+  size_t rounded_elems() const { return dim + state_head(); }
+};
+
+// ---- Scalar conversions (the rounding rule; tests mirror it in numpy) ----
+
+inline uint32_t FloatBits(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, sizeof(b));
+  return b;
+}
+inline float BitsFloat(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, sizeof(f));
+  return f;
+}
+
+inline float Bf16ToFloat(uint16_t h) { return BitsFloat(static_cast<uint32_t>(h) << 16); }
+
+inline float HalfToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t mag = static_cast<uint32_t>(h & 0x7fffu) << 13;
+  // Exponent and mantissa shifted into place are the value times 2^-112,
+  // subnormal halves included; Inf/NaN (exponent 31) map to fp32's.
+  const uint32_t bits = (h & 0x7c00u) == 0x7c00u
+                            ? (0x7f800000u | mag)
+                            : FloatBits(BitsFloat(mag) * 0x1p112f);
+  return BitsFloat(sign | bits);
+}
+
+// fp32 -> bf16. add is added to the 16 bits that are dropped before they are
+// dropped: a uniform random add in [0, 2^16) rounds stochastically. A finite
+// value never becomes Inf: it saturates at the largest finite bf16.
+inline uint16_t Bf16FromBits(uint32_t bits, uint32_t add) {
+  if ((bits & 0x7fffffffu) >= 0x7f800000u) {
+    return static_cast<uint16_t>((bits >> 16) | ((bits & 0x7fffffu) ? 0x40u : 0u));
+  }
+  uint32_t b = (bits + add) >> 16;
+  if ((b & 0x7fffu) >= 0x7f80u) b = (b & 0x8000u) | 0x7f7fu;
+  return static_cast<uint16_t>(b);
+}
+inline uint16_t Bf16Stochastic(float f, uint32_t r) { return Bf16FromBits(FloatBits(f), r & 0xffffu); }
+inline uint16_t Bf16Nearest(float f) {
+  const uint32_t b = FloatBits(f);
+  return Bf16FromBits(b, 0x7fffu + ((b >> 16) & 1u));
+}
+
+// fp32 -> fp16 with `r` supplying the random bits (stochastic) or, with
+// nearest = true, round to nearest even. The dropped low bits of the
+// magnitude (13 for a normal half; 14..32 for a subnormal one, counted in
+// units of 2^-24) get r's low bits added before they are dropped. Magnitudes
+// below 2^-33 become zero; a finite value saturates at 65504, never Inf.
+inline uint16_t HalfRound(float f, uint32_t r, bool nearest) {
+  const uint32_t bits = FloatBits(f);
+  const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
+  const uint32_t a = bits & 0x7fffffffu;
+  if (a >= 0x7f800000u) return sign | (a > 0x7f800000u ? 0x7e00u : 0x7c00u);
+  if (a >= 0x38800000u) {  // >= 2^-14: a normal half
+    const uint32_t add = nearest ? 0xfffu + ((a >> 13) & 1u) : (r & 0x1fffu);
+    uint32_t h = ((a + add) >> 13) - (112u << 10);
+    if (h >= 0x7c00u) h = 0x7bffu;
+    return sign | static_cast<uint16_t>(h);
+  }
+  const uint32_t e = a >> 23;
+  const uint64_t sig = (a & 0x7fffffu) | (e != 0 ? 0x800000u : 0u);
+  const uint32_t shift = 126 - (e != 0 ? e : 1);  // 14 ..125
+  if (shift > 32) return sign;
+  const uint64_t mask = (uint64_t{1} << shift) - 1;
+  const uint64_t add =
+      nearest ? (mask >> 1) + ((sig >> shift) & 1u) : (static_cast<uint64_t>(r) & mask);
+  return sign | static_cast<uint16_t>((sig + add) >> shift);
+}
+
+inline float WidenElem(StorageKind s, uint16_t h) {
+  return s == StorageKind::kFP16 ? HalfToFloat(h) : Bf16ToFloat(h);
+}
+inline uint16_t NarrowStochastic(StorageKind s, float f, uint32_t r) {
+  return s == StorageKind::kFP16 ? HalfRound(f, r, false) : Bf16Stochastic(f, r);
+}
+inline uint16_t NarrowNearest(StorageKind s, float f) {
+  return s == StorageKind::kFP16 ? HalfRound(f, 0, true) : Bf16Nearest(f);
+}
+
+// ---- The rounding stream ----
+
+inline constexpr uint64_t kRoundSalt = 0x7a3b9c1d5e6f8091ULL;
+inline constexpr uint64_t kRoundStep = 0x9E3779B97F4A7C15ULL;
+
+// The random bits of one update of one row. table_salt = Mix64(seed ^
+// kRoundSalt); count = the row's update_count before the update. Element e
+// (weights first, then the state head) takes 32 bits of Mix64(z + (e/2 + 1)
+// * kRoundStep): the low half for even e, the high half for odd e.
+inline uint64_t RoundStreamOf(uint64_t table_salt, uint64_t key, uint32_t count) {
+  return Mix64(Mix64(table_salt ^ key) ^ count);
+}
+
+// Row codecs: fp32 scratch <-> a row's columns in a compact layout. The
+// loads and stores are relaxed atomics per element (Hogwild rows). Store
+// rounds stochastically with the stream z; StoreNearest rounds to nearest
+// even (initial rows, and conversion of a loaded file). The fp32 tail is
+// copied as it is.
+void LoadCompactRow(const RowLayout& l, const void* w, const void* s, float* wf, float* sf);
+void StoreCompactRow(const RowLayout& l, const float* wf, const float* sf, void* w, void* s,
+                     uint64_t z);
+void StoreCompactRowNearest(const RowLayout& l, const float* wf, const float* sf, void* w,
+                            void* s);
+// Weights only (pull paths); n = l.dim elements of the weights column.
+void LoadCompactWeights(StorageKind s, const void* w, size_t n, float* out);
+// Rounds v[0..n) to the storage and back (nearest even): what a row stores.
+void RoundTripNearest(StorageKind s, float* v, size_t n);
+
+}  // namespace pyfleet

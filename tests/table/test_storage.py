@@ -1,0 +1,374 @@
+"""Compact rows (storage="fp16"/"bf16") against a plain numpy reference of
+compute-in-fp32-then-round-stochastically, bit for bit; the rounding rule's
+unbiasedness and determinism; save/load across storage types; shrink and
+admission on compact tables."""
+
+import numpy as np
+import pytest
+
+import pyfleet
+from pyfleet import _core
+from pyfleet.entry import CountFilterEntry
+from pyfleet.optimizer import FTRL, SGD, Adagrad, Adam
+
+from support.reference import init_state, update
+
+COMPACT = ["fp16", "bf16"]
+OPTIMIZERS = [
+    SGD(learning_rate=0.1),
+    Adagrad(learning_rate=0.05, epsilon=1e-6, initial_accumulator_value=0.1),
+    Adam(learning_rate=0.01, beta1=0.9, beta2=0.999, epsilon=1e-8),
+    FTRL(learning_rate=0.05, l1=0.01, l2=0.1, lr_power=-0.5),
+]
+U64 = np.uint64
+MASK64 = (1 << 64) - 1
+ROUND_SALT = 0x7a3b9c1d5e6f8091
+ROUND_STEP = 0x9E3779B97F4A7C15
+
+
+# ---- the numpy reference of the rounding rule (row_storage.h) ----
+
+def mix64(x):
+    x = np.asarray(x, dtype=U64)
+    with np.errstate(over="ignore"):
+        x = x ^ (x >> U64(30))
+        x = x * U64(0xbf58476d1ce4e5b9)
+        x = x ^ (x >> U64(27))
+        x = x * U64(0x94d049bb133111eb)
+        return x ^ (x >> U64(31))
+
+
+def round_bits(seed, key, count, n):
+    """The uint32 random bits of elements 0..n-1 of one update of one row."""
+    salt = mix64(U64(seed & MASK64) ^ U64(ROUND_SALT))
+    z = mix64(mix64(salt ^ U64(key)) ^ U64(count))
+    e = np.arange(n, dtype=U64)
+    with np.errstate(over="ignore"):
+        x = mix64(z + (e // U64(2) + U64(1)) * U64(ROUND_STEP))
+    return np.where(e % U64(2) == 0, x & U64(0xFFFFFFFF), x >> U64(32)).astype(np.uint32)
+
+
+def half_stochastic(v, r):
+    a = v.astype(np.float32).view(np.uint32).astype(np.uint64)
+    sign = (a >> np.uint64(16)) & np.uint64(0x8000)
+    a &= np.uint64(0x7FFFFFFF)
+    r = r.astype(np.uint64)
+    normal = np.minimum(((a + (r & np.uint64(0x1FFF))) >> np.uint64(13)) - np.uint64(112 << 10),
+                        np.uint64(0x7BFF))
+    e = a >> np.uint64(23)
+    sig = (a & np.uint64(0x7FFFFF)) | np.where(e != 0, np.uint64(0x800000), np.uint64(0))
+    shift = np.uint64(126) - np.maximum(e, np.uint64(1))
+    small_shift = np.minimum(shift, np.uint64(32))
+    mask = (np.uint64(1) << small_shift) - np.uint64(1)
+    sub = np.where(shift > 32, np.uint64(0), (sig + (r & mask)) >> small_shift)
+    out = np.where(a >= np.uint64(0x38800000), normal, sub)
+    return (sign | out).astype(np.uint16)
+
+
+def bf16_stochastic(v, r):
+    b = v.astype(np.float32).view(np.uint32).astype(np.uint64)
+    b = (b + (r.astype(np.uint64) & np.uint64(0xFFFF))) >> np.uint64(16)
+    over = (b & np.uint64(0x7FFF)) >= np.uint64(0x7F80)
+    b = np.where(over, (b & np.uint64(0x8000)) | np.uint64(0x7F7F), b)
+    return b.astype(np.uint16)
+
+
+def widen(kind, h):
+    if kind == "fp16":
+        return h.view(np.float16).astype(np.float32)
+    return (h.astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+def nearest(kind, v):
+    """Round to nearest even and back (numpy's own float16 cast for fp16)."""
+    v = np.asarray(v, dtype=np.float32)
+    if kind == "fp16":
+        return v.astype(np.float16).astype(np.float32)
+    b = v.view(np.uint32).astype(np.uint64)
+    b = (b + np.uint64(0x7FFF) + ((b >> np.uint64(16)) & np.uint64(1))) >> np.uint64(16)
+    return widen(kind, b.astype(np.uint16))
+
+
+def stochastic(kind, v, r):
+    return widen(kind, half_stochastic(v, r) if kind == "fp16" else bf16_stochastic(v, r))
+
+
+def summed_like_core(keys, grads):
+    """Equal keys' gradients summed in the core's order: the first occurrence,
+    then the others from the last one back (bit-exact float sums)."""
+    where = {}
+    for i, k in enumerate(keys.tolist()):
+        where.setdefault(k, []).append(i)
+    out = {}
+    for k, idx in where.items():
+        g = grads[idx[0]].copy()
+        for i in reversed(idx[1:]):
+            g += grads[i]
+        out[k] = g
+    return out
+
+
+def tail(opt):
+    return 2 if opt.kind == "Adam" else 0
+
+
+# ---- the rule itself ----
+
+@pytest.mark.parametrize("kind", COMPACT)
+def test_core_rounding_matches_numpy_rule(kind):
+    rng = np.random.default_rng(5)
+    v = np.concatenate([
+        rng.normal(0, 1, 20000), rng.normal(0, 1e-5, 20000),  # fp16 subnormals among them
+        rng.normal(0, 1e-9, 2000), [0.0, -0.0, 65504.0, 65519.0, 1e-30, -3e-8, 6.1e-5],
+    ]).astype(np.float32)
+    r = rng.integers(0, 2**32, v.size, dtype=np.uint32)
+    ref = half_stochastic(v, r) if kind == "fp16" else bf16_stochastic(v, r)
+    np.testing.assert_array_equal(_core.storage_round(_core.StorageKind.__members__[kind], v, r),
+                                  ref)
+    np.testing.assert_array_equal(
+        _core.storage_widen(_core.StorageKind.__members__[kind], ref), widen(kind, ref))
+    near = _core.storage_round(_core.StorageKind.__members__[kind], v[:-7])
+    np.testing.assert_array_equal(widen(kind, near), nearest(kind, v[:-7]))
+
+
+@pytest.mark.parametrize("kind", COMPACT)
+@pytest.mark.parametrize("x", [1.0 + 1 / 3 * 2**-10, 0.1, 3e-6, -7.3e-7, 123.456])
+def test_stochastic_rounding_is_unbiased(kind, x):
+    n = 200_000
+    sk = _core.StorageKind.__members__[kind]
+    v = np.full(n, x, np.float32)
+    r = np.random.default_rng(1).integers(0, 2**32, n, dtype=np.uint32)
+    got = _core.storage_widen(sk, _core.storage_round(sk, v, r)).astype(np.float64)
+    lo, hi = got.min(), got.max()
+    assert lo <= float(v[0]) <= hi
+    # Only the two neighbours appear; their mean is the value, within 4 sigma.
+    assert len(np.unique(got)) <= 2
+    sigma = (hi - lo) / 2 / np.sqrt(n)
+    assert abs(got.mean() - float(v[0])) <= 4 * sigma + 1e-12 * abs(x)
+    if lo != hi:  # not representable: both directions happen
+        assert 0 < np.mean(got == hi) < 1
+
+
+@pytest.mark.parametrize("kind", COMPACT)
+def test_small_updates_survive_on_average(kind):
+    """SGD steps far below half an ulp: round to nearest would never move the
+    weight; stochastic rounding moves it by the right amount on average."""
+    n, steps, lr = 4000, 100, 1e-4
+    t = pyfleet.SparseTable(1, SGD(learning_rate=lr), initializer=pyfleet.initializer.Constant(1.0),
+                            storage=kind)
+    keys = np.arange(n, dtype=np.uint64)
+    t.pull(keys)
+    g = np.ones((n, 1), np.float32)
+    for _ in range(steps):
+        t.push(keys, g)
+    expected = 1.0 - steps * lr  # 0.99, while an ulp at 1 is 2^-10 (fp16) or 2^-7 (bf16)
+    w = t.pull(keys)[:, 0].astype(np.float64)
+    assert abs(w.mean() - expected) < 0.1 * steps * lr
+
+
+@pytest.mark.parametrize("kind", COMPACT)
+def test_same_seed_same_bits_other_seed_other_bits(kind):
+    rng = np.random.default_rng(2)
+    keys = rng.integers(0, 2**64, 500, dtype=np.uint64)
+    grads = [rng.normal(0, 1, (500, 8)).astype(np.float32) for _ in range(5)]
+
+    def run(seed):
+        t = pyfleet.SparseTable(8, Adam(0.01), seed=seed, storage=kind)
+        for g in grads:
+            t.push(keys, g)
+        return t.export(keys, with_state=True)
+
+    a, b, c = run(1), run(1), run(2)
+    for f in ("weights", "state"):
+        np.testing.assert_array_equal(a[f], b[f])
+    assert not np.array_equal(a["weights"], c["weights"])
+
+
+# ---- every optimizer through the compact path ----
+
+@pytest.mark.parametrize("kind", COMPACT)
+@pytest.mark.parametrize("opt", OPTIMIZERS, ids=repr)
+@pytest.mark.parametrize("dim", [1, 8, 19])
+def test_compact_update_equals_numpy_reference(kind, opt, dim):
+    rng = np.random.default_rng(dim)
+    seed = 11
+    table = pyfleet.SparseTable(dim, opt, seed=seed, storage=kind)
+    pool = np.concatenate([np.array([0, 2**64 - 1], np.uint64),
+                           rng.integers(0, 2**64, 40, dtype=np.uint64)])
+    ref_w, ref_s, count = {}, {}, {}
+    nt = tail(opt)
+    for step in range(25):
+        n = int(rng.integers(1, 40))
+        keys = rng.choice(pool, size=n)
+        pulled = table.pull(keys)
+        for i, k in enumerate(keys.tolist()):
+            if k not in ref_w:
+                raw = pyfleet.SparseTable(dim, opt, seed=seed).initial_values(
+                    np.array([k], np.uint64))[0]
+                ref_w[k] = nearest(kind, raw)
+                s = init_state(opt, dim)
+                s[:s.size - nt] = nearest(kind, s[:s.size - nt])
+                ref_s[k], count[k] = s, 0
+            np.testing.assert_array_equal(pulled[i], ref_w[k])
+        grads = rng.normal(0, 1, (n, dim)).astype(np.float32)
+        table.push(keys, grads)
+        for k, g in summed_like_core(keys, grads).items():
+            w, s = ref_w[k].copy(), ref_s[k].copy()
+            update(opt, w, s, g)  # fp32
+            head = s.size - nt
+            r = round_bits(seed, k, count[k], dim + head)
+            ref_w[k] = stochastic(kind, w, r[:dim])
+            s[:head] = stochastic(kind, s[:head], r[dim:])
+            ref_s[k], count[k] = s, count[k] + 1
+    e = table.export(with_state=True)
+    assert len(e["keys"]) == len(ref_w)
+    for i, k in enumerate(e["keys"].tolist()):
+        np.testing.assert_array_equal(e["weights"][i], ref_w[k])
+        np.testing.assert_array_equal(e["state"][i], ref_s[k])
+        assert e["update_count"][i] == count[k]
+
+
+@pytest.mark.parametrize("kind", COMPACT)
+def test_add_delta_rounds_with_the_same_rule(kind):
+    seed, k = 4, 12345
+    t = pyfleet.SparseTable(5, SGD(0.1), seed=seed, storage=kind)
+    keys = np.array([k], np.uint64)
+    w = t.pull(keys)[0]
+    d = np.array([[1e-3, -2e-4, 3e-5, 0.5, -1.0]], np.float32)
+    t.add(keys, d)
+    ref = stochastic(kind, w + d[0], round_bits(seed, k, 0, 5))
+    np.testing.assert_array_equal(t.pull(keys)[0], ref)
+
+
+# ---- persistence, conversion, policies ----
+
+def trained(kind, opt=None, dim=6, n=2000, seed=0):
+    opt = opt or Adam(learning_rate=0.01)
+    rng = np.random.default_rng(seed)
+    t = pyfleet.SparseTable(dim, opt, seed=seed, storage=kind)
+    ks = np.concatenate([np.array([0, 2**64 - 1], np.uint64),
+                         rng.integers(0, 2**64, n, dtype=np.uint64)])
+    for _ in range(3):
+        t.pull(ks)
+        t.push(ks, rng.normal(0, 1, (len(ks), dim)).astype(np.float32))
+    t.add_show_click(ks, np.ones(len(ks), np.float32), np.zeros(len(ks), np.float32))
+    return t, ks
+
+
+def snapshot(t):
+    e = t.export(with_state=True)
+    order = np.argsort(e["keys"])
+    return {k: v[order] for k, v in e.items()}
+
+
+@pytest.mark.parametrize("kind", ["fp32"] + COMPACT)
+@pytest.mark.parametrize("opt", [SGD(0.1), Adagrad(0.1), Adam(0.01), FTRL(0.1, l1=0.01)], ids=repr)
+def test_round_trip_is_bit_exact_per_storage(tmp_path, kind, opt):
+    t, ks = trained(kind, opt)
+    path = tmp_path / "t.bin"
+    assert t.save(path) == len(t)
+    u = pyfleet.SparseTable(6, opt, seed=0, storage=kind)
+    assert u.load(path) == len(t)
+    a, b = snapshot(t), snapshot(u)
+    for f in a:
+        np.testing.assert_array_equal(a[f], b[f])
+    # And training continues identically (same update counts, same streams).
+    g = np.random.default_rng(9).normal(0, 1, (len(ks), 6)).astype(np.float32)
+    t.push(ks, g)
+    u.push(ks, g)
+    np.testing.assert_array_equal(t.pull(ks), u.pull(ks))
+
+
+@pytest.mark.parametrize("src", ["fp32"] + COMPACT)
+@pytest.mark.parametrize("dst", ["fp32"] + COMPACT)
+def test_load_converts_between_storage_types(tmp_path, src, dst):
+    opt = Adam(0.01)
+    t, ks = trained(src, opt)
+    path = tmp_path / "t.bin"
+    t.save(path)
+    u = pyfleet.SparseTable(6, opt, seed=0, storage=dst)
+    assert u.load(path) == len(t)
+    a, b = snapshot(t), snapshot(u)
+    np.testing.assert_array_equal(a["keys"], b["keys"])
+    np.testing.assert_array_equal(a["update_count"], b["update_count"])
+    np.testing.assert_array_equal(a["show"], b["show"])
+    conv = (lambda x: x) if dst == "fp32" else (lambda x: nearest(dst, x))
+    np.testing.assert_array_equal(b["weights"], conv(a["weights"]))
+    head = a["state"].shape[1] - 2  # Adam's beta powers stay fp32
+    np.testing.assert_array_equal(b["state"][:, :head], conv(a["state"][:, :head]))
+    np.testing.assert_array_equal(b["state"][:, head:], a["state"][:, head:])
+
+
+def test_a_file_without_storage_field_loads_as_fp32(tmp_path):
+    """Files written before storage types have zeros where the field is: fp32."""
+    t, ks = trained("fp32")
+    path = tmp_path / "old.bin"
+    t.save(path)
+    with open(path, "rb") as f:
+        header = f.read(64)
+    assert header[52:64] == bytes(12)  # the old reserved bytes, storage = 0 (fp32)
+    u = pyfleet.SparseTable(6, Adam(0.01), seed=0, storage="bf16")
+    u.load(path)
+    np.testing.assert_array_equal(snapshot(u)["weights"], nearest("bf16", snapshot(t)["weights"]))
+
+
+def test_compact_file_is_smaller_and_reshards(tmp_path):
+    t32, ks = trained("fp32")
+    t16, _ = trained("fp16")
+    p32, p16 = tmp_path / "a.bin", tmp_path / "b.bin"
+    t32.save(p32)
+    t16.save(p16)
+    assert p16.stat().st_size < 0.7 * p32.stat().st_size
+    parts = [pyfleet.SparseTable(6, Adam(0.01), seed=0, storage="fp16") for _ in range(3)]
+    loaded = sum(p.load(p16, filter=(3, i)) for i, p in enumerate(parts))
+    assert loaded == len(t16)
+    whole = snapshot(t16)
+    got = {}
+    for p in parts:
+        e = p.export()
+        got.update(zip(e["keys"].tolist(), e["weights"]))
+    for i, k in enumerate(whole["keys"].tolist()):
+        np.testing.assert_array_equal(got[k], whole["weights"][i])
+
+
+@pytest.mark.parametrize("kind", COMPACT)
+def test_delta_save_and_shrink(tmp_path, kind):
+    t, ks = trained(kind)
+    t.save(tmp_path / "full.bin")
+    assert t.shrink() == 0  # ends the training pass
+    t.push(ks[:10], np.ones((10, 6), np.float32))
+    assert t.save(tmp_path / "delta.bin", delta=True) == 10
+    # Only the first ten were pushed in this pass: the others are dropped.
+    assert t.shrink(max_unseen_passes=0) == len(ks) - 10
+    assert sorted(t.keys().tolist()) == sorted(ks[:10].tolist())
+    u = pyfleet.SparseTable(6, Adam(0.01), seed=0, storage=kind)
+    u.load(tmp_path / "full.bin")
+    u.load(tmp_path / "delta.bin")
+    np.testing.assert_array_equal(u.pull(ks[:10], create=False), t.pull(ks[:10], create=False))
+
+
+@pytest.mark.parametrize("kind", COMPACT)
+def test_admission_on_compact_table(kind):
+    t = pyfleet.SparseTable(4, Adagrad(0.1), seed=3, entry=CountFilterEntry(3), storage=kind)
+    k = np.array([77], np.uint64)
+    init = t.initial_values(k)
+    np.testing.assert_array_equal(init, nearest(kind, pyfleet.SparseTable(4, Adagrad(0.1), seed=3)
+                                                .initial_values(k)))
+    for _ in range(2):
+        np.testing.assert_array_equal(t.pull(k), init)
+        assert len(t) == 0
+    np.testing.assert_array_equal(t.pull(k), init)
+    assert len(t) == 1
+    np.testing.assert_array_equal(t.pull(k, create=False), init)
+
+
+def test_unknown_storage_is_refused_by_name():
+    with pytest.raises(ValueError, match="fp8"):
+        pyfleet.SparseTable(4, SGD(0.1), storage="fp8")
+    cfg = pyfleet.SparseTable(4, SGD(0.1), storage="bf16").config()
+    assert cfg["storage"] == "bf16"
+    assert pyfleet.SparseTable.from_config(cfg).storage == "bf16"
+    old = {k: v for k, v in cfg.items() if k != "storage"}
+    assert pyfleet.SparseTable.from_config(old).storage == "fp32"
+    with pytest.raises(ValueError, match="fp8"):
+        pyfleet.SparseTable.from_config(dict(cfg, storage="fp8"))
