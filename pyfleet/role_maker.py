@@ -66,6 +66,7 @@ class RoleInfo:
     worker_num: int
     server_endpoints: tuple[str, ...]
     current_endpoint: str | None
+    collective: bool = False  # a collective (MPI all-reduce) rank: no servers
 
     def describe(self) -> str:
         name = "worker" if self.role == Role.WORKER else "server"
@@ -163,7 +164,7 @@ def _validate(info: RoleInfo, who: str) -> None:
         raise TypeError(f"{who}._resolve() must return a RoleInfo, got {info!r}")
     if info.worker_num < 1:
         raise ConfigError(f"{who}: worker_num must be >= 1, got {info.worker_num}")
-    if not info.server_endpoints:
+    if not info.server_endpoints and not info.collective:
         raise ConfigError(f"{who}: at least one server endpoint is needed")
     limit = info.worker_num if info.role == Role.WORKER else len(info.server_endpoints)
     if not 0 <= info.index < limit:
@@ -272,18 +273,19 @@ class PaddleCloudRoleMaker(RoleMakerBase):
     +-----------------+-------------------------------+----------------------------------------+
 
     ``env`` (default ``os.environ``) is read once, by :meth:`generate_role`.
-    ``is_collective=True`` (Fluid's collective mode) is not supported.
+    ``is_collective=True`` (Fluid's collective mode): every process is a worker, its index
+    and the worker count are its rank and size in MPI's ``COMM_WORLD`` (docs/collective.md).
     """
 
     def __init__(self, is_collective: bool = False, env: Mapping[str, str] | None = None):
         super().__init__()
-        if is_collective:
-            raise ConfigError("PaddleCloudRoleMaker(is_collective=True) is Fluid's collective "
-                              "(all-reduce) mode; pyfleet runs parameter-server jobs only")
+        self._is_collective = bool(is_collective)
         self._env = env
 
     def _resolve(self) -> RoleInfo:
         env = dict(os.environ if self._env is None else self._env)
+        if self._is_collective:
+            return collective_role(env)
         role = self._read_role(env)
         eps = self._read_endpoints(env)
         worker_num = self._read_required_int(env, ("PYFLEET_WORKER_NUM", "PADDLE_TRAINERS_NUM"),
@@ -374,10 +376,31 @@ def _import_mpi():
     try:  # an optional dependency (the mpi extra): imported by the MPI role maker only
         from mpi4py import MPI
     except ImportError as exc:
-        raise ImportError("MPISymetricRoleMaker needs mpi4py and an MPI library: "
+        raise ImportError("MPI roles and collective mode need mpi4py and an MPI library: "
                           "pip install 'pyfleet[mpi]' (or pip install mpi4py), with OpenMPI "
                           "or MPICH installed, and run under mpirun") from exc
     return MPI
+
+
+COLLECTIVE_LAUNCH = ("start a collective job with `python -m pyfleet.launch --collective "
+                     "--workers N script.py` or `mpirun -np N python script.py` (mpi4py and an "
+                     "MPI: pip install \".[mpi]\"); see docs/collective.md")
+
+
+def collective_role(env) -> RoleInfo:
+    """A collective rank's role: worker ``rank`` of ``size`` in MPI's COMM_WORLD.
+    Paddle's PADDLE_TRAINER_ID / PADDLE_TRAINERS_NUM, when set, must agree."""
+    if _first_set(env, MPI_ENV_VARS) is None:
+        raise ConfigError(f"collective mode runs under MPI and this process was not started "
+                          f"by an MPI launcher (none of {', '.join(MPI_ENV_VARS)} is set): "
+                          f"{COLLECTIVE_LAUNCH}")
+    comm = _import_mpi().COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    for name, want in (("PADDLE_TRAINER_ID", rank), ("PADDLE_TRAINERS_NUM", size)):
+        if _env_get(env, name) is not None and env[name].strip() != str(want):
+            raise ConfigError(f"{name}={env[name]!r} disagrees with the MPI launch ({want}): "
+                              f"unset it, or start the ranks so that they agree")
+    return RoleInfo(Role.WORKER, rank, size, (), None, collective=True)
 
 
 def _mpi_host(env) -> str:

@@ -181,9 +181,11 @@ def test_paddle_cloud_errors_name_the_variable(env, match):
         PaddleCloudRoleMaker(env=env).generate_role()
 
 
-def test_collective_mode_is_refused():
-    with pytest.raises(ConfigError, match="collective"):
-        PaddleCloudRoleMaker(is_collective=True)
+def test_collective_role_outside_mpi_says_how_to_start_it():
+    r = PaddleCloudRoleMaker(is_collective=True, env={"PADDLE_TRAINER_ID": "0"})
+    with pytest.raises(ConfigError, match=r"not started by an MPI launcher.*pyfleet.launch "
+                                          r"--collective.*mpirun -np N"):
+        r.generate_role()
 
 
 def test_role_is_frozen_after_generation(monkeypatch):

@@ -1,0 +1,194 @@
+"""The executor's backend in collective mode: every rank holds the whole model.
+
+:class:`CollectiveBackend` is a :class:`pyfleet.fluid.backend.LocalBackend`
+(tables in this process) whose training step is exchanged with the other
+ranks of an :class:`pyfleet.distributed.mpi_group.MPIGroup` at
+:meth:`~CollectiveBackend.step_end`:
+
+- dense: the step's gradients, fused into one float32 buffer (every dense
+  parameter in name order, a zero block where this rank has no gradient, and
+  one flag per parameter), go through **one** ``Allreduce`` and are averaged
+  over the ranks; each rank applies the same average to its own copy. A
+  parameter no rank has a gradient for is left alone (its optimizer does not
+  step), as in single-process training.
+- sparse: each rank keeps a full replica of every table. The step's (unique
+  ids, gradient sums) of every table go out with one ``Allgather`` of counts
+  and two ``Allgatherv`` (ids, gradients); every rank then concatenates them
+  in rank order, sums the rows of equal ids in that order (the core's
+  ``unique_inverse`` and ``sum_rows``: no Python loop over keys), divides by
+  the number of ranks and pushes the result into its replica. Every rank
+  computes the same floats in the same order, so the replicas stay
+  bit-identical.
+
+So ``N`` ranks with batch ``B`` each train as one process with batch ``N*B``
+(the ranks' batches concatenated in rank order), up to float rounding: the
+gradients are of each rank's mean loss, averaged.
+
+At the first step every rank checks that all ranks have the same parameters
+(names, shapes and dims), and raises ConfigError naming the first that differs.
+"""
+
+import threading
+
+import numpy as np
+
+from pyfleet import _core
+from pyfleet.fluid.backend import LocalBackend
+from pyfleet.service.registry import Entry, Registry
+
+__all__ = ["CollectiveBackend", "checkpoint_registry"]
+
+
+class CollectiveBackend(LocalBackend):
+    """A :class:`LocalBackend` whose steps are averaged over ``group``'s ranks."""
+
+    def __init__(self, group):
+        super().__init__()
+        self.group = group
+        self._dense_grads = {}
+        self._sparse_grads = {}
+        self._layout = None  # (names, shapes, offsets, size, signature) of the fused buffer
+        self._buf = None
+        self.exchange_seconds = 0.0  # time spent in the dense all-reduce (benchmarks)
+
+    def push_dense(self, name, grad):
+        self._dense_grads[name] = grad
+
+    def push_dense_many(self, grads):
+        self._dense_grads.update(grads)
+
+    def push_sparse(self, name, keys, grads):
+        self._sparse_grads[name] = (keys, grads)
+
+    def signature(self):
+        """What every rank must agree on: each parameter's kind and shape or dim."""
+        sig = {n: f"a dense parameter of shape {list(t.shape)}" for n, t in self.dense.items()}
+        sig.update({n: f"a sparse table of dim {t.dim}" for n, t in self.sparse.items()})
+        return sig
+
+    def _fused_layout(self):
+        sig = self.signature()
+        if self._layout is None or self._layout[4] != sig:
+            # The first step (or new parameters): every rank checks the others' first.
+            self.group.agree(sig, "parameter")
+            names = sorted(self.dense)
+            shapes = [self.dense[n].shape for n in names]
+            sizes = [int(np.prod(s)) for s in shapes]
+            offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+            total = int(offsets[-1]) + len(names)  # + one present-flag per parameter
+            self._layout = (names, shapes, offsets, total, sig)
+            self._buf = np.empty(total, dtype=np.float32)
+        return self._layout
+
+    def step_end(self):
+        names, shapes, offsets, total, _ = self._fused_layout()
+        try:
+            if names:
+                self._dense_step(names, shapes, offsets, total)
+            if self.sparse:
+                self._sparse_step()
+        finally:
+            self._dense_grads, self._sparse_grads = {}, {}
+            self.group.step += 1
+
+    def _dense_step(self, names, shapes, offsets, total):
+        buf = self._buf
+        flags = buf[int(offsets[-1]):]
+        for i, n in enumerate(names):
+            g = self._dense_grads.get(n)
+            view = buf[offsets[i]:offsets[i + 1]]
+            if g is None:
+                view.fill(0.0)
+                flags[i] = 0.0
+            else:
+                np.copyto(view, np.asarray(g, dtype=np.float32).reshape(-1))
+                flags[i] = 1.0
+        unknown = set(self._dense_grads) - set(names)
+        if unknown:
+            raise ValueError(f"gradients of unknown dense parameters {sorted(unknown)}")
+        self.group.allreduce_mean(buf)
+        for i, n in enumerate(names):
+            if flags[i] > 0:
+                self.dense[n].push(buf[offsets[i]:offsets[i + 1]].reshape(shapes[i]))
+
+    def _sparse_step(self):
+        g = self.group
+        tables = sorted(self.sparse)
+        dims = np.array([self.sparse[t].dim for t in tables], dtype=np.int64)
+        mine = [self._sparse_grads.get(t) for t in tables]
+        counts = np.array([0 if m is None else m[0].shape[0] for m in mine], dtype=np.int64)
+        all_counts = g.allgather_counts(counts)          # [ranks, tables]
+        if not all_counts.any():
+            return
+        empty_k = np.empty(0, dtype=np.uint64)
+        keys = np.concatenate([empty_k] + [m[0] for m in mine if m is not None])
+        grads = np.concatenate([np.empty(0, dtype=np.float32)]
+                               + [np.asarray(m[1], dtype=np.float32).reshape(-1)
+                                  for m in mine if m is not None])
+        all_keys = g.allgatherv(keys, all_counts.sum(axis=1))
+        all_grads = g.allgatherv(grads, (all_counts * dims).sum(axis=1))
+        # Where each rank's block starts, and each table's place inside it.
+        kstart = np.concatenate([[0], np.cumsum(all_counts.sum(axis=1))])
+        gstart = np.concatenate([[0], np.cumsum((all_counts * dims).sum(axis=1))])
+        kin = np.concatenate([np.zeros((g.size, 1), np.int64), np.cumsum(all_counts, axis=1)],
+                             axis=1)
+        gin = np.concatenate([np.zeros((g.size, 1), np.int64),
+                              np.cumsum(all_counts * dims, axis=1)], axis=1)
+        scale = np.float32(1.0 / g.size)
+        for t, name in enumerate(tables):
+            if not all_counts[:, t].any():
+                continue
+            d = int(dims[t])
+            k = np.concatenate([all_keys[kstart[r] + kin[r, t]:kstart[r] + kin[r, t + 1]]
+                                for r in range(g.size)])
+            v = np.concatenate([all_grads[gstart[r] + gin[r, t]:gstart[r] + gin[r, t + 1]]
+                                for r in range(g.size)]).reshape(-1, d)
+            uniq, inverse = _core.unique_inverse(k)
+            summed = _core.sum_rows(v, inverse, uniq.shape[0])
+            summed *= scale
+            self.push_sparse_local(name, uniq, summed)
+
+    def push_sparse_local(self, name, keys, grads):
+        """Apply ``grads`` to this rank's replica only (what :meth:`step_end` does)."""
+        LocalBackend.push_sparse(self, name, keys, grads)
+
+    def checksum(self):
+        """``{name: sha256 hex}`` of every parameter's values and optimizer state on
+        this rank (sparse rows in key order): equal on every rank of a job."""
+        import hashlib
+        out = {}
+        for n, t in sorted(self.dense.items()):
+            out[n] = hashlib.sha256(t.pull().tobytes()
+                                    + np.asarray(t.state(), dtype=np.float32).tobytes()
+                                    ).hexdigest()
+        for n, t in sorted(self.sparse.items()):
+            keys = np.sort(t.keys())
+            rows = t.export(keys, with_state=True)
+            h = hashlib.sha256(keys.tobytes())
+            for field in ("weights", "state", "update_count"):
+                h.update(np.ascontiguousarray(rows[field]).tobytes())
+            out[n] = h.hexdigest()
+        return out
+
+
+def checkpoint_registry(backend, tables):
+    """A one-server :class:`Registry` (server 0 of 1) over ``backend``'s own tables,
+    for :func:`pyfleet.service.checkpoint.save_server` / ``load_server``: a
+    collective job's checkpoint is a parameter-server checkpoint of one server.
+    ``tables``: the program's table configs (``pyfleet.distributed.fleet.table_configs``)."""
+    registry = Registry(0, 1, 1 << 62, threading.Lock())
+    for i, cfg in enumerate(tables, start=1):
+        e = Entry()
+        e.id, e.kind, e.name, e.config = i, cfg["kind"], cfg["name"], cfg
+        e.canonical, e.lock = None, threading.Lock()
+        if e.kind == "sparse":
+            e.key, e.table, e.dim = e.name, backend._sparse(e.name), int(cfg["dim"])
+            e.start = e.end = e.shape = None
+        else:
+            e.shape = [int(s) for s in cfg["shape"]]
+            e.start, e.end = 0, int(np.prod(e.shape))
+            e.key, e.table, e.dim = f"{e.name}[0:{e.end}]", backend._dense(e.name), 1
+        registry.entries[i] = e
+        registry.by_key[e.key] = e
+    return registry
+

@@ -1,0 +1,181 @@
+"""The workers of a collective or hybrid job as one MPI group (mpi4py's COMM_WORLD).
+
+:class:`MPIGroup` wraps the few collectives a training step needs, each on
+numpy buffers (mpi4py's upper-case, buffer methods: nothing is pickled):
+
+- :meth:`MPIGroup.allreduce_mean` — one fused ``Allreduce`` of a float32 buffer, averaged;
+- :meth:`MPIGroup.allgatherv` — every rank's 1-D array, concatenated in rank order;
+- :meth:`MPIGroup.agree` — every rank checks that all ranks hold the same program
+  (a JSON signature exchanged as bytes), naming the first rank and parameter that differ.
+
+A rank that dies ends the job: ``mpirun`` aborts every rank when one exits
+abnormally, naming the dead rank. For the cases where no launcher does that
+(a rank stalled, or a launcher that keeps the others alive), a watchdog thread
+aborts the whole MPI job (``MPI_Abort``) when one collective waits longer than
+``timeout`` seconds (``$PYFLEET_COLLECTIVE_TIMEOUT``, default 300), after
+printing which rank waited in which collective of which step.
+"""
+
+import json
+import os
+import sys
+import threading
+import time
+
+import numpy as np
+
+from pyfleet.errors import ConfigError
+from pyfleet.role_maker import COLLECTIVE_LAUNCH, MPI_ENV_VARS
+
+__all__ = ["DEFAULT_TIMEOUT", "MPIGroup", "import_mpi"]
+
+DEFAULT_TIMEOUT = 300.0
+
+
+def import_mpi():
+    """mpi4py's ``MPI`` module, or an ImportError saying how to install it."""
+    try:  # the optional mpi extra
+        from mpi4py import MPI
+    except ImportError as exc:
+        raise ImportError("collective and hybrid modes need mpi4py and an MPI library: "
+                          "pip install \".[mpi]\" from the pyfleet checkout (mpi4py and "
+                          "Open MPI from the package index)") from exc
+    return MPI
+
+
+def _timeout_from_env():
+    raw = os.environ.get("PYFLEET_COLLECTIVE_TIMEOUT")
+    if not raw:
+        return DEFAULT_TIMEOUT
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ConfigError(f"PYFLEET_COLLECTIVE_TIMEOUT={raw!r}: set it to a number of "
+                          f"seconds > 0")
+    return value
+
+
+class MPIGroup:
+    """The ranks of ``comm`` (default COMM_WORLD) as one training group.
+
+    Not thread-safe: one training thread calls it (the watchdog thread only
+    reads the state it publishes)."""
+
+    def __init__(self, comm=None, timeout=None):
+        if comm is None and not any(os.environ.get(v) for v in MPI_ENV_VARS):
+            raise ConfigError(f"this process was not started by an MPI launcher: "
+                              f"{COLLECTIVE_LAUNCH}")
+        self.MPI = import_mpi()
+        self.comm = self.MPI.COMM_WORLD if comm is None else comm
+        self.rank = self.comm.Get_rank()
+        self.size = self.comm.Get_size()
+        self.timeout = _timeout_from_env() if timeout is None else float(timeout)
+        self.step = 0
+        self._waiting = None  # (deadline, what) while inside a collective
+        self._watchdog = None
+
+    # ------------------------------------------------------------ watchdog
+    def _enter(self, what):
+        if self._watchdog is None:
+            self._watchdog = threading.Thread(target=self._watch, name="pyfleet-mpi-watchdog",
+                                              daemon=True)
+            self._watchdog.start()
+        self._waiting = (time.monotonic() + self.timeout, what)
+
+    def _leave(self):
+        self._waiting = None
+
+    def _watch(self):
+        tick = min(1.0, self.timeout / 10)
+        while True:
+            time.sleep(tick)
+            waiting = self._waiting
+            if waiting is not None and time.monotonic() > waiting[0]:
+                msg = (f"pyfleet: rank {self.rank} of {self.size} waited more than "
+                       f"{self.timeout:g} s in {waiting[1]} of step {self.step}: another rank "
+                       f"died or stalled (PYFLEET_COLLECTIVE_TIMEOUT); aborting the MPI job")
+                print(msg, file=sys.stderr, flush=True)
+                self.comm.Abort(1)
+                return
+
+    # --------------------------------------------------------- collectives
+    def allreduce_mean(self, buf):
+        """Replace float32 ``buf`` (contiguous, 1-D) by its mean over the ranks, in place."""
+        self._enter("the dense all-reduce")
+        try:
+            self.comm.Allreduce(self.MPI.IN_PLACE, [buf, self.MPI.FLOAT], op=self.MPI.SUM)
+        finally:
+            self._leave()
+        if self.size > 1:
+            buf *= np.float32(1.0 / self.size)
+        return buf
+
+    def allreduce_sum(self, buf, what="an all-reduce"):
+        """Sum of ``buf`` (a contiguous float32/float64/int64 array) over the ranks, in place."""
+        self._enter(what)
+        try:
+            self.comm.Allreduce(self.MPI.IN_PLACE, buf, op=self.MPI.SUM)
+        finally:
+            self._leave()
+        return buf
+
+    def allgather_counts(self, counts, what="the sparse exchange"):
+        """``int64[size, len(counts)]``: every rank's ``counts`` row, in rank order."""
+        counts = np.ascontiguousarray(counts, dtype=np.int64)
+        out = np.empty((self.size, counts.shape[0]), dtype=np.int64)
+        self._enter(what)
+        try:
+            self.comm.Allgather(counts, out)
+        finally:
+            self._leave()
+        return out
+
+    def allgatherv(self, arr, counts, what="the sparse exchange"):
+        """Every rank's 1-D ``arr`` concatenated in rank order; ``counts[r]`` is
+        rank r's length (from :meth:`allgather_counts`)."""
+        arr = np.ascontiguousarray(arr)
+        counts = np.asarray(counts, dtype=np.int64)
+        out = np.empty(int(counts.sum()), dtype=arr.dtype)
+        displs = np.zeros_like(counts)
+        np.cumsum(counts[:-1], out=displs[1:])
+        self._enter(what)
+        try:
+            self.comm.Allgatherv(arr, [out, (counts, displs)])
+        finally:
+            self._leave()
+        return out
+
+    def allgather_bytes(self, data, what):
+        """Every rank's ``data`` (bytes), a list in rank order."""
+        raw = np.frombuffer(data, dtype=np.uint8)
+        counts = self.allgather_counts([raw.shape[0]], what)[:, 0]
+        flat = self.allgatherv(raw, counts, what)
+        ends = np.cumsum(counts)
+        return [flat[e - n:e].tobytes() for n, e in zip(counts, ends)]
+
+    def agree(self, signature, what):
+        """Raise ConfigError on every rank unless every rank passed an equal
+        ``signature`` (a JSON object ``{item: description}``): the message names the
+        first rank that differs from rank 0, and the items that differ."""
+        mine = json.dumps(signature, sort_keys=True).encode()
+        sigs = self.allgather_bytes(mine, f"the check that every rank has the same {what}")
+        first = json.loads(sigs[0])
+        for r, raw in enumerate(sigs[1:], start=1):
+            if raw == sigs[0]:
+                continue
+            other = json.loads(raw)
+            diff = [k for k in sorted(set(first) | set(other)) if first.get(k) != other.get(k)]
+            shown = "; ".join(f"{what} {k!r} is {first.get(k) or 'missing'} on rank 0 and "
+                              f"{other.get(k) or 'missing'} on rank {r}" for k in diff[:4])
+            more = f" (and {len(diff) - 4} more)" if len(diff) > 4 else ""
+            raise ConfigError(f"ranks build different programs: {shown}{more}; every rank "
+                              f"must build the same program")
+
+    def barrier(self, what="a barrier"):
+        self._enter(what)
+        try:
+            self.comm.Barrier()
+        finally:
+            self._leave()

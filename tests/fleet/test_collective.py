@@ -1,0 +1,143 @@
+"""Collective mode under a real ``mpirun`` (Open MPI from the package index), ranks on
+127.0.0.1: the 2-rank job equals one process training on both halves, replicas stay
+bit-identical, checkpoints cross between collective and parameter-server jobs, a
+killed rank ends the job, and ranks with different programs are named."""
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from support import REPO
+
+from pyfleet.launch import CONTRACT_VARS
+from pyfleet.role_maker import MPI_ENV_VARS
+
+pytestmark = [
+    pytest.mark.mpi,
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("mpirun") is None,
+                       reason="mpirun not found: pip install \".[mpi]\""),
+    pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None,
+                       reason="mpi4py not installed: pip install \".[mpi]\""),
+]
+
+STEPS, BATCH = 6, 8
+
+
+def mpi_env(extra=None):
+    env = {k: v for k, v in os.environ.items()
+           if k not in CONTRACT_VARS and k not in MPI_ENV_VARS
+           and not k.startswith(("PYFLEET_", "PADDLE_"))}
+    env.update({
+        "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+        "OMPI_MCA_btl": "self,vader", "OMPI_MCA_btl_vader_single_copy_mechanism": "none",
+        "OMPI_MCA_oob_tcp_if_include": "lo",
+        "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), env.get("PYTHONPATH", "")]),
+    })
+    env.update(extra or {})
+    return env
+
+
+def run_job(out, np_=2, *args, timeout=120, extra_env=None):
+    out.mkdir(exist_ok=True)
+    cmd = ["mpirun", "-np", str(np_), "--oversubscribe", "--allow-run-as-root",
+           sys.executable, "-m", "support.collective_job", "collective", str(out),
+           "--steps", str(STEPS), "--batch", str(BATCH), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                          env=mpi_env(extra_env), check=False, cwd=out)
+
+
+def run_single(out, ranks=2):
+    out.mkdir(exist_ok=True)
+    r = subprocess.run([sys.executable, "-m", "support.collective_job", "single", str(out),
+                        "--steps", str(STEPS), "--batch", str(BATCH), "--ranks", str(ranks)],
+                       capture_output=True, text=True, timeout=120, env=mpi_env(), check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return np.load(out / "single.npz")
+
+
+def ranks(out, n):
+    return [(np.load(out / f"rank{r}.npz"), json.loads((out / f"rank{r}.json").read_text()))
+            for r in range(n)]
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_n_ranks_equal_one_process_with_the_whole_batch(tmp_path, n):
+    res = run_job(tmp_path / "c", n)
+    assert res.returncode == 0, res.stdout + res.stderr
+    got = ranks(tmp_path / "c", n)
+    ref = run_single(tmp_path / "s", n)
+    # Step for step: the mean of the ranks' losses (each over its slice) is the
+    # single process's loss over the whole batch, with the same parameters.
+    mean_loss = np.mean([a["losses"] for a, _ in got], axis=0)
+    np.testing.assert_allclose(mean_loss, ref["losses"], rtol=1e-5, atol=1e-6)
+    a0 = got[0][0]
+    for key in ref.files:
+        if key == "losses":
+            continue
+        np.testing.assert_allclose(a0[key].astype(np.float64), ref[key].astype(np.float64),
+                                   rtol=1e-4, atol=1e-6, err_msg=key)
+    # Every key any rank saw is in every replica (most were seen by one rank only).
+    assert len(a0["emb.keys"]) == len(ref["emb.keys"]) > 100
+    # Replicas bit-identical: values, optimizer state and metadata.
+    for a, info in got[1:]:
+        assert info["checksum"] == got[0][1]["checksum"]
+        for key in a0.files:
+            if key != "losses":
+                assert np.array_equal(a[key], a0[key]), key
+    infos = [info for _, info in got]
+    assert [i["rank"] for i in infos] == list(range(n))
+    assert all(i["size"] == n for i in infos)
+    assert [i["first"] for i in infos] == [True] + [False] * (n - 1)
+    assert infos[0]["endpoints"] == infos[-1]["endpoints"] and len(infos[0]["endpoints"]) == n
+
+
+def test_mismatched_programs_are_named_at_the_first_step(tmp_path):
+    res = run_job(tmp_path / "c", 2, "--mismatch", timeout=120)
+    assert res.returncode != 0
+    text = res.stdout + res.stderr
+    assert "ranks build different programs" in text, text[-3000:]
+    assert "'fc_0.w_0' is a dense parameter of shape [8, 4] on rank 0" in text, text[-3000:]
+    assert "shape [8, 5] on rank 1" in text, text[-3000:]
+
+
+def test_a_killed_rank_ends_the_job_naming_it(tmp_path):
+    t0 = time.monotonic()
+    res = run_job(tmp_path / "c", 3, "--die-at", "2", timeout=120,
+                  extra_env={"PYFLEET_COLLECTIVE_TIMEOUT": "30"})
+    took = time.monotonic() - t0
+    assert res.returncode != 0
+    text = res.stdout + res.stderr
+    # Open MPI's launcher names the rank that died (the last one, rank 2).
+    assert "rank 2" in text and ("signal 9" in text or "Killed" in text), text[-3000:]
+    print(f"killed rank: job ended after {took:.1f} s")
+    assert not list((tmp_path / "c").glob("rank*.json"))  # nobody finished
+
+
+def test_a_stalled_rank_ends_the_job_after_the_collective_timeout(tmp_path):
+    t0 = time.monotonic()
+    res = run_job(tmp_path / "c", 2, "--stall-at", "2", timeout=120,
+                  extra_env={"PYFLEET_COLLECTIVE_TIMEOUT": "3"})
+    took = time.monotonic() - t0
+    assert res.returncode != 0
+    text = res.stdout + res.stderr
+    assert "rank 0 of 2 waited more than 3 s in the dense all-reduce of step 2" in text, \
+        text[-3000:]
+    # (run_job's 120 s timeout, far below the stalled rank's 600 s sleep, bounds it)
+    print(f"stalled rank: job ended after {took:.1f} s")
+
+
+def test_not_under_mpi_is_one_clear_error(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "support.collective_job", "collective",
+                        str(tmp_path)], capture_output=True, text=True, timeout=60,
+                       env=mpi_env(), check=False)
+    assert r.returncode != 0
+    assert "not started by an MPI launcher" in r.stderr
+    assert "pyfleet.launch --collective" in r.stderr and "mpirun -np N" in r.stderr
