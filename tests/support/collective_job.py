@@ -63,8 +63,8 @@ def feed_of(exs):
     return feed
 
 
-def dump(out, name, losses, backend, extra=None):
-    arrays = {"losses": np.array(losses, dtype=np.float64)}
+def dump(out, name, losses, backend, extra=None, arrays=None):
+    arrays = {"losses": np.array(losses, dtype=np.float64), **(arrays or {})}
     for n, t in backend.dense.items():
         arrays["dense." + n] = t.pull()
     t = backend.sparse["emb"]
@@ -107,9 +107,11 @@ def collective(a):
         fleet.save_persistables(exe, a.save)
         fleet.save_inference_model(exe, a.save + ".inference",
                                    ["dense"] + [f"s{i}" for i in range(SLOTS)], [prob])
+    test = fleet.main_program.clone(for_test=True)
+    predict, = exe.run(test, feed=feed_of(examples(999, 4)), fetch_list=[prob])
     dump(a.out, f"rank{rank}", losses, fleet.backend,
          {"rank": rank, "size": size, "endpoints": fleet.worker_endpoints(),
-          "first": fleet.is_first_worker()})
+          "first": fleet.is_first_worker()}, {"predict": np.asarray(predict)})
 
 
 def single(a):
