@@ -10,6 +10,7 @@ from pyfleet import initializer
 from pyfleet.config import DistributeTranspilerConfig
 from pyfleet.fluid import (
     backend,
+    clip,
     core,
     dataset,
     framework,
@@ -17,6 +18,7 @@ from pyfleet.fluid import (
     io,
     layers,
     optimizer,
+    regularizer,
     transpiler,
     unique_name,
 )
@@ -82,6 +84,7 @@ __all__ = [
     "Variable",
     "backend",
     "batch",
+    "clip",
     "core",
     "create_lod_tensor",
     "data",
@@ -98,6 +101,7 @@ __all__ = [
     "name_scope",
     "optimizer",
     "program_guard",
+    "regularizer",
     "scope_guard",
     "transpiler",
     "unique_name",

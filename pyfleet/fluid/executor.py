@@ -33,6 +33,7 @@ import collections
 import numpy as np
 
 from pyfleet.fluid import ops as _ops
+from pyfleet.fluid.clip import GradEntry, apply_gradient_rules, has_gradient_rules
 from pyfleet.fluid.core import EOFException
 from pyfleet.fluid.feed import as_numpy, feed_ids, feed_value
 from pyfleet.fluid.framework import Parameter, Program, Variable, default_main_program
@@ -48,6 +49,16 @@ from pyfleet.fluid.tensor import LoDTensor, fetched, global_scope, scope_guard
 from pyfleet.optimizer import SGD
 
 __all__ = ["Executor", "as_numpy", "global_scope", "scope_guard"]
+
+def _row_sparse(plan, grp):
+    """Whether a dense parameter's gradient is row-sparse in Fluid's sense:
+    every use is a lookup with ``is_sparse=True``."""
+    if not all(op.attrs.get("is_sparse") for op in grp.ops):
+        return False
+    name = grp.param.name
+    return not any(op.type != "lookup_table" and any(v.name == name for v in op.input_vars())
+                   for op in plan.ops)
+
 
 # Marks a program whose startup ran before optimizer.minimize: its tables
 # were created without the optimizer and cannot be trained.
@@ -200,6 +211,23 @@ class Executor:
         for name, value in startup._init_states:
             scope.vars[name] = np.array(value, copy=True)
 
+    @staticmethod
+    def _apply_gradient_rules(program, s, backend, dense, merged, row_sparse):
+        """Clip and regularize this step's gradients in place (``dense``:
+        name -> gradient; ``merged``: table -> (keys, rows' gradients, rows))."""
+        block = program.global_block()
+        entries = [GradEntry(block.vars[n], g, s.env[n], row_sparse.get(n))
+                   for n, g in dense.items()]
+        entries += [GradEntry(block.vars[n], part[1], part[2]) for n, part in merged.items()]
+        regularize = not getattr(backend, "applies_regularizers", False)
+        for e in apply_gradient_rules(entries, program._optimizer, regularize):
+            name = e.param.name
+            if name in dense:
+                dense[name] = np.ascontiguousarray(e.grad, dtype=dense[name].dtype)
+            else:
+                keys, _, rows = merged[name]
+                merged[name] = (keys, e.grad, rows)
+
     # --------------------------------------------------------------- step
     @staticmethod
     def _fetch_vars(program, fetch_list):
@@ -284,6 +312,8 @@ class Executor:
                     _ops.BACKWARD[op.type](op, s)
                     break
         groups = [grp for grp in s.groups if grp.param.name in plan.need]
+        rules = has_gradient_rules(program)
+        row_sparse = {}   # dense parameter -> rows its is_sparse lookups touched
         for grp in groups:   # embeddings of dense parameters: part of their gradient
             if not grp.param.is_sparse_table:
                 summed = s.summed_lookup_grads(grp)
@@ -292,26 +322,42 @@ class Executor:
                     gw = np.zeros(grp.param.shape, dtype=g.dtype)
                     gw[keys] = g
                     s.add_grad(grp.param, gw)
+                    if rules and _row_sparse(plan, grp):
+                        row_sparse[grp.param.name] = keys
         dense = {}
         for name in plan.trained_dense:
             g = s.grads.get(name)
             if g is not None:
                 dense[name] = np.ascontiguousarray(g, dtype=s.env[name].dtype)
-        if dense:
+        if dense and not rules:
             # Before the sparse sums: a remote backend's round trip starts sooner.
             backend.push_dense_many(dense)
         sparse = {}
         row_dtype = {}
         for grp in groups:
             if grp.param.is_sparse_table:
-                summed = s.summed_lookup_grads(grp)
+                summed = s.summed_lookup_grads(grp, with_rows=rules)
                 if summed is not None:
                     sparse.setdefault(grp.param.name, []).append(summed)
                     row_dtype[grp.param.name] = grp.rows.dtype
+        merged = {}
         for name, parts in sparse.items():
             if len(parts) == 1:
-                keys, g = parts[0]
+                merged[name] = parts[0]
+                continue
+            keys, g = merge_keys([p[0] for p in parts], [p[1] for p in parts])
+            if rules:   # the pulled row of each merged key
+                all_keys = np.concatenate([p[0] for p in parts])
+                order = np.argsort(all_keys, kind="stable")
+                at = order[np.searchsorted(all_keys[order], keys)]
+                merged[name] = (keys, g, np.concatenate([p[2] for p in parts])[at])
             else:
-                keys, g = merge_keys([p[0] for p in parts], [p[1] for p in parts])
-            backend.push_sparse(name, keys, np.ascontiguousarray(g, dtype=row_dtype[name]))
+                merged[name] = (keys, g)
+        if rules:
+            Executor._apply_gradient_rules(program, s, backend, dense, merged, row_sparse)
+            if dense:
+                backend.push_dense_many(dense)
+        for name, part in merged.items():
+            backend.push_sparse(name, part[0],
+                                np.ascontiguousarray(part[1], dtype=row_dtype[name]))
         backend.step_end()

@@ -32,8 +32,10 @@ import numpy as np
 from pyfleet import optimizer as _opt
 from pyfleet.fluid import program_desc, unique_name
 from pyfleet.fluid.backend import LocalBackend
+from pyfleet.fluid.clip import check_clip
 from pyfleet.fluid.optimizer import minimize
 from pyfleet.fluid.param_attr import ParamAttr, create_parameter_in
+from pyfleet.fluid.regularizer import check_regularizer
 from pyfleet.fluid.tensor import (
     CPUPlace,
     CUDAPlace,
@@ -184,6 +186,8 @@ class Parameter(Variable):
         self.is_sparse_table = bool(is_sparse_table)
         self.dim = int(self.shape[-1])
         self.initializer = initializer
+        self.regularizer = None          # fluid.regularizer rule (ParamAttr's)
+        self.gradient_clip_attr = None   # fluid.clip rule (ParamAttr's, set_gradient_clip)
 
     @property
     def seed(self):
@@ -410,6 +414,17 @@ class Program:
         """
         if not isinstance(optimizer, _opt.Optimizer):
             raise ValueError(f"optimizer must be a pyfleet.optimizer rule, got {optimizer!r}")
+        check_regularizer(optimizer.regularization, "the optimizer's regularization")
+        check_clip(optimizer.grad_clip, "the optimizer's grad_clip")
+        if getattr(optimizer, "lazy_mode", False):
+            for op in self.global_block().ops:
+                w = op.input("W")[0] if op.type == "lookup_table" else None
+                if w is not None and not w.is_sparse_table and op.attrs.get("is_sparse"):
+                    raise ValueError(
+                        f"Adam lazy_mode=True: dense embedding {w.name!r} is looked up with "
+                        "is_sparse=True, whose lazy update (only looked-up rows move) is not "
+                        "supported; use lazy_mode=False, or is_distributed=True for a sparse "
+                        "table (always lazy)")
         if not isinstance(loss, Variable):
             raise ValueError(f"loss must be a fluid Variable, got {loss!r}")
         if loss.block.program is not self:

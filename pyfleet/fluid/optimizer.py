@@ -22,13 +22,29 @@ from pyfleet.optimizer import (
     Adam,
     AdamOptimizer,
     FtrlOptimizer,
+    Momentum,
+    MomentumOptimizer,
     Optimizer,
+    RMSProp,
+    RMSPropOptimizer,
     SGDOptimizer,
     from_config,
 )
 
-__all__ = ["FTRL", "SGD", "Adagrad", "AdagradOptimizer", "Adam", "AdamOptimizer",
-           "FtrlOptimizer", "Optimizer", "SGDOptimizer", "from_config", "minimize"]
+__all__ = ["FTRL", "SGD", "Adagrad", "AdagradOptimizer", "Adam", "AdamOptimizer", "Ftrl",
+           "FtrlOptimizer", "ModelAverage", "Momentum", "MomentumOptimizer", "Optimizer",
+           "RMSProp", "RMSPropOptimizer", "SGDOptimizer", "from_config", "minimize"]
+
+Ftrl = FTRL
+
+
+class ModelAverage:
+    """Refused: pyfleet keeps no running average of parameters."""
+
+    def __init__(self, *args, **kwargs):
+        raise ValueError("fluid.optimizer.ModelAverage is not supported by pyfleet: "
+                         "parameters keep no running average (ParamAttr's "
+                         "do_model_average therefore changes nothing)")
 
 
 def minimize(optimizer, loss, startup_program=None, parameter_list=None, no_grad_set=None):

@@ -5,20 +5,34 @@ import numpy as np
 
 from pyfleet import initializer as _init
 from pyfleet.fluid import unique_name
+from pyfleet.fluid.clip import check_clip
+from pyfleet.fluid.regularizer import check_regularizer
 
 __all__ = ["ParamAttr", "create_parameter_in"]
 
 
 class ParamAttr:
-    """Fluid's ParamAttr: a parameter's name, initializer and learning-rate multiplier."""
+    """Fluid's ParamAttr: a parameter's name, initializer, learning-rate
+    multiplier, ``regularizer`` (wins over the optimizer's ``regularization``)
+    and ``gradient_clip`` (see :mod:`pyfleet.fluid.clip`).
+
+    ``do_model_average`` (Fluid's default True) only marks the parameter for
+    ``fluid.optimizer.ModelAverage``, which pyfleet refuses by name; like
+    Fluid without ModelAverage it changes nothing, so any bool is accepted.
+    """
 
     def __init__(self, name=None, initializer=None, learning_rate=1.0, regularizer=None,
-                 trainable=True, gradient_clip=None, do_model_average=False):
+                 trainable=True, gradient_clip=None, do_model_average=True):
         self.name = name
         self.initializer = initializer
         self.learning_rate = float(learning_rate)
-        self.regularizer = regularizer
+        self.regularizer = check_regularizer(regularizer, "ParamAttr regularizer")
         self.trainable = bool(trainable)
+        self.gradient_clip = check_clip(gradient_clip, "ParamAttr gradient_clip")
+        if do_model_average is not None and not isinstance(do_model_average, bool):
+            raise ValueError(f"ParamAttr do_model_average must be a bool, got "
+                             f"{do_model_average!r}")
+        self.do_model_average = do_model_average
 
     @staticmethod
     def _to_attr(arg):
@@ -52,6 +66,11 @@ def create_parameter_in(main, startup, attr, shape, dtype, default_initializer,
         init = _sparse_initializer(init, shape)
     p = block.create_parameter(name, shape, dtype, init, attr.trainable, attr.learning_rate,
                                is_sparse_table)
+    # A shared parameter keeps the first rule given to it, as Fluid's does.
+    if attr.regularizer is not None and p.regularizer is None:
+        p.regularizer = attr.regularizer
+    if attr.gradient_clip is not None and p.gradient_clip_attr is None:
+        p.gradient_clip_attr = attr.gradient_clip
     if not existed:
         if startup._main_of_startup is None:
             startup._main_of_startup = main

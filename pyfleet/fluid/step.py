@@ -135,7 +135,7 @@ class LookupGroup:
     ``inverse`` is in the order of ``rows``; ``slot_inverse`` slot after slot."""
 
     __slots__ = ("bounds", "grads", "index", "inverse", "keys", "ops", "pad_masks", "param",
-                 "rows", "rows3", "slot_inverse")
+                 "rows", "rows3", "slot_inverse", "urows")
 
 
 class Step:
@@ -153,6 +153,7 @@ class Step:
         self.groups = []
         self.group_of = {}
         self.cache = {}
+        self._touched = None   # the last summed_lookup_grads's mask of ids with a gradient
         # id(array) -> (whole, index, array): the lookup outputs of interleaved
         # groups (whole = rows3, index = lookup) and the column blocks concat's
         # backward cut (whole = gradient, index = first column). The array is
@@ -285,7 +286,7 @@ class Step:
                 m = f == (np.uint64(pad & 0xFFFFFFFFFFFFFFFF) if w.is_sparse_table else pad)
                 pads.append(m if m.any() else None)
         grp = LookupGroup()
-        grp.param, grp.ops, grp.bounds, grp.keys = w, ops, bounds, uniq
+        grp.param, grp.ops, grp.bounds, grp.keys, grp.urows = w, ops, bounds, uniq, urows
         grp.index = {id(op): i for i, op in enumerate(ops)}
         grp.pad_masks, grp.grads = pads, {}
         grp.slot_inverse, grp.rows3 = inverse, None
@@ -323,12 +324,22 @@ class Step:
         if g is not None:
             self.group_of[id(op)].grads[id(op)] = g
 
-    def summed_lookup_grads(self, grp):
-        """``(keys, gradient rows summed per key)`` of one group, or None.
+    def summed_lookup_grads(self, grp, with_rows=False):
+        """``(keys, gradient rows summed per key)`` of one group, or None;
+        ``with_rows``: ``(keys, gradients, the keys' pulled rows)``.
 
         Only ids whose lookups received a gradient are included (padding ids
         and lookups off the loss path are left out, so an optimizer with
         momentum does not move rows that did not take part)."""
+        out = self._summed_lookup_grads(grp)
+        if out is None or not with_rows:
+            return out
+        keys, g = out
+        if keys is grp.keys:
+            return keys, g, grp.urows
+        return keys, g, grp.urows[self._touched]
+
+    def _summed_lookup_grads(self, grp):
         dim = grp.rows.shape[1]
         n = grp.keys.shape[0]
         if grp.rows3 is not None and len(grp.grads) == len(grp.ops):
@@ -360,7 +371,7 @@ class Step:
         if complete:
             return grp.keys, segment_sum(occ, grp.slot_inverse, n)
         inv = np.concatenate(invs)
-        touched = np.bincount(inv, minlength=n) > 0
+        touched = self._touched = np.bincount(inv, minlength=n) > 0
         return grp.keys[touched], segment_sum(occ, inv, n)[touched]
 
 
