@@ -8,7 +8,9 @@ One module per concept (see docs/architecture.md)::
     barrier     liveness, step/pass barriers and stop bookkeeping (no sockets)
     registry    the tables one server holds
     checkpoint  checkpoint directories, their manifest, a server's shard files
-    server      the socket loop, dispatch and data ops of one server
+    table_ops   the data ops (pull, push, export) and table control ops of a server
+    loop        a server's socket loop: which thread answers which request
+    server      one server: dispatch, control ops, ``python -m pyfleet.server``
     channel     a client thread's sockets, its calls in flight, the pusher
     routing     keys to servers, dense blocks to servers (no sockets)
     client      the worker's Client
