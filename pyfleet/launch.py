@@ -6,6 +6,11 @@ Command line (also installed as ``fleetrun``)::
         [--log-dir DIR] [--mode sync|async|geo] [--grace 30] [--timeout SECONDS]
         [--stop-timeout 5]
         train.py [script arguments...]
+    python -m pyfleet.launch --collective --workers N [--hosts h1,h2 | --hostfile F]
+        [--timeout SECONDS] train.py [script arguments...]
+
+``--collective`` starts a collective (all-reduce) job instead: ``N`` MPI ranks through
+``mpiexec`` (see :func:`launch_collective` and docs/collective.md), no server.
 
 Each role gets the environment contract of ``docs/fleet.md``: pyfleet's variables
 (``PYFLEET_ROLE``, ``PYFLEET_SERVER_ENDPOINTS``, ...) and the PaddleCloud ones
@@ -37,6 +42,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -51,7 +57,8 @@ from pyfleet.endpoint import split_endpoint
 from pyfleet.errors import ConfigError
 from pyfleet.role_maker import parse_endpoints
 
-__all__ = ["CONTRACT_VARS", "EXIT_TIMEOUT", "free_ports", "launch_local", "main", "role_env"]
+__all__ = ["CONTRACT_VARS", "EXIT_TIMEOUT", "free_ports", "launch_collective", "launch_local",
+           "main", "role_env"]
 
 EXIT_TIMEOUT = 124
 
@@ -369,6 +376,57 @@ def _stop(roles: list[_Role], signals_seen: list[int], report, wait: float) -> N
             report(f"{role.label} (pid {role.proc.pid}) did not die after SIGKILL")
 
 
+def launch_collective(cmd: Sequence[str], workers: int, *, hosts: str | None = None,
+                      hostfile: str | None = None, timeout: float | None = None,
+                      env: Mapping[str, str] | None = None) -> int:
+    """Run ``cmd`` as ``workers`` MPI ranks with ``mpiexec`` (a collective job) and wait.
+
+    ``hosts`` (``h1,h2`` or ``h1:slots,...``) or ``hostfile`` go to mpiexec; without
+    either, every rank runs here (``--oversubscribe`` under Open MPI). Under Open MPI as
+    root, the two variables and the flag it requires are set. mpiexec aborts the job when
+    a rank dies and names it. Returns mpiexec's exit code, or :data:`EXIT_TIMEOUT` past
+    ``timeout`` seconds (mpiexec is then terminated, which stops every rank)."""
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ConfigError(f"workers must be an int >= 1, got {workers!r}")
+    mpiexec = shutil.which("mpiexec") or shutil.which("mpirun")
+    if mpiexec is None:
+        raise ConfigError("--collective needs mpiexec (or mpirun) on PATH: pip install "
+                          "\".[mpi]\" from the pyfleet checkout brings mpi4py and Open MPI")
+    version = subprocess.run([mpiexec, "--version"], capture_output=True, text=True,
+                             timeout=30, check=False).stdout
+    openmpi = "Open MPI" in version or "OpenRTE" in version
+    argv = [mpiexec, "-np", str(workers)]
+    if hosts:
+        argv += ["--host", hosts]
+    if hostfile:
+        argv += ["--hostfile", str(hostfile)]
+    child_env = {k: v for k, v in os.environ.items() if k not in CONTRACT_VARS}
+    child_env.update(env or {})
+    child_env.setdefault("PYTHONUNBUFFERED", "1")
+    child_env.setdefault("OPENBLAS_NUM_THREADS", "1")
+    if openmpi:
+        if not hosts and not hostfile:
+            argv.append("--oversubscribe")
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            argv.append("--allow-run-as-root")
+            child_env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    proc = subprocess.Popen([*argv, *map(str, cmd)], env=child_env, stdin=subprocess.DEVNULL)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        print(f"pyfleet.launch: the collective job ran past --timeout {timeout:g} s; "
+              f"stopping it", file=sys.stderr, flush=True)
+        return EXIT_TIMEOUT
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=_REAP_WAIT)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
 def _build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m pyfleet.launch",
@@ -383,6 +441,11 @@ def _build_parser() -> argparse.ArgumentParser:
                         "127.0.0.1)")
     p.add_argument("--log-dir", dest="log_dir", default=None,
                    help="also write each role's output to DIR/<role>.<index>.log")
+    p.add_argument("--collective", action="store_true",
+                   help="a collective (all-reduce) job: --workers MPI ranks via mpiexec, no "
+                        "server (docs/collective.md)")
+    p.add_argument("--hosts", default=None, help="with --collective: mpiexec's --host list")
+    p.add_argument("--hostfile", default=None, help="with --collective: mpiexec's hostfile")
     p.add_argument("--mode", choices=("sync", "async", "geo"), default=None,
                    help="default training mode for DistributeTranspilerConfig (PYFLEET_MODE)")
     p.add_argument("--grace", type=float, default=30.0,
@@ -407,7 +470,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             eps = list(parse_endpoints(args.server_endpoints, "--server-endpoints"))
             if args.servers is None:
                 args.servers = len(eps)
-        if args.servers is None:
+        if args.servers is None and not args.collective:
             args.servers = 2
         if args.timeout is not None and args.timeout <= 0:
             raise ConfigError(f"--timeout must be > 0, got {args.timeout}")
@@ -419,6 +482,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             cmd = [sys.executable, "-u", args.script, *args.script_args]
         else:
             cmd = [args.script, *args.script_args]
+        if args.collective:
+            for flag, value in (("--servers", args.servers), ("--mode", args.mode),
+                                ("--server-endpoints", eps), ("--log-dir", args.log_dir)):
+                if value is not None:
+                    raise ConfigError(f"{flag} does not apply to --collective (no servers; "
+                                      f"mpiexec prints every rank's output)")
+            return launch_collective(cmd, args.workers, hosts=args.hosts,
+                                     hostfile=args.hostfile, timeout=args.timeout)
+        if args.hosts or args.hostfile:
+            raise ConfigError("--hosts/--hostfile apply to --collective jobs only")
         return launch_local(cmd, args.servers, args.workers, log_dir=args.log_dir,
                             timeout=args.timeout, server_endpoints=eps, mode=args.mode,
                             grace_period=args.grace, stop_timeout=args.stop_timeout)

@@ -141,3 +141,26 @@ def test_not_under_mpi_is_one_clear_error(tmp_path):
     assert r.returncode != 0
     assert "not started by an MPI launcher" in r.stderr
     assert "pyfleet.launch --collective" in r.stderr and "mpirun -np N" in r.stderr
+
+
+@pytest.mark.parametrize("entry", [["-m", "pyfleet.launch"], ["-c", "from pyfleet.launch import "
+                                   "main; import sys; sys.exit(main())"]])
+def test_launcher_starts_the_ranks_with_mpiexec(tmp_path, entry):
+    out = tmp_path / "c"
+    out.mkdir()
+    script = REPO / "tests" / "support" / "collective_job.py"
+    r = subprocess.run([sys.executable, *entry, "--collective", "--workers", "2",
+                        "--timeout", "100", str(script), "collective", str(out),
+                        "--steps", "2"], capture_output=True, text=True, timeout=120,
+                       env=mpi_env(), check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+    infos = [json.loads((out / f"rank{i}.json").read_text()) for i in range(2)]
+    assert [(i["rank"], i["size"]) for i in infos] == [(0, 2), (1, 2)]
+    assert infos[0]["checksum"] == infos[1]["checksum"]
+
+
+def test_launcher_refuses_server_options_with_collective(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "pyfleet.launch", "--collective", "--servers",
+                        "2", "x.py"], capture_output=True, text=True, timeout=60,
+                       env=mpi_env(), check=False)
+    assert r.returncode == 2 and "--servers does not apply to --collective" in r.stderr
