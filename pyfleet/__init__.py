@@ -5,8 +5,6 @@ the Fluid layer, so they load on first use (PEP 562): a server process
 imports ``pyfleet`` on its way to :mod:`pyfleet.service.server` without Fluid.
 """
 
-import importlib
-
 from pyfleet import entry, initializer, metrics, optimizer
 from pyfleet._version import __version__
 from pyfleet.errors import PyfleetError
@@ -24,25 +22,23 @@ __all__ = [
     "metrics",
     "models",
     "optimizer",
+    "reader",
     "route",
 ]
 
-# name -> (module, attribute or None for the module itself)
-_LAZY = {
-    "fleet": ("pyfleet.distributed.fleet", "fleet"),
-    "models": ("pyfleet.models", None),
-    "batch": ("pyfleet.fluid.reader", "batch"),
-}
-
-
 def __getattr__(name):
-    try:
-        module, attr = _LAZY[name]
-    except KeyError:
-        raise AttributeError(f"module 'pyfleet' has no attribute {name!r}") from None
-    value = importlib.import_module(module)
-    if attr is not None:
-        value = getattr(value, attr)
+    # The Fluid layer loads here, on first use of one of these names, never at
+    # `import pyfleet` (names are fixed: nothing is imported by a computed name).
+    if name == "fleet":
+        from pyfleet.distributed.fleet import fleet as value
+    elif name == "models":
+        from pyfleet import models as value
+    elif name == "batch":
+        from pyfleet.fluid.reader import batch as value
+    elif name == "reader":   # Paddle's paddle.reader decorators
+        import pyfleet.reader as value
+    else:
+        raise AttributeError(f"module 'pyfleet' has no attribute {name!r}")
     globals()[name] = value  # later lookups skip __getattr__
     return value
 
