@@ -26,8 +26,8 @@ import time
 
 import numpy as np
 
-__all__ = ["JOB_DEFAULTS", "entry_of", "feed_of", "run_role", "summarize", "tables_of",
-           "train_local"]
+__all__ = ["JOB_DEFAULTS", "entry_of", "feed_of", "optimizer_of", "run_role", "summarize",
+           "tables_of", "train_local"]
 
 JOB_DEFAULTS = {
     "train": None, "test": None, "format": "criteo", "model": "dnn", "embedding_dim": 16,
@@ -36,8 +36,21 @@ JOB_DEFAULTS = {
     "request_timeout": 60.0, "connect_timeout": 120.0, "barrier_timeout": 300.0,
     "heartbeat_timeout": 10.0, "save_model": True, "geo_k_steps": 100,
     "admission_count": None, "show_click": False, "shrink_min_score": None,
-    "shrink_decay": 0.98, "shrink_unseen_passes": None,
+    "shrink_decay": 0.98, "shrink_unseen_passes": None, "optimizer": None,
 }
+
+
+def optimizer_of(job):
+    """The job's optimizer: ``job["optimizer"]`` is ``{"name": adam|adagrad|sgd|ftrl,
+    "learning_rate": ..., <its parameters>}``; without one (older job files),
+    Adam at ``job["lr"]``."""
+    from pyfleet import optimizer as opt
+    spec = dict(job.get("optimizer") or {"name": "adam", "learning_rate": job["lr"]})
+    cls = {"adam": opt.Adam, "adagrad": opt.Adagrad, "sgd": opt.SGD, "ftrl": opt.FTRL}
+    name = spec.pop("name")
+    if name not in cls:
+        raise ValueError(f"unknown optimizer {name!r}; expected one of {sorted(cls)}")
+    return cls[name](**spec)
 
 
 def feed_of(batch, model):
@@ -92,11 +105,11 @@ def tables_of(job):
     what a checkpoint it resumes from must hold."""
     from pyfleet import fluid
     from pyfleet._fleet import table_configs
-    from pyfleet.optimizer import Adam
+    job = {**JOB_DEFAULTS, **job}
     with fluid.unique_name.guard():  # the names a role's first program gets
         main, startup, model = build_program(job, job["n_dense"], job["n_slots"])
         with fluid.program_guard(main, startup):
-            Adam(learning_rate=job["lr"]).minimize(model.avg_cost)
+            optimizer_of(job).minimize(model.avg_cost)
     return table_configs(main, entry_of(job))[0]
 
 
@@ -231,7 +244,6 @@ def run_role(job):
     """Run this process's role (from the environment contract) of the job."""
     from pyfleet import fluid
     from pyfleet import fleet
-    from pyfleet.optimizer import Adam
 
     job = {**JOB_DEFAULTS, **job}
     run_dir = job["run_dir"]
@@ -242,7 +254,7 @@ def run_role(job):
     main, startup, model = build_program(job, n_dense, n_slots)
     fleet.init()
     with fluid.program_guard(main, startup):
-        fleet.distributed_optimizer(Adam(learning_rate=job["lr"]), strategy_of(job),
+        fleet.distributed_optimizer(optimizer_of(job), strategy_of(job),
                                     sparse_entry=entry_of(job)).minimize(model.avg_cost)
 
     if fleet.is_server():
@@ -337,7 +349,6 @@ def train_local(job):
     ``test_auc``, ...) for one worker."""
     from pyfleet import fluid
     from pyfleet.metrics import exact_auc, logloss
-    from pyfleet.optimizer import Adam
 
     job = {**JOB_DEFAULTS, **job}
     n_dense, n_slots = job.get("n_dense"), job.get("n_slots")
@@ -346,7 +357,7 @@ def train_local(job):
         n_dense, n_slots = schema.n_dense, schema.n_slots
     main, startup, model = build_program(job, n_dense, n_slots)
     with fluid.program_guard(main, startup):
-        Adam(learning_rate=job["lr"]).minimize(model.avg_cost)
+        optimizer_of(job).minimize(model.avg_cost)
     exe = fluid.Executor(fluid.CPUPlace())
     exe.run(startup)
     progress = _Progress(float("inf"), None, 0)   # the workers' bookkeeping, never printed
