@@ -95,7 +95,7 @@ def _train_parser(sub):
                         "~/.cache/pyfleet)")
     p.add_argument("--run-dir", help="where to write everything; must be empty or new "
                                      "(default: runs/<time>, or the --resume directory)")
-    p.add_argument("--checkpoint-dir", help="the same as --run-dir (Paddle's name)")
+    p.add_argument("--checkpoint-dir", help="the same as --run-dir (Paddle's name; default: --run-dir's)")
     p.add_argument("--overwrite", action="store_true",
                    help="reuse a non-empty --run-dir: its previous run's files are deleted "
                         "first (default: refuse it)")
@@ -264,12 +264,12 @@ def _check_first_lines(paths, fmt, flag):
     naming its first bad line. Returns the (resolved) format and schema."""
     from pyfleet.data import Dataset
     from pyfleet.data import readers
-    schema = None
+    schema, requested = None, fmt
     files = readers.list_files(paths)
     for path in files:
         if not readers._read_first_line(path):
             continue  # an empty file (or shard) adds nothing and breaks nothing
-        ds = Dataset(path, format=fmt)
+        ds = Dataset(path, format=requested)
         if fmt == "auto":
             fmt = ds.format
         elif ds.format != fmt:
