@@ -63,13 +63,13 @@ def test_resumed_run_goes_on_as_an_uninterrupted_one(tmp_path):
     assert resumed[3] < first[2] < first[1]
     np.testing.assert_allclose(resumed_pred, straight_pred, rtol=1e-4, atol=1e-6)
     assert _checkpoint.read_manifest(tmp_path / "b" / "checkpoint")["meta"] == {"pass": 3}
-    # another model's checkpoint: refused by name before any role starts (loaded,
-    # the 16-wide layer's blocks would fill an 8-wide one as flat ranges)
+    # another architecture than job.json's: refused by name before anything is
+    # written (loaded, the 16-wide layer's blocks would fill an 8-wide one)
     p = subprocess.run([sys.executable, "-m", "pyfleet.cli", "train", *ARGS, "--layers", "8",
                         "--run-dir", str(tmp_path / "d"), "--resume", str(tmp_path / "a")],
                        capture_output=True, text=True, timeout=120, check=False)
-    assert p.returncode != 0 and "holds 'fc_0.w_0' as a dense parameter of shape [" in p.stderr
-    assert not (tmp_path / "d" / "logs").exists()
+    assert p.returncode != 0 and "--layers 8 conflicts with the run resumed (16 in " in p.stderr
+    assert not (tmp_path / "d").exists()
 
 
 def test_resume_without_a_checkpoint_is_refused(tmp_path):
