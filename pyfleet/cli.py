@@ -262,8 +262,7 @@ def _check_first_lines(paths, fmt, flag):
     """Every input file's format (one for all) and first lines, before any
     process starts: a file whose first lines hold no valid example is refused,
     naming its first bad line. Returns the (resolved) format and schema."""
-    from pyfleet.data import Dataset
-    from pyfleet.data import readers
+    from pyfleet.data import Dataset, readers
     schema, requested = None, fmt
     files = readers.list_files(paths)
     for path in files:
@@ -300,7 +299,7 @@ def _check_first_lines(paths, fmt, flag):
             raise ValueError(
                 f"none of the first {len(lines)} lines of {path} reads as {ds.format} "
                 f"({path}:{bad}: {_parse.REASONS[int(r['bad_reasons'][0])]}); see "
-                f"docs/formats.md" + ("" if flag is None else f", or pass --format"))
+                f"docs/formats.md" + ("" if flag is None else ", or pass --format"))
     return fmt, schema
 
 
