@@ -13,9 +13,14 @@ prints a summary (also in RUN_DIR/summary.json).
 
 import argparse
 import json
+import logging
 import math
 import os
+import re
+import shlex
+import signal
 import sys
+import threading
 import time
 
 __all__ = ["main"]
@@ -36,7 +41,7 @@ INHERITED = ARCHITECTURE + (
     "train", "test", "format", "rows", "servers", "workers", "mode", "batch_size", "lr",
     "beta1", "beta2", "epsilon", "l1", "l2", "lr_power", "initial_accumulator", "seed",
     "admission_count", "show_click", "shrink_min_score", "shrink_decay",
-    "shrink_unseen_passes")
+    "shrink_unseen_passes", "valid_fraction", "keep", "keep_best")
 
 # Optimizer flag -> (optimizer parameter, the optimizers that take it).
 OPTIMIZER_FLAGS = {
@@ -57,6 +62,10 @@ def _train_parser(sub):
                                    "comma-separated list (default: generated data)")
     p.add_argument("--test", help="held-out data (default: the generated data's test split; "
                                   "none with --train)")
+    p.add_argument("--valid-fraction", type=float, default=None, metavar="F",
+                   help="hold out about F of the --train rows (chosen by a hash of their "
+                        "features) as the test data evaluated after every pass (default: "
+                        "none; not with --test)")
     p.add_argument("--format", default="auto", choices=["auto", "criteo", "csv", "slot"],
                    help="data format; auto reads it from each file's first line")
     p.add_argument("--model", default="dnn", choices=["lr", "dnn", "widedeep", "deepfm"],
@@ -102,8 +111,24 @@ def _train_parser(sub):
     p.add_argument("--resume", metavar="RUN_DIR",
                    help="continue a previous run from its checkpoint, with its settings "
                         "(flags given here win; by default the run goes on in RUN_DIR)")
+    p.add_argument("--keep", type=int, default=None, metavar="K",
+                   help="also keep the checkpoints of the last K passes, in "
+                        "RUN_DIR/checkpoints/pass-NNNN (default: only RUN_DIR/checkpoint, the "
+                        "latest)")
+    p.add_argument("--keep-best", action="store_true",
+                   help="also keep the checkpoint of the pass with the highest test AUC, "
+                        "RUN_DIR/checkpoints/best (needs test data; default: off)")
     p.add_argument("--seed", type=int, default=0, help="shuffling, initialisation and "
                                                        "generated data")
+    p.add_argument("--quiet", "-q", action="store_true",
+                   help="print no progress and no phase, only warnings, errors and the "
+                        "summary (metrics.jsonl and the logs are written all the same)")
+    p.add_argument("--log-interval", type=float, default=2.0, metavar="SECONDS",
+                   help="seconds between progress lines (and metrics.jsonl records)")
+    p.add_argument("--log-level", default="info",
+                   choices=["debug", "info", "warning", "error"],
+                   help="level of the roles' logs, RUN_DIR/logs/<role>.log (warnings and "
+                        "errors are also shown on the console)")
     p.add_argument("--json", action="store_true",
                    help="print the summary as JSON, alone on stdout (progress goes to "
                         "stderr)")
@@ -177,7 +202,9 @@ def _plot(run_dir):
     if not os.path.exists(path):
         return None
     with open(path) as f:
-        lines = [json.loads(x) for x in f if x.strip()]
+        records = [json.loads(x) for x in f if x.strip()]
+    lines = [x for x in records if "loss" in x]  # the progress records
+    tests = [x for x in records if x.get("test_auc") is not None]
     if not lines:
         return None
     t0 = lines[0]["time"]
@@ -186,7 +213,11 @@ def _plot(run_dir):
     a.plot(t, [x["loss"] for x in lines])
     a.set_xlabel("seconds")
     a.set_ylabel("logloss (window)")
-    b.plot(t, [x["auc"] for x in lines])
+    b.plot(t, [x["auc"] for x in lines], label="train (running)")
+    if tests:
+        b.plot([x["time"] - t0 for x in tests], [x["test_auc"] for x in tests], "o",
+               label="test, after each pass")
+        b.legend(loc="lower right")
     b.set_xlabel("seconds")
     b.set_ylabel("running AUC")
     fig.tight_layout()
@@ -227,7 +258,7 @@ def _resumed_settings(job):
         return job["settings"]
     keys = ("model", "embedding_dim", "lr", "batch_size", "mode", "seed", "format",
             "admission_count", "show_click", "shrink_min_score", "shrink_decay",
-            "shrink_unseen_passes")
+            "shrink_unseen_passes", "valid_fraction", "keep", "keep_best")
     out = {k: job[k] for k in keys if k in job}
     if isinstance(job.get("layers"), list):
         out["layers"] = ",".join(str(x) for x in job["layers"])
@@ -312,8 +343,8 @@ def _default_cache_dir():
 
 
 # What `pyfleet train` writes into a run directory (what --overwrite deletes).
-RUN_FILES = ("checkpoint", "model", "logs", "data", "job.json", "metrics.jsonl",
-             "summary.json", "training.png")
+RUN_FILES = ("checkpoint", "checkpoints", "model", "logs", "data", "progress", "job.json",
+             "metrics.jsonl", "summary.json", "training.png")
 
 
 def _clear_run_dir(run_dir):
@@ -335,9 +366,12 @@ def cmd_train(args, argv):
     from pyfleet.trainer import JOB_DEFAULTS, summarize
 
     out = sys.stderr if args.json else sys.stdout  # under --json stdout holds the JSON alone
+    cli_log = logging.getLogger("pyfleet.cli")
 
     def say(text):
-        print(text, file=out, flush=True)
+        if not args.quiet:
+            print(text, file=out, flush=True)
+        cli_log.info("%s", text)
 
     resume = os.path.abspath(args.resume) if args.resume else None
     first_pass = 1
@@ -384,6 +418,24 @@ def cmd_train(args, argv):
                          "counts every row scores 0)")
     if not 0.0 < args.shrink_decay <= 1.0:
         raise SystemExit("pyfleet train: --shrink-decay must be in (0, 1]")
+    if args.valid_fraction is not None:
+        if not 0.0 < args.valid_fraction < 1.0:
+            raise SystemExit(f"pyfleet train: --valid-fraction must be in (0, 1), got "
+                             f"{args.valid_fraction}")
+        if args.test:
+            raise SystemExit("pyfleet train: --valid-fraction and --test both name the test "
+                             "data: give one")
+        if not args.train:
+            raise SystemExit("pyfleet train: --valid-fraction needs --train (the generated "
+                             "data set has its own test split)")
+    if args.keep is not None and args.keep < 1:
+        raise SystemExit(f"pyfleet train: --keep must be >= 1, got {args.keep}")
+    if not args.log_interval > 0:
+        raise SystemExit(f"pyfleet train: --log-interval must be > 0 seconds, got "
+                         f"{args.log_interval}")
+    if args.keep_best and args.train and not args.test and args.valid_fraction is None:
+        raise SystemExit("pyfleet train: --keep-best needs test data to rank the passes: "
+                         "--test or --valid-fraction")
     truth = None
     train, test, fmt = _split_paths(args.train), _split_paths(args.test), args.format
     for flag, paths in (("--train", train), ("--test", test)):
@@ -445,7 +497,10 @@ def cmd_train(args, argv):
            "n_dense": n_dense, "n_slots": n_slots,
            "admission_count": args.admission_count, "show_click": args.show_click,
            "shrink_min_score": args.shrink_min_score, "shrink_decay": args.shrink_decay,
-           "shrink_unseen_passes": args.shrink_unseen_passes, "settings": settings}
+           "shrink_unseen_passes": args.shrink_unseen_passes, "settings": settings,
+           "valid_fraction": args.valid_fraction, "keep": args.keep,
+           "keep_best": args.keep_best, "log_level": args.log_level,
+           "progress_interval": args.log_interval}
     if resume:  # another model's checkpoint: refused here, not in every server
         from pyfleet import _checkpoint
         from pyfleet.trainer import tables_of
@@ -495,16 +550,47 @@ def cmd_train(args, argv):
     job_path = os.path.join(run_dir, "job.json")
     with open(job_path, "w") as f:
         json.dump(job, f, indent=1)
+    os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
+    handler = logging.FileHandler(os.path.join(run_dir, "logs", "pyfleet.log"))
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s pyfleet %(name)s: "
+                                           "%(message)s"))
+    cli_log.addHandler(handler)
+    cli_log.setLevel(args.log_level.upper())
+    cli_log.propagate = False
+    # A previous attempt's progress files (a resumed run) must not count in this one.
+    import shutil
+    shutil.rmtree(os.path.join(run_dir, "progress"), ignore_errors=True)
+    os.makedirs(os.path.join(run_dir, "progress"))
     # Roles run in the run directory: `python -m` puts the working directory
     # first on sys.path, and a source checkout there (where `pip install .`
     # was typed) would shadow the installed package and its compiled modules.
     cmd = [sys.executable, "-m", "pyfleet.trainer", job_path]
     started = time.time()
+    from pyfleet._monitor import Monitor, count_lines
+    from pyfleet.data import readers
+    try:
+        total_lines = count_lines(readers.list_files(train),
+                                  header_lines=1 if fmt == "csv" else 0)
+    except (OSError, ValueError):
+        total_lines = None
+    if total_lines is not None and args.valid_fraction:
+        total_lines = int(total_lines * (1 - args.valid_fraction))
+    last_pass = job["first_pass"] + args.epochs - 1
+    monitor = Monitor(run_dir, args.workers, job["first_pass"], last_pass, total_lines,
+                      args.log_interval, say)
     say(f"starting {args.servers} server(s) and {args.workers} worker(s), {args.mode}; "
         f"logs in {run_dir}/logs")
-    code = launch_local(lambda role, index: cmd, servers=args.servers, workers=args.workers,
-                        env=env, log_dir=os.path.join(run_dir, "logs"), timeout=args.timeout,
-                        mode=args.mode, cwd=run_dir, output=out)
+    monitor.start()
+    try:
+        code = launch_local(lambda role, index: cmd, servers=args.servers,
+                            workers=args.workers, env=env,
+                            log_dir=os.path.join(run_dir, "logs"), timeout=args.timeout,
+                            mode=args.mode, cwd=run_dir, output=_RoleOutput(sys.stderr))
+    finally:
+        monitor.finish()
+    if code in (128 + signal.SIGINT, 128 + signal.SIGTERM, 128 + signal.SIGHUP):
+        print(_interrupted(run_dir, resume, monitor, last_pass, args), file=sys.stderr)
+        return code
     if code != 0:
         print(f"pyfleet train: the job failed (exit code {code}); logs in {run_dir}/logs",
               file=sys.stderr)
@@ -539,6 +625,50 @@ def cmd_train(args, argv):
               f"checkpoint are in {run_dir}", file=sys.stderr)
         return 1
     return 0
+
+
+class _RoleOutput:
+    """Where the launcher writes the roles' output lines (``[worker.0] ...``):
+    their DEBUG and INFO log records stay in the role's log file only (the job's
+    progress is the monitor's one line); warnings, errors, tracebacks and
+    anything else reach ``stream``."""
+
+    _HIDDEN = re.compile(r"^\[\w+\.\d+\] \d{4}-\d\d-\d\d [\d:,]+ (DEBUG|INFO) ")
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text):
+        if not self._HIDDEN.match(text):
+            self.stream.write(text)
+
+    def flush(self):
+        self.stream.flush()
+
+
+def _interrupted(run_dir, resume, monitor, last_pass, args):
+    """What an interrupted run kept, and the command that continues it."""
+    from pyfleet import _checkpoint
+    try:
+        m = _checkpoint.read_manifest(os.path.join(run_dir, "checkpoint"))
+    except ValueError:
+        m = None
+    during = (f" during pass {monitor.current_pass}" if monitor.current_pass is not None
+              else "")
+    if m is None:
+        return (f"pyfleet train: interrupted{during}; no pass had finished, so no checkpoint "
+                f"was kept (the logs are in {run_dir}/logs)")
+    done = (m.get("meta") or {}).get("pass")
+    text = f"pyfleet train: interrupted{during}; kept: {run_dir}/checkpoint"
+    if isinstance(done, int):
+        text += f" (after pass {done})"
+        left = last_pass - done
+    else:
+        left = args.epochs
+    if left <= 0:
+        return text + "; every pass was trained and saved"
+    return (text + f". Continue with:\n  pyfleet train --resume {shlex.quote(run_dir)} "
+            f"--epochs {left}")
 
 
 def _why_no_example(malformed, first, otherwise):
