@@ -47,13 +47,17 @@ def count_lines(files, header_lines=0):
                 lines = head.count(b"\n")
                 if not lines:
                     continue
-                n = int(os.path.getsize(path) * lines / len(head[:head.rfind(b"\n") + 1]))
+                n = os.path.getsize(path) * lines // len(head[:head.rfind(b"\n") + 1])
         finally:
             f.close()
             if raw is not None:
                 raw.close()
         total += max(n - header_lines, 0) if n else 0
     return total
+
+
+def _fmt(x):
+    return "-" if x is None else f"{x:.4f}"
 
 
 def _clock(seconds):
@@ -129,8 +133,7 @@ class Monitor(threading.Thread):
             self.say(f"pass {n}: evaluating on the test data")
         elif kind == "tested":
             auc, loss = e.get("test_auc"), e.get("test_logloss")
-            fmt = lambda x: "-" if x is None else f"{x:.4f}"  # noqa: E731
-            self.say(f"pass {n}: test AUC {fmt(auc)} logloss {fmt(loss)} "
+            self.say(f"pass {n}: test AUC {_fmt(auc)} logloss {_fmt(loss)} "
                      f"({e.get('test_examples', 0):,} examples)")
             self._record({"time": e["time"], "pass": n, "test_auc": auc, "test_logloss": loss,
                           "test_examples": e.get("test_examples"),
@@ -177,10 +180,10 @@ class Monitor(threading.Thread):
         rate = (examples - e0) / max(now - t0, 1e-9)
         auc = MetricStats.sum([MetricStats.from_json(s["stats"]) for s in st]).auc()
         pass_now = min(s["pass"] for s in st)
-        if len(st) == self.workers and all(s["pass_done"] for s in st):
-            if self.total is None or all(s["pass"] == pass_now for s in st):
-                # a whole pass was read: its exact size for the next passes' %
-                self.total = sum(s["pass_examples"] for s in st) or self.total
+        if len(st) == self.workers and all(s["pass_done"] for s in st) and (
+                self.total is None or all(s["pass"] == pass_now for s in st)):
+            # a whole pass was read: its exact size for the next passes' %
+            self.total = sum(s["pass_examples"] for s in st) or self.total
         record = {"time": now, "pass": pass_now, "examples": examples,
                   "examples_per_sec": rate, "loss": loss, "auc": auc}
         line = f"pass {pass_now}/{self.last}"

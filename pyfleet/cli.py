@@ -20,7 +20,6 @@ import re
 import shlex
 import signal
 import sys
-import threading
 import time
 
 __all__ = ["main"]
@@ -122,7 +121,8 @@ def _train_parser(sub):
                                                        "generated data")
     p.add_argument("--quiet", "-q", action="store_true",
                    help="print no progress and no phase, only warnings, errors and the "
-                        "summary (metrics.jsonl and the logs are written all the same)")
+                        "summary (metrics.jsonl and the logs are written all the same; "
+                        "default: off)")
     p.add_argument("--log-interval", type=float, default=2.0, metavar="SECONDS",
                    help="seconds between progress lines (and metrics.jsonl records)")
     p.add_argument("--log-level", default="info",

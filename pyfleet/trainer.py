@@ -399,8 +399,7 @@ def _malformed_of(data):
 
 def run_role(job):
     """Run this process's role (from the environment contract) of the job."""
-    from pyfleet import fluid
-    from pyfleet import fleet
+    from pyfleet import fleet, fluid
 
     job = {**JOB_DEFAULTS, **job}
     run_dir = job["run_dir"]
@@ -474,7 +473,8 @@ def run_role(job):
         train_cpu += time.process_time() - c0
         progress.report(epoch, done=True)
         history.append({"pass": epoch, "examples": progress.examples,
-                        "seconds": train_seconds, **_malformed_of(data)})
+                        "loss_sum": progress.loss_sum, "seconds": train_seconds,
+                        **_malformed_of(data)})
         log.info("worker %d: pass %d trained, %d examples so far", wi, epoch,
                  progress.examples)
         fleet.barrier_worker()  # every worker finished the pass: the checkpoint is of it
@@ -630,6 +630,17 @@ def summarize(run_dir, workers):
         summary["test_auc"] = float(exact_auc(pred, label))
         summary["test_auc_bucketed"] = test.auc()
         summary["test_logloss"] = float(logloss(pred, label))
+    # Each pass's mean training loss over every worker's examples (cumulative sums).
+    by_pass = {}
+    for r in results:
+        seen = loss = 0.0
+        for p in r.get("passes", []):
+            if "loss_sum" in p:
+                n, s = by_pass.get(p["pass"], (0, 0.0))
+                by_pass[p["pass"]] = (n + p["examples"] - seen, s + p["loss_sum"] - loss)
+                seen, loss = p["examples"], p["loss_sum"]
+    summary["train_loss_by_pass"] = {str(k): s / n for k, (n, s) in sorted(by_pass.items())
+                                     if n}
     if results[0].get("evaluations"):
         summary["passes"] = results[0]["evaluations"]
     if results[0].get("best"):

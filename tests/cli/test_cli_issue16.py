@@ -26,7 +26,7 @@ def test_json_output_is_the_json_alone(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     summary = json.loads(r.stdout)  # the whole of stdout
     assert summary["train_examples"] == 2700
-    assert "[worker.0]" in r.stderr  # the roles' progress went to stderr
+    assert "pass 1/1" in r.stderr  # the job's progress went to stderr
 
 
 def test_no_doc_or_message_sends_users_to_the_index_by_name():
@@ -100,8 +100,9 @@ def test_a_used_run_directory_is_refused_unless_resume_or_overwrite(tmp_path):
     (run / "notes.txt").write_text("mine")
     r = pyfleet("train", *SMALL, "--run-dir", run, "--overwrite", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
-    lines = (run / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(x)["pass"] for x in lines] == [1]  # not appended to the old run's
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    # not appended to the old run's: one progress and one test record, of pass 1
+    assert [(x["pass"], "loss" in x) for x in lines] == [(1, True), (1, False)]
     assert (run / "notes.txt").read_text() == "mine"  # only pyfleet's files were replaced
 
 
@@ -120,7 +121,7 @@ def test_resume_inherits_the_settings_and_refuses_another_architecture(tmp_path)
     assert job["first_pass"] == 2
     assert job["optimizer"] == {"name": "adagrad", "learning_rate": 0.05}
     passes = [json.loads(x)["pass"] for x in (a / "metrics.jsonl").read_text().splitlines()]
-    assert passes == [1, 2]
+    assert passes == [1, 1, 2, 2]  # each pass: its progress, then its test
     # a flag given wins: --batch-size changes, into another run directory
     r = pyfleet("train", "--resume", a, "--batch-size", "100", "--run-dir", tmp_path / "b",
                 cwd=tmp_path)
