@@ -5,10 +5,34 @@ the Fluid layer, so they load on first use (PEP 562): a server process
 imports ``pyfleet`` on its way to :mod:`pyfleet.service.server` without Fluid.
 """
 
-from pyfleet import entry, initializer, metrics, optimizer
-from pyfleet._version import __version__
-from pyfleet.errors import PyfleetError
-from pyfleet.table import DenseTable, SparseTable, route
+
+def _check_core():
+    """Import the compiled core first, so that its absence is one clear error.
+
+    After a plain ``pip install .``, running from the checkout's root puts the
+    checkout's ``pyfleet/`` (no compiled modules) ahead of the installed
+    package, and every later ``from pyfleet import _core`` fails as a
+    "circular import"."""
+    import os
+    try:
+        from pyfleet import _core  # noqa: F401
+    except ImportError as exc:
+        here = os.path.dirname(os.path.abspath(__file__))
+        if os.path.exists(os.path.join(here, os.pardir, "pyproject.toml")):
+            raise ImportError(
+                f"pyfleet's compiled core (pyfleet._core) is not in {here}: the checkout's "
+                f"pyfleet/ folder shadows the installed package: run from another directory "
+                f"or use pip install -e .") from None
+        raise ImportError(f"pyfleet's compiled core (pyfleet._core) cannot be imported: "
+                          f"{exc}; reinstall with pip install . from the checkout") from exc
+
+
+_check_core()
+
+from pyfleet import entry, initializer, metrics, optimizer  # noqa: E402
+from pyfleet._version import __version__  # noqa: E402
+from pyfleet.errors import PyfleetError  # noqa: E402
+from pyfleet.table import DenseTable, SparseTable, route  # noqa: E402
 
 __all__ = [
     "DenseTable",
@@ -32,7 +56,7 @@ def __getattr__(name):
     if name == "fleet":
         from pyfleet.distributed.fleet import fleet as value
     elif name == "models":
-        from pyfleet import models as value
+        import pyfleet.models as value
     elif name == "batch":
         from pyfleet.fluid.reader import batch as value
     elif name == "reader":   # Paddle's paddle.reader decorators

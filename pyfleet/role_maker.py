@@ -377,8 +377,8 @@ def _import_mpi():
         from mpi4py import MPI
     except ImportError as exc:
         raise ImportError("MPI roles and collective mode need mpi4py and an MPI library: "
-                          "pip install 'pyfleet[mpi]' (or pip install mpi4py), with OpenMPI "
-                          "or MPICH installed, and run under mpirun") from exc
+                          "pip install '.[mpi]' from the pyfleet checkout (mpi4py and the "
+                          "openmpi wheel), and run under mpirun") from exc
     return MPI
 
 

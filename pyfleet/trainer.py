@@ -20,23 +20,27 @@ predictions together, never from worker 0's alone.
 
 import gc
 import json
+import logging
 import os
+import shutil
 import sys
 import time
 
 import numpy as np
 
 from pyfleet import fluid, models
+from pyfleet import optimizer as _opt
+from pyfleet._atomic import write_json
 from pyfleet.config import DistributeTranspilerConfig
 from pyfleet.data import Dataset
 from pyfleet.data.readers import describe_malformed
 from pyfleet.distributed.fleet import fleet, table_configs
 from pyfleet.entry import CountFilterEntry
 from pyfleet.metrics import MetricStats, exact_auc, logloss
-from pyfleet.optimizer import Adam
+from pyfleet.service import checkpoint as _checkpoint
 
-__all__ = ["JOB_DEFAULTS", "entry_of", "feed_of", "run_role", "summarize", "tables_of",
-           "train_local"]
+__all__ = ["JOB_DEFAULTS", "entry_of", "feed_of", "optimizer_of", "run_role", "summarize",
+           "tables_of", "train_local"]
 
 JOB_DEFAULTS = {
     "train": None, "test": None, "format": "criteo", "model": "dnn", "embedding_dim": 16,
@@ -45,8 +49,23 @@ JOB_DEFAULTS = {
     "request_timeout": 60.0, "connect_timeout": 120.0, "barrier_timeout": 300.0,
     "heartbeat_timeout": 10.0, "save_model": True, "geo_k_steps": 100,
     "admission_count": None, "show_click": False, "shrink_min_score": None,
-    "shrink_decay": 0.98, "shrink_unseen_passes": None,
+    "shrink_decay": 0.98, "shrink_unseen_passes": None, "optimizer": None,
+    "valid_fraction": None, "keep": None, "keep_best": False, "log_level": "info",
 }
+
+log = logging.getLogger("pyfleet.trainer")
+
+
+def optimizer_of(job):
+    """The job's optimizer: ``job["optimizer"]`` is ``{"name": adam|adagrad|sgd|ftrl,
+    "learning_rate": ..., <its parameters>}``; without one (older job files),
+    Adam at ``job["lr"]``."""
+    spec = dict(job.get("optimizer") or {"name": "adam", "learning_rate": job["lr"]})
+    cls = {"adam": _opt.Adam, "adagrad": _opt.Adagrad, "sgd": _opt.SGD, "ftrl": _opt.FTRL}
+    name = spec.pop("name")
+    if name not in cls:
+        raise ValueError(f"unknown optimizer {name!r}; expected one of {sorted(cls)}")
+    return cls[name](**spec)
 
 
 def feed_of(batch, model):
@@ -77,10 +96,15 @@ def _prefetching(batches, exe, program, model):
         batch, feed = nxt, nxt_feed
 
 
-def _dataset(job, paths, worker_index, worker_num, shuffle=False, prefetch=4):
+def _dataset(job, paths, worker_index, worker_num, shuffle=False, prefetch=4, side=None):
+    """``side``: "train" or "valid" with ``job["valid_fraction"]``: that side of
+    the rows held out (by their content, whatever reads them)."""
+    holdout = None
+    if side is not None and job.get("valid_fraction"):
+        holdout = (float(job["valid_fraction"]), side)
     return Dataset(paths, format=job["format"], batch_size=job["batch_size"],
                    worker_index=worker_index, worker_num=worker_num, shuffle=shuffle,
-                   seed=job["seed"], prefetch=prefetch)
+                   seed=job["seed"], prefetch=prefetch, holdout=holdout)
 
 
 def build_program(job, n_dense, n_slots):
@@ -95,12 +119,13 @@ def build_program(job, n_dense, n_slots):
 
 
 def tables_of(job):
-    """The table configs of the job's program (``pyfleet.distributed.fleet.table_configs``):
+    """The table configs of the job's program (``pyfleet._fleet.table_configs``):
     what a checkpoint it resumes from must hold."""
+    job = {**JOB_DEFAULTS, **job}
     with fluid.unique_name.guard():  # the names a role's first program gets
         main, startup, model = build_program(job, job["n_dense"], job["n_slots"])
         with fluid.program_guard(main, startup):
-            Adam(learning_rate=job["lr"]).minimize(model.avg_cost)
+            optimizer_of(job).minimize(model.avg_cost)
     return table_configs(main, entry_of(job))[0]
 
 
@@ -150,24 +175,31 @@ def entry_of(job):
 
 
 class _Progress:
-    """Running loss/AUC and throughput, printed every ``interval`` seconds.
+    """Running loss/AUC and throughput of this worker.
+
+    Every ``interval`` seconds (and at the end of every pass) the worker's
+    cumulative counts are written to ``status_path``
+    (``RUN_DIR/progress/worker<i>.json``, replaced whole): ``pyfleet train``
+    sums every worker's into one line for the job and into ``metrics.jsonl``.
+    The counts are additive (loss sums, AUC bucket counts), so the job's
+    figures are exact, not averages of the workers'.
 
     Predictions are buffered and counted into the statistics a chunk at a
-    time (at most ``_CHUNK`` examples, and at every report): the statistics
-    are additive, and a few large updates cost a fraction of one per batch."""
+    time (at most ``_CHUNK`` examples, and at every report): a few large
+    updates cost a fraction of one per batch."""
 
     _CHUNK = 1 << 15
 
-    def __init__(self, interval, metrics_path, worker_index):
+    def __init__(self, interval, status_path, worker_index):
         self.stats = MetricStats()
-        self.window = MetricStats()
         self.interval = float(interval)
-        self.metrics = open(metrics_path, "a") if metrics_path else None
+        self.status_path = status_path
         self.worker = worker_index
         self.start = self.last = time.perf_counter()
         self.examples = 0
         self.steps = 0
         self.loss_sum = 0.0
+        self.pass_start = 0  # examples before this pass
         self._preds, self._labels, self._buffered = [], [], 0
 
     def update(self, epoch, pred, labels, loss):
@@ -182,40 +214,177 @@ class _Progress:
             self.drain()
         now = time.perf_counter()
         if now - self.last >= self.interval:
-            self.report(epoch, now)
+            self.report(epoch, now=now)
 
     def drain(self):
-        """Count the buffered predictions into ``stats`` and the report window."""
+        """Count the buffered predictions into ``stats``."""
         if not self._preds:
             return
         chunk = MetricStats().update(np.concatenate(self._preds), np.concatenate(self._labels))
         self._preds, self._labels, self._buffered = [], [], 0
         self.stats.merge(chunk)
-        self.window.merge(chunk)
 
-    def report(self, epoch, now=None):
+    def report(self, epoch, now=None, done=False):
         self.drain()
-        if self.window.count == 0:
-            return
         now = now or time.perf_counter()
-        rate = self.examples / max(now - self.start, 1e-9)
-        line = {"time": time.time(), "worker": self.worker, "pass": epoch, "step": self.steps,
-                "examples": self.examples, "examples_per_sec": rate,
-                "loss": self.window.logloss(), "auc": self.stats.auc(),
-                "window_auc": self.window.auc()}
-        print(f"pass {epoch}  step {self.steps:>6}  examples {self.examples:>10,}  "
-              f"{rate:>9,.0f} ex/s  loss {line['loss']:.4f}  auc {line['auc']:.4f}",
-              flush=True)
-        if self.metrics:
-            self.metrics.write(json.dumps(line) + "\n")
-            self.metrics.flush()
-        self.window = MetricStats()
         self.last = now
+        if not self.status_path:
+            return
+        status = {"time": time.time(), "worker": self.worker, "pass": epoch,
+                  "pass_done": done, "pass_examples": self.examples - self.pass_start,
+                  "step": self.steps,
+                  "examples": self.examples, "loss_sum": self.loss_sum,
+                  "seconds": now - self.start, "stats": self.stats.to_json()}
+        _replace_json(self.status_path, status)
 
     def close(self):
         self.drain()
-        if self.metrics:
-            self.metrics.close()
+
+
+def _replace_json(path, obj):
+    """Replace ``path`` by ``obj`` as JSON (a reader sees the old or the new
+    file whole; no fsync: these files only report progress)."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(obj, f)
+    os.replace(tmp, path)
+
+
+class _Events:
+    """Worker 0's announcements of the job's phases, one JSON object a line in
+    ``RUN_DIR/progress/events.jsonl``: ``pyfleet train`` prints them as they
+    come and records the test results in ``metrics.jsonl``."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __call__(self, event, **fields):
+        if self.path is None:
+            return
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"event": event, "time": time.time(), **fields}) + "\n")
+
+
+def _finite(x):
+    """A float that JSON (and a manifest's meta) can hold: NaN becomes None."""
+    x = float(x)
+    return x if np.isfinite(x) else None
+
+
+def _evaluate(exe, program, model, data):
+    """``(pred, label)`` of every example of ``data``."""
+    preds, labels = [], []
+    for batch in data:
+        (pred,) = exe.run(program, feed=feed_of(batch, model), fetch_list=[model.predict])
+        preds.append(pred.reshape(-1))
+        labels.append(batch.labels)
+    if not preds:
+        return np.zeros(0, np.float32), np.zeros(0, np.float32)
+    return np.concatenate(preds), np.concatenate(labels)
+
+
+def _pass_metrics(run_dir, epoch, workers):
+    """The test AUC and logloss of pass ``epoch`` over every worker's
+    predictions together (exact, not an average of the workers')."""
+    parts = [np.load(_test_file(run_dir, epoch, i)) for i in range(workers)]
+    pred = np.concatenate([p["pred"] for p in parts])
+    label = np.concatenate([p["label"] for p in parts])
+    if label.shape[0] == 0:
+        return {"pass": epoch, "test_examples": 0, "test_auc": None, "test_logloss": None}
+    return {"pass": epoch, "test_examples": int(label.shape[0]),
+            "test_auc": _finite(exact_auc(pred, label)),
+            "test_logloss": _finite(logloss(pred, label))}
+
+
+def _remove(path):
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _test_file(run_dir, epoch, worker):
+    return os.path.join(run_dir, "progress", f"test-pass{epoch}.worker{worker}.npz")
+
+
+def snapshot_checkpoint(src, dst):
+    """Copy checkpoint directory ``src`` (its manifest and the generations it
+    names) to a new directory ``dst``. Generation files are never rewritten
+    once written, so they are hard-linked when the filesystem allows (no
+    bytes copied). The copy is assembled under a temporary name, its manifest
+    written last, then renamed to ``dst``: ``dst`` exists only complete."""
+    manifest = _checkpoint.read_manifest(src)
+    if manifest is None:
+        raise ValueError(f"{src} holds no checkpoint")
+    tmp = f"{dst}.tmp.{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+
+    def link(a, b):
+        try:
+            os.link(a, b)
+        except OSError:
+            shutil.copy2(a, b)
+
+    for gen in manifest["chain"]:
+        shutil.copytree(os.path.join(src, gen["dir"]), os.path.join(tmp, gen["dir"]),
+                        copy_function=link)
+    write_json(os.path.join(tmp, _checkpoint.MANIFEST_NAME), manifest, indent=1)
+    os.rename(tmp, dst)
+
+
+class _Keeper:
+    """``--keep K`` and ``--keep-best``: after every pass's save into
+    ``RUN_DIR/checkpoint``, a copy in ``RUN_DIR/checkpoints/pass-NNNN`` for the
+    last K passes and for the best pass (highest test AUC), which
+    ``RUN_DIR/checkpoints/best`` points to (a symbolic link, replaced
+    atomically). A resumed run in the same directory continues the count and
+    knows the best so far from the best copy's manifest."""
+
+    def __init__(self, run_dir, keep, keep_best):
+        self.dir = os.path.join(run_dir, "checkpoints")
+        self.keep, self.keep_best = keep, keep_best
+        self.best_pass = self.best_auc = None
+        if keep_best:
+            try:
+                m = _checkpoint.read_manifest(os.path.join(self.dir, "best"))
+            except ValueError:
+                m = None
+            meta = (m or {}).get("meta") or {}
+            if meta.get("test_auc") is not None:
+                self.best_pass, self.best_auc = meta.get("pass"), meta["test_auc"]
+
+    @staticmethod
+    def name(epoch):
+        return f"pass-{epoch:04d}"
+
+    def after_save(self, src, epoch, auc):
+        """Keep what the options ask for; returns ``{"kept": [...], "best": pass}``."""
+        if not self.keep and not self.keep_best:
+            return {}
+        os.makedirs(self.dir, exist_ok=True)
+        new_best = self.keep_best and auc is not None and (
+            self.best_auc is None or auc > self.best_auc)
+        path = os.path.join(self.dir, self.name(epoch))
+        if (self.keep or new_best) and not os.path.isdir(path):
+            snapshot_checkpoint(src, path)
+        if new_best:
+            self.best_pass, self.best_auc = epoch, auc
+            link = os.path.join(self.dir, "best")
+            tmp = f"{link}.tmp.{os.getpid()}"
+            if os.path.lexists(tmp):
+                os.unlink(tmp)
+            os.symlink(self.name(epoch), tmp)
+            os.replace(tmp, link)
+        passes = sorted(int(d[5:]) for d in os.listdir(self.dir)
+                        if d.startswith("pass-") and d[5:].isdigit())
+        wanted = set(passes[-self.keep:]) if self.keep else set()
+        if self.best_pass is not None:
+            wanted.add(self.best_pass)
+        for p in passes:
+            if p not in wanted:
+                shutil.rmtree(os.path.join(self.dir, self.name(p)), ignore_errors=True)
+        return {"kept": [p for p in passes if p in wanted], "best": self.best_pass}
 
 
 def _malformed_of(data):
@@ -237,17 +406,21 @@ def run_role(job):
     main, startup, model = build_program(job, n_dense, n_slots)
     fleet.init()
     with fluid.program_guard(main, startup):
-        fleet.distributed_optimizer(Adam(learning_rate=job["lr"]), strategy_of(job),
+        fleet.distributed_optimizer(optimizer_of(job), strategy_of(job),
                                     sparse_entry=entry_of(job)).minimize(model.avg_cost)
 
     if fleet.is_server():
         resume = job["resume"]
+        where = os.path.join(resume, "checkpoint") if resume else None
+        log.info("server %d: %s", fleet.server_index(),
+                 f"loading {where}" if where else "starting with fresh parameters")
         try:
-            fleet.init_server(os.path.join(resume, "checkpoint") if resume else None)
+            fleet.init_server(where)
         except ValueError as e:  # damaged, incomplete, another model's: it says which file
             raise SystemExit(f"pyfleet server {fleet.server_index()}: cannot load "
                              f"{resume}/checkpoint: {e}") from None
         fleet.run_server()
+        log.info("server %d: stopped", fleet.server_index())
         return 0
 
     wi, wn = fleet.worker_index(), fleet.worker_num()
@@ -256,68 +429,109 @@ def run_role(job):
     exe.run(fleet.startup_program)
     test_program = main.clone(for_test=True)
     test_program.set_backend(main.backend)
+    progress_dir = os.path.join(run_dir, "progress")
+    os.makedirs(progress_dir, exist_ok=True)
     progress = _Progress(job["progress_interval"],
-                         os.path.join(run_dir, "metrics.jsonl") if wi == 0 else None, wi)
+                         os.path.join(progress_dir, f"worker{wi}.json"), wi)
+    events = _Events(os.path.join(progress_dir, "events.jsonl") if wi == 0 else None)
+    keeper = _Keeper(run_dir, job["keep"], job["keep_best"]) if wi == 0 else None
     # The program, tables and modules are long-lived: keep the cyclic
     # collector from re-scanning them during every collection of a step's garbage.
     gc.freeze()
     train_seconds = train_cpu = 0.0
-    history = []
+    history, evaluations = [], []
     # One dataset for every pass: each pass is shuffled by (seed, pass number).
     # A resumed job starts at the pass after its checkpoint's, in the order an
     # uninterrupted run would read it.
     first = int(job["first_pass"])
-    data = _dataset(job, job["train"], wi, wn, shuffle=True)
+    last = first + int(job["epochs"]) - 1
+    data = _dataset(job, job["train"], wi, wn, shuffle=True, side="train")
     data.set_pass(first)
-    for epoch in range(first, first + int(job["epochs"])):
+    if job["test"]:
+        test_data = _dataset(job, job["test"], wi, wn)
+    elif job.get("valid_fraction"):
+        test_data = _dataset(job, job["train"], wi, wn, side="valid")
+    else:
+        test_data = None
+    pred = label = None
+    test_read = {"malformed": 0, "first_malformed": []}
+    for epoch in range(first, last + 1):
+        events("pass", **{"pass": epoch, "last": last})
+        log.info("worker %d: pass %d started", wi, epoch)
         t0, c0 = time.perf_counter(), time.process_time()
+        progress.pass_start = progress.examples
         for batch, feed in _prefetching(data, exe, main, model):
-            loss, pred = exe.run(main, feed=feed, fetch_list=[model.avg_cost, model.predict])
-            progress.update(epoch, pred.reshape(-1), batch.labels, loss.reshape(-1)[0])
+            loss, out = exe.run(main, feed=feed, fetch_list=[model.avg_cost, model.predict])
+            progress.update(epoch, out.reshape(-1), batch.labels, loss.reshape(-1)[0])
             if job["show_click"]:
                 fleet.push_show_click(*show_click_of(batch))
         train_seconds += time.perf_counter() - t0
         train_cpu += time.process_time() - c0
-        progress.report(epoch)
+        progress.report(epoch, done=True)
         history.append({"pass": epoch, "examples": progress.examples,
-                        "seconds": train_seconds, **_malformed_of(data)})
+                        "loss_sum": progress.loss_sum, "seconds": train_seconds,
+                        **_malformed_of(data)})
+        log.info("worker %d: pass %d trained, %d examples so far", wi, epoch,
+                 progress.examples)
         fleet.barrier_worker()  # every worker finished the pass: the checkpoint is of it
+        metrics = None
+        if test_data is not None:
+            events("test", **{"pass": epoch})
+            pred, label = _evaluate(exe, test_program, model, test_data)
+            test_read = _malformed_of(test_data)
+            if epoch > first:  # worker 0 read it before this pass's first barrier
+                _remove(_test_file(run_dir, epoch - 1, wi))
+            np.savez(_test_file(run_dir, epoch, wi), pred=pred, label=label)
+            fleet.barrier_worker()  # every worker's predictions are written
+            if wi == 0:
+                metrics = _pass_metrics(run_dir, epoch, wn)
+                if epoch == last:
+                    for i in range(wn):
+                        _remove(_test_file(run_dir, epoch, i))
+                evaluations.append(metrics)
+                events("tested", **metrics)
+                log.info("pass %d: test AUC %s logloss %s (%d examples)", epoch,
+                         metrics["test_auc"], metrics["test_logloss"],
+                         metrics["test_examples"])
         if wi == 0:
             if _shrink_args(job):  # end of pass: decay show/click, drop stale rows
                 fleet.shrink(**_shrink_args(job))
-            fleet.save_persistables(exe, os.path.join(run_dir, "checkpoint"),
-                                    meta={"pass": epoch})
+            where = os.path.join(run_dir, "checkpoint")
+            events("saving", **{"pass": epoch, "path": where})
+            meta = {"pass": epoch}
+            if metrics is not None:
+                meta.update(test_auc=metrics["test_auc"], test_logloss=metrics["test_logloss"])
+            fleet.save_persistables(exe, where, meta=meta)
+            kept = keeper.after_save(where, epoch, None if metrics is None
+                                     else metrics["test_auc"])
+            events("saved", **{"pass": epoch, "path": where, **kept})
+            log.info("pass %d: checkpoint saved to %s %s", epoch, where, kept or "")
     progress.close()
 
     test_stats = MetricStats()
-    preds, labels = [], []
-    test_read = {"malformed": 0, "first_malformed": []}
-    if job["test"]:
-        test_data = _dataset(job, job["test"], wi, wn)
-        for batch in test_data:
-            (pred,) = exe.run(test_program, feed=feed_of(batch, model),
-                              fetch_list=[model.predict])
-            preds.append(pred.reshape(-1))
-            labels.append(batch.labels)
-        if preds:
-            test_stats.update(np.concatenate(preds), np.concatenate(labels))
-        test_read = _malformed_of(test_data)
+    if pred is not None and pred.shape[0]:
+        test_stats.update(pred, label)
     result = {"worker": wi, "examples": progress.examples, "train_seconds": train_seconds,
               "train_cpu_seconds": train_cpu,
               "passes": history, "test_stats": test_stats.to_json(),
-              "train_stats": progress.stats.to_json(), "test_read": test_read}
-    if preds:
-        np.savez(os.path.join(run_dir, f"worker{wi}.test.npz"), pred=np.concatenate(preds),
-                 label=np.concatenate(labels))
+              "train_stats": progress.stats.to_json(), "test_read": test_read,
+              "evaluations": evaluations}
+    if keeper is not None and keeper.best_pass is not None:
+        result["best"] = {"pass": keeper.best_pass, "test_auc": keeper.best_auc,
+                          "checkpoint": os.path.join(keeper.dir, "best")}
+    if pred is not None and pred.shape[0]:
+        np.savez(os.path.join(run_dir, f"worker{wi}.test.npz"), pred=pred, label=label)
     if wi == 0:
         result["servers"] = fleet.stats()
         if job["save_model"]:
+            where = os.path.join(run_dir, "model")
+            events("export", path=where)
             try:
-                fleet.save_inference_model(exe, os.path.join(run_dir, "model"),
+                fleet.save_inference_model(exe, where,
                                            [v.name for v in model.inputs if v is not model.label],
                                            [model.predict])
             except ImportError as e:  # inference export not available in this build
-                print(f"inference model not saved: {e}", file=sys.stderr)
+                log.warning("inference model not saved: %s", e)
     with open(os.path.join(run_dir, f"worker{wi}.json"), "w") as f:
         json.dump(result, f)
     fleet.stop_worker()
@@ -337,7 +551,7 @@ def train_local(job):
         n_dense, n_slots = schema.n_dense, schema.n_slots
     main, startup, model = build_program(job, n_dense, n_slots)
     with fluid.program_guard(main, startup):
-        Adam(learning_rate=job["lr"]).minimize(model.avg_cost)
+        optimizer_of(job).minimize(model.avg_cost)
     exe = fluid.Executor(fluid.CPUPlace())
     exe.run(startup)
     progress = _Progress(float("inf"), None, 0)   # the workers' bookkeeping, never printed
@@ -408,6 +622,23 @@ def summarize(run_dir, workers):
         summary["test_auc"] = float(exact_auc(pred, label))
         summary["test_auc_bucketed"] = test.auc()
         summary["test_logloss"] = float(logloss(pred, label))
+    # Each pass's mean training loss over every worker's examples (cumulative sums).
+    by_pass = {}
+    for r in results:
+        seen = loss = 0.0
+        for p in r.get("passes", []):
+            if "loss_sum" in p:
+                n, s = by_pass.get(p["pass"], (0, 0.0))
+                by_pass[p["pass"]] = (n + p["examples"] - seen, s + p["loss_sum"] - loss)
+                seen, loss = p["examples"], p["loss_sum"]
+    summary["train_loss_by_pass"] = {str(k): s / n for k, (n, s) in sorted(by_pass.items())
+                                     if n}
+    if results[0].get("evaluations"):
+        summary["passes"] = results[0]["evaluations"]
+    if results[0].get("best"):
+        summary["best_pass"] = results[0]["best"]["pass"]
+        summary["best_test_auc"] = results[0]["best"]["test_auc"]
+        summary["best_checkpoint"] = results[0]["best"]["checkpoint"]
     servers = results[0].get("servers") or []
     rows = {}
     for s in servers:
@@ -426,7 +657,26 @@ def main(argv=None):
         return 2
     with open(argv[0]) as f:
         job = json.load(f)
+    _configure_logging(job.get("log_level") or "info")
     return run_role(job)
+
+
+def _role_label():
+    """``server.<i>`` or ``worker.<i>`` from the launcher's environment contract."""
+    env = os.environ
+    if env.get("PYFLEET_ROLE") == "server" or env.get("TRAINING_ROLE") == "PSERVER":
+        return f"server.{env.get('PYFLEET_SERVER_INDEX', '?')}"
+    return f"worker.{env.get('PYFLEET_WORKER_INDEX', env.get('PADDLE_TRAINER_ID', '?'))}"
+
+
+LOG_FORMAT = "%(asctime)s %(levelname)s {role} %(name)s: %(message)s"
+
+
+def _configure_logging(level):
+    """Every role logs with the standard ``logging`` module to stderr (the
+    launcher keeps it in RUN_DIR/logs/<role>.log), timestamped and labelled."""
+    logging.basicConfig(level=level.upper(), stream=sys.stderr,
+                        format=LOG_FORMAT.format(role=_role_label()))
 
 
 if __name__ == "__main__":

@@ -189,6 +189,12 @@ class Dataset:
     of the first line of the first non-empty file, in order of appearance;
     tokens of other names are ignored and counted.
 
+    ``holdout=(fraction, side)`` splits the examples in two by their content
+    (a hash of their features, never of the label or of which worker reads
+    them): about ``fraction`` of them are the "valid" side, the rest the
+    "train" side, and this dataset yields only ``side``'s. The same rows fall
+    on the same side for any number of workers, any shuffle and any pass.
+
     ``prefetch > 0`` reads and parses in a background thread, up to that many
     batches ahead (parsing releases the GIL, so it overlaps the training step);
     an error in the thread is raised from the iteration, and abandoning the
@@ -201,7 +207,14 @@ class Dataset:
                  drop_last: bool = False, *, dense_min=None, dense_max=None,
                  slots: Optional[Sequence[str]] = None, label_name: str = "click",
                  dense_name: str = "dense_feature", block_size: int = BLOCK_SIZE,
-                 max_reported: int = 10, prefetch: int = 0):
+                 max_reported: int = 10, prefetch: int = 0, holdout=None):
+        if holdout is not None:
+            fraction, side = holdout
+            if not 0.0 < float(fraction) < 1.0 or side not in ("train", "valid"):
+                raise ValueError(f"holdout must be (fraction in (0, 1), 'train' or 'valid'), "
+                                 f"got {holdout!r}")
+            holdout = (float(fraction), side)
+        self.holdout = holdout
         if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         if block_size < 1:
@@ -332,7 +345,14 @@ class Dataset:
                 self._account(r, path, line_no)
                 line_no += r["lines"]
                 if r["examples"]:
-                    yield self._chunk(r)
+                    chunk = self._chunk(r)
+                    if self.holdout is not None:
+                        fraction, side = self.holdout
+                        valid = _holdout_mask(chunk, fraction)
+                        chunk = chunk.permute(np.flatnonzero(valid if side == "valid"
+                                                             else ~valid))
+                    if len(chunk):
+                        yield chunk
 
     def _parse(self, buf, data_line: int) -> dict:
         if self.format == "slot":
@@ -426,8 +446,8 @@ class _Chunk:
         if self.offsets is None:
             return _Chunk(self.labels[perm], self.dense[perm],
                           [ids[perm] for ids in self.slot_ids], None)
-        n = perm.shape[0]
-        new_off = np.zeros_like(self.offsets)
+        n = perm.shape[0]  # perm may also select a subset
+        new_off = np.zeros((n + 1, self.offsets.shape[1]), dtype=self.offsets.dtype)
         slot_ids = []
         for s, ids in enumerate(self.slot_ids):
             col = self.offsets[:, s]
@@ -437,6 +457,36 @@ class _Chunk:
             src += np.arange(src.shape[0], dtype=np.int64)
             slot_ids.append(ids[src])
         return _Chunk(self.labels[perm], self.dense[perm], slot_ids, new_off)
+
+
+_MIX = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _holdout_mask(chunk: "_Chunk", fraction: float) -> np.ndarray:
+    """True for the examples of ``chunk`` on the held-out side: a hash of each
+    example's dense values and first id of every slot (splitmix64's mixer)
+    below ``fraction`` of the hash range. Vectorized over the chunk."""
+    n = len(chunk)
+    h = np.zeros(n, dtype=np.uint64)
+    cols = [chunk.dense.astype(np.float32).view(np.uint32).astype(np.uint64).T]
+    for s, ids in enumerate(chunk.slot_ids):
+        if chunk.offsets is None:
+            cols.append([ids])
+        else:
+            o = chunk.offsets[:, s]
+            first = np.zeros(n, dtype=np.uint64)
+            has = o[1:] > o[:-1]
+            first[has] = ids[o[:-1][has]]
+            cols.append([first])
+    with np.errstate(over="ignore"):
+        for group in cols:
+            for col in group:
+                h = (h ^ np.asarray(col, dtype=np.uint64)) * _MIX
+                h ^= h >> np.uint64(31)
+        h ^= h >> np.uint64(30)
+        h *= np.uint64(0xBF58476D1CE4E5B9)
+        h ^= h >> np.uint64(27)
+    return (h >> np.uint64(11)).astype(np.float64) < fraction * float(1 << 53)
 
 
 def _concat(parts):

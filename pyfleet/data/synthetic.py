@@ -39,7 +39,7 @@ import numpy as np
 
 from pyfleet.data import _parse
 
-__all__ = ["N_DENSE", "N_SLOTS", "auc", "generate", "generate_arrays", "logloss"]
+__all__ = ["N_DENSE", "N_SLOTS", "auc", "cached", "generate", "generate_arrays", "logloss"]
 
 N_DENSE = 13
 N_SLOTS = 26
@@ -292,3 +292,73 @@ def generate(path_or_dir, rows: int, seed: int = 0, test_fraction: float = 0.1,
 def _text(b: Dict[str, np.ndarray], sel: Optional[np.ndarray]) -> bytes:
     return format_tsv(b["labels"][sel], b["dense"][sel], b["dense_missing"][sel],
                       b["cat"][sel], b["cat_missing"][sel])
+
+
+# Bump when the generator's output changes: old cache entries are then not used.
+GENERATOR_VERSION = 1
+
+
+def cached(cache_dir, rows: int, seed: int = 0, test_fraction: float = 0.1,
+           ctr: float = 0.25, say=None) -> dict:
+    """:func:`generate`'s data set from a cache, generated on a miss.
+
+    Entries live in ``cache_dir/<key>``, the key naming every parameter the
+    files depend on (and numpy's version, which fixes the draws). An entry is
+    generated in a temporary directory and renamed into place only once
+    complete, with ``cache.json`` recording each file's size; an entry that
+    does not match it (truncated, edited) is deleted and generated again, so a
+    partial or corrupt entry is never used. ``say`` (a callable) is told what
+    happens. Returns :func:`generate`'s summary with the entry's paths."""
+    import shutil
+    import tempfile
+    if isinstance(rows, bool) or not isinstance(rows, (int, np.integer)) or rows < 0:
+        raise ValueError(f"rows must be a non-negative integer, got {rows!r}")
+    key = (f"synthetic-v{GENERATOR_VERSION}-rows{int(rows)}-seed{int(seed)}-"
+           f"test{float(test_fraction):g}-ctr{float(ctr):g}-numpy{np.__version__}")
+    entry = os.path.join(os.fspath(cache_dir), key)
+    info = _cache_entry(entry)
+    if info is not None:
+        if say:
+            say(f"generated data: {entry} (cached)")
+        return info
+    if os.path.exists(entry):
+        if say:
+            say(f"generated data: {entry} is incomplete or damaged; generating it again")
+        shutil.rmtree(entry, ignore_errors=True)
+    if say:
+        say(f"generating {rows:,} synthetic rows (seed {seed}) into {entry} ...")
+    os.makedirs(os.fspath(cache_dir), exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{key}.", dir=os.fspath(cache_dir))
+    try:
+        generate(tmp, rows=rows, seed=seed, test_fraction=test_fraction, ctr=ctr)
+        sizes = {name: os.path.getsize(os.path.join(tmp, name))
+                 for name in ("train.tsv", "test.tsv", "truth.json")}
+        with open(os.path.join(tmp, "cache.json"), "w") as f:
+            json.dump({"key": key, "sizes": sizes}, f)
+        try:
+            os.rename(tmp, entry)
+        except OSError:  # another run put it there first: use that one
+            if _cache_entry(entry) is None:
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    info = _cache_entry(entry)
+    if info is None:
+        raise ValueError(f"the cache entry {entry} is unreadable right after it was written")
+    return info
+
+
+def _cache_entry(entry: str) -> Optional[dict]:
+    """The summary of a complete cache entry, or None."""
+    try:
+        with open(os.path.join(entry, "cache.json")) as f:
+            sizes = json.load(f)["sizes"]
+        for name, size in sizes.items():
+            if os.path.getsize(os.path.join(entry, name)) != size:
+                return None
+        with open(os.path.join(entry, "truth.json")) as f:
+            info = json.load(f)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    info.update(train=os.path.join(entry, "train.tsv"), test=os.path.join(entry, "test.tsv"))
+    return info

@@ -29,24 +29,18 @@ def _train(run_dir, *extra):
                         str(run_dir), *extra], env=env, capture_output=True, text=True, check=False,
                        timeout=240)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        lines = [json.loads(line) for line in f if line.strip()]
-    sums, seen = {}, 0
-    for m in lines:
-        n = m["examples"] - seen
-        seen = m["examples"]
-        loss, count = sums.get(m["pass"], (0.0, 0))
-        sums[m["pass"]] = (loss + m["loss"] * n, count + n)
+    with open(os.path.join(run_dir, "summary.json")) as f:
+        losses = {int(k): v for k, v in json.load(f)["train_loss_by_pass"].items()}
     with np.load(os.path.join(run_dir, "worker0.test.npz")) as z:
         pred = z["pred"]
-    return {k: sums[k][0] / sums[k][1] for k in sorted(sums)}, pred
+    return losses, pred
 
 
 def test_resumed_run_goes_on_as_an_uninterrupted_one(tmp_path):
     first, _ = _train(tmp_path / "a", "--epochs", "2")
     m = _checkpoint.read_manifest(tmp_path / "a" / "checkpoint")
     assert m["server_num"] == 2 and [g["mode"] for g in m["chain"]] == ["full"]
-    assert m["meta"] == {"pass": 2}
+    assert m["meta"]["pass"] == 2
     resumed, resumed_pred = _train(tmp_path / "b", "--epochs", "1", "--resume",
                                    str(tmp_path / "a"))
     straight, straight_pred = _train(tmp_path / "c", "--epochs", "3")
@@ -62,14 +56,14 @@ def test_resumed_run_goes_on_as_an_uninterrupted_one(tmp_path):
     assert resumed[3] == pytest.approx(straight[3], rel=1e-5)
     assert resumed[3] < first[2] < first[1]
     np.testing.assert_allclose(resumed_pred, straight_pred, rtol=1e-4, atol=1e-6)
-    assert _checkpoint.read_manifest(tmp_path / "b" / "checkpoint")["meta"] == {"pass": 3}
-    # another model's checkpoint: refused by name before any role starts (loaded,
-    # the 16-wide layer's blocks would fill an 8-wide one as flat ranges)
+    assert _checkpoint.read_manifest(tmp_path / "b" / "checkpoint")["meta"]["pass"] == 3
+    # another architecture than job.json's: refused by name before anything is
+    # written (loaded, the 16-wide layer's blocks would fill an 8-wide one)
     p = subprocess.run([sys.executable, "-m", "pyfleet.cli", "train", *ARGS, "--layers", "8",
                         "--run-dir", str(tmp_path / "d"), "--resume", str(tmp_path / "a")],
                        capture_output=True, text=True, timeout=120, check=False)
-    assert p.returncode != 0 and "holds 'fc_0.w_0' as a dense parameter of shape [" in p.stderr
-    assert not (tmp_path / "d" / "logs").exists()
+    assert p.returncode != 0 and "--layers 8 conflicts with the run resumed (16 in " in p.stderr
+    assert not (tmp_path / "d").exists()
 
 
 def test_resume_without_a_checkpoint_is_refused(tmp_path):

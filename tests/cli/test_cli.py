@@ -96,10 +96,10 @@ def test_training_data_with_no_valid_line_is_an_error_naming_the_first(tmp_path)
     r = pyfleet("train", "--train", str(bad), "--workers", "1", "--run-dir",
                 str(tmp_path / "run"), cwd=tmp_path, timeout=120)
     assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
-    assert "no training example was read" in r.stderr
-    assert "2 malformed line(s)" in r.stderr and f"{bad}:1: bad label" in r.stderr, r.stderr
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["train_examples"] == 0 and summary["train_malformed"] == 2
+    # refused from its first lines, before any process starts or anything is written
+    assert f"none of the first 2 lines of {bad} reads as criteo ({bad}:1: bad label)" \
+        in r.stderr, r.stderr
+    assert not (tmp_path / "run").exists()
 
 
 SLOT_SAMPLE = os.path.join(DATA,
@@ -120,8 +120,9 @@ def test_test_data_problems_are_named(tmp_path):
     bad = tmp_path / "bad.tsv"
     bad.write_text("garbage\nmore garbage\n")
     r = pyfleet("train", "--train", train, "--test", str(bad), "--workers", "1",
-                "--run-dir", str(tmp_path / "run"), cwd=tmp_path, timeout=120)
+                "--format", "criteo", "--run-dir", str(tmp_path / "run"), cwd=tmp_path,
+                timeout=120)
     assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
-    assert (f"no test example was read from {bad} (2 malformed line(s), the first: "
-            f"{bad}:1: bad label") in r.stderr, r.stderr
-    assert (tmp_path / "run" / "checkpoint" / "MANIFEST.json").exists()  # training was kept
+    assert (f"--test: none of the first 2 lines of {bad} reads as criteo ({bad}:1: bad label)"
+            in r.stderr), r.stderr
+    assert not (tmp_path / "run").exists()  # refused before any process started
