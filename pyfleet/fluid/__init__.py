@@ -11,6 +11,7 @@ from pyfleet.config import DistributeTranspilerConfig
 from pyfleet.fluid import (
     backend,
     clip,
+    compiler,
     core,
     dataset,
     framework,
@@ -22,6 +23,7 @@ from pyfleet.fluid import (
     transpiler,
     unique_name,
 )
+from pyfleet.fluid.compiler import BuildStrategy, CompiledProgram, ExecutionStrategy
 from pyfleet.fluid.data_feeder import DataFeeder
 from pyfleet.fluid.dataset import DatasetFactory
 from pyfleet.fluid.executor import Executor
@@ -46,17 +48,6 @@ from pyfleet.fluid.tensor import (
 )
 
 
-class CompiledProgram:
-    """Accepted by ``Executor.run``; data parallelism is a no-op on one CPU process."""
-
-    def __init__(self, program_or_graph, build_strategy=None):
-        self._program = program_or_graph
-
-    def with_data_parallel(self, loss_name=None, build_strategy=None, exec_strategy=None,
-                           share_vars_from=None, places=None):
-        return self
-
-
 def embedding(input, size, is_sparse=False, is_distributed=False, padding_idx=None,
               param_attr=None, dtype="float32"):
     """Fluid 1.5's ``fluid.embedding``: output shape = ids' shape + ``[dim]``."""
@@ -70,12 +61,14 @@ def data(name, shape, dtype="float32", lod_level=0):
 
 
 __all__ = [
+    "BuildStrategy",
     "CPUPlace",
     "CUDAPlace",
     "CompiledProgram",
     "DataFeeder",
     "DatasetFactory",
     "DistributeTranspilerConfig",
+    "ExecutionStrategy",
     "Executor",
     "LoDTensor",
     "ParamAttr",
@@ -85,6 +78,7 @@ __all__ = [
     "backend",
     "batch",
     "clip",
+    "compiler",
     "core",
     "create_lod_tensor",
     "data",

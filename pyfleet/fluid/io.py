@@ -20,10 +20,11 @@ from pyfleet.endpoint import check_file_name
 from pyfleet.fluid import inference
 from pyfleet.fluid.framework import Parameter, Variable
 from pyfleet.fluid.inference import MODEL_FILENAME, resolve_program
-from pyfleet.fluid.reader import PyReader
+from pyfleet.fluid.reader import DataLoader, PyReader
 from pyfleet.fluid.tensor import global_scope
 
 __all__ = [
+    "DataLoader",
     "MODEL_FILENAME",
     "PyReader",
     "load_inference_model",

@@ -21,7 +21,7 @@ from pyfleet import initializer as _init
 from pyfleet.fluid import framework, unique_name
 from pyfleet.fluid.framework import check_variable as _check_var
 from pyfleet.fluid.param_attr import ParamAttr, create_parameter_in
-from pyfleet.fluid.reader import PyReader
+from pyfleet.fluid.reader import PyReader, double_buffer, py_reader, read_file
 from pyfleet.fluid.tensor import convert_dtype
 from pyfleet.table import DEFAULT_INITIALIZER
 
@@ -34,6 +34,7 @@ __all__ = [
     "create_py_reader_by_data",
     "cross_entropy",
     "data",
+    "double_buffer",
     "elementwise_add",
     "elementwise_div",
     "elementwise_mul",
@@ -47,6 +48,8 @@ __all__ = [
     "log_loss",
     "matmul",
     "mean",
+    "py_reader",
+    "read_file",
     "reduce_mean",
     "reduce_sum",
     "relu",

@@ -9,13 +9,22 @@ the pass. With ``use_double_buffer`` one background thread converts the next
 ``capacity`` batches while the executor computes; an exception in the
 generator is raised by the ``exe.run`` that would have consumed its batch.
 
+Fluid 1.5's layer form: ``reader = fluid.layers.py_reader(capacity, shapes,
+dtypes, lod_levels)``, ``fluid.layers.read_file(reader)`` (its data
+variables), ``fluid.layers.double_buffer(reader)`` (the reader itself: every
+PyReader here converts ahead in a thread when ``use_double_buffer``). Fluid
+1.6's ``fluid.io.DataLoader.from_generator`` makes the same reader, with the
+``set_sample_generator`` / ``set_sample_list_generator`` /
+``set_batch_generator`` spellings.
+
 A PyReader is used by one executor thread at a time.
 """
 
 from pyfleet.data.prefetch import prefetched
+from pyfleet.fluid import framework, unique_name
 from pyfleet.fluid.data_feeder import DataFeeder
 
-__all__ = ["PyReader", "batch"]
+__all__ = ["DataLoader", "PyReader", "batch", "double_buffer", "py_reader", "read_file"]
 
 
 def batch(reader, batch_size, drop_last=False):
@@ -92,6 +101,10 @@ class PyReader:
         self._source = feeds
 
     decorate_tensor_provider = decorate_batch_generator
+    # Fluid 1.6's DataLoader names
+    set_sample_generator = decorate_sample_generator
+    set_sample_list_generator = decorate_sample_list_generator
+    set_batch_generator = decorate_batch_generator
 
     # ------------------------------------------------------------- running
     def _feeds(self):
@@ -128,3 +141,56 @@ class PyReader:
         if self._iter is None:
             return None
         return next(self._iter, None)
+
+
+class DataLoader:
+    """Fluid 1.6's ``fluid.io.DataLoader``: ``from_generator`` only."""
+
+    @staticmethod
+    def from_generator(feed_list=None, capacity=None, use_double_buffer=True, iterable=True,
+                       return_list=False, use_multiprocess=False):
+        if use_multiprocess:
+            raise ValueError("DataLoader.from_generator: use_multiprocess=True is not "
+                             "supported; the reader converts ahead in one thread")
+        return PyReader(feed_list, capacity or 64, use_double_buffer, iterable, return_list)
+
+    @staticmethod
+    def from_dataset(dataset, places, drop_last=True):
+        raise ValueError("DataLoader.from_dataset is not supported: train a Dataset with "
+                         "exe.train_from_dataset")
+
+
+def py_reader(capacity, shapes, dtypes, lod_levels=None, name=None, use_double_buffer=True):
+    """Fluid 1.5's ``fluid.layers.py_reader``: a non-iterable PyReader with
+    one new data variable per entry of ``shapes`` (``-1`` the batch
+    dimension), ``dtypes`` and ``lod_levels``; get them with :func:`read_file`."""
+    if len(dtypes) != len(shapes):
+        raise ValueError(f"py_reader: {len(shapes)} shapes but {len(dtypes)} dtypes")
+    lod_levels = [0] * len(shapes) if lod_levels is None else list(lod_levels)
+    if len(lod_levels) != len(shapes):
+        raise ValueError(f"py_reader: {len(shapes)} shapes but {len(lod_levels)} lod_levels")
+    block = framework.default_main_program().global_block()
+    prefix = name or "py_reader"
+    feed_list = []
+    for shape, dtype, lod in zip(shapes, dtypes, lod_levels):
+        if int(lod) not in (0, 1):
+            raise ValueError(f"py_reader: only lod_level 0 or 1 is supported, got {lod}")
+        shape = [-1 if s is None else int(s) for s in shape]
+        feed_list.append(block.create_var(unique_name.generate(prefix + ".data"), shape, dtype,
+                                          int(lod), stop_gradient=True, is_data=True))
+    return PyReader(feed_list, capacity, use_double_buffer, iterable=False)
+
+
+def read_file(reader):
+    """The data variables of a :func:`py_reader` (one variable alone, else a list)."""
+    if not isinstance(reader, PyReader):
+        raise ValueError(f"read_file needs a reader from fluid.layers.py_reader, got {reader!r}")
+    return reader.feed_list[0] if len(reader.feed_list) == 1 else list(reader.feed_list)
+
+
+def double_buffer(reader, place=None, name=None):
+    """The reader itself: a PyReader already converts ahead in a thread."""
+    if not isinstance(reader, PyReader):
+        raise ValueError(f"double_buffer needs a PyReader, got {reader!r}")
+    reader.use_double_buffer = True
+    return reader
