@@ -131,12 +131,13 @@ def _write_rows(dirname, name, dim, pages):
 
 
 def _prune(program, feed_names, targets):
-    """The ops computing ``targets`` from ``feed_names`` and parameters (no
-    auc); ValueError naming a variable that is neither fed nor computed."""
+    """The ops computing ``targets`` from ``feed_names`` and parameters (an
+    auc op only for an auc target: its counts start at zero in the loading
+    scope); ValueError naming a variable that is neither fed nor computed."""
     wanted = {t.name for t in targets}
     keep = []
     for op in reversed(program.global_block().ops):
-        if op.type == "auc":
+        if op.type == "auc" and op.output("AUC")[0].name not in wanted:
             continue
         if any(v.name in wanted for v in op.output_vars()):
             keep.append(op)
