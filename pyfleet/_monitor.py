@@ -25,11 +25,14 @@ COUNT_LIMIT = 256 << 20
 def count_lines(files, header_lines=0):
     """The data lines of ``files`` (plain or gzip), exact when small, else estimated;
     None when unknown (a large gzip file)."""
-    from pyfleet.data import readers
+    from pyfleet.data.files import open_data
     total = 0
     big = sum(os.path.getsize(f) for f in files) > COUNT_LIMIT
     for path in files:
-        f, raw = readers._open(path)
+        try:
+            f, raw = open_data(path)
+        except OSError:
+            return None
         try:
             if not big:
                 n, last = 0, b"\n"
@@ -48,6 +51,8 @@ def count_lines(files, header_lines=0):
                 if not lines:
                     continue
                 n = os.path.getsize(path) * lines // len(head[:head.rfind(b"\n") + 1])
+        except (OSError, EOFError):  # unreadable or truncated: the reader names it
+            return None
         finally:
             f.close()
             if raw is not None:
