@@ -42,6 +42,7 @@ On Linux each role also gets SIGTERM if the launcher dies without cleaning up (P
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import os
 import shutil
@@ -394,9 +395,8 @@ def launch_collective(cmd: Sequence[str], workers: int, *, hosts: str | None = N
     if mpiexec is None:
         raise ConfigError("--collective needs mpiexec (or mpirun) on PATH: pip install "
                           "\".[mpi]\" from the pyfleet checkout brings mpi4py and Open MPI")
-    version = subprocess.run([mpiexec, "--version"], capture_output=True, text=True,
-                             timeout=30, check=False).stdout
-    openmpi = "Open MPI" in version or "OpenRTE" in version
+    openmpi = "Open MPI" in subprocess.run([mpiexec, "--version"], capture_output=True,
+                                           text=True, timeout=30, check=False).stdout
     argv = [mpiexec, "-np", str(workers)]
     if hosts:
         argv += ["--host", hosts]
@@ -420,13 +420,11 @@ def launch_collective(cmd: Sequence[str], workers: int, *, hosts: str | None = N
               f"stopping it", file=sys.stderr, flush=True)
         return EXIT_TIMEOUT
     finally:
-        if proc.poll() is None:
+        if proc.poll() is None:  # mpiexec stops its ranks on SIGTERM
             proc.terminate()
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=_REAP_WAIT)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            proc.kill()
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
