@@ -28,9 +28,17 @@ import numpy as np
 
 from pyfleet.fluid.regularizer import WeightDecayRegularizer
 
-__all__ = ["GradientClipBase", "GradientClipByGlobalNorm", "GradientClipByNorm",
-           "GradientClipByValue", "GradEntry", "apply_gradient_rules", "check_clip",
-           "has_gradient_rules", "set_gradient_clip"]
+__all__ = [
+    "GradEntry",
+    "GradientClipBase",
+    "GradientClipByGlobalNorm",
+    "GradientClipByNorm",
+    "GradientClipByValue",
+    "apply_gradient_rules",
+    "check_clip",
+    "has_gradient_rules",
+    "set_gradient_clip",
+]
 
 
 def _finite(name, value):

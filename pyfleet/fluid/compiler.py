@@ -14,13 +14,15 @@ gradient fed by the user), more than one place, and
 AttributeError naming it, as Fluid's strategy objects do.
 """
 
+from typing import ClassVar
+
 from pyfleet.fluid.framework import Program
 
 __all__ = ["BuildStrategy", "CompiledProgram", "ExecutionStrategy"]
 
 
 class _Strategy:
-    _fields = {}
+    _fields: ClassVar[dict] = {}
 
     def __init__(self):
         for k, v in self._fields.items():
@@ -39,7 +41,7 @@ class _Strategy:
 class ExecutionStrategy(_Strategy):
     """Fluid's op scheduling knobs; no effect on one CPU process (see the module doc)."""
 
-    _fields = {"num_threads": 0, "use_cuda": False, "allow_op_delay": False,
+    _fields: ClassVar[dict] = {"num_threads": 0, "use_cuda": False, "allow_op_delay": False,
                "num_iteration_per_drop_scope": 1, "num_iteration_per_run": 1,
                "use_thread_barrier": False, "use_experimental_executor": False}
 
@@ -56,7 +58,7 @@ class BuildStrategy(_Strategy):
         One = 1
         Customized = 2
 
-    _fields = {"reduce_strategy": 0, "gradient_scale_strategy": 0,
+    _fields: ClassVar[dict] = {"reduce_strategy": 0, "gradient_scale_strategy": 0,
                "debug_graphviz_path": "", "enable_sequential_execution": False,
                "fuse_elewise_add_act_ops": False, "fuse_relu_depthwise_conv": False,
                "fuse_broadcast_ops": False, "fuse_all_optimizer_ops": False,

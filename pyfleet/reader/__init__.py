@@ -94,7 +94,7 @@ def _pump(source, q, errors):
     try:
         for item in source:
             q.put(item)
-    except BaseException as e:   # handed to the consumer
+    except BaseException as e:  # noqa: BLE001 - handed to the consumer
         errors.append(e)
     finally:
         q.put(_END)
@@ -139,7 +139,7 @@ def xmap_readers(mapper, reader, process_num, buffer_size, order=False):
             try:
                 for i, item in enumerate(reader()):
                     inq.put((i, item))
-            except BaseException as e:
+            except BaseException as e:  # noqa: BLE001 - handed to the consumer
                 errors.append(e)
             finally:
                 for _ in range(process_num):
@@ -153,7 +153,7 @@ def xmap_readers(mapper, reader, process_num, buffer_size, order=False):
                     return
                 try:
                     outq.put((job[0], mapper(job[1])))
-                except BaseException as e:
+                except BaseException as e:  # noqa: BLE001 - handed to the consumer
                     errors.append(e)
                     outq.put((job[0], _END))
 

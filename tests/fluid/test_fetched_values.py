@@ -1,3 +1,4 @@
+# ruff: noqa: UP031  (the era's % formatting is what is tested)
 """Fetched values keep the Fluid 1.x print idioms under numpy 2: a scalar
 loss comes back with shape [1] (as in Fluid) and still converts to a float."""
 
@@ -29,19 +30,19 @@ def _run_once():
 
 
 def test_fluid_print_idioms_work_under_this_numpy():
-    cost, auc_v, batch_auc_v, prob = _run_once()
+    cost, auc_v, batch_auc_v, _prob = _run_once()
     assert cost.shape == (1,) and auc_v.shape == (1,)       # Fluid's shapes
     expected = float(np.asarray(cost).reshape(-1)[0])
     # the seed's own line, and the other idioms of the era
     line = "Pass %d, cost = %f, auc = %f, batch_auc = %f" % (0, cost, auc_v, batch_auc_v)
-    assert line.startswith("Pass 0, cost = %f," % expected)
-    assert "%f" % cost[0] == "%f" % expected
-    assert "%.6f" % cost == "%.6f" % expected
+    assert line.startswith(f"Pass 0, cost = {expected:f},")
+    assert f"{cost[0]:f}" == f"{expected:f}"
+    assert f"{cost:.6f}" == f"{expected:.6f}"
     assert float(cost) == expected
     assert f"{cost:.4f}" == f"{expected:.4f}"
-    assert "{:.3f}".format(auc_v) == "{:.3f}".format(float(np.asarray(auc_v)[0]))
+    assert f"{auc_v:.3f}" == f"{float(np.asarray(auc_v)[0]):.3f}"
     assert str(cost) == str(np.asarray(cost))
-    assert "%f" % np.mean(cost) == "%f" % expected
+    assert f"{np.mean(cost):f}" == f"{expected:f}"
     assert int(np.array([3.7]).view(FetchedArray)) == 3
 
 

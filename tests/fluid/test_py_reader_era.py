@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import pyfleet as paddle
-import pyfleet.fluid as fluid
+from pyfleet import fluid
 
 L = fluid.layers
 
@@ -120,7 +120,7 @@ def test_strategies_record_known_fields_and_refuse_the_rest():
 
 
 def test_paddle_reader_decorators():
-    r = lambda: iter(range(10))   # noqa: E731
+    r = lambda: iter(range(10))
     out = list(paddle.reader.shuffle(r, buf_size=4)())
     assert sorted(out) == list(range(10))
     assert sorted(out[:4]) == [0, 1, 2, 3]   # shuffled within windows

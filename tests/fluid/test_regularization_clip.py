@@ -117,12 +117,12 @@ def test_clip_by_value_norm_and_global_norm_then_regularize():
     assert np.abs(raw.pushed_dense["fc_w"]).max() > 0.02   # the clip really bites
     np.testing.assert_allclose(be.pushed_dense["fc_w"], want_w, rtol=1e-12)
     # emb rows and fc_b share one global norm
-    rkeys, rg, w = _sparse_rows(raw)
+    _rkeys, rg, w = _sparse_rows(raw)
     gb = raw.pushed_dense["fc_b"]
     norm = np.sqrt(np.sum(rg * rg) + np.sum(gb * gb))
     assert norm > 0.01
     scale = 0.01 / norm
-    keys, g, _ = _sparse_rows(be)
+    _keys, g, _ = _sparse_rows(be)
     np.testing.assert_allclose(g, rg * scale + 0.05 * w, rtol=1e-12)
     np.testing.assert_allclose(be.pushed_dense["fc_b"], gb * scale + 0.05 * raw.dense["fc_b"],
                                rtol=1e-12)
@@ -219,7 +219,7 @@ def test_rmsprop_dense_numpy_rule(centered):
 
 
 def test_momentum_trains_dense_and_is_refused_for_a_sparse_table():
-    main, startup, avg = _net(opt=fluid.optimizer.Momentum(0.1, 0.9))
+    main, startup, _avg = _net(opt=fluid.optimizer.Momentum(0.1, 0.9))
     main.set_backend(LocalBackend())
     with pytest.raises(ValueError, match="Momentum optimizer has no rule in the C.. core"):
         fluid.Executor().run(startup)

@@ -23,7 +23,7 @@ def _net(scope):
         prob = L.fc(L.concat([x, emb], axis=1), 2, act="softmax",
                     param_attr=fluid.ParamAttr(name="fc_w"))
         avg = L.mean(L.cross_entropy(prob, label))
-        auc_var, batch_auc, states = L.auc(prob, label, num_thresholds=NT)
+        auc_var, _batch_auc, states = L.auc(prob, label, num_thresholds=NT)
         SGD(0.1).minimize(avg)
     exe = fluid.Executor(fluid.CPUPlace())
     with fluid.scope_guard(scope):
@@ -32,7 +32,7 @@ def _net(scope):
 
 
 def _feed(rng, b=16):
-    lens = np.ones(b, dtype=np.int64)
+    np.ones(b, dtype=np.int64)
     return {"x": rng.normal(size=(b, 3)).astype(np.float32),
             "ids": (rng.integers(0, 50, b).astype(np.int64), np.arange(b + 1)),
             "label": rng.integers(0, 2, (b, 1)).astype(np.int64)}
@@ -74,7 +74,7 @@ def test_resetting_auc_states_through_the_scope_restarts_the_global_auc():
 
 def test_dense_parameters_are_reachable_and_sparse_tables_refused():
     scope = fluid.Scope()
-    main, exe, prob, _, _ = _net(scope)
+    main, _exe, _prob, _, _ = _net(scope)
     w = np.array(scope.find_var("fc_w").get_tensor())
     assert w.shape == (5, 2)
     np.testing.assert_array_equal(w, main.backend.pull_dense("fc_w"))
