@@ -5,8 +5,7 @@ counts from zero in the loading scope (as a fresh Fluid scope would)."""
 import numpy as np
 import pytest
 
-import pyfleet.fluid as fluid
-from pyfleet import metrics
+from pyfleet import fluid, metrics
 
 L = fluid.layers
 
