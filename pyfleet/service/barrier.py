@@ -29,6 +29,10 @@ Rules:
   as gone once ``barrier_timeout`` has passed since serving began (it died
   before its first request).
 
+The server's own stalls (a SIGSTOP, a starved process) are not the
+workers' silence: the server reports them with :meth:`pause`, which moves
+every clock here forward by the stall.
+
 Not thread-safe: the server calls every method under its lock, except
 :meth:`seen`, a single dict store.
 """
@@ -82,6 +86,19 @@ class Barriers:
     def start(self, now):
         """The server begins serving (the clock of workers that never connect)."""
         self.serving_since = now
+
+    def pause(self, gap, now):
+        """The server itself was stalled for ``gap`` seconds up to ``now``
+        (stopped, starved of CPU, or busy): nobody could be heard meanwhile,
+        so that time is not the workers' silence. Every clock of this object
+        moves forward by ``gap`` (never past ``now``)."""
+        if gap <= 0:
+            return
+        self.last_seen = {w: min(t + gap, now) for w, t in self.last_seen.items()}
+        if self.started is not None:
+            self.started = min(self.started + gap, now)
+        if self.serving_since is not None:
+            self.serving_since = min(self.serving_since + gap, now)
 
     def seen(self, worker, now):
         """``worker`` sent something (a request carrying its index, a heartbeat)."""
@@ -176,4 +193,6 @@ class Barriers:
         if never:
             why.append(f"worker(s) {never} never connected within "
                        f"{self.barrier_timeout:g} s")
-        return f"{'; '.join(why)}, and every other worker has stopped"
+        if self.stopped:
+            why.append(f"worker(s) {sorted(self.stopped)} stopped")
+        return "; ".join(why) + ": no worker is left to serve"

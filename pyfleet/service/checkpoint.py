@@ -42,8 +42,10 @@ the keys routed to the loading server, a dense block is assembled from the
 saved blocks that overlap it.
 
 Not thread-safe: one process saves into a directory at a time (worker 0).
-:func:`save_server` and :func:`load_server` take the registry's lock while
-they touch the tables.
+:func:`load_server` takes the registry's lock while it touches the tables;
+:func:`save_server` takes it only to list them and writes the files without
+it (each table snapshots its rows under its own locks), so a long save never
+stops the server from answering heartbeats and barriers.
 """
 
 import hashlib
@@ -290,20 +292,24 @@ def save_server(registry, root, rel, mode="full"):
     os.makedirs(path, exist_ok=True)
     index, num = registry.server_index, registry.server_num
     rows, files, info = {}, [], []
-    with registry.lock:  # no push lands mid-file
+    with registry.lock:  # the list of tables, not their files
         entries = list(registry.entries.values())
-        for e in entries:
-            if e.kind == "sparse":
-                f = os.path.join(path, f"{e.name}.shard{index}-of-{num}.bin")
-                rows[e.key] = e.table.save(f, delta=(mode == "delta"))
-            else:
-                f = os.path.join(path, f"{e.name}.{e.start}-{e.end}.bin")
-                with e.lock:
-                    rows[e.key] = e.table.save(f)
-            files.append(os.path.basename(f))
-            info.append({"file": files[-1], "table": e.key, "rows": int(rows[e.key])})
-        manifest = {"server_index": index, "server_num": num, "mode": mode,
-                    "tables": [e.config for e in entries], "files": files}
+    # The files are written without the server's lock, so the serving thread
+    # keeps answering (heartbeats, barriers) during a long save: a sparse
+    # table copies each of its shards under that shard's own lock (every row
+    # saved from one instant), a dense block is saved under its own lock.
+    for e in entries:
+        if e.kind == "sparse":
+            f = os.path.join(path, f"{e.name}.shard{index}-of-{num}.bin")
+            rows[e.key] = e.table.save(f, delta=(mode == "delta"))
+        else:
+            f = os.path.join(path, f"{e.name}.{e.start}-{e.end}.bin")
+            with e.lock:
+                rows[e.key] = e.table.save(f)
+        files.append(os.path.basename(f))
+        info.append({"file": files[-1], "table": e.key, "rows": int(rows[e.key])})
+    manifest = {"server_index": index, "server_num": num, "mode": mode,
+                "tables": [e.config for e in entries], "files": files}
     write_json(os.path.join(path, f"server{index}-of-{num}.json"), manifest, indent=1)
     for fi in info:  # outside the lock: training goes on while the files are hashed
         fi.update(file_info(os.path.join(path, fi["file"])))

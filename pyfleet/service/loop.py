@@ -11,6 +11,11 @@ way and leave through the ROUTER. Every pass of the loop (at least every
 100 ms) calls ``tick(router)``, where the server fails barriers and decides
 to give up.
 
+Replies leave through :meth:`reply`, which never blocks: a reply for a peer
+whose outbound queue is full (``SNDHWM`` replies unread) or that is gone is
+dropped and reported, so a client that never reads its replies cannot grow
+the server.
+
 Not thread-safe beyond that: :meth:`run` once, from one thread; the
 ``done`` event (set from anywhere) ends it.
 """
@@ -32,6 +37,8 @@ __all__ = ["INLINE_LIMIT", "SocketLoop"]
 # the zero-copy frames' garbage-collector wake-ups): ~10-20% less server CPU
 # for the reference DNN. Bigger ones go to the handler threads in parallel.
 INLINE_LIMIT = 1 << 19
+# Messages read from one socket before the loop's tick runs again.
+_DRAIN = 256
 # How long run() waits at exit for a handler busy with (say) a save.
 _HANDLER_JOIN_SECONDS = 30.0
 # op (u8 at 5), count (u64 at 24), dim (u32 at 32) of a header, read without decoding it all.
@@ -51,8 +58,10 @@ class SocketLoop:
     here; :meth:`close` closes them (after a failed start: :meth:`run`
     closes them itself)."""
 
-    def __init__(self, ctx, router, name, handle, tick, handler_threads, inline_limit, done):
+    def __init__(self, ctx, router, name, handle, tick, handler_threads, inline_limit, done,
+                 on_drop=None):
         self.ctx, self.router = ctx, router
+        self.on_drop = on_drop
         self.handle, self.tick = handle, tick
         self.handler_threads, self.inline_limit = handler_threads, inline_limit
         self.done = done
@@ -90,15 +99,22 @@ class SocketLoop:
         front, replies = self.router, self._replies
         try:
             while not self.done.is_set():
+                # Read what is waiting (up to _DRAIN messages a socket) before
+                # tick judges anyone's liveness: after a stall, the heartbeats
+                # queued meanwhile are heard first.
                 for sock in Z.readable([front, replies], 100):
-                    msg = Z.recv_frames(sock)
-                    if sock is replies:
-                        Z.send_frames(front, msg, copy=False)
-                    elif self._inline(msg):
-                        for out in self.handle(msg):
-                            Z.send_frames(front, out)
-                    else:
-                        Z.send_frames(self._work, msg, copy=False)
+                    for _ in range(_DRAIN):
+                        try:
+                            msg = Z.recv_frames(sock, Z.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        if sock is replies:
+                            self.reply(msg, copy=False)
+                        elif self._inline(msg):
+                            for out in self.handle(msg):
+                                self.reply(out)
+                        else:
+                            Z.send_frames(self._work, msg, copy=False)
                 self.tick(front)
         finally:
             self.done.set()
@@ -106,11 +122,28 @@ class SocketLoop:
                 t.join(_HANDLER_JOIN_SECONDS)
             on_exit()
             while Z.readable([replies], 0):
-                Z.send_frames(front, Z.recv_frames(replies), copy=False)
+                self.reply(Z.recv_frames(replies), copy=False)
             front.close(linger=1000)
             self._work.close(linger=0)
             replies.close(linger=0)
         return not any(t.is_alive() for t in handlers)
+
+    def reply(self, frames, copy=None):
+        """Send one reply through the ROUTER without ever blocking. A reply
+        the peer's queue has no room for (a client that does not read its
+        replies: ``SNDHWM`` with ``ROUTER_MANDATORY``), or whose peer is gone,
+        is dropped and reported to ``on_drop(reason, identity)``."""
+        try:
+            Z.send_frames(self.router, frames, copy, Z.NOBLOCK)
+            return
+        except zmq.Again:
+            why = "its peer's reply queue is full (a client that does not read its replies)"
+        except zmq.ZMQError as e:
+            if e.errno != zmq.EHOSTUNREACH:
+                raise
+            why = "its peer is gone"
+        if self.on_drop is not None:
+            self.on_drop(why, bytes(frames[0]))
 
     def _inline(self, msg):
         """Whether the ROUTER thread answers ``msg`` itself (cheap requests)."""

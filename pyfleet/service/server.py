@@ -65,6 +65,9 @@ __all__ = ["Server", "main", "segment_sum"]
 log = logging.getLogger("pyfleet.server")
 
 _OP_BY_INT = {int(o): o for o in Op}
+# The socket thread ticks every 100 ms when idle: a longer gap means this
+# server was not running (stopped, starved), not that the workers went quiet.
+_STALL_SECONDS = 1.0
 _OP_COUNTER = {o: f"op_{o.name.lower()}" for o in Op}
 
 
@@ -150,6 +153,7 @@ class Server:
                      Op.STOP_WORKER: self._stop_worker, Op.SAVE: self._save, Op.LOAD: self._load,
                      Op.STATS: self._stats}
         self._last_house = 0.0
+        self._last_tick = time.monotonic()
         self._done = threading.Event()
         self._ran = False
         self.failure = None  # why run() ended before every worker stopped (None: it did not)
@@ -181,7 +185,7 @@ class Server:
             self._loop = SocketLoop(self._ctx, self._frontend,
                                     f"inproc://pyfleet-server-{id(self):x}", self._handle,
                                     self._housekeeping, self.handler_threads,
-                                    self.inline_limit, self._done)
+                                    self.inline_limit, self._done, on_drop=self._dropped)
             if tables:
                 self.create_tables(tables)
         except BaseException:
@@ -221,6 +225,7 @@ class Server:
         self._ran = True
         with self._lock:
             self.barriers.start(time.monotonic())
+        self._last_tick = time.monotonic()
         log.info("server %d/%d serving %s (%s mode)", self.server_index, self.server_num,
                  self.endpoint, self.mode)
         if self._loop.run(on_exit=self._data.close):  # term() would wait for their sockets
@@ -229,6 +234,11 @@ class Server:
     def stop(self):
         """Make :meth:`run` return. Thread-safe and idempotent."""
         self._done.set()
+
+    def _dropped(self, why, ident):
+        self._count("dropped_replies")
+        _log_bad(self._counters.get("dropped_replies", 0),
+                 f"reply to peer {ident.hex()} dropped: {why}")
 
     def _count(self, name, n=1):
         with self._counter_lock:
@@ -303,7 +313,18 @@ class Server:
         """Fail a barrier whose missing worker died or that waited too long, and
         give up once every worker stopped or died. Called by the ROUTER
         thread only (``sock`` is the ROUTER)."""
-        now = time.monotonic()
+        with self._lock:
+            # Measured under the lock: a wait for it is a stall too.
+            now = time.monotonic()
+            gap, self._last_tick = now - self._last_tick, now
+            if gap > _STALL_SECONDS:
+                # This thread was not running (the process stopped or starved,
+                # or the lock held): nobody could be heard, so the gap is the
+                # server's own silence, not the workers'.
+                self.barriers.pause(gap, now)
+                log.warning("server %d did not serve for %.1f s; liveness clocks moved on "
+                            "by that", self.server_index, gap)
+                return  # read what waits in the socket before judging anyone
         if now - self._last_house < 0.1:
             return
         self._last_house = now
@@ -324,7 +345,7 @@ class Server:
             out = [[ident] + P.error_reply(hh.op, hh.request, msg, Status.BARRIER_FAILED)
                    for ident, hh in failed.tokens]
         for m in out:
-            Z.send_frames(sock, m, copy=False)
+            self._loop.reply(m, copy=False)
 
     def _heartbeat(self, h, op, frames, ident):
         payload = control_payload(frames, op)

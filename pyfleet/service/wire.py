@@ -36,9 +36,10 @@ def send_frames(sock, frames, copy=None, flags=0):
         sock.send(f, flags | _SNDMORE if i < last else flags, copy=c)
 
 
-def recv_frames(sock):
-    """Receive one whole multipart message as ``zmq.Frame`` objects (no copy)."""
-    f = sock.recv(0, copy=False)
+def recv_frames(sock, flags=0):
+    """Receive one whole multipart message as ``zmq.Frame`` objects (no copy).
+    ``flags=NOBLOCK``: raise ``zmq.Again`` when none is waiting."""
+    f = sock.recv(flags, copy=False)
     frames = [f]
     while f.more:
         f = sock.recv(0, copy=False)

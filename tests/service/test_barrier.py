@@ -81,7 +81,32 @@ def test_worker_that_never_connected_makes_the_server_give_up_after_the_barrier_
     assert b.abandoned(BT - 1.0) is None  # worker 1 may still be starting
     why = b.abandoned(BT + 1.0)
     assert "worker(s) [1] never connected within 300 s" in why
-    assert why.endswith("and every other worker has stopped")
+    assert why.endswith("worker(s) [0] stopped: no worker is left to serve")
+
+
+def test_give_up_text_claims_no_stopped_worker_when_none_stopped():
+    b = make(2)
+    b.seen(0, 0.0)
+    b.seen(1, 0.0)
+    why = b.abandoned(HB + 1.0)
+    assert "worker(s) [0, 1] sent nothing" in why
+    assert "stopped" not in why  # the old text said "every other worker has stopped"
+
+
+def test_the_servers_own_stall_is_not_the_workers_silence():
+    b = make(2)
+    b.seen(0, 0.0)
+    b.seen(1, 0.0)
+    b.arrive(0, "t0", "step", 1.0)
+    # The server was stopped from t=2 to t=2+3*HB: no message could be read.
+    now = 2.0 + 3 * HB + 0.5
+    b.seen(0, now - 0.1)                  # read right after the stall
+    b.pause(3 * HB, now)
+    assert b.last_seen[0] == now          # moved on, but never into the future
+    assert b.abandoned(now) is None
+    assert b.check(now) is None
+    # after the stall, silence counts again
+    assert b.check(now + HB + 1.0).why == "worker 1 sent nothing for 13.5 s (dead?)"
 
 
 def test_never_connected_alone_is_no_reason_to_give_up():
