@@ -67,6 +67,7 @@ class RoleInfo:
     server_endpoints: tuple[str, ...]
     current_endpoint: str | None
     collective: bool = False  # a collective (MPI all-reduce) rank: no servers
+    worker_endpoints: tuple[str, ...] = ()
 
     def describe(self) -> str:
         name = "worker" if self.role == Role.WORKER else "server"
@@ -114,12 +115,9 @@ class RoleMakerBase:
         return self.info.role == Role.WORKER and self.info.index == 0
 
     def worker_index(self) -> int:
-        """This worker's index in ``[0, worker_num())``; ConfigError on a server."""
-        info = self.info
-        if info.role != Role.WORKER:
-            raise ConfigError(f"worker_index() asked of a server (this process is "
-                              f"{info.describe()}); check is_worker() first")
-        return info.index
+        """This worker's index in ``[0, worker_num())``. On a server, as in Fluid
+        (whose role makers return their ``current_id``), the server's index."""
+        return self.info.index
 
     def server_index(self) -> int:
         """This server's index in ``[0, server_num())``; ConfigError on a worker."""
@@ -138,6 +136,15 @@ class RoleMakerBase:
     def server_endpoints(self) -> list[str]:
         """Every server's ``host:port``, in server-index order (a new list)."""
         return list(self.info.server_endpoints)
+
+    def worker_endpoints(self) -> list[str]:
+        """``PYFLEET_WORKER_ENDPOINTS`` or Fluid's ``PADDLE_TRAINER_ENDPOINTS``, split
+        at commas; ``[]`` when unset, as in Fluid (pyfleet's workers listen on no port)."""
+        return list(self.info.worker_endpoints)
+
+    def get_trainer_endpoints(self) -> list[str]:
+        """Fluid's name for :meth:`worker_endpoints`."""
+        return self.worker_endpoints()
 
     def get_pserver_endpoints(self) -> list[str]:
         """Fluid's name for :meth:`server_endpoints`."""
@@ -298,9 +305,18 @@ class PaddleCloudRoleMaker(RoleMakerBase):
                 num_name = _first_set(env, ("PYFLEET_WORKER_NUM", "PADDLE_TRAINERS_NUM"))
                 raise ConfigError(f"{name}={index} is out of range: {num_name}={worker_num} "
                                   f"(indices 0..{worker_num - 1})")
-            return RoleInfo(role, index, worker_num, eps, None)
+            return RoleInfo(role, index, worker_num, eps, None,
+                            worker_endpoints=self._read_worker_endpoints(env))
         index = self._read_server_index(env, eps)
-        return RoleInfo(role, index, worker_num, eps, eps[index])
+        return RoleInfo(role, index, worker_num, eps, eps[index],
+                        worker_endpoints=self._read_worker_endpoints(env))
+
+    @staticmethod
+    def _read_worker_endpoints(env) -> tuple[str, ...]:
+        name = _first_set(env, ("PYFLEET_WORKER_ENDPOINTS", "PADDLE_TRAINER_ENDPOINTS"))
+        if name is None:
+            return ()
+        return tuple(e.strip() for e in env[name].split(",") if e.strip())
 
     @staticmethod
     def _read_role(env) -> Role:

@@ -33,11 +33,13 @@ import json
 import os
 
 from pyfleet import config as _config
+from pyfleet.distributed import hybrid
 from pyfleet.distributed.remote_backend import NoServers, RemoteBackend
 from pyfleet.entry import Entry
 from pyfleet.errors import ConfigError, PyfleetError
 from pyfleet.fluid import inference
 from pyfleet.fluid.framework import default_startup_program
+from pyfleet.fluid.io import check_local_path
 from pyfleet.fluid.optimizer import minimize
 from pyfleet.optimizer import Optimizer
 from pyfleet.role_maker import RoleMakerBase, default_role_maker
@@ -68,7 +70,7 @@ def checkpoint_root():
 
 def _relative_to_root(dirname):
     root = checkpoint_root()
-    path = os.path.realpath(os.path.join(root, os.fspath(dirname)))
+    path = os.path.realpath(os.path.join(root, check_local_path(dirname, "dirname")))
     if os.path.commonpath([path, root]) != root or path == root:
         raise ValueError(f"checkpoint directory {os.fspath(dirname)!r} must be inside the "
                          f"checkpoint root {root} (set PYFLEET_CHECKPOINT_DIR to change it)")
@@ -107,6 +109,7 @@ class Fleet:
         self.main_program = None
         self.startup_program = None
         self._last_save = None  # (abs dir, head id) of this worker's last committed save
+        self._hdfs_config = None
 
     # ----------------------------------------------------------------- roles
     def init(self, role_maker=None):
@@ -150,6 +153,31 @@ class Fleet:
         eps = self._role_maker().server_endpoints()
         return ",".join(eps) if to_string else list(eps)
 
+    def worker_endpoints(self, to_string=False):
+        """Fluid's trainer endpoints (see ``RoleMakerBase.worker_endpoints``:
+        ``PADDLE_TRAINER_ENDPOINTS`` when set, else empty)."""
+        eps = self._role_maker().worker_endpoints()
+        return ",".join(eps) if to_string else list(eps)
+
+    def split_files(self, files):
+        """This worker's contiguous share of ``files``, in order, as Fluid splits
+        them: with ``n`` files and ``w`` workers each gets ``n // w``, the first
+        ``n % w`` workers one more (``[a, b, c, d, e]`` over 2 workers: ``[a, b,
+        c]`` and ``[d, e]``). ValueError when there are fewer files than workers."""
+        files = list(files)
+        n, w, i = len(files), self.worker_num(), self.worker_index()
+        if w > n:
+            raise ValueError(f"split_files: {n} file(s) for {w} workers: every worker "
+                             f"needs at least one file (trainer_num should be <= file_num)")
+        start = i * (n // w) + min(i, n % w)
+        return files[start:start + n // w + (i < n % w)]
+
+    def set_hdfs_config(self, fs_name=None, fs_ugi=None, **kwargs):
+        """Fluid's HDFS settings, recorded as given (``fleet._hdfs_config``).
+        pyfleet has no HDFS client: a path with an ``hdfs:``/``afs:`` scheme given
+        later to a save or load is refused, naming HDFS."""
+        self._hdfs_config = {"fs_name": fs_name, "fs_ugi": fs_ugi, **kwargs}
+
     # ------------------------------------------------------------- programs
     def distributed_optimizer(self, optimizer, strategy=None, sparse_entry=None):
         """Wrap ``optimizer`` with a :class:`DistributeTranspilerConfig` (default one if None).
@@ -177,9 +205,10 @@ class Fleet:
                 "this fleet program's parameters live on the servers: call "
                 "fleet.init_worker() (on a worker) before running fleet.main_program"))
         self._tables, dense_shapes = table_configs(main, sparse_entry)
-        self._placement = [
+        self._placement = [  # hybrid: the servers hold no dense parameter
             (b.name, b.start, b.end, b.server_index)
-            for b in _config.place_dense(dense_shapes, self.server_num(), strategy)]
+            for b in _config.place_dense(dense_shapes, self.server_num(), strategy)
+            if not strategy.hybrid]
 
     def _require_program(self, what):
         if self._tables is None:
@@ -199,6 +228,9 @@ class Fleet:
         incomplete checkpoint is a ValueError naming the file; one of another
         model (a table it lacks, or holds with another dim or shape) a
         ValueError naming the table and both forms."""
+        for d in model_dir if isinstance(model_dir, (list, tuple)) else [model_dir]:
+            if d is not None:
+                check_local_path(d, "model_dir")
         role = self._role_maker()
         if not role.is_server():
             raise ConfigError("fleet.init_server() called on a worker")
@@ -206,7 +238,7 @@ class Fleet:
         rt = self._strategy.runtime
         kwargs = {**server_options_from_env(), **kwargs}  # CURVE keys: docs/operations.md
         self._server = Server(role.current_endpoint(), role.server_index(), role.server_num(),
-                              role.worker_num(), mode=self._strategy.mode,
+                              role.worker_num(), mode=self._strategy.sparse_mode,
                               tables=server_table_configs(self._tables, self._placement,
                                                           role.server_index()),
                               heartbeat_timeout=rt.heartbeat_timeout,
@@ -255,9 +287,14 @@ class Fleet:
         self._client = Client(role.server_endpoints(), worker_index=role.worker_index(),
                               timeout=rt.request_timeout, connect_deadline=rt.connect_timeout,
                               **client_options_from_env())
-        self._client.create_tables(self._tables, self._placement)
-        self._backend = RemoteBackend(self._client, self._strategy.mode,
-                                      self._strategy.geo_k_steps)
+        if self._strategy.hybrid:  # dense replicas all-reduced among the workers' MPI job
+            group = hybrid.open_group(role)
+            self._client.create_tables(hybrid.sparse_only(self._tables), [])
+            self._backend = hybrid.HybridBackend(self._client, self._strategy, group)
+        else:
+            self._client.create_tables(self._tables, self._placement)
+            self._backend = RemoteBackend(self._client, self._strategy.mode,
+                                          self._strategy.geo_k_steps)
         self._set_backend(self._backend)
 
     def _set_backend(self, backend):
@@ -311,9 +348,10 @@ class Fleet:
         ``meta``: a JSON object of the caller's own (for example the pass just
         finished), kept as the manifest's ``"meta"``, committed with the
         parameters it describes. Returns the manifest."""
-        client = self._require_worker("save_persistables")
         if dirname is None:
             raise ValueError("save_persistables needs dirname")
+        check_local_path(dirname, "dirname")
+        client = self._require_worker("save_persistables")
         if meta is not None:
             if not isinstance(meta, dict):
                 raise ValueError(f"meta must be a dict (a JSON object), got {type(meta).__name__}")
@@ -339,9 +377,12 @@ class Fleet:
         os.makedirs(path, exist_ok=True)
         gen = _checkpoint.new_generation(path, mode)
         self._last_save = None  # a failed save leaves the servers' delta base unknown
-        replies = client.save(os.path.join(rel, gen), mode=mode)
+        replies, placement = client.save(os.path.join(rel, gen), mode=mode), self._placement
+        if self._strategy.hybrid:  # the dense replicas, as the files of one more server
+            replies, placement = hybrid.save_dense(self._backend, self._tables, path, gen,
+                                                   replies)
         manifest = _checkpoint.build_manifest(previous, gen, mode, replies, self._tables,
-                                              self._placement, parent, meta)
+                                              placement, parent, meta)
         _checkpoint.commit(path, manifest)
         self._last_save = (path, manifest["id"])
         return manifest
@@ -355,7 +396,9 @@ class Fleet:
         self._backend.finish()
         program = main_program or self.main_program
         return inference.save(dirname, program, feeded_var_names, target_vars,
-                              inference.RemoteSource(client, self._tables))
+                              hybrid.HybridSource(client, self._tables, self._backend)
+                              if self._strategy.hybrid
+                              else inference.RemoteSource(client, self._tables))
 
     def push_show_click(self, keys, shows, clicks, tables=None):
         """Add show/click counts of ``keys`` to every sparse table (or those named
@@ -372,6 +415,17 @@ class Fleet:
         return self._require_worker("shrink").shrink(
             max_unseen_passes=max_unseen_passes, min_update_count=min_update_count,
             min_score=min_score, decay=decay)
+
+    def load_persistables(self, executor=None, dirname=None, main_program=None):
+        """Hybrid mode (every worker, after the startup program): load the dense
+        parameters of checkpoint ``dirname`` into this worker's replicas (the
+        servers load the sparse tables with ``init_server(dirname)``)."""
+        self._require_worker("load_persistables")
+        if not self._strategy.hybrid:
+            raise ConfigError("fleet.load_persistables is for hybrid workers: in a "
+                              "parameter-server job the servers load a checkpoint with "
+                              "fleet.init_server(model_dir)")
+        return hybrid.load_dense(self._backend, self._tables, dirname)
 
     def stats(self):
         """Every server's counters and table stats (workers only)."""

@@ -36,6 +36,21 @@ __all__ = [
 ]
 
 
+_REMOTE_SCHEMES = ("hdfs:", "afs:", "viewfs:")
+
+
+def check_local_path(path, what="path"):
+    """``path`` as a local path; a Hadoop URI (``hdfs:``, ``afs:``,
+    ``viewfs:``) is a ValueError naming HDFS: pyfleet reads and writes local or
+    mounted file systems only (``fleet.set_hdfs_config`` is recorded, not used)."""
+    text = os.fspath(path)
+    if isinstance(text, str) and text.lower().startswith(_REMOTE_SCHEMES):
+        raise ValueError(f"{what} {text!r} is an HDFS/AFS path: pyfleet has no HDFS client "
+                         f"(fleet.set_hdfs_config only records its arguments); mount the "
+                         f"file system, or copy to and from a local directory")
+    return text
+
+
 def _state_path(dirname, name):
     return os.path.join(dirname, check_file_name(name, "variable name") + ".state.npy")
 
@@ -53,6 +68,7 @@ def load_params(executor, dirname, main_program=None, filename=None):
 
 def save_persistables(executor, dirname, main_program=None, filename=None):
     """Save the parameters and the persistable scope state (auc counters)."""
+    check_local_path(dirname, "dirname")
     program = resolve_program(main_program)
     save_params(executor, dirname, program)
     scope = global_scope()

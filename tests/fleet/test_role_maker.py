@@ -56,8 +56,7 @@ def test_user_defined_server_and_first_worker():
     s = UserDefinedRoleMaker(current_id=2, role=Role.SERVER, worker_num=1, server_endpoints=EPS)
     assert s.is_server() and s.server_index() == 2 and s.current_endpoint() == EPS[2]
     assert not s.is_first_worker()
-    with pytest.raises(ConfigError, match="worker_index"):
-        s.worker_index()
+    assert s.worker_index() == 2  # Fluid: the current id, on a server too
     w0 = UserDefinedRoleMaker(0, Role.WORKER, 1, EPS[:1])
     assert w0.is_first_worker()
     assert "worker" in w0.to_string() and "127.0.0.1:6001" in repr(w0)

@@ -1,0 +1,71 @@
+"""Fluid 1.5-1.7 Fleet names scripts of the era call: split_files, worker_endpoints,
+worker_index on a server, set_hdfs_config. (fluid.require_version: F-rest's tests/fluid.)"""
+
+import pytest
+
+import pyfleet.fluid as fluid
+from pyfleet.distributed.fleet import Fleet
+from pyfleet.role_maker import PaddleCloudRoleMaker, Role, UserDefinedRoleMaker
+
+EPS = ["127.0.0.1:6001", "127.0.0.1:6002"]
+
+
+def _fleet(index, workers, role=Role.WORKER):
+    f = Fleet()
+    f.init(UserDefinedRoleMaker(index, role, workers, EPS))
+    return f
+
+
+def _reference_split(files, index, workers):
+    """Fluid's loop: worker i takes n // w files, plus one for i < n % w, in order."""
+    n, end = len(files), 0
+    for i in range(index + 1):
+        start, end = end, end + n // workers + (i < n % workers)
+    return files[start:end]
+
+
+@pytest.mark.parametrize("n, workers", [(5, 2), (7, 3), (4, 4), (10, 3), (1, 1)])
+def test_split_files_is_fluids_contiguous_share(n, workers):
+    files = [f"part-{i:05d}" for i in range(n)]
+    shares = [_fleet(i, workers).split_files(files) for i in range(workers)]
+    assert [f for s in shares for f in s] == files  # every file once, in order
+    for i, share in enumerate(shares):
+        assert share == _reference_split(files, i, workers)
+    assert _fleet(0, 2).split_files(["a", "b", "c", "d", "e"]) == ["a", "b", "c"]
+    assert _fleet(1, 2).split_files(("a", "b", "c", "d", "e")) == ["d", "e"]
+
+
+def test_split_files_refuses_fewer_files_than_workers():
+    with pytest.raises(ValueError, match="2 file.*3 workers"):
+        _fleet(0, 3).split_files(["a", "b"])
+
+
+def test_worker_index_on_a_server_is_its_id_as_in_fluid():
+    f = _fleet(1, 3, Role.SERVER)
+    assert f.worker_index() == 1 and f.server_index() == 1 and f.is_server()
+
+
+def test_worker_endpoints_from_the_environment_or_empty():
+    env = {"TRAINING_ROLE": "TRAINER", "PADDLE_PSERVERS_IP_PORT_LIST": ",".join(EPS),
+           "PADDLE_TRAINERS_NUM": "2", "PADDLE_TRAINER_ID": "1"}
+    f = Fleet()
+    f.init(PaddleCloudRoleMaker(env=env))
+    assert f.worker_endpoints() == [] and f.worker_endpoints(to_string=True) == ""
+    f = Fleet()
+    f.init(PaddleCloudRoleMaker(env={**env, "PADDLE_TRAINER_ENDPOINTS":
+                                     "10.0.0.1:7000,10.0.0.2:7000"}))
+    assert f.worker_endpoints() == ["10.0.0.1:7000", "10.0.0.2:7000"]
+    assert f.worker_endpoints(to_string=True) == "10.0.0.1:7000,10.0.0.2:7000"
+
+
+def test_set_hdfs_config_is_recorded_and_an_hdfs_path_is_refused_naming_hdfs():
+    f = _fleet(0, 1)
+    f.set_hdfs_config("hdfs://nn:9000", "user,passwd")
+    assert f._hdfs_config == {"fs_name": "hdfs://nn:9000", "fs_ugi": "user,passwd"}
+    with pytest.raises(ValueError, match="HDFS"):
+        f.save_persistables(None, "hdfs://nn:9000/user/model")
+    server = _fleet(0, 1, Role.SERVER)
+    with pytest.raises(ValueError, match="HDFS"):
+        server.init_server("afs:/user/model")
+    with pytest.raises(ValueError, match="HDFS"):
+        fluid.io.save_persistables(None, "hdfs://nn/x", fluid.Program())
