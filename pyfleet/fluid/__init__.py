@@ -46,6 +46,7 @@ from pyfleet.fluid.tensor import (
     global_scope,
     scope_guard,
 )
+from pyfleet.fluid.version import require_version
 
 
 def embedding(input, size, is_sparse=False, is_distributed=False, padding_idx=None,
@@ -96,6 +97,7 @@ __all__ = [
     "optimizer",
     "program_guard",
     "regularizer",
+    "require_version",
     "scope_guard",
     "transpiler",
     "unique_name",
