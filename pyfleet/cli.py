@@ -339,6 +339,26 @@ def _check_first_lines(paths, fmt, flag):
     return fmt, schema
 
 
+def _check_whole_files(train, test, fmt):
+    """Read --train and --test whole when they are small enough to count (a
+    truncated gzip file, an unreadable shard or an overlong line is refused by
+    name before anything is written); --train's data lines, or None."""
+    from pyfleet._monitor import COUNT_LIMIT
+    total = None
+    for flag, paths in (("--train", train), ("--test", test)):
+        if paths is None:
+            continue
+        try:
+            names = list_files(paths)
+            if sum(os.path.getsize(f) for f in names) > COUNT_LIMIT:
+                continue  # the workers' readers name what they cannot read
+            n = data_files.count_data_lines(names, header_lines=1 if fmt == "csv" else 0)
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"pyfleet train: {flag}: {e}") from None
+        total = n if flag == "--train" else total
+    return total
+
+
 def _default_cache_dir():
     env = os.environ.get("PYFLEET_CACHE_DIR")
     if env:
@@ -439,7 +459,7 @@ def cmd_train(args, argv):
     if args.keep_best and args.train and not args.test and args.valid_fraction is None:
         raise SystemExit("pyfleet train: --keep-best needs test data to rank the passes: "
                          "--test or --valid-fraction")
-    truth = None
+    truth = total_lines = None
     train, test, fmt = _split_paths(args.train), _split_paths(args.test), args.format
     for flag, paths in (("--train", train), ("--test", test)):
         for path in [paths] if isinstance(paths, str) else paths or []:
@@ -470,6 +490,7 @@ def cmd_train(args, argv):
                     f"{test_schema.n_slots} slots read as {fmt}, --train {schema.n_dense} and "
                     f"{schema.n_slots}: they must be in the same format")
         n_dense, n_slots = schema.n_dense, schema.n_slots
+        total_lines = _check_whole_files(train, test, fmt)
     elif test is not None:
         raise SystemExit("pyfleet train: --test needs --train (without --train the generated "
                          "data set's own test split is used)")
@@ -566,8 +587,9 @@ def cmd_train(args, argv):
     cmd = [sys.executable, "-m", "pyfleet.trainer", job_path]
     started = time.time()
     try:
-        total_lines = count_lines(list_files(train),
-                                  header_lines=1 if fmt == "csv" else 0)
+        if total_lines is None:
+            total_lines = count_lines(list_files(train),
+                                      header_lines=1 if fmt == "csv" else 0)
     except (OSError, ValueError):
         total_lines = None
     if total_lines is not None and args.valid_fraction:

@@ -32,7 +32,7 @@ from pyfleet import fluid, models
 from pyfleet import optimizer as _opt
 from pyfleet._atomic import write_json
 from pyfleet.config import DistributeTranspilerConfig
-from pyfleet.data import Dataset
+from pyfleet.data import DataError, Dataset
 from pyfleet.data.readers import describe_malformed
 from pyfleet.distributed.fleet import fleet, table_configs
 from pyfleet.entry import CountFilterEntry
@@ -658,7 +658,10 @@ def main(argv=None):
     with open(argv[0]) as f:
         job = json.load(f)
     _configure_logging(job.get("log_level") or "info")
-    return run_role(job)
+    try:
+        return run_role(job)
+    except DataError as e:  # input that cannot be read: one line naming the file and line
+        raise SystemExit(f"pyfleet {_role_label().replace('.', ' ')}: {e}") from None
 
 
 def _role_label():

@@ -9,6 +9,7 @@ synthetic generator is :mod:`pyfleet.data.synthetic`.
 
 from pyfleet.data.readers import (
     Batch,
+    DataError,
     Dataset,
     Schema,
     criteo_schema,
@@ -20,6 +21,7 @@ from pyfleet.data.readers import (
 
 __all__ = [
     "Batch",
+    "DataError",
     "Dataset",
     "Schema",
     "criteo_schema",

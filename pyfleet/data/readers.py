@@ -22,12 +22,15 @@ import numpy as np
 from pyfleet.data import _parse
 from pyfleet.data.files import (
     FORMATS,
+    MAX_LINE_BYTES,
+    DataError,
     Schema,
     blocks,
     criteo_columns,
     criteo_schema,
     csv_schema,
     detect_format,
+    list_files,
     read_first_line,
     slot_schema,
     split_header,
@@ -36,6 +39,7 @@ from pyfleet.data.prefetch import prefetched
 
 __all__ = [
     "Batch",
+    "DataError",
     "Dataset",
     "Schema",
     "criteo_schema",
@@ -119,32 +123,6 @@ def describe_malformed(stats, limit: int = 3) -> List[str]:
             zip(stats["first_malformed"][:limit], stats["first_malformed_reasons"][:limit])]
 
 
-def list_files(paths: Union[PathLike, Sequence[PathLike]]) -> List[str]:
-    """Expand files and directories into a sorted, de-duplicated list of files.
-
-    A directory contributes its regular files (not recursive), skipping names
-    that start with ``.`` or ``_`` (``_SUCCESS``, ``.crc``). Raises
-    FileNotFoundError for a missing path and ValueError when nothing is left.
-    """
-    if isinstance(paths, (str, os.PathLike)):
-        paths = [paths]
-    out = set()
-    for p in paths:
-        p = os.fspath(p)
-        if os.path.isdir(p):
-            for name in os.listdir(p):
-                full = os.path.join(p, name)
-                if not name.startswith((".", "_")) and os.path.isfile(full):
-                    out.add(full)
-        elif os.path.isfile(p):
-            out.add(p)
-        else:
-            raise FileNotFoundError(f"no such data file or directory: {p!r}")
-    if not out:
-        raise ValueError(f"no data files found in {list(map(os.fspath, paths))!r}")
-    return sorted(out)
-
-
 def shard_files(files: Sequence[str], worker_index: int, worker_num: int):
     """This worker's share: ``(files, line_mod, line_rem)``.
 
@@ -199,6 +177,12 @@ class Dataset:
     batches ahead (parsing releases the GIL, so it overlaps the training step);
     an error in the thread is raised from the iteration, and abandoning the
     iteration stops the thread.
+
+    Input that cannot be read raises :class:`DataError` (a ValueError) whose
+    one-line message starts with the file (and line): a dangling symlink or a
+    FIFO among the shards, an unreadable file, a truncated or damaged gzip file,
+    and a line longer than ``max_line_bytes`` (1 MiB by default; 0 for no limit),
+    which is refused as soon as it is seen instead of being buffered.
     """
 
     def __init__(self, paths, format: str = "criteo", batch_size: int = 512,
@@ -207,7 +191,8 @@ class Dataset:
                  drop_last: bool = False, *, dense_min=None, dense_max=None,
                  slots: Optional[Sequence[str]] = None, label_name: str = "click",
                  dense_name: str = "dense_feature", block_size: int = BLOCK_SIZE,
-                 max_reported: int = 10, prefetch: int = 0, holdout=None):
+                 max_reported: int = 10, prefetch: int = 0, holdout=None,
+                 max_line_bytes: int = MAX_LINE_BYTES):
         if holdout is not None:
             fraction, side = holdout
             if not 0.0 < float(fraction) < 1.0 or side not in ("train", "valid"):
@@ -219,13 +204,19 @@ class Dataset:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         if block_size < 1:
             raise ValueError(f"block_size must be positive, got {block_size!r}")
+        if isinstance(max_line_bytes, bool) or not isinstance(
+                max_line_bytes, (int, np.integer)) or max_line_bytes < 0:
+            raise ValueError(f"max_line_bytes must be an integer >= 0 (0: no limit), got "
+                             f"{max_line_bytes!r}")
+        self.max_line_bytes = int(max_line_bytes)
         if not isinstance(prefetch, (int, np.integer)) or prefetch < 0:
             raise ValueError(f"prefetch must be a non-negative integer, got {prefetch!r}")
         self.all_files = list_files(paths)
         self.files, self._line_mod, self._line_rem = shard_files(
             self.all_files, worker_index, worker_num)
         # The schema comes from the first file with a first line, the same for every worker.
-        self._schema_file = next((f for f in self.all_files if read_first_line(f)),
+        self._schema_file = next((f for f in self.all_files
+                                  if read_first_line(f, self.max_line_bytes)),
                                  self.all_files[0])
         if format == "auto":
             format = detect_format(self._schema_file)
@@ -332,7 +323,7 @@ class Dataset:
             self._stats["files"] += 1
             line_no = 1
             first = True
-            for buf in blocks(path, self.block_size):
+            for buf in blocks(path, self.block_size, self.max_line_bytes):
                 if first and self.format == "csv":
                     nl = buf.obj.find(b"\n", 0, len(buf))
                     header_end = nl + 1 if nl >= 0 else len(buf)
@@ -376,7 +367,7 @@ class Dataset:
         return _Chunk(r["labels"], r["dense"], list(ids_t), None)
 
     def _check_header(self, header: bytes, path: str) -> None:
-        names = tuple(split_header(header))
+        names = tuple(split_header(header, path))
         if names != self.schema.columns:
             raise ValueError(f"{path}:1: CSV header {names!r} differs from the header of "
                              f"{self._schema_file!r}: {self.schema.columns!r}")
