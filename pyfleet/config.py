@@ -41,6 +41,7 @@ from typing import NamedTuple
 from pyfleet.errors import ConfigError
 
 __all__ = [
+    "JOB_MODES",
     "MODES",
     "DenseBlock",
     "DistributeTranspilerConfig",
@@ -54,7 +55,8 @@ __all__ = [
     "stable_hash",
 ]
 
-MODES = ("sync", "async", "geo")
+MODES = ("sync", "async", "geo")   # what a server runs (the sparse side of a hybrid job)
+JOB_MODES = MODES + ("hybrid",)    # what a job's config may say
 
 _FNV64_OFFSET = 0xCBF29CE484222325
 _FNV64_PRIME = 0x100000001B3
@@ -224,12 +226,20 @@ class DistributeTranspilerConfig:
     a ``ValueError``, naming the field):
 
     - ``sync_mode`` (bool, default True): Fluid's switch between sync and async training.
-    - ``mode`` (``"sync"`` | ``"async"`` | ``"geo"``): pyfleet's name for the same choice plus
-      geo-SGD. Setting either keeps the other consistent: ``sync_mode`` is ``mode == "sync"``;
-      ``sync_mode = False`` turns ``"sync"`` into ``"async"`` and leaves ``"geo"`` alone.
+    - ``mode`` (``"sync"`` | ``"async"`` | ``"geo"`` | ``"hybrid"``): pyfleet's name for the
+      same choice plus geo-SGD and hybrid. Setting either keeps the other consistent:
+      ``sync_mode`` is ``mode == "sync"``; ``sync_mode = False`` turns ``"sync"`` into
+      ``"async"`` and leaves ``"geo"`` alone.
       The default is ``"sync"``, or ``$PYFLEET_MODE`` when set (the launcher's ``--mode``).
       Fluid's ``mode = "pserver"`` is accepted and changes nothing (it is the only kind of job
       pyfleet runs).
+    - ``mode = "hybrid"`` (beyond Fluid, docs/collective.md): sparse tables on the servers,
+      dense parameters replicated on the workers (one MPI job) and all-reduced every step; the
+      servers hold no dense parameter. ``sparse_mode`` (``"sync"`` | ``"async"`` | ``"geo"``)
+      is then what the servers run: setting ``mode = "hybrid"`` keeps the mode the config had
+      as its sparse side (``"sync"`` by default), and in hybrid mode ``sync_mode`` and
+      ``geo_sgd_mode`` read and set the sparse side (``sync_mode = False``: sparse async, as
+      PERSIA). Outside hybrid, ``sparse_mode`` reads as ``mode`` (what the servers run).
     - ``geo_sgd_mode`` (bool): Fluid's spelling of ``mode == "geo"``.
     - ``geo_k_steps`` (int >= 1, default 100): in geo mode, local steps between two pushes of
       deltas; ``geo_sgd_need_push_nums`` is Fluid's name for it.
@@ -247,16 +257,16 @@ class DistributeTranspilerConfig:
     silently ignored).
     """
 
-    _PUBLIC = ("sync_mode", "mode", "geo_sgd_mode", "geo_k_steps", "geo_sgd_need_push_nums",
-               "split_method", "slice_var_up", "min_block_size", "runtime", "wait_port",
-               "print_log", "runtime_split_send_recv", "enable_dc_asgd")
+    _PUBLIC = ("sync_mode", "mode", "sparse_mode", "geo_sgd_mode", "geo_k_steps",
+               "geo_sgd_need_push_nums", "split_method", "slice_var_up", "min_block_size",
+               "runtime", "wait_port", "print_log", "runtime_split_send_recv", "enable_dc_asgd")
 
     def __init__(self):
         self._set_defaults()
         env_mode = os.environ.get("PYFLEET_MODE")
         if env_mode:
-            if env_mode.strip().lower() not in MODES:
-                raise ConfigError(f"PYFLEET_MODE must be one of {', '.join(MODES)}, "
+            if env_mode.strip().lower() not in JOB_MODES:
+                raise ConfigError(f"PYFLEET_MODE must be one of {', '.join(JOB_MODES)}, "
                                   f"got {env_mode!r}")
             self.mode = env_mode.strip().lower()
 
@@ -268,6 +278,7 @@ class DistributeTranspilerConfig:
 
     def _set_defaults(self):
         object.__setattr__(self, "_mode", "sync")
+        object.__setattr__(self, "_sparse_mode", "sync")
         self.geo_k_steps = 100
         self.split_method = RoundRobin
         self.slice_var_up = True
@@ -306,52 +317,66 @@ class DistributeTranspilerConfig:
 
     @mode.setter
     def mode(self, value):
-        if not isinstance(value, str):
-            raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {value!r}")
         if value == "pserver":
             return
-        if value not in MODES:
-            raise ConfigError(f"mode must be one of {', '.join(MODES)} (Fluid's 'pserver' is "
-                              f"accepted and changes nothing), got {value!r}")
+        if not isinstance(value, str) or value not in JOB_MODES:
+            raise ConfigError(f"mode must be one of {', '.join(JOB_MODES)} (Fluid's 'pserver' "
+                              f"is accepted and changes nothing), got {value!r}")
+        if value == "hybrid" and self._mode != "hybrid":
+            object.__setattr__(self, "_sparse_mode", self._mode)  # the sparse side it had
         object.__setattr__(self, "_mode", value)
 
     @property
+    def sparse_mode(self) -> str:
+        """The mode the servers run: the sparse side in hybrid, else ``mode`` itself."""
+        return self._sparse_mode if self._mode == "hybrid" else self._mode
+
+    @sparse_mode.setter
+    def sparse_mode(self, value):
+        if value not in MODES:
+            raise ConfigError(f"sparse_mode must be one of {', '.join(MODES)}, got {value!r}")
+        if self._mode != "hybrid":
+            raise ConfigError("sparse_mode is the sparse side of a hybrid job: set "
+                              "mode = 'hybrid' first (otherwise set mode itself)")
+        object.__setattr__(self, "_sparse_mode", value)
+
+    @property
+    def hybrid(self) -> bool:
+        """True when dense parameters are all-reduced among the workers."""
+        return self._mode == "hybrid"
+
+    def _side(self):  # the attribute sync_mode / geo_sgd_mode set
+        return "_sparse_mode" if self._mode == "hybrid" else "_mode"
+
+    @property
     def sync_mode(self) -> bool:
-        return self._mode == "sync"
+        return self.sparse_mode == "sync"
 
     @sync_mode.setter
     def sync_mode(self, value):
         if _check_bool("sync_mode", value):
-            object.__setattr__(self, "_mode", "sync")
-        elif self._mode == "sync":
-            object.__setattr__(self, "_mode", "async")
+            object.__setattr__(self, self._side(), "sync")
+        elif self.sparse_mode == "sync":
+            object.__setattr__(self, self._side(), "async")
 
     @property
     def geo_sgd_mode(self) -> bool:
-        return self._mode == "geo"
+        return self.sparse_mode == "geo"
 
     @geo_sgd_mode.setter
     def geo_sgd_mode(self, value):
         if _check_bool("geo_sgd_mode", value):
-            object.__setattr__(self, "_mode", "geo")
-        elif self._mode == "geo":
-            object.__setattr__(self, "_mode", "async")
+            object.__setattr__(self, self._side(), "geo")
+        elif self.sparse_mode == "geo":
+            object.__setattr__(self, self._side(), "async")
 
-    @property
-    def geo_k_steps(self) -> int:
-        return self._geo_k_steps
+    def _k_steps(name):  # geo_k_steps and Fluid's geo_sgd_need_push_nums: one value
+        return property(lambda self: self._geo_k_steps, lambda self, value: object.__setattr__(
+            self, "_geo_k_steps", _check_int(name, value, 1)))
 
-    @geo_k_steps.setter
-    def geo_k_steps(self, value):
-        object.__setattr__(self, "_geo_k_steps", _check_int("geo_k_steps", value, 1))
-
-    @property
-    def geo_sgd_need_push_nums(self) -> int:
-        return self._geo_k_steps
-
-    @geo_sgd_need_push_nums.setter
-    def geo_sgd_need_push_nums(self, value):
-        object.__setattr__(self, "_geo_k_steps", _check_int("geo_sgd_need_push_nums", value, 1))
+    geo_k_steps = _k_steps("geo_k_steps")
+    geo_sgd_need_push_nums = _k_steps("geo_sgd_need_push_nums")
+    del _k_steps
 
     @property
     def split_method(self) -> type:
@@ -374,7 +399,7 @@ class DistributeTranspilerConfig:
 
     def to_dict(self) -> dict:
         """A JSON-safe dict of every setting (what crosses a socket, never a pickle)."""
-        return {
+        d = {
             "mode": self.mode,
             "geo_k_steps": self.geo_k_steps,
             "split_method": self.split_method.__name__,
@@ -385,6 +410,9 @@ class DistributeTranspilerConfig:
             "runtime_split_send_recv": self.runtime_split_send_recv,
             "runtime": self.runtime.to_dict(),
         }
+        if self.hybrid:
+            d["sparse_mode"] = self.sparse_mode
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> DistributeTranspilerConfig:
@@ -394,17 +422,21 @@ class DistributeTranspilerConfig:
         """
         if not isinstance(d, dict):
             raise ConfigError(f"a config dict is expected, got {type(d).__name__}")
-        known = {"mode", "geo_k_steps", "split_method", "slice_var_up", "min_block_size",
+        known = {"mode", "sparse_mode", "geo_k_steps", "split_method", "slice_var_up", "min_block_size",
                  "wait_port", "print_log", "runtime_split_send_recv", "runtime"}
         unknown = set(d) - known
         if unknown:
             raise ConfigError(f"unknown config keys: {sorted(unknown)}")
         cfg = cls._defaults()
+        d = dict(d)
+        sparse_mode = d.pop("sparse_mode", None)
         for key, value in d.items():
             if key == "runtime":
                 cfg.runtime = RuntimeConfig.from_dict(value)
             else:
                 setattr(cfg, key, value)
+        if sparse_mode is not None:
+            cfg.sparse_mode = sparse_mode
         return cfg
 
     def __eq__(self, other):

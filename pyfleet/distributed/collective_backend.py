@@ -36,10 +36,79 @@ from pyfleet import _core
 from pyfleet.fluid.backend import LocalBackend
 from pyfleet.service.registry import Entry, Registry
 
-__all__ = ["CollectiveBackend", "checkpoint_registry"]
+__all__ = ["CollectiveBackend", "FusedDense", "checkpoint_registry"]
 
 
-class CollectiveBackend(LocalBackend):
+class FusedDense:
+    """The dense half of a step over ``self.group``'s ranks (a mixin): the
+    gradients in ``self._dense_grads`` are fused into one buffer, averaged with
+    one ``Allreduce`` and applied to ``self.dense`` (the local tables).
+    Subclasses define :meth:`signature` (checked on every rank at the first
+    step). With ``broadcast_dense``, the first step also gives every rank rank
+    0's dense values (a rank whose values differ takes them; equal values are
+    left alone, so a loaded optimizer state survives)."""
+
+    broadcast_dense = False
+
+    def _fused_layout(self):
+        sig = self.signature()
+        if self._layout is None or self._layout[4] != sig:
+            # The first step (or new parameters): every rank checks the others' first.
+            self.group.agree(sig, "parameter")
+            names = sorted(self.dense)
+            shapes = [self.dense[n].shape for n in names]
+            sizes = [int(np.prod(s)) for s in shapes]
+            offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+            total = int(offsets[-1]) + len(names)  # + one present-flag per parameter
+            self._layout = (names, shapes, offsets, total, sig)
+            self._buf = np.empty(total, dtype=np.float32)
+            if self.broadcast_dense and names:
+                self._take_rank0_values(names, offsets)
+        return self._layout
+
+    def _take_rank0_values(self, names, offsets):
+        buf = self._buf[:int(offsets[-1])]
+        for i, n in enumerate(names):
+            buf[offsets[i]:offsets[i + 1]] = self.dense[n].pull().reshape(-1)
+        mine = buf.copy()
+        self.group.bcast(buf, "the broadcast of rank 0's dense parameters")
+        for i, n in enumerate(names):
+            view = buf[offsets[i]:offsets[i + 1]]
+            if not np.array_equal(view, mine[offsets[i]:offsets[i + 1]]):
+                self.dense[n].set(view.reshape(self.dense[n].shape))
+
+    def _dense_step(self, names, shapes, offsets, total):
+        buf = self._buf
+        flags = buf[int(offsets[-1]):]
+        for i, n in enumerate(names):
+            g = self._dense_grads.get(n)
+            view = buf[offsets[i]:offsets[i + 1]]
+            if g is None:
+                view.fill(0.0)
+                flags[i] = 0.0
+            else:
+                np.copyto(view, np.asarray(g, dtype=np.float32).reshape(-1))
+                flags[i] = 1.0
+        unknown = set(self._dense_grads) - set(names)
+        if unknown:
+            raise ValueError(f"gradients of unknown dense parameters {sorted(unknown)}")
+        self.group.allreduce_mean(buf)
+        for i, n in enumerate(names):
+            if flags[i] > 0:
+                self.dense[n].push(buf[offsets[i]:offsets[i + 1]].reshape(shapes[i]))
+
+    def dense_checksum(self):
+        """``{name: sha256 hex}`` of every dense parameter's values and optimizer state."""
+        import hashlib
+        out = {}
+        for n, t in sorted(self.dense.items()):
+            state = np.asarray(t.state(), dtype=np.float32) if hasattr(t, "state") else \
+                np.empty(0, np.float32)
+            out[n] = hashlib.sha256(t.pull().tobytes() + state.tobytes()).hexdigest()
+        return out
+
+
+class CollectiveBackend(FusedDense, LocalBackend):
     """A :class:`LocalBackend` whose steps are averaged over ``group``'s ranks."""
 
     def __init__(self, group):
@@ -66,20 +135,6 @@ class CollectiveBackend(LocalBackend):
         sig.update({n: f"a sparse table of dim {t.dim}" for n, t in self.sparse.items()})
         return sig
 
-    def _fused_layout(self):
-        sig = self.signature()
-        if self._layout is None or self._layout[4] != sig:
-            # The first step (or new parameters): every rank checks the others' first.
-            self.group.agree(sig, "parameter")
-            names = sorted(self.dense)
-            shapes = [self.dense[n].shape for n in names]
-            sizes = [int(np.prod(s)) for s in shapes]
-            offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-            total = int(offsets[-1]) + len(names)  # + one present-flag per parameter
-            self._layout = (names, shapes, offsets, total, sig)
-            self._buf = np.empty(total, dtype=np.float32)
-        return self._layout
-
     def step_end(self):
         names, shapes, offsets, total, _ = self._fused_layout()
         try:
@@ -90,26 +145,6 @@ class CollectiveBackend(LocalBackend):
         finally:
             self._dense_grads, self._sparse_grads = {}, {}
             self.group.step += 1
-
-    def _dense_step(self, names, shapes, offsets, total):
-        buf = self._buf
-        flags = buf[int(offsets[-1]):]
-        for i, n in enumerate(names):
-            g = self._dense_grads.get(n)
-            view = buf[offsets[i]:offsets[i + 1]]
-            if g is None:
-                view.fill(0.0)
-                flags[i] = 0.0
-            else:
-                np.copyto(view, np.asarray(g, dtype=np.float32).reshape(-1))
-                flags[i] = 1.0
-        unknown = set(self._dense_grads) - set(names)
-        if unknown:
-            raise ValueError(f"gradients of unknown dense parameters {sorted(unknown)}")
-        self.group.allreduce_mean(buf)
-        for i, n in enumerate(names):
-            if flags[i] > 0:
-                self.dense[n].push(buf[offsets[i]:offsets[i + 1]].reshape(shapes[i]))
 
     def _sparse_step(self):
         g = self.group

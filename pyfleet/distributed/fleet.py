@@ -294,7 +294,8 @@ class Fleet:
         else:
             self._client.create_tables(self._tables, self._placement)
             self._backend = RemoteBackend(self._client, self._strategy.mode,
-                                          self._strategy.geo_k_steps)
+                                          self._strategy.geo_k_steps, fleet=self,
+                                          tables=self._tables)
         self._set_backend(self._backend)
 
     def _set_backend(self, backend):
@@ -395,7 +396,8 @@ class Fleet:
         client = self._require_worker("save_inference_model")
         self._backend.finish()
         program = main_program or self.main_program
-        return inference.save(dirname, program, feeded_var_names, target_vars,
+        return inference.save(check_local_path(dirname, "dirname"), program,
+                              feeded_var_names, target_vars,
                               hybrid.HybridSource(client, self._tables, self._backend)
                               if self._strategy.hybrid
                               else inference.RemoteSource(client, self._tables))
@@ -418,14 +420,15 @@ class Fleet:
 
     def load_persistables(self, executor=None, dirname=None, main_program=None):
         """Hybrid mode (every worker, after the startup program): load the dense
-        parameters of checkpoint ``dirname`` into this worker's replicas (the
-        servers load the sparse tables with ``init_server(dirname)``)."""
+        parameters of checkpoint ``dirname`` (relative to the checkpoint root)
+        into this worker's replicas; the servers load the sparse tables with
+        ``init_server(dirname)``."""
         self._require_worker("load_persistables")
         if not self._strategy.hybrid:
             raise ConfigError("fleet.load_persistables is for hybrid workers: in a "
                               "parameter-server job the servers load a checkpoint with "
                               "fleet.init_server(model_dir)")
-        return hybrid.load_dense(self._backend, self._tables, dirname)
+        return hybrid.load_dense(self._backend, self._tables, dirname, checkpoint_root())
 
     def stats(self):
         """Every server's counters and table stats (workers only)."""

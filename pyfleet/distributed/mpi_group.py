@@ -112,6 +112,15 @@ class MPIGroup:
             buf *= np.float32(1.0 / self.size)
         return buf
 
+    def bcast(self, buf, what="a broadcast"):
+        """Rank 0's ``buf`` (a contiguous numpy array) on every rank, in place."""
+        self._enter(what)
+        try:
+            self.comm.Bcast(buf, root=0)
+        finally:
+            self._leave()
+        return buf
+
     def allreduce_sum(self, buf, what="an all-reduce"):
         """Sum of ``buf`` (a contiguous float32/float64/int64 array) over the ranks, in place."""
         self._enter(what)
