@@ -274,7 +274,7 @@ class PaddleCloudRoleMaker(RoleMakerBase):
     | servers         | PYFLEET_SERVER_ENDPOINTS      | PADDLE_PSERVERS_IP_PORT_LIST, or       |
     |                 |                               | PADDLE_PSERVERS (IPs) + PADDLE_PORT    |
     | worker count    | PYFLEET_WORKER_NUM            | PADDLE_TRAINERS_NUM                    |
-    | worker index    | PYFLEET_WORKER_INDEX          | PADDLE_TRAINER_ID                      |
+    | worker index    | PYFLEET_WORKER_INDEX          | PADDLE_TRAINER_ID (else the MPI rank)  |
     | server index    | PYFLEET_SERVER_INDEX          | position of POD_IP:PADDLE_PORT in the  |
     |                 |                               | server list                            |
     +-----------------+-------------------------------+----------------------------------------+
@@ -298,10 +298,13 @@ class PaddleCloudRoleMaker(RoleMakerBase):
         worker_num = self._read_required_int(env, ("PYFLEET_WORKER_NUM", "PADDLE_TRAINERS_NUM"),
                                              1, "the number of workers in the job")
         if role == Role.WORKER:
-            index = self._read_required_int(env, ("PYFLEET_WORKER_INDEX", "PADDLE_TRAINER_ID"),
-                                            0, "this worker's index, 0..workers-1")
+            names = ("PYFLEET_WORKER_INDEX", "PADDLE_TRAINER_ID")
+            if _first_set(env, names) is None and _first_set(env, MPI_ENV_VARS) is not None:
+                index = _import_mpi().COMM_WORLD.Get_rank()  # hybrid workers: one MPI job
+            else:
+                index = self._read_required_int(env, names, 0, "this worker's index, 0..workers-1")
             if index >= worker_num:
-                name = _first_set(env, ("PYFLEET_WORKER_INDEX", "PADDLE_TRAINER_ID"))
+                name = _first_set(env, names) or "the MPI rank"
                 num_name = _first_set(env, ("PYFLEET_WORKER_NUM", "PADDLE_TRAINERS_NUM"))
                 raise ConfigError(f"{name}={index} is out of range: {num_name}={worker_num} "
                                   f"(indices 0..{worker_num - 1})")
