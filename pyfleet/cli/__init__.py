@@ -1,0 +1,45 @@
+"""The ``pyfleet`` command line.
+
+    pyfleet train [options]      train a CTR model on a local cluster (the main job)
+    pyfleet gen-data [options]   write the synthetic Criteo-format data set
+    pyfleet predict [options]    score a data file with a saved inference model
+    pyfleet keygen DIR           write CURVE key pairs for authenticated clusters
+
+`pyfleet train` with no argument is the embedded default: it generates a
+synthetic data set with a known ground truth, starts 1 server and 2 workers on
+127.0.0.1, trains the DNN for one pass, evaluates on the held-out split, and
+prints a summary (also in RUN_DIR/summary.json).
+
+One module per command (``train``, ``predict``, ``data`` for gen-data and the data
+checks, ``keygen``), with ``parser`` (the options), ``resume`` and ``report``. The
+trainer and Fluid are imported inside the commands that need them, never here:
+``pyfleet --help`` and ``pyfleet gen-data`` do not pay for them.
+"""
+
+import sys
+
+from pyfleet.cli.data import cmd_gen_data
+from pyfleet.cli.keygen import cmd_keygen
+from pyfleet.cli.parser import build_parser
+from pyfleet.cli.predict import cmd_predict
+from pyfleet.cli.train import cmd_train
+
+__all__ = ["main"]
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser, train = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        if args.command == "train":
+            args._parser = train
+            return cmd_train(args, argv[argv.index("train") + 1:])
+        return {"gen-data": cmd_gen_data, "predict": cmd_predict,
+                "keygen": cmd_keygen}[args.command](args)
+    except KeyboardInterrupt:  # (pyfleet train's roles are stopped by its launcher)
+        print(f"pyfleet {args.command}: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,169 @@
+"""The options of every ``pyfleet`` command (argparse)."""
+
+import argparse
+
+from pyfleet._version import __version__
+from pyfleet.launch.command import HelpFormatter
+
+
+DEFAULT_ROWS = 200_000
+
+
+def _add_parser(sub, name, help, description):
+    return sub.add_parser(name, help=help, description=description,
+                          formatter_class=HelpFormatter)
+
+
+def _train_parser(sub):
+    p = _add_parser(sub, "train", "train a CTR model on a local cluster",
+                    "Train a CTR model with a local parameter-server cluster on 127.0.0.1.\n"
+                    "With no --train, a synthetic data set with a known ground truth is\n"
+                    "generated (and cached) first.")
+    p.add_argument("--train", help="training data: a file, a directory of shards, or a "
+                                   "comma-separated list (default: generated data)")
+    p.add_argument("--test", help="held-out data (default: the generated data's test split; "
+                                  "none with --train)")
+    p.add_argument("--valid-fraction", type=float, default=None, metavar="F",
+                   help="hold out about F of the --train rows (chosen by a hash of their "
+                        "features) as the test data evaluated after every pass (default: "
+                        "none; not with --test)")
+    p.add_argument("--format", default="auto", choices=["auto", "criteo", "csv", "slot"],
+                   help="data format; auto reads it from each file's first line")
+    p.add_argument("--model", default="dnn", choices=["lr", "dnn", "widedeep", "deepfm"],
+                   help="the network")
+    p.add_argument("--servers", type=int, default=1, help="parameter servers")
+    p.add_argument("--workers", type=int, default=2, help="trainer processes")
+    p.add_argument("--mode", default="async", choices=["sync", "async", "geo"],
+                   help="how workers' gradients reach the servers")
+    p.add_argument("--epochs", type=int, default=1,
+                   help="passes over the training data (with --resume: passes after the "
+                        "checkpoint's)")
+    p.add_argument("--batch-size", type=int, default=512, help="examples per step")
+    p.add_argument("--embedding-dim", type=int, default=16, help="sparse embedding width")
+    p.add_argument("--layers", default="256,128,64",
+                   help="hidden layer sizes, comma-separated")
+    p.add_argument("--optimizer", default="adam", choices=["adam", "adagrad", "sgd", "ftrl"],
+                   help="update rule, applied on the servers")
+    p.add_argument("--lr", type=float, default=None,
+                   help="learning rate (default: adam 0.001, adagrad 0.01, sgd 0.01, "
+                        "ftrl 0.05)")
+    p.add_argument("--beta1", type=float, default=None, help="adam only (default: 0.9)")
+    p.add_argument("--beta2", type=float, default=None, help="adam only (default: 0.999)")
+    p.add_argument("--epsilon", type=float, default=None,
+                   help="adam and adagrad (default: adam 1e-8, adagrad 1e-6)")
+    p.add_argument("--initial-accumulator", type=float, default=None,
+                   help="adagrad only: the accumulator's start value (default: 0)")
+    p.add_argument("--l1", type=float, default=None, help="ftrl only (default: 0)")
+    p.add_argument("--l2", type=float, default=None, help="ftrl only (default: 0)")
+    p.add_argument("--lr-power", type=float, default=None,
+                   help="ftrl only (default: -0.5)")
+    p.add_argument("--rows", type=int, default=DEFAULT_ROWS,
+                   help="rows of the generated data set (with no --train)")
+    p.add_argument("--cache-dir", default=None, metavar="DIR",
+                   help="where generated data sets are kept, one per (rows, seed) "
+                        "(default: $PYFLEET_CACHE_DIR, else $XDG_CACHE_HOME/pyfleet, else "
+                        "~/.cache/pyfleet)")
+    p.add_argument("--run-dir", help="where to write everything; must be empty or new "
+                                     "(default: runs/<time>, or the --resume directory)")
+    p.add_argument("--checkpoint-dir", help="the same as --run-dir (Paddle's name; default: --run-dir's)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="reuse a non-empty --run-dir: its previous run's files are deleted "
+                        "first (default: refuse it)")
+    p.add_argument("--resume", metavar="RUN_DIR",
+                   help="continue a previous run from its checkpoint, with its settings "
+                        "(flags given here win; by default the run goes on in RUN_DIR)")
+    p.add_argument("--keep", type=int, default=None, metavar="K",
+                   help="also keep the checkpoints of the last K passes, in "
+                        "RUN_DIR/checkpoints/pass-NNNN (default: only RUN_DIR/checkpoint, the "
+                        "latest)")
+    p.add_argument("--keep-best", action="store_true",
+                   help="also keep the checkpoint of the pass with the highest test AUC, "
+                        "RUN_DIR/checkpoints/best (needs test data; default: off)")
+    p.add_argument("--seed", type=int, default=0, help="shuffling, initialisation and "
+                                                       "generated data")
+    p.add_argument("--quiet", "-q", action="store_true",
+                   help="print no progress and no phase, only warnings, errors and the "
+                        "summary (metrics.jsonl and the logs are written all the same; "
+                        "default: off)")
+    p.add_argument("--log-interval", type=float, default=2.0, metavar="SECONDS",
+                   help="seconds between progress lines (and metrics.jsonl records)")
+    p.add_argument("--log-level", default="info",
+                   choices=["debug", "info", "warning", "error"],
+                   help="level of the roles' logs, RUN_DIR/logs/<role>.log (warnings and "
+                        "errors are also shown on the console)")
+    p.add_argument("--json", action="store_true",
+                   help="print the summary as JSON, alone on stdout (progress goes to "
+                        "stderr)")
+    p.add_argument("--curve-dir", default=None, metavar="DIR",
+                   help="a 'pyfleet keygen' directory: roles authenticate with CURVE keys "
+                        "(sets PYFLEET_CURVE_DIR, docs/operations.md; default: no "
+                        "authentication)")
+    p.add_argument("--admission-count", type=int, default=None, metavar="N",
+                   help="admit a sparse key as a trainable row only once it was pulled N "
+                        "times (CountFilterEntry(N)); default: every key on first sight")
+    p.add_argument("--show-click", action="store_true",
+                   help="send each batch's per-id show/click counts to the servers "
+                        "(Paddle's CTR accessor), for --shrink-min-score (default: off)")
+    p.add_argument("--shrink-min-score", type=float, default=None, metavar="S",
+                   help="at the end of every pass drop rows whose decayed show/click score "
+                        "0.1*(show-click)+click is below S (needs --show-click; default: "
+                        "keep them)")
+    p.add_argument("--shrink-decay", type=float, default=0.98, metavar="D",
+                   help="per-pass decay of the show/click counters")
+    p.add_argument("--shrink-unseen-passes", type=int, default=None, metavar="T",
+                   help="at the end of every pass drop rows not updated for more than T "
+                        "passes (default: keep them)")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="stop the job after this many seconds (default: no limit)")
+    return p
+
+
+DESCRIPTION = """\
+pyfleet: train and use CTR models on a sparse parameter server.
+
+  pyfleet train      train a CTR model on a local cluster (no argument: generated data)
+  pyfleet gen-data   write the synthetic Criteo-format data set
+  pyfleet predict    score a data file with a saved inference model
+  pyfleet keygen     write CURVE key pairs for authenticated clusters
+
+pyfleet COMMAND --help describes each command's options."""
+
+
+def build_parser():
+    """``(parser, train)``: the ``pyfleet`` parser and its ``train`` subparser (which
+    ``pyfleet train --resume`` asks for the options given on the command line)."""
+    parser = argparse.ArgumentParser(prog="pyfleet", description=DESCRIPTION,
+                                     formatter_class=HelpFormatter)
+    parser.add_argument("--version", action="version", version=f"pyfleet {__version__}",
+                        help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    train = _train_parser(sub)
+    g = _add_parser(sub, "gen-data", "write the synthetic Criteo-format data set",
+                    "Write train.tsv, test.tsv and truth.json (the ground truth's AUC and\n"
+                    "logloss) of the synthetic Criteo-format data set into a directory.")
+    g.add_argument("--out", default="pyfleet-data", help="output directory")
+    g.add_argument("--rows", type=int, default=DEFAULT_ROWS, help="rows in all")
+    g.add_argument("--seed", type=int, default=0, help="the hidden model and the rows")
+    g.add_argument("--test-fraction", type=float, default=0.1,
+                   help="share of the rows written to test.tsv")
+    g.add_argument("--shards", type=int, default=1,
+                   help="training files (more than 1: train/part-NNNNN.tsv)")
+    p = _add_parser(sub, "predict", "score a data file with a saved inference model",
+                    "Write one click probability per data line of --data, in order.")
+    p.add_argument("--model", required=True,
+                   help="the model/ directory of a pyfleet train run, or "
+                        "fleet.save_inference_model's (required)")
+    p.add_argument("--data", required=True, help="the file to score (required)")
+    p.add_argument("--format", default="auto", choices=["auto", "criteo", "csv", "slot"],
+                   help="data format; auto reads it from the file's first line")
+    p.add_argument("--out", default="predictions.txt", help="output file")
+    p.add_argument("--batch-size", type=int, default=4096, help="examples per step")
+    p.add_argument("--skip-malformed", action="store_true",
+                   help="skip malformed lines (default: stop at the first, naming it: a "
+                        "skipped line shifts every later prediction against its input line)")
+    k = _add_parser(sub, "keygen", "write CURVE key pairs (server and client)",
+                    "Write CURVE key pairs into DIR (see docs/operations.md).")
+    k.add_argument("dir", help="output directory")
+    k.add_argument("--names", nargs="+", default=["server", "client"],
+                   help="one key pair per name")
+    return parser, train

@@ -1,0 +1,95 @@
+"""What ``pyfleet train`` shows: the summary table, the training plot, the roles'
+console lines, why a data set gave no example."""
+
+import json
+import os
+import re
+
+
+def _format_summary(s):
+    rows = [("test AUC", f"{s['test_auc']:.4f}" if "test_auc" in s else "-"),
+            ("test logloss", f"{s['test_logloss']:.4f}" if "test_logloss" in s else "-")]
+    if "truth_auc_test" in s:
+        rows.append(("ground-truth AUC", f"{s['truth_auc_test']:.4f}"))
+    rows += [("train AUC", f"{s['train_auc']:.4f}"),
+             ("train logloss", f"{s['train_logloss']:.4f}"),
+             ("train examples", f"{s['train_examples']:,}")]
+    if s.get("train_malformed"):
+        rows.append(("malformed lines skipped", (f"{s['train_malformed']:,} (last pass; "
+                                                 f"first: {s['first_malformed'][0]})")))
+    if s.get("test_malformed"):
+        rows.append(("malformed test lines", (f"{s['test_malformed']:,} (first: "
+                                              f"{s['first_test_malformed'][0]})")))
+    rows += [("train examples/s", f"{s['train_examples_per_sec']:,.0f}"),
+             ("train seconds", f"{s['train_seconds']:.1f}")]
+    for name, n in sorted(s.get("table_rows", {}).items()):
+        rows.append((f"rows in {name}", f"{n:,}"))
+    for i, rss in enumerate(s.get("server_rss_bytes", [])):
+        rows.append((f"server {i} memory (RSS)", f"{rss / 2**20:,.1f} MiB"))
+    rows += [("model", s["model"]), ("cluster", f"{s['servers']} server(s), "
+                                               f"{s['workers']} worker(s), {s['mode']}"),
+             ("run directory", s["run_dir"])]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _plot(run_dir):
+    try:  # optional, and slow to import: only when a run ends, if installed
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        records = [json.loads(x) for x in f if x.strip()]
+    lines = [x for x in records if "loss" in x]  # the progress records
+    tests = [x for x in records if x.get("test_auc") is not None]
+    if not lines:
+        return None
+    t0 = lines[0]["time"]
+    t = [x["time"] - t0 for x in lines]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.5))
+    a.plot(t, [x["loss"] for x in lines])
+    a.set_xlabel("seconds")
+    a.set_ylabel("logloss (window)")
+    b.plot(t, [x["auc"] for x in lines], label="train (running)")
+    if tests:
+        b.plot([x["time"] - t0 for x in tests], [x["test_auc"] for x in tests], "o",
+               label="test, after each pass")
+        b.legend(loc="lower right")
+    b.set_xlabel("seconds")
+    b.set_ylabel("running AUC")
+    fig.tight_layout()
+    out = os.path.join(run_dir, "training.png")
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+class _RoleOutput:
+    """Where the launcher writes the roles' output lines (``[worker.0] ...``):
+    their DEBUG and INFO log records stay in the role's log file only (the job's
+    progress is the monitor's one line); warnings, errors, tracebacks and
+    anything else reach ``stream``."""
+
+    _HIDDEN = re.compile(r"^\[\w+\.\d+\] \d{4}-\d\d-\d\d [\d:,]+ (DEBUG|INFO) ")
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text):
+        if not self._HIDDEN.match(text):
+            self.stream.write(text)
+
+    def flush(self):
+        self.stream.flush()
+
+
+def _why_no_example(malformed, first, otherwise):
+    """Why a data set gave no example: its malformed lines, or ``otherwise``."""
+    if not malformed:
+        return otherwise
+    return f"{malformed:,} malformed line(s), the first: " + "; ".join(first)

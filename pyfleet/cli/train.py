@@ -1,0 +1,333 @@
+"""``pyfleet train``: every option and the data checked before any process starts, the
+job file written, the local cluster launched and watched, the summary reported."""
+
+import glob
+import json
+import logging
+import math
+import os
+import shutil
+import signal
+import sys
+import time
+
+from pyfleet._monitor import Monitor, count_lines
+from pyfleet.cli.data import (_check_first_lines, _check_whole_files, _default_cache_dir,
+                              _split_paths)
+from pyfleet.cli.report import _format_summary, _plot, _RoleOutput, _why_no_example
+from pyfleet.cli.resume import (INHERITED, _explicit_dests, _inherit, _interrupted,
+                                _resumed_settings)
+from pyfleet.data import synthetic
+from pyfleet.data.readers import list_files
+from pyfleet.launch.local import launch_local
+from pyfleet.service import auth
+from pyfleet.service import checkpoint as _checkpoint
+
+
+# Optimizer flag -> (optimizer parameter, the optimizers that take it).
+OPTIMIZER_FLAGS = {
+    "beta1": ("beta1", ("adam",)), "beta2": ("beta2", ("adam",)),
+    "epsilon": ("epsilon", ("adam", "adagrad")),
+    "initial_accumulator": ("initial_accumulator_value", ("adagrad",)),
+    "l1": ("l1", ("ftrl",)), "l2": ("l2", ("ftrl",)), "lr_power": ("lr_power", ("ftrl",)),
+}
+DEFAULT_LR = {"adam": 0.001, "adagrad": 0.01, "sgd": 0.01, "ftrl": 0.05}
+
+
+def _optimizer_of(args):
+    """``{"name", **parameters}`` of the chosen optimizer; a parameter of another
+    optimizer is refused by name."""
+    opt = {"name": args.optimizer, "learning_rate": DEFAULT_LR[args.optimizer]
+           if args.lr is None else args.lr}
+    for dest, (param, takers) in OPTIMIZER_FLAGS.items():
+        value = getattr(args, dest)
+        if value is None:
+            continue
+        if args.optimizer not in takers:
+            raise SystemExit(f"pyfleet train: --{dest.replace('_', '-')} is a parameter of "
+                             f"{' and '.join(takers)}, not of --optimizer {args.optimizer}")
+        opt[param] = value
+    from pyfleet.trainer import optimizer_of  # lazy: the trainer imports Fluid
+    try:
+        optimizer_of({"optimizer": opt})
+    except ValueError as e:
+        raise SystemExit(f"pyfleet train: --optimizer {args.optimizer}: {e}") from None
+    return opt
+
+
+# What `pyfleet train` writes into a run directory (what --overwrite deletes).
+RUN_FILES = ("checkpoint", "checkpoints", "model", "logs", "data", "progress", "job.json",
+             "metrics.jsonl", "summary.json", "training.png")
+
+
+def _clear_run_dir(run_dir):
+    for name in RUN_FILES:
+        path = os.path.join(run_dir, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        elif os.path.lexists(path):
+            os.unlink(path)
+    for path in glob.glob(os.path.join(run_dir, "worker*.json")) + glob.glob(
+            os.path.join(run_dir, "worker*.test.npz")):
+        os.unlink(path)
+
+
+def cmd_train(args, argv):
+    # Deliberately lazy: the trainer imports Fluid and the models, which `pyfleet --help`
+    # and `pyfleet gen-data` must not pay for.
+    from pyfleet.trainer import JOB_DEFAULTS, summarize
+
+    out = sys.stderr if args.json else sys.stdout  # under --json stdout holds the JSON alone
+    cli_log = logging.getLogger("pyfleet.cli")
+
+    def say(text):
+        if not args.quiet:
+            print(text, file=out, flush=True)
+        cli_log.info("%s", text)
+
+    resume = os.path.abspath(args.resume) if args.resume else None
+    first_pass = 1
+    manifest = None
+    if resume:
+        try:
+            manifest = _checkpoint.read_manifest(os.path.join(resume, "checkpoint"))
+        except ValueError as e:
+            raise SystemExit(f"pyfleet train: --resume {args.resume}: {e}") from None
+        if manifest is None:
+            raise SystemExit(f"pyfleet train: --resume {args.resume}: no checkpoint there "
+                             f"(expected {resume}/checkpoint/MANIFEST.json)")
+        job_file = os.path.join(resume, "job.json")
+        if os.path.exists(job_file):
+            try:
+                with open(job_file) as f:
+                    old = json.load(f)
+            except (OSError, ValueError) as e:
+                raise SystemExit(f"pyfleet train: --resume {args.resume}: cannot read "
+                                 f"{job_file}: {e}") from None
+            _inherit(args, _explicit_dests(args._parser, argv), _resumed_settings(old),
+                     job_file)
+    if args.servers < 1 or args.workers < 1:
+        raise SystemExit("pyfleet train: --servers and --workers must be >= 1")
+    for flag, value in (("--epochs", args.epochs), ("--batch-size", args.batch_size),
+                        ("--embedding-dim", args.embedding_dim), ("--rows", args.rows)):
+        if value < 1:
+            raise SystemExit(f"pyfleet train: {flag} must be >= 1, got {value}")
+    if args.lr is not None and (not math.isfinite(args.lr) or args.lr <= 0):
+        raise SystemExit(f"pyfleet train: --lr must be a finite number > 0, got {args.lr}")
+    optimizer = _optimizer_of(args)
+    try:
+        layers = [int(x) for x in args.layers.split(",") if x.strip()]
+    except ValueError:
+        layers = None
+    if layers is None or any(n < 1 for n in layers):
+        raise SystemExit(f"pyfleet train: --layers must be hidden layer sizes >= 1, separated "
+                         f"by commas (e.g. 256,128,64), got {args.layers!r}")
+    if args.admission_count is not None and args.admission_count < 1:
+        raise SystemExit("pyfleet train: --admission-count must be >= 1")
+    if args.shrink_min_score is not None and not args.show_click:
+        raise SystemExit("pyfleet train: --shrink-min-score needs --show-click (without "
+                         "counts every row scores 0)")
+    if not 0.0 < args.shrink_decay <= 1.0:
+        raise SystemExit("pyfleet train: --shrink-decay must be in (0, 1]")
+    if args.valid_fraction is not None:
+        if not 0.0 < args.valid_fraction < 1.0:
+            raise SystemExit(f"pyfleet train: --valid-fraction must be in (0, 1), got "
+                             f"{args.valid_fraction}")
+        if args.test:
+            raise SystemExit("pyfleet train: --valid-fraction and --test both name the test "
+                             "data: give one")
+        if not args.train:
+            raise SystemExit("pyfleet train: --valid-fraction needs --train (the generated "
+                             "data set has its own test split)")
+    if args.keep is not None and args.keep < 1:
+        raise SystemExit(f"pyfleet train: --keep must be >= 1, got {args.keep}")
+    if not args.log_interval > 0:
+        raise SystemExit(f"pyfleet train: --log-interval must be > 0 seconds, got "
+                         f"{args.log_interval}")
+    if args.keep_best and args.train and not args.test and args.valid_fraction is None:
+        raise SystemExit("pyfleet train: --keep-best needs test data to rank the passes: "
+                         "--test or --valid-fraction")
+    truth = total_lines = None
+    train, test, fmt = _split_paths(args.train), _split_paths(args.test), args.format
+    for flag, paths in (("--train", train), ("--test", test)):
+        for path in [paths] if isinstance(paths, str) else paths or []:
+            if not os.path.exists(path):
+                raise SystemExit(f"pyfleet train: {flag}: no such file or directory: {path}")
+    if train is not None:  # every file's format and first lines before anything is written
+        say(f"checking the data: {args.train}" + (f", {args.test}" if args.test else ""))
+        try:
+            fmt, schema = _check_first_lines(train, fmt, "--format")
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"pyfleet train: --train: {e}") from None
+        if schema is None:
+            raise SystemExit(f"pyfleet train: --train: no data line in {args.train}")
+        if test is not None:
+            try:
+                if args.format == "auto":
+                    tfmt, _ = _check_first_lines(test, "auto", "--format")
+                    if tfmt not in (fmt, "auto"):
+                        raise ValueError(f"it looks like {tfmt}, --train like {fmt}: they "
+                                         f"must be in the same format")
+                _, test_schema = _check_first_lines(test, fmt, "--format")
+            except (OSError, ValueError) as e:
+                raise SystemExit(f"pyfleet train: --test: {e}") from None
+            if test_schema is not None and (test_schema.n_dense, test_schema.n_slots) != (
+                    schema.n_dense, schema.n_slots):
+                raise SystemExit(
+                    f"pyfleet train: --test has {test_schema.n_dense} dense features and "
+                    f"{test_schema.n_slots} slots read as {fmt}, --train {schema.n_dense} and "
+                    f"{schema.n_slots}: they must be in the same format")
+        n_dense, n_slots = schema.n_dense, schema.n_slots
+        total_lines = _check_whole_files(train, test, fmt)
+    elif test is not None:
+        raise SystemExit("pyfleet train: --test needs --train (without --train the generated "
+                         "data set's own test split is used)")
+    else:
+        fmt, n_dense, n_slots = "criteo", synthetic.N_DENSE, synthetic.N_SLOTS
+    run_dir = args.run_dir or args.checkpoint_dir or resume or os.path.join(
+        "runs", time.strftime("%Y%m%d-%H%M%S"))
+    run_dir = os.path.abspath(run_dir)
+    if os.path.exists(run_dir) and not os.path.isdir(run_dir):
+        raise SystemExit(f"pyfleet train: --run-dir {run_dir} is a file")
+    in_place = bool(resume) and os.path.isdir(run_dir) and os.path.samefile(run_dir, resume)
+    if args.overwrite and in_place:
+        raise SystemExit("pyfleet train: --overwrite would delete the checkpoint --resume "
+                         "continues from; give another --run-dir")
+    if os.path.isdir(run_dir) and os.listdir(run_dir) and not in_place and not args.overwrite:
+        raise SystemExit(f"pyfleet train: --run-dir {run_dir} is not empty (a previous run?): "
+                         f"pass --resume {run_dir} to continue it, --overwrite to replace it, "
+                         f"or another --run-dir")
+    settings = {dest: getattr(args, dest) for dest in INHERITED}
+    job = {**JOB_DEFAULTS, "train": train, "test": test, "format": fmt, "model": args.model,
+           "embedding_dim": args.embedding_dim,
+           "layers": layers, "optimizer": optimizer,
+           "lr": optimizer["learning_rate"], "batch_size": args.batch_size,
+           "epochs": args.epochs,
+           "mode": args.mode, "seed": args.seed, "run_dir": run_dir, "resume": resume,
+           "first_pass": first_pass,
+           "n_dense": n_dense, "n_slots": n_slots,
+           "admission_count": args.admission_count, "show_click": args.show_click,
+           "shrink_min_score": args.shrink_min_score, "shrink_decay": args.shrink_decay,
+           "shrink_unseen_passes": args.shrink_unseen_passes, "settings": settings,
+           "valid_fraction": args.valid_fraction, "keep": args.keep,
+           "keep_best": args.keep_best, "log_level": args.log_level,
+           "progress_interval": args.log_interval}
+    if resume:  # another model's checkpoint: refused here, not in every server
+        from pyfleet.trainer import tables_of  # lazy, as above
+        try:
+            _checkpoint.check_tables(manifest.get("tables") or [], tables_of(job),
+                                     f"{resume}/checkpoint", extra_ok=False)
+        except ValueError as e:
+            raise SystemExit(f"pyfleet train: --resume {args.resume}: {e} (--model, "
+                             f"--layers, --embedding-dim, --optimizer and the data's "
+                             f"features must be those of the run resumed)") from None
+        done = (manifest.get("meta") or {}).get("pass")
+        if isinstance(done, int) and not isinstance(done, bool) and done >= 1:
+            job["first_pass"] = done + 1
+            say(f"resuming after pass {done} of {resume}: passes {done + 1}.."
+                f"{done + args.epochs}")
+        else:  # saved by save_persistables without the trainer's pass number
+            say(f"resuming from {resume}/checkpoint, which does not say which pass it "
+                f"ended: passes are numbered from 1 again")
+    # Workers' save and load requests are confined to the run directory (the
+    # servers load --resume's checkpoint themselves, from wherever it is).
+    env = dict(os.environ, PYFLEET_CHECKPOINT_DIR=run_dir)
+    if args.curve_dir:
+        env["PYFLEET_CURVE_DIR"] = os.path.abspath(args.curve_dir)
+        try:  # fail here, not in every role
+            auth.server_options_from_env(env)
+            auth.client_options_from_env(env)
+        except ValueError as e:
+            raise SystemExit(f"pyfleet train: --curve-dir: {e}") from None
+    if train is None:
+        cache = os.path.abspath(args.cache_dir or _default_cache_dir())
+        try:
+            truth = synthetic.cached(cache, rows=args.rows, seed=args.seed, say=say)
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"pyfleet train: cannot generate the data set into {cache}: "
+                             f"{e}") from None
+        train, test = truth["train"], truth["test"]
+        job.update(train=train, test=test)
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+        if args.overwrite and not in_place:
+            _clear_run_dir(run_dir)
+    except OSError as e:
+        raise SystemExit(f"pyfleet train: --run-dir: cannot create {run_dir}: {e.strerror}") \
+            from None
+    job_path = os.path.join(run_dir, "job.json")
+    with open(job_path, "w") as f:
+        json.dump(job, f, indent=1)
+    os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
+    handler = logging.FileHandler(os.path.join(run_dir, "logs", "pyfleet.log"))
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s pyfleet %(name)s: "
+                                           "%(message)s"))
+    cli_log.addHandler(handler)
+    cli_log.setLevel(args.log_level.upper())
+    cli_log.propagate = False
+    # A previous attempt's progress files (a resumed run) must not count in this one.
+    shutil.rmtree(os.path.join(run_dir, "progress"), ignore_errors=True)
+    os.makedirs(os.path.join(run_dir, "progress"))
+    # Roles run in the run directory: `python -m` puts the working directory
+    # first on sys.path, and a source checkout there (where `pip install .`
+    # was typed) would shadow the installed package and its compiled modules.
+    cmd = [sys.executable, "-m", "pyfleet.trainer", job_path]
+    started = time.time()
+    try:
+        if total_lines is None:
+            total_lines = count_lines(list_files(train),
+                                      header_lines=1 if fmt == "csv" else 0)
+    except (OSError, ValueError):
+        total_lines = None
+    if total_lines is not None and args.valid_fraction:
+        total_lines = int(total_lines * (1 - args.valid_fraction))
+    last_pass = job["first_pass"] + args.epochs - 1
+    monitor = Monitor(run_dir, args.workers, job["first_pass"], last_pass, total_lines,
+                      args.log_interval, say)
+    say(f"starting {args.servers} server(s) and {args.workers} worker(s), {args.mode}; "
+        f"logs in {run_dir}/logs")
+    monitor.start()
+    try:
+        code = launch_local(lambda role, index: cmd, servers=args.servers,
+                            workers=args.workers, env=env,
+                            log_dir=os.path.join(run_dir, "logs"), timeout=args.timeout,
+                            mode=args.mode, cwd=run_dir, output=_RoleOutput(sys.stderr))
+    finally:
+        monitor.finish()
+    if code in (128 + signal.SIGINT, 128 + signal.SIGTERM, 128 + signal.SIGHUP):
+        print(_interrupted(run_dir, resume, monitor, last_pass, args), file=sys.stderr)
+        return code
+    if code != 0:
+        print(f"pyfleet train: the job failed (exit code {code}); logs in {run_dir}/logs",
+              file=sys.stderr)
+        return code
+    summary = summarize(run_dir, args.workers)
+    summary.update({"model": args.model, "servers": args.servers, "workers": args.workers,
+                    "mode": args.mode, "run_dir": run_dir, "wall_seconds": time.time() - started,
+                    "checkpoint": os.path.join(run_dir, "checkpoint"),
+                    "inference_model": os.path.join(run_dir, "model")})
+    if truth is not None:
+        summary["truth_auc_test"] = truth["truth_auc_test"]
+        summary["truth_logloss_test"] = truth["truth_logloss_test"]
+    plot = _plot(run_dir)
+    if plot:
+        summary["plot"] = plot
+    with open(os.path.join(run_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    if args.json:
+        print(json.dumps(summary), flush=True)
+    else:
+        print(_format_summary(summary))
+    if summary["train_examples"] == 0:
+        why = _why_no_example(summary["train_malformed"], summary["first_malformed"],
+                              "the training data has no data line")
+        print(f"pyfleet train: no training example was read from {train} ({why}; "
+              f"--format is {fmt!r}, see docs/formats.md)", file=sys.stderr)
+        return 1
+    if test is not None and not summary.get("test_examples"):
+        why = _why_no_example(summary["test_malformed"], summary["first_test_malformed"],
+                              "it has no data line")
+        print(f"pyfleet train: no test example was read from {test} ({why}); the model and "
+              f"checkpoint are in {run_dir}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,288 @@
+"""A local job: every role a supervised child process (the rules are in :mod:`pyfleet.launch`)."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Callable, TextIO, Union
+
+from pyfleet.errors import ConfigError
+from pyfleet.launch.contract import CONTRACT_VARS, EXIT_TIMEOUT, free_ports, role_env
+from pyfleet.role_maker import parse_endpoints
+
+_REAP_WAIT = 5.0
+_POLL = 0.05
+
+
+def _pdeathsig_preexec():
+    """Build a preexec_fn asking Linux to SIGTERM the child when the launcher dies."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+    pr_set_pdeathsig = 1
+
+    def preexec():
+        prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent:  # the launcher died before prctl took effect
+            os._exit(1)
+
+    return preexec
+
+
+class _Role:
+    def __init__(self, kind: str, index: int):
+        self.kind, self.index = kind, index
+        self.label = f"{kind}.{index}"
+        self.proc: subprocess.Popen | None = None
+        self.reader: threading.Thread | None = None
+        self.log = None
+        self.stopped_by_launcher = False
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+
+def _exit_code(rc: int) -> int:
+    if rc < 0:
+        return 128 + (-rc)
+    return rc if 1 <= rc <= 255 else 1
+
+
+def _describe_rc(rc: int) -> str:
+    if rc < 0:
+        try:
+            return f"was killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"was killed by signal {-rc}"
+    return f"exited with code {rc}"
+
+
+def _killpg(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _pump(role: _Role, out: TextIO, lock: threading.Lock, report) -> None:
+    # A log that cannot be written (a full disk) is reported once and dropped, and the
+    # pipe still drained: a role never blocks on a full pipe.
+    prefix = f"[{role.label}] "
+    for raw in iter(role.proc.stdout.readline, b""):
+        line = raw.decode("utf-8", "replace")
+        if not line.endswith("\n"):
+            line += "\n"
+        with lock:
+            with contextlib.suppress(OSError, ValueError):
+                out.write(prefix + line)
+                out.flush()
+            try:
+                if role.log is not None:
+                    role.log.write(line)
+                    role.log.flush()
+            except OSError as exc:
+                report(f"cannot write {role.log.name}: {exc.strerror or exc}; "
+                       f"{role.label}'s output is no longer copied there")
+                with contextlib.suppress(OSError):
+                    role.log.close()
+                role.log = None
+    role.proc.stdout.close()
+
+
+# typing.Union: this alias is evaluated at run time, and Python 3.9 has no `|` for types.
+CmdForRole = Union[Sequence[str], Callable[[str, int], Sequence[str]]]
+
+
+def launch_local(cmd_for_role: CmdForRole, servers: int, workers: int,
+                 env: Mapping[str, str] | None = None,
+                 log_dir: str | os.PathLike | None = None,
+                 timeout: float | None = None, *,
+                 server_endpoints: Sequence[str] | None = None,
+                 mode: str | None = None, grace_period: float = 30.0,
+                 output: TextIO | None = None, messages: TextIO | None = None,
+                 host: str = "127.0.0.1", stop_timeout: float = 5.0,
+                 cwd: str | os.PathLike | None = None) -> int:
+    """Run ``servers`` servers and ``workers`` workers locally and supervise them.
+
+    ``cmd_for_role`` is the argv of every role, or a callable ``(role, index) -> argv`` with
+    ``role`` in ``{"server", "worker"}``. ``env`` adds to (and overrides) the launcher's own
+    environment, below the contract variables. ``server_endpoints`` (default: free ports on
+    ``host``) must have ``servers`` entries. ``output`` receives the prefixed role lines
+    (default ``sys.stdout``), ``messages`` the launcher's own reports (default
+    ``sys.stderr``). ``stop_timeout`` is how long a stopped role has between SIGTERM and
+    SIGKILL. ``cwd`` is the roles' working directory (default: the launcher's).
+
+    Blocks until the job ends; returns 0 on success, else the failing role's exit code,
+    :data:`EXIT_TIMEOUT` on timeout, or 128 + signal when interrupted. Every child process
+    group is stopped before returning, whatever happens. Signal handlers for SIGINT, SIGTERM
+    and SIGHUP are installed for the duration of the call when it runs on the main thread
+    (elsewhere only KeyboardInterrupt-free shutdown paths apply). Not reentrant.
+    """
+    if isinstance(servers, bool) or not isinstance(servers, int) or servers < 1:
+        raise ConfigError(f"servers must be an int >= 1, got {servers!r}")
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ConfigError(f"workers must be an int >= 1, got {workers!r}")
+    if timeout is not None and not timeout > 0:
+        raise ConfigError(f"timeout must be > 0 seconds, got {timeout!r}")
+    if not grace_period >= 0:
+        raise ConfigError(f"grace_period must be >= 0 seconds, got {grace_period!r}")
+    if not stop_timeout > 0:
+        raise ConfigError(f"stop_timeout must be > 0 seconds, got {stop_timeout!r}")
+    if mode is not None and mode not in ("sync", "async", "geo"):
+        raise ConfigError(f"mode must be sync, async or geo, got {mode!r}")
+    if server_endpoints is None:
+        eps = tuple(f"{host}:{p}" for p in free_ports(servers, host))
+    else:
+        eps = parse_endpoints(list(server_endpoints), "server_endpoints")
+        if len(eps) != servers:
+            raise ConfigError(f"{len(eps)} server endpoints given for {servers} servers")
+    if callable(cmd_for_role):
+        make_cmd = cmd_for_role
+    else:
+        fixed = list(cmd_for_role)
+        if not fixed:
+            raise ConfigError("the command to run is empty")
+
+        def make_cmd(role, index):
+            return fixed
+
+    out = sys.stdout if output is None else output
+    msg = sys.stderr if messages is None else messages
+
+    def report(text: str) -> None:
+        try:
+            msg.write(f"pyfleet.launch: {text}\n")
+            msg.flush()
+        except (OSError, ValueError):
+            pass
+
+    base = {k: v for k, v in os.environ.items() if k not in CONTRACT_VARS}
+    base.update(env or {})
+    base.setdefault("PYTHONUNBUFFERED", "1")
+    roles = ([_Role("server", i) for i in range(servers)]
+             + [_Role("worker", i) for i in range(workers)])
+    if log_dir is not None:
+        Path(log_dir).mkdir(parents=True, exist_ok=True)
+
+    signals_seen: list[int] = []
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            previous[sig] = signal.signal(sig, lambda signum, frame: signals_seen.append(signum))
+    lock = threading.Lock()
+    try:
+        preexec = _pdeathsig_preexec()
+        # Every child is forked before any reader thread starts: preexec_fn is only safe
+        # in a process without other threads. Pipes buffer output meanwhile.
+        for role in roles:
+            if signals_seen:
+                break
+            argv = [str(a) for a in make_cmd(role.kind, role.index)]
+            child_env = dict(base)
+            # Every role is one process among several on this machine: a BLAS
+            # thread pool per process would only oversubscribe the cores.
+            child_env.setdefault("OPENBLAS_NUM_THREADS", "1")
+            child_env.update(role_env(role.kind, role.index, eps, workers, mode))
+            try:
+                if log_dir is not None:
+                    role.log = open(Path(log_dir) / f"{role.label}.log", "w",  # noqa: SIM115
+                                    encoding="utf-8")  # closed in the finally below
+                role.proc = subprocess.Popen(argv, env=child_env, cwd=cwd,
+                                             stdin=subprocess.DEVNULL,
+                                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                             start_new_session=True,
+                                             preexec_fn=preexec)  # noqa: PLW1509
+            except OSError as exc:  # (the log's path, when it is the log that failed)
+                report(f"cannot start {role.label} ({' '.join(argv)}): {exc}")
+                return 1
+        for role in roles:
+            if role.proc is not None:
+                role.reader = threading.Thread(target=_pump, args=(role, out, lock, report),
+                                               name=f"pyfleet-launch-{role.label}", daemon=True)
+                role.reader.start()
+        if not signals_seen:
+            report(f"{servers} server(s) at {','.join(eps)}, {workers} worker(s)")
+        return _supervise(roles, timeout, grace_period, signals_seen, report)
+    finally:
+        _stop(roles, signals_seen, report, stop_timeout)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for role in roles:
+            if role.reader is not None:
+                role.reader.join(timeout=_REAP_WAIT)
+            with lock, contextlib.suppress(OSError):  # a full disk: reported by _pump
+                if role.log is not None:
+                    role.log.close()
+
+
+def _supervise(roles: list[_Role], timeout, grace, signals_seen, report) -> int:
+    start = time.monotonic()
+    workers_done_at = None
+    servers = [r for r in roles if r.kind == "server"]
+    workers = [r for r in roles if r.kind == "worker"]
+    while True:
+        if signals_seen:
+            report(f"got {signal.Signals(signals_seen[0]).name}; stopping every role")
+            return 128 + signals_seen[0]
+        for role in roles:
+            rc = role.returncode
+            if rc is not None and rc != 0 and not role.stopped_by_launcher:
+                report(f"{role.label} {_describe_rc(rc)}; stopping the other roles")
+                return _exit_code(rc)
+        now = time.monotonic()
+        if all(w.returncode == 0 for w in workers):
+            if all(s.returncode == 0 for s in servers):
+                return 0
+            if workers_done_at is None:
+                workers_done_at = now
+            elif now - workers_done_at >= grace:
+                left = [s for s in servers if s.returncode is None]
+                report(f"every worker finished but {', '.join(s.label for s in left)} still "
+                       f"ran {grace:g}s later; terminating it")
+                for s in left:
+                    s.stopped_by_launcher = True
+                return 0
+        if timeout is not None and now - start >= timeout:
+            running = [r.label for r in roles if r.returncode is None]
+            report(f"timed out after {timeout:g}s with {', '.join(running)} still running; "
+                   "stopping every role")
+            return EXIT_TIMEOUT
+        time.sleep(_POLL)
+
+
+def _stop(roles: list[_Role], signals_seen: list[int], report, wait: float) -> None:
+    started = [r for r in roles if r.proc is not None]
+    for role in started:
+        if role.proc.poll() is None:
+            role.stopped_by_launcher = True
+        _killpg(role.proc.pid, signal.SIGTERM)
+    seen_before = len(signals_seen)
+    deadline = time.monotonic() + wait
+    # A second signal (a second Ctrl-C) skips the wait and goes straight to SIGKILL.
+    while time.monotonic() < deadline and len(signals_seen) == seen_before:
+        if all(r.proc.poll() is not None for r in started):
+            break
+        time.sleep(_POLL)
+    for role in started:
+        if role.proc.poll() is None:
+            report(f"{role.label} ignored SIGTERM; killing it")
+        # SIGKILL the whole group even when the leader is gone: helpers it left behind.
+        _killpg(role.proc.pid, signal.SIGKILL)
+    for role in started:
+        try:
+            role.proc.wait(timeout=_REAP_WAIT)
+        except subprocess.TimeoutExpired:
+            report(f"{role.label} (pid {role.proc.pid}) did not die after SIGKILL")

@@ -1,0 +1,269 @@
+"""What each role of a job runs (``python -m pyfleet.trainer JOB`` is :func:`main`), and
+:func:`train_local`, the one-process baseline."""
+
+import gc
+import json
+import logging
+import os
+import sys
+import time
+
+import numpy as np
+
+from pyfleet import fluid
+from pyfleet.data import DataError
+from pyfleet.distributed.fleet import fleet
+from pyfleet.metrics import MetricStats, exact_auc, logloss
+from pyfleet.trainer.evaluation import (_evaluate, _malformed_of, _pass_metrics, _remove,
+                                        _test_file)
+from pyfleet.trainer.job import (JOB_DEFAULTS, _dataset, _shrink_args, build_program, entry_of,
+                                 feed_of, optimizer_of, show_click_of, strategy_of)
+from pyfleet.trainer.keeper import _Keeper
+from pyfleet.trainer.progress import _Events, _Progress
+
+log = logging.getLogger("pyfleet.trainer")
+
+
+def _prefetching(batches, exe, program, model):
+    """``(batch, feed)`` pairs, each yielded after :meth:`Executor.prefetch` of
+    the next one: its ids are deduplicated and (async remote backend) its
+    sparse pull started, so that pull travels while this step computes."""
+    it = iter(batches)
+    batch = next(it, None)
+    feed = None if batch is None else feed_of(batch, model)
+    if feed is not None:
+        exe.prefetch(program, feed)
+    while batch is not None:
+        nxt = next(it, None)
+        nxt_feed = None if nxt is None else feed_of(nxt, model)
+        if nxt_feed is not None:
+            exe.prefetch(program, nxt_feed)
+        yield batch, feed
+        batch, feed = nxt, nxt_feed
+
+
+def run_role(job):
+    """Run this process's role (from the environment contract) of the job."""
+
+    job = {**JOB_DEFAULTS, **job}
+    run_dir = job["run_dir"]
+    n_dense, n_slots = job.get("n_dense"), job.get("n_slots")
+    if n_dense is None or n_slots is None:  # servers may not see the data: the CLI fills these
+        schema = _dataset(job, job["train"], 0, 1, prefetch=0).schema
+        n_dense, n_slots = schema.n_dense, schema.n_slots
+    main, startup, model = build_program(job, n_dense, n_slots)
+    fleet.init()
+    with fluid.program_guard(main, startup):
+        fleet.distributed_optimizer(optimizer_of(job), strategy_of(job),
+                                    sparse_entry=entry_of(job)).minimize(model.avg_cost)
+
+    if fleet.is_server():
+        resume = job["resume"]
+        where = os.path.join(resume, "checkpoint") if resume else None
+        log.info("server %d: %s", fleet.server_index(),
+                 f"loading {where}" if where else "starting with fresh parameters")
+        try:
+            fleet.init_server(where)
+        except ValueError as e:  # damaged, incomplete, another model's: it says which file
+            raise SystemExit(f"pyfleet server {fleet.server_index()}: cannot load "
+                             f"{resume}/checkpoint: {e}") from None
+        fleet.run_server()
+        log.info("server %d: stopped", fleet.server_index())
+        return 0
+
+    wi, wn = fleet.worker_index(), fleet.worker_num()
+    fleet.init_worker()
+    exe = fluid.Executor(fluid.CPUPlace())
+    exe.run(fleet.startup_program)
+    test_program = main.clone(for_test=True)
+    test_program.set_backend(main.backend)
+    progress_dir = os.path.join(run_dir, "progress")
+    os.makedirs(progress_dir, exist_ok=True)
+    progress = _Progress(job["progress_interval"],
+                         os.path.join(progress_dir, f"worker{wi}.json"), wi)
+    events = _Events(os.path.join(progress_dir, "events.jsonl") if wi == 0 else None)
+    keeper = _Keeper(run_dir, job["keep"], job["keep_best"]) if wi == 0 else None
+    # The program, tables and modules are long-lived: keep the cyclic
+    # collector from re-scanning them during every collection of a step's garbage.
+    gc.freeze()
+    train_seconds = train_cpu = 0.0
+    history, evaluations = [], []
+    # One dataset for every pass: each pass is shuffled by (seed, pass number).
+    # A resumed job starts at the pass after its checkpoint's, in the order an
+    # uninterrupted run would read it.
+    first = int(job["first_pass"])
+    last = first + int(job["epochs"]) - 1
+    data = _dataset(job, job["train"], wi, wn, shuffle=True, side="train")
+    data.set_pass(first)
+    if job["test"]:
+        test_data = _dataset(job, job["test"], wi, wn)
+    elif job.get("valid_fraction"):
+        test_data = _dataset(job, job["train"], wi, wn, side="valid")
+    else:
+        test_data = None
+    pred = label = None
+    test_read = {"malformed": 0, "first_malformed": []}
+    for epoch in range(first, last + 1):
+        events("pass", **{"pass": epoch, "last": last})
+        log.info("worker %d: pass %d started", wi, epoch)
+        t0, c0 = time.perf_counter(), time.process_time()
+        progress.pass_start = progress.examples
+        for batch, feed in _prefetching(data, exe, main, model):
+            loss, out = exe.run(main, feed=feed, fetch_list=[model.avg_cost, model.predict])
+            progress.update(epoch, out.reshape(-1), batch.labels, loss.reshape(-1)[0])
+            if job["show_click"]:
+                fleet.push_show_click(*show_click_of(batch))
+        train_seconds += time.perf_counter() - t0
+        train_cpu += time.process_time() - c0
+        progress.report(epoch, done=True)
+        history.append({"pass": epoch, "examples": progress.examples,
+                        "loss_sum": progress.loss_sum, "seconds": train_seconds,
+                        **_malformed_of(data)})
+        log.info("worker %d: pass %d trained, %d examples so far", wi, epoch,
+                 progress.examples)
+        fleet.barrier_worker()  # every worker finished the pass: the checkpoint is of it
+        metrics = None
+        if test_data is not None:
+            events("test", **{"pass": epoch})
+            pred, label = _evaluate(exe, test_program, model, test_data)
+            test_read = _malformed_of(test_data)
+            if epoch > first:  # worker 0 read it before this pass's first barrier
+                _remove(_test_file(run_dir, epoch - 1, wi))
+            np.savez(_test_file(run_dir, epoch, wi), pred=pred, label=label)
+            fleet.barrier_worker()  # every worker's predictions are written
+            if wi == 0:
+                metrics = _pass_metrics(run_dir, epoch, wn)
+                if epoch == last:
+                    for i in range(wn):
+                        _remove(_test_file(run_dir, epoch, i))
+                evaluations.append(metrics)
+                events("tested", **metrics)
+                log.info("pass %d: test AUC %s logloss %s (%d examples)", epoch,
+                         metrics["test_auc"], metrics["test_logloss"],
+                         metrics["test_examples"])
+        if wi == 0:
+            if _shrink_args(job):  # end of pass: decay show/click, drop stale rows
+                fleet.shrink(**_shrink_args(job))
+            where = os.path.join(run_dir, "checkpoint")
+            events("saving", **{"pass": epoch, "path": where})
+            meta = {"pass": epoch}
+            if metrics is not None:
+                meta.update(test_auc=metrics["test_auc"], test_logloss=metrics["test_logloss"])
+            fleet.save_persistables(exe, where, meta=meta)
+            kept = keeper.after_save(where, epoch, None if metrics is None
+                                     else metrics["test_auc"])
+            events("saved", **{"pass": epoch, "path": where, **kept})
+            log.info("pass %d: checkpoint saved to %s %s", epoch, where, kept or "")
+    progress.close()
+
+    test_stats = MetricStats()
+    if pred is not None and pred.shape[0]:
+        test_stats.update(pred, label)
+    result = {"worker": wi, "examples": progress.examples, "train_seconds": train_seconds,
+              "train_cpu_seconds": train_cpu,
+              "passes": history, "test_stats": test_stats.to_json(),
+              "train_stats": progress.stats.to_json(), "test_read": test_read,
+              "evaluations": evaluations}
+    if keeper is not None and keeper.best_pass is not None:
+        result["best"] = {"pass": keeper.best_pass, "test_auc": keeper.best_auc,
+                          "checkpoint": os.path.join(keeper.dir, "best")}
+    if pred is not None and pred.shape[0]:
+        np.savez(os.path.join(run_dir, f"worker{wi}.test.npz"), pred=pred, label=label)
+    if wi == 0:
+        result["servers"] = fleet.stats()
+        if job["save_model"]:
+            where = os.path.join(run_dir, "model")
+            events("export", path=where)
+            try:
+                fleet.save_inference_model(exe, where,
+                                           [v.name for v in model.inputs if v is not model.label],
+                                           [model.predict])
+            except ImportError as e:  # inference export not available in this build
+                log.warning("inference model not saved: %s", e)
+    with open(os.path.join(run_dir, f"worker{wi}.json"), "w") as f:
+        json.dump(result, f)
+    fleet.stop_worker()
+    return 0
+
+
+def train_local(job):
+    """Train and test the job's model in this process alone (a :class:`LocalBackend`,
+    no servers): the baseline the distributed runs are compared with. Returns
+    the summary keys :func:`summarize` gives (``train_examples_per_sec``,
+    ``test_auc``, ...) for one worker."""
+
+    job = {**JOB_DEFAULTS, **job}
+    n_dense, n_slots = job.get("n_dense"), job.get("n_slots")
+    if n_dense is None or n_slots is None:
+        schema = _dataset(job, job["train"], 0, 1, prefetch=0).schema
+        n_dense, n_slots = schema.n_dense, schema.n_slots
+    main, startup, model = build_program(job, n_dense, n_slots)
+    with fluid.program_guard(main, startup):
+        optimizer_of(job).minimize(model.avg_cost)
+    exe = fluid.Executor(fluid.CPUPlace())
+    exe.run(startup)
+    progress = _Progress(float("inf"), None, 0)   # the workers' bookkeeping, never printed
+    gc.freeze()   # as run_role
+    seconds = cpu = 0.0
+    data = _dataset(job, job["train"], 0, 1, shuffle=True)  # as run_role: one for every pass
+    for epoch in range(1, int(job["epochs"]) + 1):
+        t0, c0 = time.perf_counter(), time.process_time()
+        for batch in data:
+            loss, pred = exe.run(main, feed=feed_of(batch, model),
+                                 fetch_list=[model.avg_cost, model.predict])
+            progress.update(epoch, pred.reshape(-1), batch.labels, loss.reshape(-1)[0])
+        progress.drain()
+        seconds += time.perf_counter() - t0
+        cpu += time.process_time() - c0
+    train, examples = progress.stats, progress.examples
+    summary = {"workers": 1, "train_examples": examples, "train_seconds": seconds,
+               "train_cpu_seconds": cpu,
+               "train_examples_per_sec": examples / max(seconds, 1e-9),
+               "train_logloss": train.logloss(), "train_auc": train.auc()}
+    if job["test"]:
+        test_program = main.clone(for_test=True)
+        test_program.set_backend(main.backend)
+        preds, labels = [], []
+        for batch in _dataset(job, job["test"], 0, 1):
+            (pred,) = exe.run(test_program, feed=feed_of(batch, model),
+                              fetch_list=[model.predict])
+            preds.append(pred.reshape(-1))
+            labels.append(batch.labels)
+        if preds:
+            pred, label = np.concatenate(preds), np.concatenate(labels)
+            summary.update(test_examples=int(label.shape[0]),
+                           test_auc=float(exact_auc(pred, label)),
+                           test_logloss=float(logloss(pred, label)))
+    return summary
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m pyfleet.trainer JOB.json", file=sys.stderr)
+        return 2
+    with open(argv[0]) as f:
+        job = json.load(f)
+    _configure_logging(job.get("log_level") or "info")
+    try:
+        return run_role(job)
+    except DataError as e:  # input that cannot be read: one line naming the file and line
+        raise SystemExit(f"pyfleet {_role_label().replace('.', ' ')}: {e}") from None
+
+
+def _role_label():
+    """``server.<i>`` or ``worker.<i>`` from the launcher's environment contract."""
+    env = os.environ
+    if env.get("PYFLEET_ROLE") == "server" or env.get("TRAINING_ROLE") == "PSERVER":
+        return f"server.{env.get('PYFLEET_SERVER_INDEX', '?')}"
+    return f"worker.{env.get('PYFLEET_WORKER_INDEX', env.get('PADDLE_TRAINER_ID', '?'))}"
+
+
+LOG_FORMAT = "%(asctime)s %(levelname)s {role} %(name)s: %(message)s"
+
+
+def _configure_logging(level):
+    """Every role logs with the standard ``logging`` module to stderr (the
+    launcher keeps it in RUN_DIR/logs/<role>.log), timestamped and labelled."""
+    logging.basicConfig(level=level.upper(), stream=sys.stderr,
+                        format=LOG_FORMAT.format(role=_role_label()))
