@@ -29,7 +29,10 @@ void DenseTable::Pull(float* out) const {
 
 static void CheckFinite(const float* v, size_t n, const char* what) {
   const size_t i = FirstNonFinite(v, n);
-  if (i < n) ThrowInvalid(what, " rejected: element ", i, " is ", v[i], "; nothing was changed");
+  if (i < n) {
+    ThrowInvalid(what, " rejected: element ", i, " is ", v[i],
+                 " (non-finite values and values beyond +-1e18 are refused); nothing was changed");
+  }
 }
 
 void DenseTable::Push(const float* grad) {

@@ -67,15 +67,20 @@ void OptimizerInitState(const OptimizerConfig& c, float* state, size_t dim) {
 }
 
 size_t FirstNonFinite(const float* v, size_t n) {
+  // |v| above kMaxUpdate, or Inf, or NaN: as unsigned integers the magnitude
+  // bits of floats order as the floats, and Inf and NaN lie above every finite.
+  uint32_t limit;
+  const float max_update = kMaxUpdate;
+  std::memcpy(&limit, &max_update, sizeof(limit));
   uint32_t any = 0;
   for (size_t i = 0; i < n; ++i) {
     uint32_t bits;
     std::memcpy(&bits, v + i, sizeof(bits));
-    any |= (bits & 0x7f800000u) == 0x7f800000u;  // exponent all ones: Inf or NaN
+    any |= (bits & 0x7fffffffu) > limit;
   }
   if (!any) return n;
   for (size_t i = 0; i < n; ++i) {
-    if (!std::isfinite(v[i])) return i;
+    if (!(std::fabs(v[i]) <= kMaxUpdate)) return i;
   }
   return n;
 }

@@ -450,7 +450,8 @@ void SparseTable::Push(const uint64_t* keys, size_t n, const float* grads, bool 
   if (const size_t i = FirstNonFinite(grads, n * dim_); i < n * dim_) {
     rejected_pushes_.fetch_add(1, std::memory_order_relaxed);
     ThrowInvalid("push rejected: the gradient of key ", keys[i / dim_], " (position ",
-                 i / dim_, ") has a non-finite value ", grads[i], "; no row was changed");
+                 i / dim_, ") has a non-finite value or one beyond +-1e18: ", grads[i],
+                 "; no row was changed");
   }
   push_calls_.fetch_add(1, std::memory_order_relaxed);
   push_keys_.fetch_add(n, std::memory_order_relaxed);

@@ -44,8 +44,16 @@ size_t OptimizerStateTail(const OptimizerConfig& cfg);
 // Writes the starting state of a row of `dim` weights.
 void OptimizerInitState(const OptimizerConfig& cfg, float* state, size_t dim);
 
-// The index of the first NaN or Inf in v[0..n), or n: one branch-free pass
-// that vectorizes, then the search only when there is one.
+// The largest gradient (or geo delta) magnitude a push may carry: 1e18,
+// whose square (1e36) leaves every optimizer's squared-gradient state
+// (Adagrad, Adam, FTRL) far from float32's overflow at 3.4e38. A larger
+// value is no gradient but a diverged model; accepted, it would make Adam's
+// second moment Inf and freeze that element for good.
+constexpr float kMaxUpdate = 1e18f;
+
+// The index of the first NaN, Inf or value of magnitude above kMaxUpdate in
+// v[0..n), or n: one branch-free pass that vectorizes, then the search only
+// when there is one.
 size_t FirstNonFinite(const float* v, size_t n);
 
 // One step: w[0..dim) and state are updated in place from grad[0..dim).

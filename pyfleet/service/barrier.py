@@ -164,7 +164,8 @@ class Barriers:
                             f"{now - self.last_seen[w]:.1f} s (dead?)" for w in dead)
         elif now - self.started > self.barrier_timeout:
             why = (f"worker(s) {missing} did not reach the barrier within "
-                   f"{self.barrier_timeout:g} s")
+                   f"{self.barrier_timeout:g} s" if missing else
+                   f"the barrier was not released within {self.barrier_timeout:g} s")
         else:
             return None
         tokens = [token for token, _ in self.waiting.values()]

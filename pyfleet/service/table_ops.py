@@ -11,7 +11,9 @@ into an error reply. How pushes apply depends on the mode:
 - ``sync``: pushes are buffered per table in the
   :class:`~pyfleet.service.barrier.Barriers`; when every live worker has
   reached the barrier the buffered gradients are summed per key, divided by
-  the number of workers at the step barrier and applied once
+  the number of workers at the step barrier, checked (every table, before any
+  is changed: a value beyond ``MAX_UPDATE``, as finite gradients overflowing
+  when summed, refuses the whole step) and applied once
   (:meth:`TableOps.apply_sync`), then the barrier replies. A worker's pull
   after the barrier sees every worker's update of that step.
 - ``geo``: workers train locally and push deltas (``Flag.ADD_DELTA``) that are
@@ -34,7 +36,7 @@ from pyfleet import _core
 from pyfleet.service import protocol as P
 from pyfleet.service.protocol import Op, ProtocolError, Refused, Status
 
-__all__ = ["SPLIT_PULL_KEYS", "TableOps", "check_frames", "control_payload", "segment_sum"]
+__all__ = ["MAX_UPDATE", "SPLIT_PULL_KEYS", "TableOps", "check_frames", "control_payload", "segment_sum"]
 
 MAX_JSON_BYTES = 64 << 20
 # A sparse pull of at least this many keys is cut into up to
@@ -44,11 +46,21 @@ MAX_JSON_BYTES = 64 << 20
 # memory latency, which more cores hide (measured on 2 cores, 16k keys from a
 # 512k-row table: 1.6 ms -> 0.8 ms). Smaller pulls are not worth a hand-off.
 SPLIT_PULL_KEYS = 8192
+# The largest gradient magnitude a push may carry (the core's kMaxUpdate,
+# include/pyfleet/optimizer.h): its square leaves the optimizers' squared-
+# gradient state finite. Larger, NaN or Inf: the push (async) or the step
+# (sync) is refused and nothing of it applied.
+MAX_UPDATE = 1e18
 # Rows per EXPORT_SPARSE page unless the request asks for fewer.
 _EXPORT_PAGE_ROWS = 65536
 _ADD_DELTA = int(P.Flag.ADD_DELTA)
 _PULL_AFTER = int(P.Flag.PULL_AFTER)
 _NO_CREATE = int(P.Flag.NO_CREATE)
+
+
+def _representable(grads):
+    """Whether every value is within +-MAX_UPDATE (so neither NaN nor Inf)."""
+    return bool((np.abs(grads) <= MAX_UPDATE).all())
 
 
 def segment_sum(keys, values):
@@ -246,6 +258,15 @@ class TableOps:
                 out.append(e.table.pull().reshape(-1))
         return [out]
 
+    def repeat_reply(self, h, op, frames, ident):
+        """The answer to a retried push already applied (nothing applied
+        again): its plain reply, or for a PUSH_DENSE_MANY with PULL_AFTER the
+        blocks' current values."""
+        if op == Op.PUSH_DENSE_MANY and h.flags & _PULL_AFTER:
+            entries = self._dense_many(h, op, frames, True)
+            return [[ident] + P.reply(h) + [e.table.pull().reshape(-1) for e in entries]]
+        return [[ident] + P.reply(h)]
+
     def export_sparse(self, h, op, frames, ident):
         """One page of this shard's rows, weights only, keys ascending after
         ``after`` (the cursor: the last key sent). ``after=null`` starts an
@@ -301,16 +322,17 @@ class TableOps:
             else:
                 e.table.push(grads.reshape(e.table.shape))
         except ValueError:
-            if not np.isfinite(grads).all():
+            if not _representable(grads):
                 self.count("rejected_nonfinite")
-                raise Refused(f"gradient for {e.key!r} holds NaN or Inf; push rejected") \
-                    from None
+                raise Refused(f"gradient for {e.key!r} holds NaN, Inf or a value beyond "
+                              f"+-{MAX_UPDATE:g}; push rejected") from None
             raise
 
     def apply_sync(self, buffered, workers):
         """Average the buffered pushes ``{table id: [(worker, keys, grads)]}``
         of a step over ``workers`` and apply them; caller holds the lock."""
         scale = np.float32(max(workers, 1))
+        steps = []
         for tid, items in buffered.items():
             e = self.registry.entries[tid]
             items.sort(key=lambda it: it[0])  # add workers' gradients in worker order
@@ -318,9 +340,20 @@ class TableOps:
                 keys = np.concatenate([it[1] for it in items])
                 grads = np.concatenate([it[2] for it in items])
                 keys, grads = segment_sum(keys, grads)
-                e.table.push(keys, grads / scale)
+                grads = grads / scale
             else:
-                total = items[0][2].copy()
+                keys, total = None, items[0][2].copy()
                 for it in items[1:]:
                     total += it[2]
-                e.table.push((total / scale).reshape(e.table.shape))
+                grads = (total / scale).reshape(e.table.shape)
+            if not _representable(grads):  # every table checked before any changes
+                self.count("rejected_steps")
+                raise Refused(f"the step's averaged gradient of {e.key!r} holds NaN, Inf or a "
+                              f"value beyond +-{MAX_UPDATE:g} (the workers' gradients overflow "
+                              f"when summed); nothing of this step was applied")
+            steps.append((e, keys, grads))
+        for e, keys, grads in steps:
+            if keys is None:
+                e.table.push(grads)
+            else:
+                e.table.push(keys, grads)
