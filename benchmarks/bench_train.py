@@ -1,7 +1,8 @@
 """Training throughput of the reference DNN: one process against parameter-server clusters.
 
     python benchmarks/bench_train.py [--rows 1000000] [--epochs 1]
-                                     [--clusters single 1x1 1x2 2x2] [--modes async sync]
+                                     [--clusters single 1x1 1x2 2x2 collective2w hybrid1x2]
+                                     [--modes async sync]
                                      [--timeout 1800] [--json results.json]
 
 Generates ``--rows`` synthetic Criteo rows once (``pyfleet.data.synthetic``,
@@ -13,7 +14,13 @@ with the 13 dense features, fc 256-128-64 relu, batch 512, Adam 0.001) for
 - ``single``: :func:`pyfleet.trainer.train_local` in one process with local
   tables and one BLAS thread (what one launched worker gets);
 - ``SxW``: ``pyfleet train --servers S --workers W --mode M --json`` on
-  127.0.0.1 (every role one process, one BLAS thread each).
+  127.0.0.1 (every role one process, one BLAS thread each);
+- ``collectiveNw``: N ranks of collective mode under ``mpirun`` (no server;
+  ``benchmarks/bench_mpi_train.py``, the same network and data), and beside it
+  ``single b<N*512>``, one process with the batch of all ranks together (what
+  the collective job is equivalent to: its AUC is the one to compare with);
+- ``hybridSxW``: S servers (``python -m pyfleet.server``, sparse table only, in
+  mode M) and W worker ranks under ``mpirun`` all-reducing the dense parameters.
 
 Each row prints the training examples/s (all workers together, over the
 slowest worker's training time), its ratio to ``single``, and the test AUC
@@ -64,9 +71,9 @@ def _last_json(out):
     raise RuntimeError("no JSON summary in the output:\n" + out[-2000:])
 
 
-def run_single(data, epochs, timeout):
+def run_single(data, epochs, timeout, batch_size=512):
     job = {"train": data["train"], "test": data["test"], "format": "criteo",
-           "epochs": epochs, "n_dense": 13, "n_slots": 26}
+           "epochs": epochs, "n_dense": 13, "n_slots": 26, "batch_size": batch_size}
     p = subprocess.run([sys.executable, "-c", _SINGLE, json.dumps(job)], env=_role_env(),
                        capture_output=True, text=True, timeout=timeout, check=False)
     if p.returncode:
@@ -125,12 +132,64 @@ def run_cluster(data, servers, workers, mode, epochs, timeout, run_dir):
     return r
 
 
+def _mpi_env(extra):
+    env = _role_env()
+    env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+                "OMPI_MCA_btl": "self,vader", "OMPI_MCA_btl_vader_single_copy_mechanism": "none",
+                "OMPI_MCA_oob_tcp_if_include": "lo", **extra})
+    return env
+
+
+def _start_server(index, num, workers, mode):
+    p = subprocess.Popen([sys.executable, "-m", "pyfleet.server", "--endpoint", "127.0.0.1:0",
+                          "--index", str(index), "--num-servers", str(num), "--workers",
+                          str(workers), "--mode", mode, "--log-level", "ERROR"],
+                         stdout=subprocess.PIPE, text=True, env=_role_env())
+    line = p.stdout.readline()
+    if not line.startswith("pyfleet.server ready on "):
+        p.kill()
+        raise RuntimeError(f"server did not start: {line!r}")
+    return p, line.split()[-1]
+
+
+def run_mpi(kind, data, servers, workers, mode, epochs, timeout):
+    """A collective or hybrid row: ``bench_mpi_train.py`` under mpirun (and, hybrid,
+    ``servers`` server processes in ``mode``)."""
+    job = {"train": data["train"], "test": data["test"], "format": "criteo",
+           "epochs": epochs, "n_dense": 13, "n_slots": 26, "mode": mode}
+    procs, extra = [], {}
+    try:
+        if kind == "hybrid":
+            eps = []
+            for i in range(servers):
+                p, ep = _start_server(i, servers, workers, mode)
+                procs.append(p)
+                eps.append(ep)
+            extra = {"PYFLEET_ROLE": "worker", "PYFLEET_SERVER_ENDPOINTS": ",".join(eps),
+                     "PYFLEET_WORKER_NUM": str(workers)}
+        cmd = ["mpirun", "-np", str(workers), "--oversubscribe", "--allow-run-as-root",
+               sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                            "bench_mpi_train.py"), kind, json.dumps(job)]
+        p = subprocess.run(cmd, env=_mpi_env(extra), capture_output=True, text=True,
+                           timeout=timeout, check=False)
+        if p.returncode:
+            raise RuntimeError(f"{kind} run failed:\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
+        return _last_json(p.stdout)
+    finally:
+        for p in procs:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--clusters", nargs="+", default=["single", "1x1", "1x2", "2x2"],
-                    help="'single' and/or SERVERSxWORKERS")
+                    help="'single', SERVERSxWORKERS, collectiveNw, hybridSERVERSxWORKERS")
     ap.add_argument("--modes", nargs="+", default=["async", "sync"],
                     choices=["async", "sync", "geo"])
     ap.add_argument("--timeout", type=float, default=1800.0,
@@ -142,6 +201,17 @@ def main(argv=None):
     for c in args.clusters:
         if c == "single":
             clusters.append(None)
+            continue
+        if c.startswith("collective") and c.endswith("w") and c[10:-1].isdigit():
+            clusters.append(("single", int(c[10:-1]) * 512))  # the equivalent batch
+            clusters.append(("collective", 0, int(c[10:-1])))
+            continue
+        if c.startswith("hybrid"):
+            try:
+                s, w = (int(x) for x in c[6:].lower().split("x"))
+            except ValueError:
+                ap.error(f"cluster {c!r} is not hybridSERVERSxWORKERS")
+            clusters.append(("hybrid", s, w))
             continue
         try:
             s, w = (int(x) for x in c.lower().split("x"))
@@ -159,17 +229,25 @@ def main(argv=None):
               f"{os.getloadavg()[0]:.2f}", flush=True)
         results = []
         for c in clusters:
-            for mode in (["-"] if c is None else args.modes):
+            plain = c is None or c[0] in ("single", "collective")
+            for mode in (["-"] if plain else args.modes):
                 name = "single" if c is None else f"{c[0]}x{c[1]}"
+                srv, wrk = (0, 1) if plain and (c is None or c[0] == "single") else c[-2:]
                 t = time.perf_counter()
                 if c is None:
                     r = run_single(data, args.epochs, args.timeout)
+                elif c[0] == "single":
+                    name = f"single b{c[1]}"
+                    r = run_single(data, args.epochs, args.timeout, c[1])
+                elif c[0] in ("collective", "hybrid"):
+                    name = (f"collective {c[2]}w" if c[0] == "collective"
+                            else f"hybrid {c[1]}s+{c[2]}w")
+                    r = run_mpi(c[0], data, c[1], c[2], mode, args.epochs, args.timeout)
                 else:
                     r = run_cluster(data, c[0], c[1], mode, args.epochs, args.timeout,
                                     os.path.join(tmp, f"run-{name}-{mode}"))
                 batches = r["train_examples"] / 512
-                row = {"cluster": name, "servers": 0 if c is None else c[0],
-                       "workers": 1 if c is None else c[1], "mode": mode,
+                row = {"cluster": name, "servers": srv, "workers": wrk, "mode": mode,
                        "examples_per_sec": r["train_examples_per_sec"],
                        "test_auc": r.get("test_auc"), "train_examples": r["train_examples"],
                        "wall_seconds": time.perf_counter() - t,
@@ -180,13 +258,14 @@ def main(argv=None):
                        "server_cpu_share": (r["server_cpu_seconds"] / r["all_cpu_seconds"]
                                             if r.get("all_cpu_seconds") else None)}
                 results.append(row)
-                print(f"  {name:>6} {mode:>5}: {row['examples_per_sec']:>10,.0f} examples/s  "
+                print(f"  {name:>14} {mode:>5}: {row['examples_per_sec']:>10,.0f} examples/s  "
                       f"test AUC {row['test_auc']:.4f}", flush=True)
         load = os.getloadavg()[0]
 
     base = next((r["examples_per_sec"] for r in results if r["cluster"] == "single"), None)
+    by = {(r["cluster"], r["mode"]): r for r in results}
     print()
-    print(f"{'cluster':>8} {'mode':>6} {'examples/s':>12} {'/ single':>9} {'test AUC':>9} "
+    print(f"{'cluster':>14} {'mode':>6} {'examples/s':>12} {'/ single':>9} {'test AUC':>9} "
           f"{'worker ms':>10} {'server ms':>10} {'server %':>9}")
 
     def cell(v, fmt, width):
@@ -194,7 +273,7 @@ def main(argv=None):
 
     for r in results:
         ratio = f"{r['examples_per_sec'] / base:9.2f}" if base else f"{'-':>9}"
-        print(f"{r['cluster']:>8} {r['mode']:>6} {r['examples_per_sec']:>12,.0f} {ratio} "
+        print(f"{r['cluster']:>14} {r['mode']:>6} {r['examples_per_sec']:>12,.0f} {ratio} "
               f"{r['test_auc']:>9.4f} {cell(r['worker_ms_per_batch'], '.1f', 10)} "
               f"{cell(r['server_ms_per_batch'], '.1f', 10)} "
               f"{cell(r['server_cpu_share'], '.0%', 9)}")
@@ -211,6 +290,15 @@ def main(argv=None):
               f"(target < 20%)")
     if two:
         print(f"1x2 async: {two:,.0f} examples/s (target >= 40,000)")
+    coll, ref = by.get(("collective 2w", "-")), by.get(("single b1024", "-"))
+    if coll and two and ref:
+        print(f"collective 2w: {coll['examples_per_sec'] / two:.2f}x 1x2 async (target >= 1); "
+              f"test AUC {coll['test_auc'] - ref['test_auc']:+.4f} vs single b1024 "
+              f"(target within 0.0005)")
+    hyb = by.get(("hybrid 1s+2w", "async"))
+    if hyb and two:
+        print(f"hybrid 1s+2w async: {hyb['examples_per_sec'] / two:.2f}x 1x2 async "
+              f"(target >= 1.1)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rows": args.rows, "epochs": args.epochs,

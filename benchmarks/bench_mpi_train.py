@@ -1,0 +1,83 @@
+"""One rank of ``bench_train.py``'s ``collective`` and ``hybrid`` rows, run under ``mpirun``.
+
+    mpirun -np 2 python benchmarks/bench_mpi_train.py collective JOB_JSON
+    mpirun -np 2 python benchmarks/bench_mpi_train.py hybrid JOB_JSON   # + PYFLEET_ROLE=worker,
+                                         # PYFLEET_SERVER_ENDPOINTS, PYFLEET_WORKER_NUM
+
+The reference network and data of ``pyfleet train`` (``pyfleet.trainer.job``): every
+rank trains on its share of ``job["train"]`` (the dataset's worker split) with batch
+``job["batch_size"]``; all ranks stop at the step where the first runs out of data
+(a collective step needs every rank). Rank 0 then predicts the whole test set and
+prints one JSON line: ``train_examples`` (all ranks), ``train_seconds`` (the slowest),
+``train_examples_per_sec``, ``test_auc``.
+"""
+
+import json
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from pyfleet import fluid
+from pyfleet.config import DistributeTranspilerConfig
+from pyfleet.metrics import exact_auc
+from pyfleet.trainer.job import JOB_DEFAULTS, _dataset, build_program, feed_of, optimizer_of
+
+
+def main(argv):
+    kind, job = argv[0], {**JOB_DEFAULTS, **json.loads(argv[1])}
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    main_p, startup, model = build_program(job, job["n_dense"], job["n_slots"])
+    if kind == "collective":
+        from pyfleet.fluid.incubate.fleet.collective import DistributedStrategy, fleet
+        fleet.init()
+        strategy = DistributedStrategy()
+    else:
+        from pyfleet.distributed.fleet import fleet
+        fleet.init()
+        strategy = DistributeTranspilerConfig()
+        strategy.mode = "hybrid"
+        strategy.sparse_mode = job["mode"]
+    with fluid.program_guard(main_p, startup):
+        fleet.distributed_optimizer(optimizer_of(job), strategy).minimize(model.avg_cost)
+    if kind == "hybrid":
+        fleet.init_worker()
+    exe = fluid.Executor(fluid.CPUPlace())
+    exe.run(fleet.startup_program)
+    data = iter(_dataset(job, job["train"], rank, size, shuffle=True))
+    more = np.ones(1, dtype=np.int32)
+    examples, t0 = 0, time.perf_counter()
+    while True:
+        batch = next(data, None)
+        more[0] = batch is not None
+        comm.Allreduce(MPI.IN_PLACE, more, op=MPI.MIN)
+        if not more[0]:
+            break
+        exe.run(fleet.main_program, feed=feed_of(batch, model), fetch_list=[model.avg_cost])
+        examples += int(batch.labels.shape[0])
+    if kind == "hybrid":
+        fleet.barrier_worker()
+    seconds = time.perf_counter() - t0
+    total = comm.allreduce(examples, op=MPI.SUM)
+    slowest = comm.allreduce(seconds, op=MPI.MAX)
+    summary = {"workers": size, "train_examples": total, "train_seconds": slowest,
+               "train_examples_per_sec": total / max(slowest, 1e-9)}
+    if rank == 0:
+        test = fleet.main_program.clone(for_test=True)
+        test.set_backend(fleet.main_program.backend)
+        preds, labels = [], []
+        for batch in _dataset(job, job["test"], 0, 1):
+            (pred,) = exe.run(test, feed=feed_of(batch, model), fetch_list=[model.predict])
+            preds.append(pred.reshape(-1))
+            labels.append(batch.labels)
+        summary["test_auc"] = float(exact_auc(np.concatenate(preds), np.concatenate(labels)))
+        print(json.dumps(summary), flush=True)
+    comm.Barrier()
+    if kind == "hybrid":
+        fleet.stop_worker()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
