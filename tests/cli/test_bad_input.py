@@ -176,7 +176,7 @@ def test_an_unreadable_shard_is_named(tmp_path, monkeypatch, capsys, command, mo
 def test_a_worker_that_cannot_read_its_data_ends_in_one_line(monkeypatch):
     """Inputs too big to read before the job starts: the worker's reader names the
     file and line in one line (its SystemExit), not a traceback."""
-    from pyfleet import trainer
+    from pyfleet.trainer import role as trainer  # where main looks up run_role
 
     def fail(job):
         raise data_files.DataError("/d/part-3:77: a line longer than 1,048,576 bytes")
