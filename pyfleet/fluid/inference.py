@@ -6,12 +6,20 @@ train`` and :func:`save` all write a prediction directory::
     __model__.json          the network pruned to the targets (Program.to_dict), the
                             feed and fetch names, and an "inference" section listing
                             the files below with each sparse table's dim, initializer
-                            and seed; written last, so its presence means complete
+                            and seed, and the sha256 of every file; written last, so
+                            its presence means complete
     <param>.npy             each dense weight the network reads (numpy format)
     <table>.keys.npy        uint64[n]: every key of each sparse table the network reads
     <table>.weights.npy     float32[n, dim]: their embedding rows (optimizer state dropped)
 
-Nothing is pickled; every ``.npy`` is read with ``allow_pickle=False``. A
+Nothing is pickled; every ``.npy`` is read with ``allow_pickle=False``. Loading
+checks each file before it allocates anything for it: its ``.npy`` header's dtype
+and shape against the model (a header claiming (10**12, 16) is refused by name,
+never allocated), its size against its header (a truncated file), then its sha256
+against the one recorded (a model written before checksums were recorded loads
+without that check). A parameter holding NaN or infinity is refused by name, and
+``predict_file`` refuses a non-finite prediction. A
+
 ``program_only`` save writes ``__model__.json`` without the "inference"
 section: its parameters are then the ``<name>.npy``/``<name>.table`` files
 ``fluid.io.save_persistables`` writes into the same directory (the form
@@ -36,6 +44,7 @@ save may or may not be included). A :class:`Predictor` is not thread-safe;
 load one per thread (or guard it).
 """
 
+import hashlib
 import json
 import os
 
@@ -97,6 +106,24 @@ class RemoteSource:
         return self.client.export_sparse(name, page_rows=self.page_rows)
 
 
+def _save_npy(path, value):
+    """``_atomic.save_npy``; an OSError names the file (numpy's short write
+    says only "N requested and M written")."""
+    try:
+        _atomic.save_npy(path, value)
+    except OSError as e:
+        why = e.strerror or f"{e} (a full disk?)"
+        raise OSError(e.errno, f"cannot write {path}: {why}") from None
+
+
+def _sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def _write_rows(dirname, name, dim, pages):
     """Stream ``pages`` of (keys, weights) into ``<name>.keys.npy`` and
     ``<name>.weights.npy`` through raw temporary files (bounded memory)."""
@@ -112,16 +139,20 @@ def _write_rows(dirname, name, dim, pages):
                 if weights.shape != (keys.shape[0], dim):
                     raise ValueError(f"table {name!r}: a page of {keys.shape[0]} keys came with "
                                      f"weights of shape {weights.shape}, expected dim {dim}")
-                keys.tofile(fk)
-                weights.tofile(fw)
+                try:
+                    keys.tofile(fk)
+                    weights.tofile(fw)
+                except OSError as e:
+                    raise OSError(e.errno, f"cannot write {kpath}: "
+                                           f"{e.strerror or f'{e} (a full disk?)'}") from None
                 n += keys.shape[0]
         if n:
             keys = np.memmap(kraw, dtype="<u8", mode="r", shape=(n,))
             weights = np.memmap(wraw, dtype="<f4", mode="r", shape=(n, dim))
         else:
             keys, weights = np.empty(0, "<u8"), np.empty((0, dim), "<f4")
-        _atomic.save_npy(kpath, keys)
-        _atomic.save_npy(wpath, weights)
+        _save_npy(kpath, keys)
+        _save_npy(wpath, weights)
         del keys, weights
     finally:
         for p in (kraw, wraw):
@@ -174,8 +205,11 @@ def _write_params(dirname, ops, source):
             if tuple(value.shape) != tuple(p.shape):
                 raise ValueError(f"parameter {p.name!r} has shape {tuple(p.shape)}, the "
                                  f"source gave {value.shape}")
-            _atomic.save_npy(path, value)
+            _save_npy(path, value)
             section["dense"][p.name] = os.path.basename(path)
+    files = list(section["dense"].values()) + [
+        t[k] for t in section["sparse"].values() for k in ("keys", "weights")]
+    section["sha256"] = {f: _sha256(os.path.join(dirname, f)) for f in files}
     return section
 
 
@@ -196,6 +230,9 @@ def save(dirname, program, feeded_var_names, target_vars, source, model_filename
     targets = [block.var(t.name if isinstance(t, Variable) else t) for t in target_vars]
     ops = _prune(program, set(feed_names), targets)
     desc = program.to_dict(ops)
+    for op in desc["ops"]:   # Fluid's inference program runs dropout/batch_norm as tests
+        if "is_test" in op["attrs"]:
+            op["attrs"] = {**op["attrs"], "is_test": True}
     desc["feed"] = feed_names
     desc["fetch"] = [t.name for t in targets]
     created = not os.path.isdir(dirname)
@@ -249,12 +286,47 @@ class _FrozenBackend(Backend):
         return out
 
 
-def _load_npy(dirname, name):
+def _load_npy(dirname, name, dtype, shape, digests):
+    """The array of ``dirname/name``, after checking (before allocating it) that its
+    header holds ``dtype`` and ``shape`` (None: any length on that axis), that the
+    file is as long as its header says and that its sha256 is the recorded one."""
     path = os.path.join(dirname, check_file_name(name, "the inference model's file"))
     try:
-        return np.load(path, allow_pickle=False)
+        with open(path, "rb") as f:
+            try:
+                version = np.lib.format.read_magic(f)
+                read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                               else np.lib.format.read_array_header_2_0)
+                got_shape, fortran, got_dtype = read_header(f, max_header_size=1 << 16)
+            except (ValueError, SyntaxError, TypeError) as e:
+                raise ValueError(f"{path} is not a valid .npy file ({e})") from None
+            header_end = f.tell()
+            size = os.fstat(f.fileno()).st_size
     except FileNotFoundError:
         raise ValueError(f"inference model file {path} is missing") from None
+    if got_dtype != np.dtype(dtype) or fortran or len(got_shape) != len(shape) or any(
+            w is not None and g != w for g, w in zip(got_shape, shape)):
+        raise ValueError(f"{path}: its header says {got_dtype} {tuple(got_shape)}, the model "
+                         f"expects {np.dtype(dtype)} "
+                         f"{tuple('n' if w is None else w for w in shape)}")
+    want_size = header_end + int(np.prod(got_shape, dtype=np.float64)) * got_dtype.itemsize
+    if size != want_size:
+        raise ValueError(f"{path} is {size:,} bytes, its header {tuple(got_shape)} needs "
+                         f"{want_size:,} (a truncated or damaged file)")
+    if digests is not None:
+        if name not in digests:
+            raise ValueError(f"{path} has no checksum in the model description")
+        if _sha256(path) != digests[name]:
+            raise ValueError(f"{path} does not match its sha256 in the model description "
+                             f"(a damaged or altered file)")
+    return np.load(path, allow_pickle=False)
+
+
+def _finite(value, what):
+    bad = np.size(value) - int(np.count_nonzero(np.isfinite(value)))
+    if bad:
+        raise ValueError(f"{what} holds {bad:,} NaN or infinite value(s) of {np.size(value):,}: "
+                         f"the model is damaged (or diverged in training)")
 
 
 class Predictor:
@@ -316,6 +388,10 @@ class Predictor:
             for batch in data:
                 out = np.asarray(self.predict(self._feed_of_batch(batch))[0])
                 prob = out.reshape(out.shape[0], -1)[:, -1]
+                if not np.isfinite(prob).all():
+                    raise ValueError(f"the model predicts NaN or infinity for example "
+                                     f"{rows + 1 + int(np.argmin(np.isfinite(prob))):,} of "
+                                     f"{path}: nothing written")
                 np.savetxt(f, prob, fmt="%.9g")
                 rows += prob.shape[0]
         self.last_file_stats = data.stats()
@@ -345,21 +421,22 @@ def _check_section(path, section):
 
 def _frozen_backend(dirname, section, program):
     params = {p.name: p for p in program.all_parameters()}
+    digests = section.get("sha256")  # absent in models written before checksums
     dense = {}
     for name, fname in section["dense"].items():
-        value = _load_npy(dirname, fname).astype(np.float32, copy=False)
-        want = tuple(params[name].shape) if name in params else None
-        if want is not None and tuple(value.shape) != want:
-            raise ValueError(f"{fname} holds shape {value.shape}, parameter {name!r} has {want}")
+        if name not in params:
+            raise ValueError(f"{dirname}: parameter {name!r} of the inference section is not "
+                             f"in the program")
+        value = _load_npy(dirname, fname, "<f4", tuple(params[name].shape), digests)
+        _finite(value, f"parameter {name!r} ({fname})")
         dense[name] = value
     sparse = {}
     for name, cfg in section["sparse"].items():
-        dim = int(cfg["dim"])
-        keys = _load_npy(dirname, cfg["keys"]).astype(np.uint64, copy=False).reshape(-1)
-        weights = _load_npy(dirname, cfg["weights"]).astype(np.float32, copy=False)
-        if weights.shape != (keys.shape[0], dim):
-            raise ValueError(f"table {name!r}: {keys.shape[0]} keys but weights of shape "
-                             f"{weights.shape} (dim {dim})")
+        dim, rows = int(cfg["dim"]), cfg.get("rows")
+        rows = int(rows) if isinstance(rows, int) and not isinstance(rows, bool) else None
+        keys = _load_npy(dirname, cfg["keys"], "<u8", (rows,), digests)
+        weights = _load_npy(dirname, cfg["weights"], "<f4", (keys.shape[0], dim), digests)
+        _finite(weights, f"sparse table {name!r} ({cfg['weights']})")
         order = np.argsort(keys, kind="stable")
         init = SparseTable(dim, SGD(1.0), initializer=_init.from_config(cfg["initializer"]),
                            seed=int(cfg["seed"]), name=name)

@@ -1,0 +1,143 @@
+"""A prediction directory is checked before it is trusted (issue 18): a sha256 per file
+recorded and verified, .npy headers checked against the model before anything is
+allocated, non-finite parameters refused by name, non-finite predictions refused,
+and a write that fails (a full disk) names the file."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+from support import DATA
+
+from pyfleet import _atomic, fluid, models
+from pyfleet.data import Dataset
+from pyfleet.fluid import inference
+
+SAMPLE = DATA / "criteo-paddlerec-part0" / "part-0.tsv"
+needs_data = pytest.mark.skipif(not SAMPLE.exists(), reason="shared Criteo sample missing")
+
+
+def _feed(batch, m):
+    feed = {m.dense_input.name: batch.dense}
+    for var, (ids, offsets) in zip(m.slots, batch.sparse):
+        feed[var.name] = (ids, offsets)
+    return feed
+
+
+def _save(where, nan=False):
+    """``(model, a batch, the first fc weight's name)``: a model trained one step and
+    saved (with half of that weight NaN when ``nan``)."""
+    main, startup = fluid.Program(), fluid.Program()
+    main.random_seed = startup.random_seed = 3
+    with fluid.program_guard(main, startup):
+        m = models.build("dnn", num_dense=13, num_slots=26, embedding_dim=4, layers=(8,))
+        fluid.optimizer.SGD(learning_rate=0.01).minimize(m.avg_cost)
+    exe = fluid.Executor()
+    exe.run(startup)
+    batch = next(iter(Dataset(str(SAMPLE), batch_size=100)))
+    feed = _feed(batch, m)
+    feed[m.label.name] = batch.labels.astype(np.int64).reshape(-1, 1)
+    exe.run(main, feed=feed, fetch_list=[m.avg_cost])
+    weight = next(p.name for p in main.all_parameters() if ".w_" in p.name)
+    if nan:
+        value = main.backend.pull_dense(weight).copy()
+        value.reshape(-1)[: value.size // 2] = np.nan
+        main.backend.set_dense(weight, value)
+    inference.save(where, main, [v.name for v in m.inputs if v is not m.label], [m.predict],
+                   inference.LocalSource(main.backend))
+    return m, batch, weight
+
+
+@needs_data
+def test_every_file_has_its_sha256_and_a_changed_byte_is_refused(tmp_path):
+    where = tmp_path / "model"
+    _save(where)
+    desc = json.loads((where / "__model__.json").read_text())
+    digests = desc["inference"]["sha256"]
+    npys = sorted(f for f in os.listdir(where) if f.endswith(".npy"))
+    assert sorted(digests) == npys
+    import hashlib
+    for f in npys:
+        assert digests[f] == hashlib.sha256((where / f).read_bytes()).hexdigest()
+    inference.load(where)  # intact: loads
+    w = next(f for f in npys if ".w_" in f)
+    data = bytearray((where / w).read_bytes())
+    data[-3] ^= 0x40  # one bit of one weight: same size, same header
+    (where / w).write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=rf"{w} does not match its sha256"):
+        inference.load(where)
+
+
+@needs_data
+def test_a_header_claiming_a_huge_shape_is_refused_before_allocating(tmp_path):
+    where = tmp_path / "model"
+    _save(where)
+    desc = json.loads((where / "__model__.json").read_text())
+    wfile = desc["inference"]["sparse"]["SparseFeatFactors"]["weights"]
+    with open(where / wfile, "wb") as f:  # a header claiming (10**12, 16) float32, 64 TB
+        np.lib.format.write_array_header_1_0(
+            f, {"descr": "<f4", "fortran_order": False, "shape": (10**12, 4)})
+        f.write(b"\0" * 64)
+    with pytest.raises(ValueError, match=rf"{wfile}: its header says float32 "
+                                         rf"\(1000000000000, 4\), the model expects"):
+        inference.load(where)
+    # the right shape but a truncated file
+    weight = _save(where)[2]
+    desc = json.loads((where / "__model__.json").read_text())
+    path = where / desc["inference"]["dense"][weight]
+    path.write_bytes(path.read_bytes()[:-8])
+    with pytest.raises(ValueError, match=rf"{weight}\.npy is [\d,]+ bytes, its header .* "
+                                         r"needs [\d,]+ \(a truncated or damaged file\)"):
+        inference.load(where)
+
+
+@needs_data
+def test_a_model_without_checksums_still_loads_with_its_headers_checked(tmp_path):
+    where = tmp_path / "model"
+    m, batch, _ = _save(where)
+    desc = json.loads((where / "__model__.json").read_text())
+    del desc["inference"]["sha256"]
+    _atomic.write_json(str(where / "__model__.json"), desc)
+    p = inference.load(where)
+    (out,) = p.predict(_feed(batch, m))
+    assert np.isfinite(out).all() and out.shape == (100, 1)
+
+
+@needs_data
+def test_nan_weights_are_refused_naming_the_parameter(tmp_path):
+    where = tmp_path / "model"
+    weight = _save(where, nan=True)[2]
+    with pytest.raises(ValueError, match=rf"parameter '{weight}' \({weight}\.npy\) holds "
+                                         r"[\d,]+ NaN or infinite value"):
+        inference.load(where)
+
+
+@needs_data
+def test_a_non_finite_prediction_writes_nothing(tmp_path, monkeypatch):
+    where = tmp_path / "model"
+    _save(where)
+    p = inference.load(where)
+    real = p.predict
+
+    def poisoned(feed):
+        out = [np.array(a, copy=True) for a in real(feed)]
+        out[0][7] = np.nan
+        return out
+
+    monkeypatch.setattr(p, "predict", poisoned)
+    out = tmp_path / "p.txt"
+    with pytest.raises(ValueError, match=r"NaN or infinity for example 8 of .*part-0\.tsv"):
+        p.predict_file(str(SAMPLE), str(out))
+    assert not out.exists()
+
+
+@needs_data
+def test_a_full_disk_while_saving_names_the_file(tmp_path, monkeypatch):
+    def short_write(path, value):
+        raise OSError("37598 requested and 30330 written")
+
+    monkeypatch.setattr(_atomic, "save_npy", short_write)
+    with pytest.raises(OSError, match=rf"cannot write {tmp_path}/model/\S+\.npy: 37598 "
+                                      rf"requested and 30330 written \(a full disk\?\)"):
+        _save(tmp_path / "model")
