@@ -35,6 +35,7 @@ from pyfleet.fluid.framework import (
     name_scope,
     program_guard,
 )
+from pyfleet.fluid.layers_nn import one_hot_v2 as one_hot
 from pyfleet.fluid.param_attr import ParamAttr
 from pyfleet.fluid.reader import batch
 from pyfleet.fluid.tensor import (
@@ -94,6 +95,7 @@ __all__ = [
     "io",
     "layers",
     "name_scope",
+    "one_hot",
     "optimizer",
     "program_guard",
     "regularizer",

@@ -103,7 +103,9 @@ class Backend:
             self.push_dense(n, g)
 
     def set_dense(self, name, value):
-        """Overwrite a dense parameter's value (used by loaders); optional."""
+        """Overwrite a dense parameter's value (used by loaders, and for the
+        statistics of batch_norm/data_norm on a backend whose class declares
+        ``keeps_op_statistics = True``); optional."""
         raise NotImplementedError(f"{type(self).__name__} cannot set parameter {name!r}")
 
     def step_end(self):
@@ -129,6 +131,12 @@ class Backend:
 class LocalBackend(Backend):
     """Parameters held in this process by :class:`pyfleet.SparseTable` and
     :class:`pyfleet.DenseTable`. Thread-safe (the tables are)."""
+
+    # batch_norm's moving statistics and data_norm's summaries are set by the
+    # executor after each step (set_dense). Only a class that declares this
+    # itself keeps them: a subclass that moves parameters elsewhere (where
+    # each process would keep its own copy) must decide for itself.
+    keeps_op_statistics = True
 
     def __init__(self):
         self.sparse = {}

@@ -37,6 +37,7 @@ from pyfleet.fluid.clip import GradEntry, apply_gradient_rules, has_gradient_rul
 from pyfleet.fluid.core import EOFException
 from pyfleet.fluid.feed import as_numpy, feed_ids, feed_value
 from pyfleet.fluid.framework import Parameter, Program, Variable, default_main_program
+from pyfleet.fluid.nn_ops import STATISTICS
 from pyfleet.fluid.step import (
     PREPARED_MAX,
     Plan,
@@ -48,7 +49,7 @@ from pyfleet.fluid.step import (
 from pyfleet.fluid.tensor import LoDTensor, fetched, global_scope, scope_guard
 from pyfleet.optimizer import SGD
 
-__all__ = ["Executor", "as_numpy", "global_scope", "scope_guard"]
+__all__ = ["Executor", "as_numpy", "global_scope", "keeps_statistics", "scope_guard"]
 
 def _row_sparse(plan, grp):
     """Whether a dense parameter's gradient is row-sparse in Fluid's sense:
@@ -203,6 +204,8 @@ class Executor:
                 main._initialized_with = _NO_OPTIMIZER
             else:
                 main._initialized_with = main._optimizer
+            if getattr(p, "stat_rule", None) and not keeps_statistics(backend):
+                raise ValueError(_statistics_refused(p, backend))
             if p.is_sparse_table:
                 backend.create_sparse(p.name, p.dim, opt, p.initializer, p.seed)
             else:
@@ -281,6 +284,13 @@ class Executor:
             s.env.update(backend.pull_dense_many(plan.dense_params))
         if training:
             self._backward_and_update(program, plan, s, backend)
+        stats = s.cache.get(STATISTICS)
+        if stats:   # batch_norm's moving statistics, data_norm's summaries
+            block_vars = program.global_block().vars
+            for name, value in stats.items():
+                if not keeps_statistics(backend):
+                    raise ValueError(_statistics_refused(block_vars[name], backend))
+                backend.set_dense(name, np.asarray(value, dtype=s.env[name].dtype))
         results = []
         for v in fetch_vars:
             if v.name in s.env:
@@ -361,3 +371,16 @@ class Executor:
             backend.push_sparse(name, part[0],
                                 np.ascontiguousarray(part[1], dtype=row_dtype[name]))
         backend.step_end()
+
+
+def keeps_statistics(backend):
+    """Whether ``backend``'s own class declares ``keeps_op_statistics = True``
+    (see :mod:`pyfleet.fluid.nn_ops`): inherited declarations do not count."""
+    return bool(type(backend).__dict__.get("keeps_op_statistics", False))
+
+
+def _statistics_refused(param, backend):
+    return (f"{param.stat_rule}: {param.name!r} is a statistic updated outside the gradient, "
+            f"which {type(backend).__name__} cannot keep (under Fleet each worker would keep "
+            f"its own copy, the servers none): {param.stat_rule} runs on the local backend "
+            "only; train this network without Fleet, or drop the layer")

@@ -332,6 +332,7 @@ class Program:
         self._plan_cache = {}
         self._initialized_with = None  # the optimizer in force when the startup ran
         self._py_readers = []          # non-iterable PyReaders feeding this program
+        self._for_test = False         # clone(for_test=True): dropout/batch_norm test mode
 
     def global_block(self):
         return self.blocks[0]
@@ -398,6 +399,7 @@ class Program:
         p._init_states = list(self._init_states)
         p._py_readers = self._py_readers
         if for_test:
+            p._for_test = True
             p._optimizer = None
             p._loss = None
         return p

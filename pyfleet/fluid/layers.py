@@ -20,6 +20,14 @@ import numpy as np
 from pyfleet import initializer as _init
 from pyfleet.fluid import framework, unique_name
 from pyfleet.fluid.framework import check_variable as _check_var
+from pyfleet.fluid.layers_nn import (
+    batch_norm,
+    continuous_value_model,
+    data_norm,
+    dropout,
+    one_hot,
+    transpose,
+)
 from pyfleet.fluid.param_attr import ParamAttr, create_parameter_in
 from pyfleet.fluid.reader import PyReader, double_buffer, py_reader, read_file
 from pyfleet.fluid.tensor import convert_dtype
@@ -28,13 +36,17 @@ from pyfleet.table import DEFAULT_INITIALIZER
 __all__ = [
     "accuracy",
     "auc",
+    "batch_norm",
     "cast",
     "concat",
+    "continuous_value_model",
     "create_parameter",
     "create_py_reader_by_data",
     "cross_entropy",
     "data",
+    "data_norm",
     "double_buffer",
+    "dropout",
     "elementwise_add",
     "elementwise_div",
     "elementwise_mul",
@@ -48,6 +60,7 @@ __all__ = [
     "log_loss",
     "matmul",
     "mean",
+    "one_hot",
     "py_reader",
     "read_file",
     "reduce_mean",
@@ -64,6 +77,7 @@ __all__ = [
     "square_error_cost",
     "sums",
     "tanh",
+    "transpose",
 ]
 
 

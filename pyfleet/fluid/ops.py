@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 
-from pyfleet.fluid import loss_ops
+from pyfleet.fluid import loss_ops, nn_ops
 from pyfleet.fluid.loss_ops import sigmoid as _sigmoid
 from pyfleet.fluid.sequence import (
     is_unit,
@@ -474,3 +474,8 @@ _register("sequence_pool", _seq_pool_fwd, _seq_pool_bwd)
 # Losses and metrics (their own module), after this module's own kernels.
 FORWARD.update(loss_ops.FORWARD)
 BACKWARD.update(loss_ops.BACKWARD)
+
+# dropout, batch_norm, data_norm, cvm, one_hot, transpose2 (their own module).
+FORWARD.update(nn_ops.FORWARD)
+BACKWARD.update(nn_ops.BACKWARD)
+NO_GRAD |= nn_ops.NO_GRAD

@@ -21,6 +21,8 @@ class RecordingBackend(Backend):
     the table's seed and the key, so they are deterministic.
     """
 
+    keeps_op_statistics = True   # batch_norm/data_norm statistics via set_dense
+
     def __init__(self, dtype=np.float64):
         self.dtype = np.dtype(dtype)
         self.dense = {}
@@ -79,14 +81,18 @@ class RecordingBackend(Backend):
 
 
 def check_gradients(main_program, startup_program, loss, feed, eps=1e-6, rtol=1e-4,
-                    atol=1e-8, max_elements=12, seed=0, jitter=0.0):
+                    atol=1e-8, max_elements=12, seed=0, jitter=0.0, train_forward=False):
     """Compare the executor's gradients of ``loss`` with central differences.
 
     ``main_program`` must have an optimizer (``minimize(loss)``) and a float64
     network. Up to ``max_elements`` entries of each dense parameter and of
     each pulled sparse row are perturbed. ``jitter`` adds uniform noise of
     that size to every dense parameter after initialization, so that zero
-    biases do not put relu inputs exactly on their kink. Raises
+    biases do not put relu inputs exactly on their kink. ``train_forward``:
+    the differences evaluate the training program itself (batch statistics,
+    dropout masks of a fixed seed) instead of its test clone. Statistics a
+    run updates outside the gradient (batch_norm, data_norm) are put back
+    after every run, and non-trainable parameters are not probed. Raises
     AssertionError listing mismatches; returns the number of entries checked.
     """
     be = RecordingBackend()
@@ -97,11 +103,21 @@ def check_gradients(main_program, startup_program, loss, feed, eps=1e-6, rtol=1e
     if jitter:
         for value in be.dense.values():
             value += rng.uniform(-jitter, jitter, value.shape)
+    before = {n: v.copy() for n, v in be.dense.items()}
     exe.run(main_program, feed=feed, fetch_list=[loss])
-    test = main_program.clone(for_test=True)
+    stats = {n: v for n, v in before.items() if not np.array_equal(v, be.dense[n])}
+    for n, v in stats.items():
+        be.dense[n][...] = v
+    pushed_dense = {n: g.copy() for n, g in be.pushed_dense.items()}
+    pushed_sparse = {n: (k.copy(), g.copy()) for n, (k, g) in be.pushed_sparse.items()}
+    frozen = {p.name for p in main_program.all_parameters() if not p.trainable}
+    test = main_program if train_forward else main_program.clone(for_test=True)
 
     def f():
-        return float(np.asarray(exe.run(test, feed=feed, fetch_list=[loss])[0]).reshape(-1)[0])
+        out = exe.run(test, feed=feed, fetch_list=[loss])[0]
+        for n, v in stats.items():
+            be.dense[n][...] = v
+        return float(np.asarray(out).reshape(-1)[0])
 
     checked = 0
     problems = []
@@ -120,7 +136,9 @@ def check_gradients(main_program, startup_program, loss, feed, eps=1e-6, rtol=1e
             problems.append(f"{label}: analytic {analytic:.10g} numeric {numeric:.10g}")
 
     for name, value in be.dense.items():
-        grad = be.pushed_dense.get(name)
+        if name in frozen:
+            continue
+        grad = pushed_dense.get(name)
         if grad is None:
             grad = np.zeros_like(value)
         flat = value.reshape(-1)
@@ -128,7 +146,7 @@ def check_gradients(main_program, startup_program, loss, feed, eps=1e-6, rtol=1e
         for i in picks:
             probe(flat, i, grad.reshape(-1)[i], f"{name}[{i}]")
     for name, table in be.sparse.items():
-        keys, grads = be.pushed_sparse.get(name, (np.zeros(0, np.uint64), None))
+        keys, grads = pushed_sparse.get(name, (np.zeros(0, np.uint64), None))
         pos = {int(k): i for i, k in enumerate(keys.tolist())}
         all_keys = list(table)
         picks = rng.choice(len(all_keys), size=min(max_elements, len(all_keys)), replace=False)

@@ -1,0 +1,278 @@
+"""Layers of Fluid 1.6's ``fluid.layers`` used by CTR models beyond the basic
+set: ``dropout``, ``batch_norm``, ``data_norm``, ``continuous_value_model``,
+``one_hot``, ``transpose`` (re-exported by :mod:`pyfleet.fluid.layers`), and
+``fluid.one_hot`` (:func:`one_hot_v2`). Kernels in :mod:`pyfleet.fluid.nn_ops`.
+
+``batch_norm``'s moving mean/variance and ``data_norm``'s batch size/sum/
+square sum are parameters updated outside the gradient (``stat_rule`` set on
+them): the local backend keeps them; a backend that does not
+(``keeps_op_statistics``, e.g. Fleet's parameter servers, where each worker
+would keep its own copy) refuses them by name when the startup program runs.
+"""
+
+from pyfleet import initializer as _init
+from pyfleet.fluid import framework, unique_name
+from pyfleet.fluid.framework import check_variable as _check_var
+from pyfleet.fluid.param_attr import ParamAttr, create_parameter_in
+
+__all__ = ["batch_norm", "continuous_value_model", "data_norm", "dropout", "one_hot",
+           "one_hot_v2", "transpose"]
+
+_ACTS = ("relu", "sigmoid", "tanh", "softmax")
+
+
+def _block():
+    return framework.default_main_program().global_block()
+
+
+def _tmp(prefix, shape, dtype="float32", lod_level=0):
+    return _block().create_var(unique_name.generate(prefix + ".tmp"), shape, dtype, lod_level)
+
+
+def _op(type, inputs, outputs, attrs=None):
+    return _block().append_op(type, inputs, outputs, attrs)
+
+
+def _act(x, act, layer):
+    if act is None:
+        return x
+    if act not in _ACTS:
+        raise ValueError(f"{layer}: unsupported act {act!r}; expected one of {_ACTS} or None")
+    out = _tmp(act, x.shape, x.dtype, x.lod_level)
+    _op(act, {"X": [x]}, {"Out": [out]})
+    return out
+
+
+def _param(attr, shape, dtype, default_init, prefix):
+    return create_parameter_in(framework.default_main_program(),
+                               framework.default_startup_program(), attr, shape, dtype,
+                               default_init, prefix)
+
+
+def _statistic(name, shape, dtype, value, rule):
+    attr = ParamAttr(name=name, initializer=_init.Constant(float(value)), trainable=False)
+    p = _param(attr, shape, dtype, None, name)
+    p.stat_rule = rule
+    return p
+
+
+def _named(attr, name):
+    """``attr`` (a ParamAttr, a name, an initializer, None) with ``name`` if it has none."""
+    attr = ParamAttr._to_attr(attr)
+    if attr is False or attr.name is not None:
+        return attr
+    return ParamAttr(name, attr.initializer, attr.learning_rate, attr.regularizer,
+                     attr.trainable, attr.gradient_clip, attr.do_model_average)
+
+
+def _refuse(layer, **options):
+    for key, (value, default, why) in options.items():
+        if value != default:
+            raise ValueError(f"{layer}: {key}={value!r} is not supported ({why})")
+
+
+# --------------------------------------------------------------------------- dropout
+
+def dropout(x, dropout_prob, is_test=False, seed=None, name=None,
+            dropout_implementation="downgrade_in_infer"):
+    """Fluid's dropout: zero each element with probability ``dropout_prob``.
+
+    ``downgrade_in_infer`` (Fluid's default): training ``x * mask``, test
+    ``x * (1 - p)``; ``upscale_in_train``: training ``x * mask / (1 - p)``,
+    test ``x``. Test mode: ``is_test=True`` or a ``clone(for_test=True)``
+    program. A ``seed`` draws the same mask on every run (Fluid's fixed
+    seed); without one the masks follow the program's ``random_seed``."""
+    _check_var(x, "dropout x")
+    p = float(dropout_prob)
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout: dropout_prob must be in [0, 1], got {dropout_prob!r}")
+    if dropout_implementation not in ("downgrade_in_infer", "upscale_in_train"):
+        raise ValueError(f"dropout: dropout_implementation must be 'downgrade_in_infer' or "
+                         f"'upscale_in_train', got {dropout_implementation!r}")
+    out = _tmp(name or "dropout", x.shape, x.dtype, x.lod_level)
+    _op("dropout", {"X": [x]}, {"Out": [out]},
+        {"dropout_prob": p, "is_test": bool(is_test), "fix_seed": seed is not None,
+         "seed": 0 if seed is None else int(seed),
+         "dropout_implementation": dropout_implementation})
+    return out
+
+
+# --------------------------------------------------------------------------- batch_norm
+
+def batch_norm(input, act=None, is_test=False, momentum=0.9, epsilon=1e-05, param_attr=None,
+               bias_attr=None, data_layout="NCHW", in_place=False, name=None,
+               moving_mean_name=None, moving_variance_name=None,
+               do_model_average_for_mean_and_var=False, fuse_with_relu=False,
+               use_global_stats=False):
+    """Fluid's batch_norm over the channel axis (1 for NCHW and for 2-D
+    ``[N, C]`` input, the last for NHWC).
+
+    Training: normalize by the batch's mean and (biased) variance, and move
+    ``moving = moving * momentum + batch * (1 - momentum)``. Test mode
+    (``is_test``, a ``for_test`` clone, an inference model) or
+    ``use_global_stats``: normalize by the moving statistics, which stay.
+    Parameters as Fluid names them: ``<name>.w_0`` scale (1), ``.b_0`` bias
+    (0), ``.w_1`` moving mean (0), ``.w_2`` moving variance (1)."""
+    _check_var(input, "batch_norm input")
+    if data_layout not in ("NCHW", "NHWC"):
+        raise ValueError(f"batch_norm: data_layout must be 'NCHW' or 'NHWC', got "
+                         f"{data_layout!r}")
+    if not 2 <= len(input.shape) <= 5:
+        raise ValueError(f"batch_norm: input {input.name} must have 2 to 5 dimensions, got "
+                         f"shape {input.shape}")
+    _refuse("batch_norm", fuse_with_relu=(fuse_with_relu, False,
+                                          "use act='relu', which Fluid's CPU kernel honours"))
+    c = 1 if data_layout == "NCHW" or len(input.shape) == 2 else len(input.shape) - 1
+    channels = int(input.shape[c])
+    if channels < 1:
+        raise ValueError(f"batch_norm: input {input.name} has an unknown channel count "
+                         f"(shape {input.shape}, axis {c})")
+    prefix = name or unique_name.generate("batch_norm")
+    dtype = input.dtype
+    scale = _param(_named(param_attr, f"{prefix}.w_0"), [channels], dtype,
+                   _init.Constant(1.0), prefix)
+    battr = ParamAttr._to_attr(bias_attr)
+    if battr is False:
+        raise ValueError("batch_norm: bias_attr=False is not supported (Fluid always has "
+                         "the bias)")
+    bias = _param(_named(battr, f"{prefix}.b_0"), [channels], dtype, _init.Constant(0.0),
+                  prefix)
+    mean = _statistic(moving_mean_name or f"{prefix}.w_1", [channels], dtype, 0.0,
+                      "batch_norm")
+    var = _statistic(moving_variance_name or f"{prefix}.w_2", [channels], dtype, 1.0,
+                     "batch_norm")
+    out = _tmp(prefix, input.shape, dtype, input.lod_level)
+    _op("batch_norm", {"X": [input], "Scale": [scale], "Bias": [bias], "Mean": [mean],
+                       "Variance": [var]},
+        {"Y": [out]},
+        {"momentum": float(momentum), "epsilon": float(epsilon), "is_test": bool(is_test),
+         "data_layout": data_layout, "use_global_stats": bool(use_global_stats)})
+    return _act(out, act, "batch_norm")
+
+
+# --------------------------------------------------------------------------- data_norm
+
+def data_norm(input, act=None, epsilon=1e-05, param_attr=None, data_layout="NCHW",
+              in_place=False, name=None, moving_mean_name=None, moving_variance_name=None,
+              do_model_average_for_mean_and_var=False, summary_decay_rate=0.999999):
+    """PaddleRec's data normalization of a 2-D ``[N, C]`` input (Fluid 1.6).
+
+    ``y = (x - sum / size) * sqrt(size / square_sum)`` per column, from three
+    ``[C]`` statistics parameters ``<name>.batch_size`` (initially 1e4),
+    ``.batch_sum`` (0) and ``.batch_square_sum`` (1e4); ``param_attr`` may be
+    a dict ``{"batch_size": .., "batch_sum": .., "batch_square": ..}`` of
+    initial values, as in Fluid. Each training step adds the batch to them
+    the way Fluid's PSLib summary table does: ``stat = stat * decay + (N,
+    sum x, sum (x - mean)^2 + N * epsilon)`` with ``decay =
+    summary_decay_rate`` (PSLib's default 0.999999; the keyword is Fluid 1.8's).
+    The gradient reaching ``x`` is ``dy * sqrt(size / square_sum)``."""
+    _check_var(input, "data_norm input")
+    if data_layout not in ("NCHW", "NHWC"):
+        raise ValueError(f"data_norm: data_layout must be 'NCHW' or 'NHWC', got "
+                         f"{data_layout!r}")
+    if len(input.shape) != 2 or int(input.shape[1]) < 1:
+        raise ValueError(f"data_norm: input {input.name} must be 2-D [N, C] with known C "
+                         f"(Fluid's kernel is 2-D only), got shape {input.shape}")
+    if not 0.0 <= float(epsilon) <= 1e-3:
+        raise ValueError(f"data_norm: epsilon must be in [0, 0.001] as in Fluid, got "
+                         f"{epsilon!r}")
+    if not 0.0 < float(summary_decay_rate) <= 1.0:
+        raise ValueError(f"data_norm: summary_decay_rate must be in (0, 1], got "
+                         f"{summary_decay_rate!r}")
+    init = {"batch_size": 1e4, "batch_sum": 0.0, "batch_square": 1e4}
+    if isinstance(param_attr, dict):
+        unknown = set(param_attr) - set(init)
+        if unknown:
+            raise ValueError(f"data_norm: param_attr keys {sorted(unknown)} are unknown; "
+                             f"expected {sorted(init)}")
+        init.update({k: float(v) for k, v in param_attr.items()})
+    elif param_attr is not None:
+        raise ValueError("data_norm: param_attr must be a dict of initial values "
+                         "{'batch_size', 'batch_sum', 'batch_square'} or None (Fluid uses "
+                         f"nothing else of it), got {param_attr!r}")
+    prefix = name or unique_name.generate("data_norm")
+    c = [int(input.shape[1])]
+    size = _statistic(f"{prefix}.batch_size", c, input.dtype, init["batch_size"], "data_norm")
+    total = _statistic(f"{prefix}.batch_sum", c, input.dtype, init["batch_sum"], "data_norm")
+    square = _statistic(f"{prefix}.batch_square_sum", c, input.dtype, init["batch_square"],
+                        "data_norm")
+    out = _tmp(prefix, input.shape, input.dtype, input.lod_level)
+    _op("data_norm", {"X": [input], "BatchSize": [size], "BatchSum": [total],
+                      "BatchSquareSum": [square]},
+        {"Y": [out]},
+        {"epsilon": float(epsilon), "data_layout": data_layout,
+         "summary_decay_rate": float(summary_decay_rate)})
+    return _act(out, act, "data_norm")
+
+
+# --------------------------------------------------------------------------- cvm
+
+def continuous_value_model(input, cvm, use_cvm=True):
+    """Fluid's cvm op of the CTR models: ``input`` ``[N, D]`` rows whose first
+    two columns are show and click, ``cvm`` ``[N, 2]`` (one row per sample;
+    per sequence for a LoD input). ``use_cvm=True``: ``[log(show + 1),
+    log(click + 1) - log(show + 1), rest]``; ``False``: the rest ``[N, D - 2]``.
+    As Fluid's cvm_grad, the gradient of the show and click columns is the
+    ``cvm`` values themselves (PSLib's accessor counted them)."""
+    _check_var(input, "continuous_value_model input")
+    _check_var(cvm, "continuous_value_model cvm")
+    if len(input.shape) != 2 or input.shape[1] < 2:
+        raise ValueError(f"continuous_value_model: input {input.name} must be [N, D] with "
+                         f"D >= 2, got shape {input.shape}")
+    d = int(input.shape[1])
+    out = _tmp("cvm", (input.shape[0], d if use_cvm else d - 2), input.dtype,
+               input.lod_level)
+    _op("cvm", {"X": [input], "CVM": [cvm]}, {"Y": [out]}, {"use_cvm": bool(use_cvm)})
+    return out
+
+
+# --------------------------------------------------------------------------- one_hot
+
+def _one_hot(input, depth, allow_out_of_range, drop_last_dim, layer):
+    _check_var(input, f"{layer} input")
+    if input.dtype.kind not in "iu":
+        raise ValueError(f"{layer}: input {input.name} must hold integer ids, got "
+                         f"{input.dtype}")
+    if isinstance(depth, framework.Variable):
+        raise TypeError(f"{layer}: depth must be an int (a Variable depth is not supported)")
+    depth = int(depth)
+    if depth < 1:
+        raise ValueError(f"{layer}: depth must be positive, got {depth}")
+    shape = tuple(input.shape)
+    if drop_last_dim:
+        if not shape or shape[-1] != 1:
+            raise ValueError(f"{layer}: input {input.name} must end in a dimension of 1 "
+                             f"(fluid.one_hot takes ids without it), got shape {shape}")
+        shape = shape[:-1]
+    out = _tmp("one_hot", shape + (depth,), "float32", input.lod_level)
+    out.stop_gradient = True
+    _op("one_hot", {"X": [input]}, {"Out": [out]},
+        {"depth": depth, "allow_out_of_range": bool(allow_out_of_range),
+         "drop_last_dim": drop_last_dim})
+    return out
+
+
+def one_hot(input, depth, allow_out_of_range=False):
+    """``fluid.layers.one_hot``: ids ``[..., 1]`` -> float32 ``[..., depth]``.
+    An id outside ``[0, depth)`` is an error, or a zero row with
+    ``allow_out_of_range=True``."""
+    return _one_hot(input, depth, allow_out_of_range, True, "one_hot")
+
+
+def one_hot_v2(input, depth, allow_out_of_range=False):
+    """``fluid.one_hot`` (1.6's v2): ids of any shape -> shape + ``[depth]``."""
+    return _one_hot(input, depth, allow_out_of_range, False, "fluid.one_hot")
+
+
+# --------------------------------------------------------------------------- transpose
+
+def transpose(x, perm, name=None):
+    """Permute the axes of ``x``: output axis ``i`` is input axis ``perm[i]``."""
+    _check_var(x, "transpose x")
+    perm = [int(p) for p in perm]
+    if sorted(perm) != list(range(len(x.shape))):
+        raise ValueError(f"transpose: perm {perm} must be a permutation of the "
+                         f"{len(x.shape)} axes of {x.name} (shape {x.shape})")
+    out = _tmp(name or "transpose", tuple(x.shape[p] for p in perm), x.dtype)
+    _op("transpose2", {"X": [x]}, {"Out": [out]}, {"axis": perm})
+    return out
