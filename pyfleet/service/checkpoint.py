@@ -197,10 +197,20 @@ def verify_generation(path, gen):
     ``path``: present, of its size and sha256, and no shard file unaccounted
     for. Raises ValueError naming the first damaged file."""
     gdir = os.path.join(path, gen["dir"])
+    # Confined before anything is read or stat'ed through it: the generation must be a
+    # directory inside the checkpoint, not a link out of it (whose files' sizes or
+    # contents an error could otherwise reveal).
+    if os.path.islink(gdir) or (os.path.isdir(gdir) and os.path.realpath(gdir) != os.path.join(
+            os.path.realpath(path), gen["dir"])):
+        raise ValueError(f"checkpoint {path}: generation {gen['dir']} is a symbolic link "
+                         f"(or lies outside the checkpoint directory): refused unread")
     if not os.path.isdir(gdir):
         raise ValueError(f"checkpoint {path}: generation directory {gen['dir']} is missing")
     for name, want in sorted(gen["files"].items()):
         f = os.path.join(gdir, name)
+        if os.path.islink(f):
+            raise ValueError(f"checkpoint {path}: file {gen['dir']}/{name} is a symbolic "
+                             f"link: refused unread")
         if not os.path.isfile(f):
             raise ValueError(f"checkpoint {path}: file {gen['dir']}/{name} is missing")
         got = file_info(f)
