@@ -20,6 +20,7 @@ Thread safety: a channel is guarded by its own lock, so a call (and a
 
 import itertools
 import logging
+import secrets
 import threading
 import time
 from concurrent.futures import Future
@@ -37,20 +38,25 @@ __all__ = ["Channel", "Connection", "Done", "PullFuture", "Pusher", "ReplyFuture
 
 log = logging.getLogger("pyfleet.client")
 
-_RIDS = itertools.count(1)
+# Request ids: a random 40-bit prefix per process, then a counter, so a
+# server can tell a retried push (same id) from a new one of any client
+# (pyfleet.service.dedup), even across worker restarts.
+_RIDS = itertools.count((secrets.randbits(40) << 24) + 1)
 _SLICE_MS = 50  # longest uninterrupted wait on a channel's sockets
 
 
 class _Call:
     """One request to one server, waiting for its reply."""
 
-    __slots__ = ("deadline", "done", "error", "op", "reply", "server", "timeout")
+    __slots__ = ("deadline", "done", "error", "frames", "op", "reply", "retries", "server",
+                 "timeout")
 
-    def __init__(self, server, op, timeout):
+    def __init__(self, server, op, timeout, frames=None, retries=0):
         self.server, self.op, self.timeout = server, op, timeout
         self.deadline = time.monotonic() + timeout
         self.reply = self.error = None
         self.done = False
+        self.frames, self.retries = (frames, retries) if retries else (None, 0)
 
 
 class Channel:
@@ -85,8 +91,11 @@ class Channel:
         s.connect("tcp://" + self.conn.endpoints[i])
         return s
 
-    def send(self, server, frames, op, timeout, rid):
-        call = _Call(server, op, timeout)
+    def send(self, server, frames, op, timeout, rid, retries=0):
+        """Send ``frames`` (request id ``rid``) to ``server``. ``retries``: how
+        many times the same request (same id: a server applies a push once)
+        is sent again on a new socket when ``timeout`` passes unanswered."""
+        call = _Call(server, op, timeout, frames, retries)
         deadline = call.deadline
         backoff = 0.001
         with self.lock:
@@ -156,10 +165,9 @@ class Channel:
         if call.timeout > self.conn.timeout:
             return
         with self.lock:
-            sock = self.socks[call.server]
             while not call.done and len(self.pending) == 1:
                 try:
-                    msg = Z.recv_frames(sock)
+                    msg = Z.recv_frames(self.socks[call.server])  # replaced on expiry
                 except zmq.Again:  # a slice passed without the answer
                     if time.monotonic() >= call.deadline:
                         self._expire(call.server)
@@ -204,13 +212,37 @@ class Channel:
     def _expire(self, server):
         """Fail every expired call to ``server``, and every call sharing its socket,
         then replace that socket so late answers cannot be mistaken for new ones."""
+        again = []
         for rid, c in list(self.pending.items()):
             if c.server == server:
+                if c.retries > 0 and c.deadline <= time.monotonic():
+                    again.append((rid, c))
+                    continue
                 del self.pending[rid]
                 c.done = True
                 c.error = self.conn.timeout_error(server, c.op, c.timeout, "no answer")
         self.socks[server].close(linger=0)
         self.socks[server] = self._socket(server)
+        for rid, c in again:  # the same request again, on the new socket
+            c.retries -= 1
+            c.deadline = time.monotonic() + c.timeout
+            log.warning("no answer to %s from server %d within %g s: sending it again "
+                        "(request %d)", c.op.name, server, c.timeout, rid)
+            backoff = 0.001
+            while True:
+                try:
+                    Z.send_frames(self.socks[server], c.frames, None, Z.NOBLOCK)
+                    break
+                except zmq.Again:
+                    pass
+                if time.monotonic() + backoff > c.deadline:
+                    self.pending.pop(rid, None)
+                    c.done = True
+                    c.error = self.conn.timeout_error(server, c.op, c.timeout,
+                                                      "could not connect to retry")
+                    break
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 0.1)
 
     def close(self):
         with self.lock:
@@ -396,13 +428,15 @@ class Connection:
         return PeerTimeout(f"server {server} ({self.endpoints[server]}) did not answer "
                            f"{op.name} within {timeout:g} s ({why}); is it running?")
 
-    def send(self, ch, server, op, timeout=None, **kw):
-        """Send one request (``protocol.request`` fields in ``kw``) on ``ch``."""
+    def send(self, ch, server, op, timeout=None, retries=0, **kw):
+        """Send one request (``protocol.request`` fields in ``kw``) on ``ch``;
+        ``retries``: see :meth:`Channel.send`."""
         rid = next(_RIDS)
         frames = P.request(op, rid, worker=self.worker_index, **kw)
-        return ch.send(server, frames, op, self.timeout if timeout is None else timeout, rid)
+        return ch.send(server, frames, op, self.timeout if timeout is None else timeout, rid,
+                       retries)
 
-    def send_dense_many(self, ch, server, op, blocks, grads=None, flags=0):
+    def send_dense_many(self, ch, server, op, blocks, grads=None, flags=0, retries=0):
         """One *_DENSE_MANY request for ``blocks`` ``[(name, start, end, id)]``
         of one server (``grads``: the flat gradient of each name, for a push)."""
         rid = next(_RIDS)
@@ -413,7 +447,7 @@ class Connection:
         else:
             frames = P.dense_many_request(op, rid, ids, [grads[n][a:e] for n, a, e, _ in blocks],
                                           flags=flags, worker=self.worker_index)
-        return ch.send(server, frames, op, self.timeout, rid)
+        return ch.send(server, frames, op, self.timeout, rid, retries)
 
     def control_all(self, op, payload, timeout=None, servers=None):
         """Send a control request to ``servers`` (default all) and return each

@@ -55,6 +55,7 @@ from pyfleet.service import checkpoint as _checkpoint
 from pyfleet.service import protocol as P
 from pyfleet.service import wire as Z
 from pyfleet.service.barrier import Barriers
+from pyfleet.service.dedup import RecentRequests
 from pyfleet.service.loop import INLINE_LIMIT, SocketLoop
 from pyfleet.service.protocol import Op, ProtocolError, Refused, Status
 from pyfleet.service.registry import Registry
@@ -65,6 +66,8 @@ __all__ = ["Server", "main", "segment_sum"]
 log = logging.getLogger("pyfleet.server")
 
 _OP_BY_INT = {int(o): o for o in Op}
+# Requests applied at most once (a client's retry of one is answered, not applied).
+_PUSH_OPS = frozenset({Op.PUSH_SPARSE, Op.PUSH_DENSE, Op.PUSH_DENSE_MANY, Op.PUSH_SHOW_CLICK})
 # The socket thread ticks every 100 ms when idle: a longer gap means this
 # server was not running (stopped, starved), not that the workers went quiet.
 _STALL_SECONDS = 1.0
@@ -145,6 +148,7 @@ class Server:
         self.barriers = Barriers(self.worker_num, self.heartbeat_timeout, self.barrier_timeout,
                                  sync=(mode == "sync"))
         self._counters = {}
+        self._recent = RecentRequests(self.worker_num + 1)  # push ids, per sender
         self._counter_lock = threading.Lock()
         self._data = TableOps(self.registry, self.barriers, mode, self._count,
                              self.handler_threads, self.split_pull_keys, self.max_message_bytes)
@@ -269,6 +273,16 @@ class Server:
             if h.status and h.status - 1 < self.worker_num:
                 self.barriers.seen(h.status - 1, time.monotonic())
             self._count(_OP_COUNTER[op])
+            if op in _PUSH_OPS:
+                sender = h.status if h.status <= self.worker_num else 0
+                if not self._recent.first(sender, h.request):
+                    self._count("duplicate_pushes")  # a retry: applied once already
+                    return self._data.repeat_reply(h, op, frames[1:], ident)
+                try:
+                    return self._ops[op](h, op, frames[1:], ident)
+                except BaseException:
+                    self._recent.forget(sender, h.request)  # refused: a retry may try again
+                    raise
             out = self._ops[op](h, op, frames[1:], ident)
             return [] if out is None else out
         except (ProtocolError, Refused, ValueError, TypeError, KeyError, OSError) as e:
@@ -298,7 +312,16 @@ class Server:
         if rel is None:
             return []
         if rel.sync:
-            self._data.apply_sync(rel.sync, rel.workers)
+            try:
+                self._data.apply_sync(rel.sync, rel.workers)
+            except (Refused, ValueError) as e:
+                # The step is refused as a whole (its buffers are gone with
+                # rel): every worker at the barrier gets its error.
+                msg = (f"server {self.server_index} ({self.endpoint}) refused step "
+                       f"{rel.count}: {e}")
+                log.error("%s", msg)
+                return [[ident] + P.error_reply(hh.op, hh.request, msg)
+                        for ident, hh in rel.tokens]
         return [[ident] + P.reply(hh, payload={"barrier": rel.count}) for ident, hh in rel.tokens]
 
     def _barrier(self, h, op, frames, ident):

@@ -324,7 +324,7 @@ class TableOps:
         except ValueError:
             if not _representable(grads):
                 self.count("rejected_nonfinite")
-                raise Refused(f"gradient for {e.key!r} holds NaN, Inf or a value beyond "
+                raise Refused(f"gradient for {e.key!r} holds NaN or Inf, or a value beyond "
                               f"+-{MAX_UPDATE:g}; push rejected") from None
             raise
 
@@ -348,7 +348,7 @@ class TableOps:
                 grads = (total / scale).reshape(e.table.shape)
             if not _representable(grads):  # every table checked before any changes
                 self.count("rejected_steps")
-                raise Refused(f"the step's averaged gradient of {e.key!r} holds NaN, Inf or a "
+                raise Refused(f"the step's averaged gradient of {e.key!r} holds NaN or Inf, or a "
                               f"value beyond +-{MAX_UPDATE:g} (the workers' gradients overflow "
                               f"when summed); nothing of this step was applied")
             steps.append((e, keys, grads))
