@@ -13,7 +13,11 @@ Exact semantics, shared by the in-process table and the servers:
   initial value. ``n = 1`` admits on first sight. Candidate counts are kept in
   a small per-shard map (16 bytes a key) and cleared by ``shrink()``, so a key
   must reach ``n`` within one pass; that is what keeps one-off ids from costing
-  memory across passes.
+  memory across passes. A job that never calls ``shrink()`` never forgets them,
+  and every id seen once per pass is admitted in the next: ``pyfleet train
+  --admission-count`` therefore ends every pass with a ``shrink()`` even without
+  a shrink option (which then drops no row); a Fleet script should call
+  ``fleet.shrink()`` at its pass ends.
 - ``ProbabilityEntry(p)``: each ``pull`` call in which a candidate appears
   admits it with probability ``p`` (independent draws from a counter-based
   generator seeded by the table's seed).

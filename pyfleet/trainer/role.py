@@ -142,7 +142,9 @@ def run_role(job):
                          metrics["test_auc"], metrics["test_logloss"],
                          metrics["test_examples"])
         if wi == 0:
-            if _shrink_args(job):  # end of pass: decay show/click, drop stale rows
+            # End of pass: decay show/click, drop stale rows, and forget admission
+            # candidates (else every id seen once per pass is admitted in pass 2).
+            if _shrink_args(job) or job.get("admission_count"):
                 fleet.shrink(**_shrink_args(job))
             where = os.path.join(run_dir, "checkpoint")
             events("saving", **{"pass": epoch, "path": where})
