@@ -107,8 +107,10 @@ class Server:
             handshake of any other client. The server uses its own ZeroMQ
             context (ZAP handlers are per context) unless ``context`` is given.
 
-    Binding a host other than loopback without ``curve_client_keys`` logs a
-    warning: anyone who can reach the port can then read and change the model.
+    Binding a host other than loopback without ``curve_client_keys`` is
+    refused (ValueError) unless ``insecure=True`` (default: environment
+    ``PYFLEET_INSECURE=1``), which logs a warning: anyone who can reach the
+    port can then read and change the model.
 
     Thread safety: :meth:`stop` may be called from any thread (or a signal
     handler); everything else is driven by :meth:`run`.
@@ -118,7 +120,7 @@ class Server:
                  tables=None, handler_threads=2, max_message_bytes=1 << 30,
                  heartbeat_timeout=10.0, barrier_timeout=300.0, checkpoint_dir=None,
                  inline_limit=INLINE_LIMIT, curve_secret_key=None, curve_client_keys=None,
-                 context=None, split_pull_keys=SPLIT_PULL_KEYS):
+                 context=None, split_pull_keys=SPLIT_PULL_KEYS, insecure=None):
         self.server_index, self.server_num = int(server_index), int(server_num)
         self.worker_num = int(worker_num)
         if not 0 <= self.server_index < self.server_num:
@@ -165,10 +167,20 @@ class Server:
         host, port = split_endpoint(endpoint, "server endpoint", allow_zero=True)
         if curve_client_keys is not None and curve_secret_key is None:
             raise ValueError("curve_client_keys needs curve_secret_key (the server's key pair)")
+        if insecure is None:
+            insecure = os.environ.get("PYFLEET_INSECURE", "") == "1"
         if curve_client_keys is None and not _auth.is_loopback_host(host):
-            log.warning("binding %s without client authentication: anyone who can reach this "
-                        "port can read and change the model (see docs/operations.md, "
-                        "'Secure a cluster')", host)
+            if not insecure:
+                raise ValueError(
+                    f"refusing to serve {host} without client authentication: anyone who "
+                    f"can reach this port could read and change the model. Give CURVE keys "
+                    f"(curve_secret_key and curve_client_keys; --curve-secret-key-file and "
+                    f"--curve-client-keys, see docs/operations.md, 'Secure a cluster'), bind "
+                    f"127.0.0.1, or accept the risk with insecure=True (--insecure, "
+                    f"PYFLEET_INSECURE=1)")
+            log.warning("binding %s without client authentication (insecure): anyone who can "
+                        "reach this port can read and change the model (see "
+                        "docs/operations.md, 'Secure a cluster')", host)
         self._own_ctx = context is None and curve_client_keys is not None
         self._ctx = zmq.Context() if self._own_ctx else (context or zmq.Context.instance())
         self._zap = None
@@ -484,6 +496,9 @@ def main(argv=None):
     p.add_argument("--curve-client-keys", default=None,
                    help="directory of admitted client public keys (*.key): authenticate "
                         "clients (default: $PYFLEET_CURVE_CLIENT_KEYS_DIR)")
+    p.add_argument("--insecure", action="store_true",
+                   help="serve a non-loopback address without client authentication "
+                        "(refused otherwise)")
     p.add_argument("--log-level", default="WARNING")
     a = p.parse_args(argv)
     logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr,
@@ -510,7 +525,8 @@ def main(argv=None):
                         heartbeat_timeout=a.heartbeat_timeout,
                         barrier_timeout=a.barrier_timeout, checkpoint_dir=a.checkpoint_dir,
                         inline_limit=a.inline_limit, curve_secret_key=curve,
-                        curve_client_keys=clients, split_pull_keys=a.split_pull_keys)
+                        curve_client_keys=clients, split_pull_keys=a.split_pull_keys,
+                        insecure=a.insecure or None)
     except (PyfleetError, ValueError) as e:  # a taken port, a bad table config
         print(f"pyfleet.server: {e}", file=sys.stderr)
         return 1

@@ -107,11 +107,16 @@ def test_binding_beyond_loopback_without_authentication_warns(tmp_path, caplog):
     for host, kw, warns in cases:
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="pyfleet.server"):
-            s = Server(f"{host}:0", 0, 1, 1, **kw)  # no traffic is sent to it
+            s = Server(f"{host}:0", 0, 1, 1, insecure=True, **kw)  # no traffic is sent
             s.stop()
             s.run()  # returns at once and closes the sockets
         assert any("without client authentication" in r.getMessage()
                    for r in caplog.records) == warns, (host, kw)
+    # without insecure=True, an unauthenticated non-loopback bind is refused
+    with pytest.raises(ValueError, match="refusing to serve 0.0.0.0 without client auth"):
+        Server("0.0.0.0:0", 0, 1, 1, curve_secret_key=secret)
+    with pytest.raises(ValueError, match="refusing to serve"):
+        Server("0.0.0.0:0", 0, 1, 1, insecure=False)
     with pytest.raises(ValueError, match="needs curve_secret_key"):
         Server("127.0.0.1:0", 0, 1, 1, curve_client_keys=tmp_path / "authorized_clients")
     empty = tmp_path / "empty"
@@ -335,3 +340,14 @@ def test_the_scan_catches_what_it_looks_for():
     src = ("import pickle\nx = eval(data)\n# eval in a comment is fine\ns = 'exec'\n"
            "r = re.compile('x')\ny = sock.recv_pyobj()\n")
     assert _forbidden_names(src) == [("pickle", 1), ("eval", 2), ("recv_pyobj", 6)]
+
+
+def test_the_server_command_refuses_an_unauthenticated_public_bind():
+    import subprocess
+    import sys
+    cmd = [sys.executable, "-m", "pyfleet.server", "--endpoint", "0.0.0.0:0", "--index", "0",
+           "--num-servers", "1", "--workers", "1"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYFLEET_")}
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
+    assert p.returncode == 1 and "refusing to serve 0.0.0.0" in p.stderr
+    assert "--insecure" in p.stderr and "ready on" not in p.stdout
