@@ -29,12 +29,16 @@ to it or an absolute path inside it; a path outside it is refused, so no
 request from the network can write elsewhere.
 """
 
+import atexit
 import json
+import logging
 import os
+import sys
 
 from pyfleet import config as _config
 from pyfleet.distributed import hybrid
 from pyfleet.distributed.remote_backend import NoServers, RemoteBackend
+from pyfleet.distributed.strategy import DistributedStrategy
 from pyfleet.entry import Entry
 from pyfleet.errors import ConfigError, PyfleetError
 from pyfleet.fluid import inference
@@ -58,6 +62,8 @@ __all__ = [
     "server_table_configs",
     "table_configs",
 ]
+
+_log = logging.getLogger("pyfleet.fleet")
 
 MANIFEST_NAME = _checkpoint.MANIFEST_NAME
 MANIFEST_VERSION = _checkpoint.MANIFEST_VERSION
@@ -190,20 +196,25 @@ class Fleet:
                              f"got {sparse_entry!r}")
         if not isinstance(optimizer, Optimizer):
             raise ValueError(f"optimizer must be a pyfleet.optimizer rule, got {optimizer!r}")
+        _check_server_rule(optimizer, "the optimizer")
         if strategy is None:
             strategy = _config.DistributeTranspilerConfig()
+        if isinstance(strategy, DistributedStrategy):  # Fluid 1.6's StrategyFactory
+            strategy = strategy.program_config()
         if not isinstance(strategy, _config.DistributeTranspilerConfig):
-            raise ValueError(f"strategy must be a DistributeTranspilerConfig, got {strategy!r}")
+            raise ValueError(f"strategy must be a DistributeTranspilerConfig or a "
+                             f"StrategyFactory strategy, got {strategy!r}")
         opt = DistributedOptimizer(self, optimizer, strategy)
         opt._sparse_entry = sparse_entry
         return opt
 
     def _set_program(self, main, startup, strategy, sparse_entry=None):
         self.main_program, self.startup_program, self._strategy = main, startup, strategy
-        if self._client is None:  # workers: until init_worker, no parameter to train
+        if self._client is None:  # workers: the first run that needs the servers connects
             self._set_backend(NoServers(
                 "this fleet program's parameters live on the servers: call "
-                "fleet.init_worker() (on a worker) before running fleet.main_program"))
+                "fleet.init_worker() (on a worker) before running fleet.main_program",
+                connect=self._connect_on_first_use))
         self._tables, dense_shapes = table_configs(main, sparse_entry)
         self._placement = [  # hybrid: the servers hold no dense parameter
             (b.name, b.start, b.end, b.server_index)
@@ -278,11 +289,20 @@ class Fleet:
     # --------------------------------------------------------------- worker
     def init_worker(self):
         """Connect to every server (waiting up to ``runtime.connect_timeout`` for
-        them to come up), create the tables, and point the programs at them."""
+        them to come up), create the tables, and point the programs at them.
+
+        Optional, as in Fluid's sync mode: the first run of the fleet's program
+        that reads a parameter calls it. A worker process that ends normally
+        without :meth:`stop_worker` stops at exit (an ``atexit`` hook), so
+        scripts of the era that never call it end their job cleanly; one that
+        ends with an uncaught exception does not: the servers see it fail."""
         role = self._role_maker()
         if not role.is_worker():
             raise ConfigError("fleet.init_worker() called on a server")
         self._require_program("init_worker")
+        if self._client is not None:  # connected already (by a first run): nothing to do
+            return
+        _install_exit_hook(self)
         rt = self._strategy.runtime
         self._client = Client(role.server_endpoints(), worker_index=role.worker_index(),
                               timeout=rt.request_timeout, connect_deadline=rt.connect_timeout,
@@ -306,6 +326,20 @@ class Fleet:
         if self._client is None:
             raise ConfigError(f"{what} needs fleet.init_worker() first")
         return self._client
+
+    def _connect_on_first_use(self):
+        _log.info("fleet.init_worker() was not called: connecting to the servers at the "
+                  "first run of the fleet's program (as Fluid's sync mode does)")
+        self.init_worker()
+        return self._backend
+
+    def _stop_at_exit(self):
+        if self._client is None or _exit_state["uncaught"]:
+            return
+        try:
+            self.stop_worker()
+        except Exception as e:  # noqa: BLE001 (at exit: report, the process ends anyway)
+            _log.warning("fleet.stop_worker() at exit failed: %s", e)
 
     def stop_worker(self):
         """Send what is pending, tell every server this worker is done, disconnect."""
@@ -435,6 +469,34 @@ class Fleet:
         return self._require_worker("stats").stats()
 
 
+_exit_state = {"hooked": set(), "uncaught": False}
+
+
+def _install_exit_hook(fleet_):
+    """Stop ``fleet_``'s worker at a normal interpreter exit; an uncaught
+    exception (seen through ``sys.excepthook``) leaves it unstopped."""
+    if not _exit_state["hooked"]:
+        previous = sys.excepthook
+
+        def hook(*exc_info):
+            _exit_state["uncaught"] = True
+            previous(*exc_info)
+        sys.excepthook = hook
+    if id(fleet_) not in _exit_state["hooked"]:
+        _exit_state["hooked"].add(id(fleet_))
+        atexit.register(fleet_._stop_at_exit)
+
+
+def _check_server_rule(optimizer, what):
+    """Momentum and RMSProp are numpy rules for local dense parameters: the
+    servers' tables have no such rule, so a Fleet program refuses them here,
+    at distributed_optimizer/minimize, not when a server builds its table."""
+    if optimizer.kind is None:
+        raise ConfigError(f"{what} is {type(optimizer).__name__}, which pyfleet's servers "
+                          f"cannot apply (their tables run SGD, Adagrad, Adam or FTRL); "
+                          f"{type(optimizer).__name__} trains local programs only")
+
+
 def table_configs(program, sparse_entry=None):
     """``(configs, dense_shapes)`` of a minimized program: a create_tables
     config per sparse table and dense parameter, and ``[(name, shape)]`` of the
@@ -447,6 +509,7 @@ def table_configs(program, sparse_entry=None):
     configs, dense = [], []
     for p in program.all_parameters():
         popt = p.optimizer or opt
+        _check_server_rule(popt, f"parameter {p.name!r}'s optimizer")
         if p.is_sparse_table:
             configs.append({"kind": "sparse", "name": p.name, "dim": p.dim,
                             "optimizer": popt.to_config(),

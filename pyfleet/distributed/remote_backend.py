@@ -14,6 +14,7 @@ import numpy as np
 
 from pyfleet.errors import ConfigError, RemoteError
 from pyfleet.fluid.backend import Backend
+from pyfleet.fluid.inference import RemoteSource
 from pyfleet.service.geo import GeoClient
 
 __all__ = ["NoServers", "RemoteBackend"]
@@ -27,12 +28,18 @@ _SAVE_ON_SERVERS = ("the parameters of a fleet program live on the servers: save
 class NoServers(Backend):
     """The backend of the fleet's programs on a worker before ``init_worker``
     (or after ``stop_worker``): the startup program may run (tables are
-    created by ``init_worker``), anything that would read or write a
-    parameter raises ConfigError: silently training a local model instead
-    of the servers' is worse than failing."""
+    created by ``init_worker``). Anything that would read or write a
+    parameter either connects (``connect``, given before ``init_worker``:
+    Fluid needed ``init_worker`` only to start the async communicator, so a
+    script that skips it still trains, through the servers) and hands the
+    call to the connected backend, or (``connect=None``, after
+    ``stop_worker``) raises ConfigError: silently training a local model
+    instead of the servers' is worse than failing."""
 
-    def __init__(self, why):
+    def __init__(self, why, connect=None):
         self.why = why
+        self._connect = connect
+        self._target = None
 
     def create_sparse(self, name, dim, optimizer, initializer, seed):
         pass
@@ -40,12 +47,35 @@ class NoServers(Backend):
     def create_dense(self, name, initial_value, optimizer):
         pass
 
-    def _refuse(self, *args, **kwargs):
-        raise ConfigError(self.why)
+    def _backend(self):
+        if self._target is None:
+            if self._connect is None:
+                raise ConfigError(self.why)
+            self._target = self._connect()
+        return self._target
 
-    pull_sparse = push_sparse = pull_dense = push_dense = pull_dense_many = _refuse
-    push_dense_many = set_dense = save = load = prefetch_sparse = _refuse
-    inference_source = _refuse
+    def _forward(name):
+        def call(self, *args, **kwargs):
+            return getattr(self._backend(), name)(*args, **kwargs)
+        call.__name__ = name
+        return call
+
+    pull_sparse = _forward("pull_sparse")
+    push_sparse = _forward("push_sparse")
+    pull_dense = _forward("pull_dense")
+    push_dense = _forward("push_dense")
+    pull_dense_many = _forward("pull_dense_many")
+    push_dense_many = _forward("push_dense_many")
+    set_dense = _forward("set_dense")
+    save = _forward("save")
+    load = _forward("load")
+    prefetch_sparse = _forward("prefetch_sparse")
+    inference_source = _forward("inference_source")
+    del _forward
+
+    def step_end(self):
+        if self._target is not None:  # a step that connected: its barrier
+            self._target.step_end()
 
 
 class RemoteBackend(Backend):
@@ -75,8 +105,15 @@ class RemoteBackend(Backend):
     startup program's ``create_*`` calls only check that the table exists.
     """
 
-    def __init__(self, client, mode, geo_k_steps=100):
+    # Regularizers and clipping are applied by the worker before the push
+    # (pyfleet.fluid.step); a backend whose servers applied them too would
+    # decay the rows twice, so none here does.
+    applies_regularizers = False
+
+    def __init__(self, client, mode, geo_k_steps=100, fleet=None, tables=None):
         self.client = client
+        self.fleet = fleet      # fluid.io's saves of a fleet program go through it
+        self.tables = tables    # create_tables configs (for an inference model's rows)
         self.mode = mode
         self.geo = None
         if mode == "geo":
@@ -234,15 +271,27 @@ class RemoteBackend(Backend):
             self.geo.step()
 
     def save(self, dirname, params):
-        raise ConfigError(_SAVE_ON_SERVERS)
+        """``fluid.io.save_persistables``/``save_params`` of a fleet program: as in
+        Fluid, where Fleet's save is these functions on the worker, the servers
+        save every table (``fleet.save_persistables``: a checkpoint directory
+        that fluid.io's loaders read into a local program too)."""
+        if self.fleet is None:
+            raise ConfigError(_SAVE_ON_SERVERS)
+        self.fleet.save_persistables(None, dirname)
 
     def inference_source(self):
-        raise ConfigError(_SAVE_ON_SERVERS)
+        """The servers' parameters for ``fluid.io.save_inference_model`` (what
+        ``fleet.save_inference_model`` writes), after every pending push."""
+        if self.tables is None:
+            raise ConfigError(_SAVE_ON_SERVERS)
+        self.finish()
+        return RemoteSource(self.client, self.tables)
 
     def load(self, dirname, params):
         raise ConfigError("the parameters of a fleet program live on the servers: load a "
-                          "checkpoint with fleet.init_server(model_dir) on the servers, not "
-                          "fluid.io's load functions")
+                          "checkpoint with fleet.init_server(model_dir) on the servers (or "
+                          "with fluid.io.load_persistables into a local program, to "
+                          "evaluate without servers), not into a worker's fleet program")
 
     def finish(self):
         """Send what is still local or queued (geo deltas, async pushes)."""

@@ -36,6 +36,9 @@ from pyfleet.fluid.framework import (
     name_scope,
     program_guard,
 )
+# Imported for its effect: fluid.io's loaders then read Fleet checkpoints.
+from pyfleet.distributed import local_checkpoint as _local_checkpoint  # noqa: F401
+from pyfleet.fluid.io import load, save
 from pyfleet.fluid.layers_nn import one_hot_v2 as one_hot
 from pyfleet.fluid.param_attr import ParamAttr
 from pyfleet.fluid.reader import batch
@@ -96,12 +99,14 @@ __all__ = [
     "initializer",
     "io",
     "layers",
+    "load",
     "name_scope",
     "one_hot",
     "optimizer",
     "program_guard",
     "regularizer",
     "require_version",
+    "save",
     "scope_guard",
     "transpiler",
     "unique_name",

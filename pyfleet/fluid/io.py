@@ -18,21 +18,29 @@ import numpy as np
 from pyfleet import _atomic
 from pyfleet.endpoint import check_file_name
 from pyfleet.fluid import inference
-from pyfleet.fluid.framework import Parameter, Variable
+from pyfleet.fluid.framework import Parameter, Program, Variable
 from pyfleet.fluid.inference import MODEL_FILENAME, resolve_program
 from pyfleet.fluid.reader import DataLoader, PyReader
 from pyfleet.fluid.tensor import global_scope
 
 __all__ = [
-    "DataLoader",
     "MODEL_FILENAME",
+    "DataLoader",
     "PyReader",
+    "check_local_path",
+    "is_parameter",
+    "is_persistable",
+    "load",
     "load_inference_model",
     "load_params",
     "load_persistables",
+    "load_vars",
+    "register_checkpoint_reader",
+    "save",
     "save_inference_model",
     "save_params",
     "save_persistables",
+    "save_vars",
 ]
 
 
@@ -55,37 +63,152 @@ def _state_path(dirname, name):
     return os.path.join(dirname, check_file_name(name, "variable name") + ".state.npy")
 
 
-def save_params(executor, dirname, main_program=None, filename=None):
-    """Save every parameter of the program (dense values and sparse tables)."""
-    program = resolve_program(main_program)
-    program.backend.save(dirname, program.all_parameters())
+_CHECKPOINT_READERS = []  # (is_mine(dirname), load(dirname, program, params))
 
 
-def load_params(executor, dirname, main_program=None, filename=None):
-    program = resolve_program(main_program)
-    program.backend.load(dirname, program.all_parameters())
+def register_checkpoint_reader(is_mine, load):
+    """Let ``load(dirname, program, params)`` read the directories
+    ``is_mine(dirname)`` accepts (a Fleet checkpoint: registered by
+    :mod:`pyfleet.distributed.local_checkpoint`, which the facade imports)."""
+    _CHECKPOINT_READERS.append((is_mine, load))
 
 
-def save_persistables(executor, dirname, main_program=None, filename=None):
-    """Save the parameters and the persistable scope state (auc counters)."""
+def is_parameter(var):
+    """Fluid's predicate: a trainable parameter (dense or sparse table)."""
+    return isinstance(var, Parameter)
+
+
+def is_persistable(var):
+    """Fluid's predicate: a variable kept across runs (parameters, auc states)."""
+    return bool(getattr(var, "persistable", False))
+
+
+def _load_parameters(dirname, program, params):
+    params = list(params)
+    if not params:
+        return
+    for is_mine, load in _CHECKPOINT_READERS:
+        if is_mine(dirname):
+            load(dirname, program, params)
+            return
+    program.backend.load(dirname, params)
+
+
+def _select(program, vars, predicate, what):
+    """The program's variables ``vars`` (Variables or names) or, without them,
+    those ``predicate`` accepts (default: every persistable one)."""
+    if vars is None:
+        predicate = predicate or is_persistable
+        return [v for v in program.list_vars() if predicate(v)]
+    by_name = {}
+    for x in program.list_vars():
+        by_name.setdefault(x.name, x)
+    out = []
+    for v in [vars] if isinstance(vars, (str, Variable)) else vars:
+        name = v if isinstance(v, str) else v.name
+        if name not in by_name:
+            raise ValueError(f"{what}: variable {name!r} is not in the program")
+        out.append(by_name[name])
+    return out
+
+
+def save_vars(executor, dirname, main_program=None, vars=None, predicate=None, filename=None):
+    """Save the program's variables ``vars`` (or those ``predicate`` accepts):
+    parameters through the program's backend, persistable scope state (auc
+    counters) as ``<name>.state.npy``. ``filename`` (Fluid's one-file form) is
+    refused: every parameter is one file (a sparse table with its optimizer state)."""
+    if filename is not None:
+        raise ValueError(f"filename={filename!r}: pyfleet saves one file per variable "
+                         f"(sparse tables with their optimizer state); leave filename=None")
     check_local_path(dirname, "dirname")
     program = resolve_program(main_program)
-    save_params(executor, dirname, program)
+    chosen = _select(program, vars, predicate, "save_vars")
+    params = [v for v in chosen if isinstance(v, Parameter)]
+    if params:
+        program.backend.save(dirname, params)
     scope = global_scope()
-    for v in program.list_vars():
+    os.makedirs(dirname, exist_ok=True)
+    for v in chosen:
         if v.persistable and not isinstance(v, Parameter) and v.name in scope.vars:
             _atomic.save_npy(_state_path(dirname, v.name), scope.vars[v.name])
 
 
-def load_persistables(executor, dirname, main_program=None, filename=None):
+def load_vars(executor, dirname, main_program=None, vars=None, predicate=None, filename=None):
+    """Load what :func:`save_vars` (or ``fleet.save_persistables``: a Fleet
+    checkpoint, sparse tables included, into a local program) wrote. A
+    persistable state without a file keeps its value (Fluid's auc counters of a
+    Fleet checkpoint are the workers' and are not saved by the servers)."""
+    if filename is not None:
+        raise ValueError(f"filename={filename!r}: pyfleet saves one file per variable; "
+                         f"leave filename=None")
+    check_local_path(dirname, "dirname")
     program = resolve_program(main_program)
-    load_params(executor, dirname, program)
+    chosen = _select(program, vars, predicate, "load_vars")
+    _load_parameters(dirname, program, [v for v in chosen if isinstance(v, Parameter)])
     scope = global_scope()
-    for v in program.list_vars():
+    for v in chosen:
         if v.persistable and not isinstance(v, Parameter):
             path = _state_path(dirname, v.name)
             if os.path.exists(path):
                 scope.vars[v.name] = np.load(path, allow_pickle=False)
+
+
+def save_params(executor, dirname, main_program=None, filename=None):
+    """Save every parameter of the program (dense values and sparse tables);
+    on a Fleet worker's program, the servers save them (``fleet.save_persistables``)."""
+    save_vars(executor, dirname, main_program, predicate=is_parameter, filename=filename)
+
+
+def load_params(executor, dirname, main_program=None, filename=None):
+    load_vars(executor, dirname, main_program, predicate=is_parameter, filename=filename)
+
+
+def save_persistables(executor, dirname, main_program=None, filename=None):
+    """Save the parameters and the persistable scope state (auc counters). On a
+    Fleet worker's program the parameters are saved by the servers, as
+    ``fleet.save_persistables`` does (a checkpoint directory; the auc counters
+    of this worker are written beside its manifest)."""
+    save_vars(executor, dirname, main_program, predicate=is_persistable, filename=filename)
+
+
+def load_persistables(executor, dirname, main_program=None, filename=None):
+    """Load what :func:`save_persistables` wrote, or a Fleet checkpoint (sparse
+    tables included) into a local program, to evaluate or serve without servers."""
+    load_vars(executor, dirname, main_program, predicate=is_persistable, filename=filename)
+
+
+def save(program, model_path):
+    """Fluid 1.6's ``fluid.save``: the persistables into the directory
+    ``<model_path>.pdparams`` (as :func:`save_persistables`; on a Fleet worker a
+    checkpoint the servers write) and the network into ``<model_path>.pdmodel``
+    (JSON). The optimizer state travels in the parameter files (Fluid's
+    ``.pdopt`` has no separate file here)."""
+    model_path = check_local_path(model_path, "model_path")
+    if not isinstance(program, Program):
+        raise TypeError(f"fluid.save(program, model_path): program must be a Program, "
+                        f"got {type(program).__name__}")
+    parent = os.path.dirname(model_path)
+    if parent:
+        os.makedirs(parent, exist_ok=True)
+    save_persistables(None, model_path + ".pdparams", program)
+    _atomic.write_json(model_path + ".pdmodel", program.to_dict())
+
+
+def load(program, model_path, executor=None, var_list=None):
+    """Fluid 1.6's ``fluid.load``: the persistables :func:`save` wrote into
+    ``program`` (``var_list``: only those variables)."""
+    model_path = check_local_path(model_path, "model_path")
+    if not isinstance(program, Program):
+        raise TypeError(f"fluid.load(program, model_path): program must be a Program, "
+                        f"got {type(program).__name__}")
+    dirname = model_path + ".pdparams"
+    if not os.path.isdir(dirname):
+        raise ValueError(f"fluid.load: {dirname} does not exist (written by "
+                         f"fluid.save(program, {model_path!r}))")
+    if var_list is None:
+        load_persistables(executor, dirname, program)
+    else:
+        load_vars(executor, dirname, program, vars=var_list)
 
 
 def save_inference_model(dirname, feeded_var_names, target_vars, executor, main_program=None,
@@ -94,8 +217,9 @@ def save_inference_model(dirname, feeded_var_names, target_vars, executor, main_
     """Write the program pruned to ``target_vars`` and the parameters it uses
     (:func:`pyfleet.fluid.inference.save`; ``params_filename`` is accepted for
     Fluid's signature, the parameters are always one file each). Returns the
-    target variable names. A fleet program's parameters live on the servers:
-    its backend refuses, naming ``fleet.save_inference_model``."""
+    target variable names. A Fleet worker's program gets its parameters from
+    the servers (what ``fleet.save_inference_model`` writes)."""
+    check_local_path(dirname, "dirname")
     program = resolve_program(main_program)
     if isinstance(target_vars, Variable):
         target_vars = [target_vars]

@@ -233,18 +233,28 @@ def _supervise(roles: list[_Role], timeout, grace, signals_seen, report) -> int:
     workers_done_at = None
     servers = [r for r in roles if r.kind == "server"]
     workers = [r for r in roles if r.kind == "worker"]
+    late = set()  # servers reported failing after every worker finished
     while True:
         if signals_seen:
             report(f"got {signal.Signals(signals_seen[0]).name}; stopping every role")
             return 128 + signals_seen[0]
+        # The job is judged by the workers: once every worker exited 0, a
+        # server's exit code is reported, not the job's (Fluid's launcher
+        # killed the servers; a script without stop_worker stops at exit).
+        workers_ok = all(w.returncode == 0 for w in workers)
         for role in roles:
             rc = role.returncode
             if rc is not None and rc != 0 and not role.stopped_by_launcher:
+                if workers_ok and role.kind == "server":
+                    if role.label not in late:
+                        report(f"{role.label} {_describe_rc(rc)} after every worker finished")
+                        late.add(role.label)
+                    continue
                 report(f"{role.label} {_describe_rc(rc)}; stopping the other roles")
                 return _exit_code(rc)
         now = time.monotonic()
-        if all(w.returncode == 0 for w in workers):
-            if all(s.returncode == 0 for s in servers):
+        if workers_ok:
+            if all(s.returncode is not None for s in servers):
                 return 0
             if workers_done_at is None:
                 workers_done_at = now

@@ -221,21 +221,50 @@ def test_init_server_loads_from_outside_the_root_but_requests_may_not(root, data
             c.worker._client.load("../ck")  # a request from the network stays confined
 
 
-def test_fluid_io_saves_and_runs_after_stop_worker_are_refused_by_name(root, data):
+def test_runs_after_stop_worker_are_refused_by_name(root, data):
     from pyfleet.errors import ConfigError
     c = Cluster(1, data)
-    try:
-        feeds = [v.name for v in c.model.inputs if v is not c.model.label]
-        with pytest.raises(ConfigError, match=r"fleet.save_inference_model"):
-            fluid.io.save_inference_model(str(root / "m"), feeds, [c.model.predict], c.exe,
-                                          main_program=c.main)
-        assert not (root / "m").exists()  # no model file without its parameters
-        with pytest.raises(ConfigError, match=r"fleet.save_persistables"):
-            fluid.io.save_persistables(c.exe, str(root / "p"), main_program=c.main)
-    finally:
-        c.close()
+    c.close()
     with pytest.raises(ConfigError, match=r"fleet.stop_worker\(\) was called"):
         c.train(1, seed=1)
+
+
+def test_fluid_io_on_a_worker_saves_what_fleet_saves_and_loads_into_a_local_program(
+        root, data):
+    """fluid.io.save_persistables on a worker's program is fleet.save_persistables
+    (Fluid's Fleet calls it); fluid.io.load_persistables reads that checkpoint of
+    2 servers into a plain local program exactly (every row with its optimizer
+    state, every dense weight); save_inference_model gathers from the servers."""
+    with cluster(2, data) as c:
+        c.train(6, seed=1)
+        fluid.io.save_persistables(c.exe, "ckpt", main_program=c.main)
+        feeds = [v.name for v in c.model.inputs if v is not c.model.label]
+        fluid.io.save_inference_model(str(root / "m"), feeds, [c.model.predict], c.exe,
+                                      main_program=c.main)
+        want = c.state()
+    assert (root / "ckpt" / MANIFEST_NAME).is_file()
+    schema = Dataset(data, format="criteo").schema
+    with fluid.unique_name.guard():  # the infer script's own plain program
+        main, startup, model = build_program(JOB, schema.n_dense, schema.n_slots)
+    exe = fluid.Executor(fluid.CPUPlace())
+    exe.run(startup)
+    fluid.io.load_persistables(exe, str(root / "ckpt"), main)
+    be = main.backend
+    for name, value in want.items():
+        if isinstance(value, dict):
+            got = be.sparse[name].export(with_state=True)
+            order = np.argsort(got["keys"])
+            for f in ("keys", "weights", "state", "update_count"):
+                np.testing.assert_array_equal(got[f][order], value[f], err_msg=f"{name}.{f}")
+        else:
+            np.testing.assert_array_equal(be.pull_dense(name).reshape(-1), value, err_msg=name)
+    batch = next(iter(Dataset(data, format="criteo", batch_size=256)))
+    test = main.clone(for_test=True)
+    local = exe.run(test, feed=feed_of(batch, model), fetch_list=[model.predict])[0]
+    program, feed_names, fetch = fluid.io.load_inference_model(str(root / "m"), exe)
+    served = exe.run(program, feed={n: v for n, v in feed_of(batch, model).items()
+                                    if n in feed_names}, fetch_list=fetch)[0]
+    np.testing.assert_array_equal(local, served)
 
 
 def test_a_directory_without_a_manifest_is_refused(root, data):

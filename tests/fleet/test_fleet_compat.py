@@ -3,7 +3,7 @@ worker_index on a server, set_hdfs_config. (fluid.require_version: F-rest's test
 
 import pytest
 
-import pyfleet.fluid as fluid
+from pyfleet import fluid
 from pyfleet.distributed.fleet import Fleet
 from pyfleet.role_maker import PaddleCloudRoleMaker, Role, UserDefinedRoleMaker
 
@@ -69,3 +69,42 @@ def test_set_hdfs_config_is_recorded_and_an_hdfs_path_is_refused_naming_hdfs():
         server.init_server("afs:/user/model")
     with pytest.raises(ValueError, match="HDFS"):
         fluid.io.save_persistables(None, "hdfs://nn/x", fluid.Program())
+
+
+def _minimize(optimizer, strategy):
+    from pyfleet.fluid.incubate.fleet.parameter_server.distribute_transpiler import fleet as _f
+    f = _fleet(0, 2)
+    assert type(_f) is type(f)
+    with fluid.program_guard(fluid.Program(), fluid.Program()), fluid.unique_name.guard():
+        x = fluid.layers.data(name="x", shape=[4], dtype="float32")
+        y = fluid.layers.data(name="y", shape=[1], dtype="float32")
+        loss = fluid.layers.mean(fluid.layers.square_error_cost(fluid.layers.fc(x, 1), y))
+        f.distributed_optimizer(optimizer, strategy).minimize(loss)
+    return f
+
+
+def test_strategy_factory_maps_to_pyfleet_modes():
+    from pyfleet.fluid.incubate.fleet.parameter_server.distribute_transpiler.distributed_strategy import (
+        StrategyFactory,
+    )
+    sgd = fluid.optimizer.SGD(0.1)
+    assert _minimize(sgd, StrategyFactory.create_sync_strategy())._strategy.mode == "sync"
+    assert _minimize(sgd, StrategyFactory.create_async_strategy())._strategy.mode == "async"
+    geo = _minimize(sgd, StrategyFactory.create_geo_strategy(7))._strategy
+    assert geo.mode == "geo" and geo.geo_k_steps == 7
+    s = StrategyFactory.create_async_strategy()
+    s.get_program_config().slice_var_up = False          # the config the job uses
+    assert _minimize(sgd, s)._strategy.slice_var_up is False
+    with pytest.raises(ValueError, match="half-async"):
+        StrategyFactory.create_half_async_strategy()
+    s = StrategyFactory.create_async_strategy()
+    s.get_trainer_runtime_config().runtime_configs["communicator_send_queue_size"] = "40"
+    with pytest.raises(ValueError, match="communicator_send_queue_size"):
+        _minimize(sgd, s)
+
+
+@pytest.mark.parametrize("rule", [fluid.optimizer.Momentum(0.1, 0.9),
+                                  fluid.optimizer.RMSProp(0.1)])
+def test_momentum_and_rmsprop_are_refused_on_a_fleet_worker_by_name(rule):
+    with pytest.raises(ValueError, match=type(rule).__name__ + ".*servers"):
+        _minimize(rule, None)

@@ -238,9 +238,14 @@ def test_role_errors():
         Fleet().init(role_maker="worker")
 
 
-def test_a_worker_program_without_servers_refuses_to_train():
+def test_a_worker_program_without_init_worker_trains_through_the_servers_or_fails():
+    """As in Fluid's sync mode, init_worker is optional: the first run that needs a
+    parameter connects (never a silent local model), so with no server there it
+    fails within connect_timeout, naming the server."""
+    from pyfleet.errors import PeerTimeout
     from pyfleet.role_maker import Role
     f = _minimized(Fleet(), Role.WORKER)
+    f._strategy.runtime.connect_timeout = 1.0
     exe = fluid.Executor()
     exe.run(f.startup_program)  # allowed before init_worker, as in Fluid scripts
     block = f.main_program.global_block()
@@ -248,8 +253,7 @@ def test_a_worker_program_without_servers_refuses_to_train():
             np.zeros((2, *v.shape[1:]), v.dtype)
             for v in block.vars.values() if getattr(v, "is_data", False)}
     assert feed
-    # without init_worker it would otherwise train a local model nobody sees
-    with pytest.raises(ConfigError, match=r"call fleet.init_worker\(\)"):
+    with pytest.raises(PeerTimeout, match="127.0.0.1:1"):
         exe.run(f.main_program, feed=feed)
 
 
