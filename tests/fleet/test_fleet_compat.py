@@ -108,3 +108,35 @@ def test_strategy_factory_maps_to_pyfleet_modes():
 def test_momentum_and_rmsprop_are_refused_on_a_fleet_worker_by_name(rule):
     with pytest.raises(ValueError, match=type(rule).__name__ + ".*servers"):
         _minimize(rule, None)
+
+
+def test_fluid_save_and_load_round_trip_a_local_program(tmp_path):
+    def build():
+        main, startup = fluid.Program(), fluid.Program()
+        with fluid.program_guard(main, startup), fluid.unique_name.guard():
+            ids = fluid.layers.data(name="ids", shape=[1], dtype="int64", lod_level=1)
+            emb = fluid.layers.embedding(ids, size=[100, 4], is_sparse=True,
+                                         param_attr=fluid.ParamAttr(name="emb"))
+            out = fluid.layers.fc(fluid.layers.sequence_pool(emb, "sum"), 1)
+        return main, startup, out
+    import numpy as np
+    main, startup, out = build()
+    exe = fluid.Executor()
+    exe.run(startup)
+    be = main.backend                    # weights no fresh startup would give
+    for p in main.all_parameters():
+        if p.is_sparse_table:
+            be.push_sparse("emb", np.array([3, 7, 9], np.uint64), np.ones((3, 4), np.float32))
+        else:
+            be.set_dense(p.name, np.full(p.shape, 0.25, np.float32))
+    feed = {"ids": (np.array([3, 7, 9], np.int64), np.array([0, 2, 3]))}
+    want = exe.run(main, feed=feed, fetch_list=[out])[0]
+    fluid.save(main, str(tmp_path / "ckpt" / "model"))
+    assert (tmp_path / "ckpt" / "model.pdmodel").is_file()
+    main2, startup2, out2 = build()
+    exe.run(startup2)
+    assert not np.array_equal(exe.run(main2, feed=feed, fetch_list=[out2])[0], want)
+    fluid.load(main2, str(tmp_path / "ckpt" / "model"), exe)
+    np.testing.assert_array_equal(exe.run(main2, feed=feed, fetch_list=[out2])[0], want)
+    with pytest.raises(ValueError, match="does not exist"):
+        fluid.load(main2, str(tmp_path / "nothing"), exe)
