@@ -77,3 +77,24 @@ class DataFeeder:
                                      f"values (shape {tail}), got array of shape {a.shape}")
                 out[var.name] = a.reshape([len(samples)] + tail)
         return out
+
+    def decorate_reader(self, reader, multi_devices, num_places=None, drop_last=True):
+        """Fluid's ``decorate_reader``: a reader of feed dicts from a reader of
+        sample lists (``paddle.batch`` output). ``multi_devices=True`` yields
+        a list of one feed dict per batch (one CPU place: ``exe.run`` and a
+        ``CompiledProgram`` take it); ``num_places`` other than None or 1 is
+        refused by name (pyfleet runs one place per process). With one place
+        no batch is left over, so ``drop_last`` changes nothing."""
+        if not callable(reader):
+            raise TypeError(f"decorate_reader needs a reader (a callable returning an "
+                             f"iterable of sample lists), got {reader!r}")
+        if multi_devices and num_places not in (None, 1):
+            raise ValueError(f"decorate_reader: num_places={num_places!r} is not supported: "
+                             "pyfleet runs one CPU place per process (start more workers "
+                             "to use more cores)")
+
+        def feeds():
+            for samples in reader():
+                feed = self.feed(samples)
+                yield [feed] if multi_devices else feed
+        return feeds

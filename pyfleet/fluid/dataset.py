@@ -16,14 +16,18 @@ while the executor trains in the calling thread. A failing pipe command is a
 ``ValueError`` naming the command, the file and its stderr.
 """
 
+import logging
 import subprocess
 import tempfile
+import threading
 
 import numpy as np
 
 from pyfleet.fluid.reader import PyReader
 
 __all__ = ["CHUNK_BYTES", "DatasetFactory", "InMemoryDataset", "QueueDataset", "parse_multislot"]
+
+_log = logging.getLogger("pyfleet.fluid.dataset")
 
 # Pipe output is parsed in blocks of about this many bytes (whole lines).
 CHUNK_BYTES = 32 << 20
@@ -227,43 +231,158 @@ class QueueDataset(DatasetBase):
 
 
 class InMemoryDataset(DatasetBase):
-    """``load_into_memory()`` once, then ``local_shuffle()`` and passes over memory."""
+    """``load_into_memory()`` (or ``preload_into_memory()`` then
+    ``wait_preload_done()``) once, then shuffles and passes over memory.
+
+    Shuffles draw from a generator seeded 1, 2, ... per shuffle (reproducible).
+    ``global_shuffle`` with one process, or under Fleet with one worker, is
+    ``local_shuffle``; with several Fleet workers each worker shuffles the
+    examples it loaded (its ``fleet.split_files`` share): no example moves
+    between workers (Fluid sends each to a random worker), which is logged
+    once. ``slots_shuffle`` (after ``set_fea_eval``) replaces the values of
+    the named slots by those of other examples, for feature importance.
+    ``set_merge_by_lineid`` and ``set_parse_ins_id(True)`` are refused by name.
+    """
 
     def __init__(self):
         super().__init__()
         self._memory = None
         self._seed = 0
+        self.queue_num = None
+        self.fea_eval = False
+        self.record_candidate_size = None
+        self._preload = None   # (thread, [error]) of preload_into_memory
+
+    def set_queue_num(self, queue_num):
+        """Fluid's number of shuffle channels: a parallelism setting that
+        changes no example; recorded (``queue_num``)."""
+        queue_num = int(queue_num)
+        if queue_num < 1:
+            raise ValueError(f"set_queue_num: queue_num must be positive, got {queue_num}")
+        self.queue_num = queue_num
+
+    def set_parse_ins_id(self, parse_ins_id):
+        if parse_ins_id:
+            raise ValueError("set_parse_ins_id(True) is not supported: pyfleet's MultiSlot "
+                             "lines carry no instance id (set_merge_by_lineid is refused too)")
+
+    def set_merge_by_lineid(self, var_list=None, erase_duplicate_feas=True,
+                            min_merge_size=2, keep_unmerged_ins=True):
+        raise ValueError("set_merge_by_lineid is not supported: merging instances by line "
+                         "id needs instance ids in the data (set_parse_ins_id), which "
+                         "pyfleet's MultiSlot reader does not parse; merge them in the pipe "
+                         "command instead")
+
+    def set_fea_eval(self, record_candidate_size, fea_eval=True):
+        """Enable :meth:`slots_shuffle`, drawing replacement values from
+        ``record_candidate_size`` randomly chosen examples."""
+        size = int(record_candidate_size)
+        if size < 1:
+            raise ValueError(f"set_fea_eval: record_candidate_size must be positive, got "
+                             f"{record_candidate_size!r}")
+        self.fea_eval = bool(fea_eval)
+        self.record_candidate_size = size
 
     def load_into_memory(self):
         self._check()
         parts = list(DatasetBase._columns(self))
         self._memory = _concat_columns(parts, self.use_vars)
 
-    def local_shuffle(self):
+    def preload_into_memory(self, thread_num=None):
+        """``load_into_memory`` in a background thread; :meth:`wait_preload_done`
+        waits for it (and raises what it raised)."""
+        self._check()
+        if self._preload is not None:
+            raise ValueError("preload_into_memory: a preload is already running; call "
+                             "wait_preload_done() first")
+        errors = []
+
+        def run():
+            try:
+                self.load_into_memory()
+            except Exception as e:  # noqa: BLE001 (handed to wait_preload_done)
+                errors.append(e)
+        t = threading.Thread(target=run, name="pyfleet-dataset-preload", daemon=True)
+        self._preload = (t, errors)
+        t.start()
+
+    def wait_preload_done(self):
+        if self._preload is None:
+            raise ValueError("wait_preload_done: no preload_into_memory() is running")
+        t, errors = self._preload
+        t.join()
+        self._preload = None
+        if errors:
+            raise errors[0]
+
+    def _loaded(self, what):
+        if self._preload is not None:
+            raise ValueError(f"{what}: call wait_preload_done() after preload_into_memory()")
         if self._memory is None:
-            raise ValueError("load_into_memory() before local_shuffle()")
-        cols, n = self._memory
+            raise ValueError(f"load_into_memory() before {what}()")
+        return self._memory
+
+    def _rng(self):
         self._seed += 1
-        perm = np.random.default_rng(self._seed).permutation(n)
+        return np.random.default_rng(self._seed)
+
+    def local_shuffle(self):
+        cols, n = self._loaded("local_shuffle")
+        perm = self._rng().permutation(n)
         self._memory = _permute(cols, self.use_vars, perm), n
 
-    def global_shuffle(self, fleet=None):
-        """Shuffles this worker's examples (no exchange between workers)."""
+    def global_shuffle(self, fleet=None, thread_num=12):
+        """One process: :meth:`local_shuffle`. Several Fleet workers: each
+        shuffles its own examples (see the class doc)."""
+        workers = 1 if fleet is None else int(fleet.worker_num())
+        if workers > 1:
+            _log.warning("InMemoryDataset.global_shuffle with %d workers shuffles each "
+                         "worker's own examples (its split_files share); no example moves "
+                         "between workers as in Fluid", workers)
         self.local_shuffle()
 
+    def slots_shuffle(self, slots):
+        """Replace the values of each slot in ``slots`` (variable names) by
+        those of other examples: a random permutation of them over the loaded
+        examples, or (more examples than ``record_candidate_size``) each
+        example's replacement drawn from that many randomly chosen examples,
+        as Fluid's candidate pool. Other slots keep their values."""
+        if not self.fea_eval:
+            raise ValueError("slots_shuffle needs set_fea_eval(record_candidate_size, True) "
+                             "first (Fluid silently does nothing without it)")
+        cols, n = self._loaded("slots_shuffle")
+        names = {v.name: v for v in self.use_vars}
+        unknown = [s for s in slots if s not in names]
+        if unknown:
+            raise ValueError(f"slots_shuffle: {unknown} are not variables of set_use_var "
+                             f"({sorted(names)})")
+        out = dict(cols)
+        for name in sorted(set(slots)):
+            rng = self._rng()
+            if n <= self.record_candidate_size:
+                index = rng.permutation(n)
+            else:
+                pool = rng.choice(n, size=self.record_candidate_size, replace=False)
+                index = pool[rng.integers(0, pool.shape[0], size=n)]
+            out.update(_permute(cols, [names[name]], index))
+        self._memory = out, n
+
     def release_memory(self):
+        if self._preload is not None:
+            self.wait_preload_done()
         self._memory = None
 
     def get_memory_data_size(self, fleet=None):
+        """Examples loaded in this process (with a ``fleet`` of several
+        workers Fluid sums them over the workers; this counts this worker's)."""
         return 0 if self._memory is None else self._memory[1]
 
     get_shuffle_data_size = get_memory_data_size
 
     def _columns(self):
-        if self._memory is None:
-            raise ValueError("InMemoryDataset: call load_into_memory() first")
-        if self._memory[1]:
-            yield self._memory
+        cols, n = self._loaded("train_from_dataset")
+        if n:
+            yield cols, n
 
 
 def _concat_columns(parts, use_vars):

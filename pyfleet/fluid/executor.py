@@ -36,6 +36,7 @@ from pyfleet.fluid import ops as _ops
 from pyfleet.fluid.clip import GradEntry, apply_gradient_rules, has_gradient_rules
 from pyfleet.fluid.core import EOFException
 from pyfleet.fluid.feed import as_numpy, feed_ids, feed_value
+from pyfleet.fluid.fetch_handler import FetchHandler, FetchMonitor
 from pyfleet.fluid.framework import Parameter, Program, Variable, default_main_program
 from pyfleet.fluid.nn_ops import STATISTICS
 from pyfleet.fluid.step import (
@@ -49,7 +50,7 @@ from pyfleet.fluid.step import (
 from pyfleet.fluid.tensor import LoDTensor, fetched, global_scope, scope_guard
 from pyfleet.optimizer import SGD
 
-__all__ = ["Executor", "as_numpy", "global_scope", "keeps_statistics", "scope_guard"]
+__all__ = ["Executor", "FetchHandler", "as_numpy", "global_scope", "keeps_statistics", "scope_guard"]
 
 def _row_sparse(plan, grp):
     """Whether a dense parameter's gradient is row-sparse in Fluid's sense:
@@ -159,21 +160,25 @@ class Executor:
 
     # --------------------------------------------------------------- datasets
     def train_from_dataset(self, program=None, dataset=None, scope=None, thread=0,
-                           debug=False, fetch_list=None, fetch_info=None, print_period=100):
+                           debug=False, fetch_list=None, fetch_info=None, print_period=100,
+                           fetch_handler=None):
         """Run ``program`` on every batch of a :mod:`pyfleet.fluid.dataset`
         dataset; every ``print_period`` batches print the fetched values
-        labelled by ``fetch_info`` (Fluid's output). Returns the last fetch."""
+        labelled by ``fetch_info`` (Fluid's output). A ``fetch_handler``
+        (:class:`FetchHandler`) gets its variables' latest values every
+        ``period_secs``. Returns the last fetch."""
         return self._run_dataset(program, dataset, scope, fetch_list, fetch_info,
-                                 print_period, for_test=False)
+                                 print_period, False, fetch_handler)
 
     def infer_from_dataset(self, program=None, dataset=None, scope=None, thread=0,
-                           debug=False, fetch_list=None, fetch_info=None, print_period=100):
+                           debug=False, fetch_list=None, fetch_info=None, print_period=100,
+                           fetch_handler=None):
         """As :meth:`train_from_dataset` without updating parameters."""
         return self._run_dataset(program, dataset, scope, fetch_list, fetch_info,
-                                 print_period, for_test=True)
+                                 print_period, True, fetch_handler)
 
     def _run_dataset(self, program, dataset, scope, fetch_list, fetch_info, print_period,
-                     for_test):
+                     for_test, fetch_handler=None):
         if dataset is None or not hasattr(dataset, "_feeds"):
             raise ValueError("dataset must come from fluid.DatasetFactory().create_dataset()")
         program = getattr(program or default_main_program(), "_program",
@@ -185,9 +190,14 @@ class Executor:
         if len(labels) != len(fetch_list):
             raise ValueError(f"fetch_info has {len(labels)} labels for {len(fetch_list)} "
                              "fetches")
+        handler = FetchMonitor(fetch_handler, program) if fetch_handler is not None else None
+        extra = handler.fetch_vars if handler is not None else []
         out = None
         for i, feed in enumerate(dataset._feeds()):
-            out = self.run(program, feed=feed, fetch_list=fetch_list, scope=scope)
+            got = self.run(program, feed=feed, fetch_list=fetch_list + extra, scope=scope)
+            out = got[:len(fetch_list)]
+            if handler is not None:
+                handler.step(got[len(fetch_list):])
             if fetch_list and print_period and (i + 1) % int(print_period) == 0:
                 print(" ".join(f"{lab}: {np.asarray(v).reshape(-1)[:8]}"
                                for lab, v in zip(labels, out)), flush=True)
