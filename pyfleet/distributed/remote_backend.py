@@ -279,6 +279,13 @@ class RemoteBackend(Backend):
             raise ConfigError(_SAVE_ON_SERVERS)
         self.fleet.save_persistables(None, dirname)
 
+    def save_dir(self, dirname):
+        """``dirname`` as the servers resolve it (relative: under the checkpoint
+        root, ``$PYFLEET_CHECKPOINT_DIR`` or the start directory), so the worker's
+        auc counters land beside the manifest, not under the working directory."""
+        from pyfleet.distributed.fleet import _relative_to_root  # fleet imports this module
+        return _relative_to_root(dirname)[1] if self.fleet is not None else dirname
+
     def inference_source(self):
         """The servers' parameters for ``fluid.io.save_inference_model`` (what
         ``fleet.save_inference_model`` writes), after every pending push."""

@@ -117,6 +117,13 @@ class Backend:
         under ``dirname``: ``<name>.npy`` for dense, ``<name>.table`` for sparse."""
         raise NotImplementedError(f"{type(self).__name__} cannot save parameters")
 
+    def save_dir(self, dirname):
+        """The directory :meth:`save` writes for ``dirname``, where fluid.io puts
+        the program's local state (auc counters) beside the parameters: a
+        relative ``dirname`` is relative to the working directory here, to the
+        checkpoint root for a Fleet worker's program (where its servers write)."""
+        return dirname
+
     def load(self, dirname, params):
         """Read what :meth:`save` wrote, creating missing parameters."""
         raise NotImplementedError(f"{type(self).__name__} cannot load parameters")

@@ -122,6 +122,7 @@ def save_vars(executor, dirname, main_program=None, vars=None, predicate=None, f
                          f"(sparse tables with their optimizer state); leave filename=None")
     check_local_path(dirname, "dirname")
     program = resolve_program(main_program)
+    dirname = program.backend.save_dir(dirname)  # a Fleet worker: the checkpoint root's
     chosen = _select(program, vars, predicate, "save_vars")
     params = [v for v in chosen if isinstance(v, Parameter)]
     if params:

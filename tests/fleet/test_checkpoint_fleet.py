@@ -230,11 +230,15 @@ def test_runs_after_stop_worker_are_refused_by_name(root, data):
 
 
 def test_fluid_io_on_a_worker_saves_what_fleet_saves_and_loads_into_a_local_program(
-        root, data):
+        root, data, tmp_path_factory, monkeypatch):
     """fluid.io.save_persistables on a worker's program is fleet.save_persistables
     (Fluid's Fleet calls it); fluid.io.load_persistables reads that checkpoint of
     2 servers into a plain local program exactly (every row with its optimizer
-    state, every dense weight); save_inference_model gathers from the servers."""
+    state, every dense weight); save_inference_model gathers from the servers.
+    A relative dirname is the servers' (under the checkpoint root) for the
+    worker's auc counters too: nothing is written under the working directory."""
+    cwd = tmp_path_factory.mktemp("cwd")
+    monkeypatch.chdir(cwd)
     with cluster(2, data) as c:
         c.train(6, seed=1)
         fluid.io.save_persistables(c.exe, "ckpt", main_program=c.main)
@@ -243,6 +247,8 @@ def test_fluid_io_on_a_worker_saves_what_fleet_saves_and_loads_into_a_local_prog
                                       main_program=c.main)
         want = c.state()
     assert (root / "ckpt" / MANIFEST_NAME).is_file()
+    assert list((root / "ckpt").glob("*.state.npy")), sorted((root / "ckpt").iterdir())
+    assert list(cwd.iterdir()) == []
     schema = Dataset(data, format="criteo").schema
     with fluid.unique_name.guard():  # the infer script's own plain program
         main, startup, model = build_program(JOB, schema.n_dense, schema.n_slots)
