@@ -4,7 +4,7 @@ Command line (also installed as ``fleetrun``)::
 
     fleetrun --server_num 2 --worker_num 2 [--servers h:p,h:p] [--workers h:p,h:p]
         [--log_dir DIR] [--mode sync|async|geo] [--grace 30] [--timeout SECONDS]
-        [--stop-timeout 5]
+        [--stop-timeout 5] [--max-restarts N [--restart-window 3600] [--restore-dir DIR]]
         train.py [script arguments...]
     python -m pyfleet.launch --collective --workers N [--hosts h1,h2 | --hostfile F]
         [--timeout SECONDS] train.py [script arguments...]
@@ -31,7 +31,10 @@ Supervision rules (the same from Python through :func:`launch_local`):
   do after every worker called ``fleet.stop_worker()``); servers still running then are
   terminated and reported, and the job still counts as a success;
 - past ``timeout`` seconds everything is stopped and the exit code is 124;
-- SIGINT, SIGTERM or SIGHUP to the launcher stops every role (exit code 128 + signal).
+- SIGINT, SIGTERM or SIGHUP to the launcher stops every role (exit code 128 + signal);
+- with ``--max-restarts N`` a role's death instead stops every role and starts the whole
+  job again (same endpoints), at most N times within ``--restart-window`` seconds; then the
+  job fails with one line per death (:mod:`pyfleet.launch.restart`).
 
 Each role runs in its own session (process group), and "stop" means SIGTERM to the whole
 group, then SIGKILL after ``stop_timeout`` seconds (default 5), so helper processes a role
@@ -39,7 +42,8 @@ started are stopped too.
 On Linux each role also gets SIGTERM if the launcher dies without cleaning up (PDEATHSIG).
 
 One module per concept: ``contract`` (the roles' environment, free ports), ``local`` (the
-supervised local processes), ``collective`` (mpiexec), ``command`` (the command line).
+supervised local processes), ``restart`` (``--max-restarts``), ``collective`` (mpiexec),
+``command`` (the command line).
 """
 
 from pyfleet.launch.collective import launch_collective

@@ -63,6 +63,20 @@ def _build_parser(prog: str = "python -m pyfleet.launch") -> argparse.ArgumentPa
                         "no limit)")
     p.add_argument("--stop-timeout", dest="stop_timeout", type=float, default=5.0,
                    help="seconds a stopped role gets between SIGTERM and SIGKILL")
+    p.add_argument("--max-restarts", "--max_restarts", dest="max_restarts", type=int,
+                   default=0, metavar="N",
+                   help="when a role dies, stop every role and start the whole job again "
+                        "(servers on the same endpoints, PYFLEET_RESTART_COUNT and "
+                        "PYFLEET_RESTORE_DIR set), at most N times within --restart-window; "
+                        "0: the first death fails the job")
+    p.add_argument("--restart-window", dest="restart_window", type=float, default=3600.0,
+                   metavar="SECONDS",
+                   help="the window --max-restarts counts restarts in")
+    p.add_argument("--restore-dir", dest="restore_dir", default=None, metavar="DIR",
+                   help="the job's checkpoint directory: once it holds a committed "
+                        "checkpoint (MANIFEST.json), a restarted job's roles get "
+                        "PYFLEET_RESTORE_DIR=DIR, which fleet.init_server() loads (default: "
+                        "none, a restarted job starts from its scripts' own state)")
     p.add_argument("script", help="the training script (a .py file is run with this Python)")
     p.add_argument("script_args", nargs=argparse.REMAINDER,
                    help="arguments passed to the script")
@@ -109,12 +123,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ConfigError(f"--stop-timeout must be > 0, got {args.stop_timeout}")
         if args.grace < 0:
             raise ConfigError(f"--grace must be >= 0, got {args.grace}")
+        if args.max_restarts < 0:
+            raise ConfigError(f"--max-restarts must be >= 0, got {args.max_restarts}")
+        if not args.restart_window > 0:
+            raise ConfigError(f"--restart-window must be > 0 seconds, got "
+                              f"{args.restart_window}")
+        if args.restore_dir is not None and not args.max_restarts:
+            raise ConfigError("--restore-dir is read when the job restarts: it needs "
+                              "--max-restarts N")
         if args.script.endswith(".py"):
             cmd = [sys.executable, "-u", args.script, *args.script_args]
         else:
             cmd = [args.script, *args.script_args]
         if args.collective:
             for flag, value in (("--servers", given_servers), ("--mode", args.mode),
+                                ("--max-restarts", args.max_restarts or None),
+                                ("--restore-dir", args.restore_dir),
                                 ("--server-endpoints", eps), ("--log-dir", args.log_dir)):
                 if value is not None:
                     raise ConfigError(f"{flag} does not apply to --collective (no servers; "
@@ -125,7 +149,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ConfigError("--hosts/--hostfile apply to --collective jobs only")
         return launch_local(cmd, servers, workers, log_dir=args.log_dir,
                             timeout=args.timeout, server_endpoints=eps, mode=args.mode,
-                            grace_period=args.grace, stop_timeout=args.stop_timeout)
+                            grace_period=args.grace, stop_timeout=args.stop_timeout,
+                            max_restarts=args.max_restarts,
+                            restart_window=args.restart_window, restore_dir=args.restore_dir)
     except ConfigError as exc:
         parser.error(str(exc))
         return 2

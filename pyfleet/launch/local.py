@@ -16,6 +16,7 @@ from typing import Callable, TextIO, Union
 
 from pyfleet.errors import ConfigError
 from pyfleet.launch.contract import CONTRACT_VARS, EXIT_TIMEOUT, free_ports, role_env
+from pyfleet.launch.restart import RESTART_PAUSE, RestartPolicy, restart_vars
 from pyfleet.role_maker import parse_endpoints
 
 _REAP_WAIT = 5.0
@@ -114,7 +115,10 @@ def launch_local(cmd_for_role: CmdForRole, servers: int, workers: int,
                  mode: str | None = None, grace_period: float = 30.0,
                  output: TextIO | None = None, messages: TextIO | None = None,
                  host: str = "127.0.0.1", stop_timeout: float = 5.0,
-                 cwd: str | os.PathLike | None = None) -> int:
+                 cwd: str | os.PathLike | None = None, max_restarts: int = 0,
+                 restart_window: float | None = None,
+                 restore_dir: str | os.PathLike | None = None,
+                 restarts: list | None = None) -> int:
     """Run ``servers`` servers and ``workers`` workers locally and supervise them.
 
     ``cmd_for_role`` is the argv of every role, or a callable ``(role, index) -> argv`` with
@@ -124,6 +128,13 @@ def launch_local(cmd_for_role: CmdForRole, servers: int, workers: int,
     (default ``sys.stdout``), ``messages`` the launcher's own reports (default
     ``sys.stderr``). ``stop_timeout`` is how long a stopped role has between SIGTERM and
     SIGKILL. ``cwd`` is the roles' working directory (default: the launcher's).
+
+    ``max_restarts`` > 0: a role's death stops every role and starts the whole job again
+    (servers on the same endpoints), at most that many times within ``restart_window``
+    seconds (default 3600); the roles of attempt n get ``PYFLEET_RESTART_COUNT=n`` and, once
+    ``restore_dir`` holds a committed checkpoint, ``PYFLEET_RESTORE_DIR`` (see
+    :mod:`pyfleet.launch.restart`). ``restarts``: a list that gets one dict per death.
+    ``timeout`` counts over every attempt.
 
     Blocks until the job ends; returns 0 on success, else the failing role's exit code,
     :data:`EXIT_TIMEOUT` on timeout, or 128 + signal when interrupted. Every child process
@@ -169,11 +180,11 @@ def launch_local(cmd_for_role: CmdForRole, servers: int, workers: int,
         except (OSError, ValueError):
             pass
 
-    base = {k: v for k, v in os.environ.items() if k not in CONTRACT_VARS}
+    policy = RestartPolicy(max_restarts, restart_window, restore_dir, restarts)
+    base = {k: v for k, v in os.environ.items()
+            if k not in CONTRACT_VARS and k not in restart_vars()}
     base.update(env or {})
     base.setdefault("PYTHONUNBUFFERED", "1")
-    roles = ([_Role("server", i) for i in range(servers)]
-             + [_Role("worker", i) for i in range(workers)])
     if log_dir is not None:
         Path(log_dir).mkdir(parents=True, exist_ok=True)
 
@@ -183,52 +194,86 @@ def launch_local(cmd_for_role: CmdForRole, servers: int, workers: int,
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             previous[sig] = signal.signal(sig, lambda signum, frame: signals_seen.append(signum))
     lock = threading.Lock()
+    deadline = None if timeout is None else time.monotonic() + timeout
     try:
-        preexec = _pdeathsig_preexec()
-        # Every child is forked before any reader thread starts: preexec_fn is only safe
-        # in a process without other threads. Pipes buffer output meanwhile.
-        for role in roles:
-            if signals_seen:
-                break
-            argv = [str(a) for a in make_cmd(role.kind, role.index)]
-            child_env = dict(base)
-            # Every role is one process among several on this machine: a BLAS
-            # thread pool per process would only oversubscribe the cores.
-            child_env.setdefault("OPENBLAS_NUM_THREADS", "1")
-            child_env.update(role_env(role.kind, role.index, eps, workers, mode))
+        while True:
+            roles = ([_Role("server", i) for i in range(servers)]
+                     + [_Role("worker", i) for i in range(workers)])
             try:
-                if log_dir is not None:
-                    role.log = open(Path(log_dir) / f"{role.label}.log", "w",  # noqa: SIM115
-                                    encoding="utf-8")  # closed in the finally below
-                role.proc = subprocess.Popen(argv, env=child_env, cwd=cwd,
-                                             stdin=subprocess.DEVNULL,
-                                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                             start_new_session=True,
-                                             preexec_fn=preexec)  # noqa: PLW1509
-            except OSError as exc:  # (the log's path, when it is the log that failed)
-                report(f"cannot start {role.label} ({' '.join(argv)}): {exc}")
-                return 1
-        for role in roles:
-            if role.proc is not None:
-                role.reader = threading.Thread(target=_pump, args=(role, out, lock, report),
-                                               name=f"pyfleet-launch-{role.label}", daemon=True)
-                role.reader.start()
-        if not signals_seen:
-            report(f"{servers} server(s) at {','.join(eps)}, {workers} worker(s)")
-        return _supervise(roles, timeout, grace_period, signals_seen, report)
+                code, died = _attempt(roles, make_cmd, base, eps, workers, mode, log_dir, cwd,
+                                      policy, out, lock, report, deadline, timeout,
+                                      grace_period, signals_seen)
+            finally:
+                _stop(roles, signals_seen, report, stop_timeout)
+                for role in roles:
+                    if role.reader is not None:
+                        role.reader.join(timeout=_REAP_WAIT)
+                    with lock, contextlib.suppress(OSError):  # a full disk: reported by _pump
+                        if role.log is not None:
+                            role.log.close()
+            if died is None or signals_seen:
+                return code
+            if not policy.record(died.label, died.returncode, _describe_rc(died.returncode)):
+                if max_restarts:
+                    report(policy.gave_up())
+                return code
+            report(f"{died.label} {_describe_rc(died.returncode)}; restarting the whole job "
+                   f"(restart {policy.attempt} of at most {max_restarts} within "
+                   f"{policy.window:g} s)" + (f" from {policy.restore_dir}"
+                                              if "PYFLEET_RESTORE_DIR" in policy.env() else ""))
+            time.sleep(RESTART_PAUSE)
     finally:
-        _stop(roles, signals_seen, report, stop_timeout)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        for role in roles:
-            if role.reader is not None:
-                role.reader.join(timeout=_REAP_WAIT)
-            with lock, contextlib.suppress(OSError):  # a full disk: reported by _pump
-                if role.log is not None:
-                    role.log.close()
 
 
-def _supervise(roles: list[_Role], timeout, grace, signals_seen, report) -> int:
+def _attempt(roles, make_cmd, base, eps, workers, mode, log_dir, cwd, policy, out, lock,
+             report, deadline, timeout, grace_period, signals_seen):
+    """Start one attempt's roles and supervise them: ``(exit code, role that died or
+    None)``. The caller stops the roles."""
+    preexec = _pdeathsig_preexec()
+    # Every child is forked before any reader thread starts: preexec_fn is only safe
+    # in a process without other threads. Pipes buffer output meanwhile.
+    for role in roles:
+        if signals_seen:
+            break
+        argv = [str(a) for a in make_cmd(role.kind, role.index)]
+        child_env = dict(base)
+        # Every role is one process among several on this machine: a BLAS
+        # thread pool per process would only oversubscribe the cores.
+        child_env.setdefault("OPENBLAS_NUM_THREADS", "1")
+        child_env.update(role_env(role.kind, role.index, eps, workers, mode))
+        child_env.update(policy.env())
+        try:
+            if log_dir is not None:  # a restarted attempt appends to the role's log
+                role.log = open(Path(log_dir) / f"{role.label}.log",  # noqa: SIM115
+                                "a" if policy.attempt else "w",
+                                encoding="utf-8")  # closed by launch_local
+                if policy.attempt:
+                    role.log.write(f"--- pyfleet.launch: restart {policy.attempt} ---\n")
+            role.proc = subprocess.Popen(argv, env=child_env, cwd=cwd,
+                                         stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                         start_new_session=True,
+                                         preexec_fn=preexec)  # noqa: PLW1509
+        except OSError as exc:  # (the log's path, when it is the log that failed)
+            report(f"cannot start {role.label} ({' '.join(argv)}): {exc}")
+            return 1, None
+    for role in roles:
+        if role.proc is not None:
+            role.reader = threading.Thread(target=_pump, args=(role, out, lock, report),
+                                           name=f"pyfleet-launch-{role.label}", daemon=True)
+            role.reader.start()
+    if not signals_seen and not policy.attempt:
+        report(f"{len(eps)} server(s) at {','.join(eps)}, {workers} worker(s)")
+    left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+    return _supervise(roles, left, timeout, grace_period, signals_seen, report,
+                      restarting=policy.max_restarts > 0)
+
+
+def _supervise(roles: list[_Role], timeout, total_timeout, grace, signals_seen, report,
+               restarting=False):
+    """``(exit code, the role whose death ended the attempt, or None)``."""
     start = time.monotonic()
     workers_done_at = None
     servers = [r for r in roles if r.kind == "server"]
@@ -237,7 +282,7 @@ def _supervise(roles: list[_Role], timeout, grace, signals_seen, report) -> int:
     while True:
         if signals_seen:
             report(f"got {signal.Signals(signals_seen[0]).name}; stopping every role")
-            return 128 + signals_seen[0]
+            return 128 + signals_seen[0], None
         # The job is judged by the workers: once every worker exited 0, a
         # server's exit code is reported, not the job's (Fluid's launcher
         # killed the servers; a script without stop_worker stops at exit).
@@ -250,12 +295,13 @@ def _supervise(roles: list[_Role], timeout, grace, signals_seen, report) -> int:
                         report(f"{role.label} {_describe_rc(rc)} after every worker finished")
                         late.add(role.label)
                     continue
-                report(f"{role.label} {_describe_rc(rc)}; stopping the other roles")
-                return _exit_code(rc)
+                if not restarting:
+                    report(f"{role.label} {_describe_rc(rc)}; stopping the other roles")
+                return _exit_code(rc), role
         now = time.monotonic()
         if workers_ok:
             if all(s.returncode is not None for s in servers):
-                return 0
+                return 0, None
             if workers_done_at is None:
                 workers_done_at = now
             elif now - workers_done_at >= grace:
@@ -264,12 +310,12 @@ def _supervise(roles: list[_Role], timeout, grace, signals_seen, report) -> int:
                        f"ran {grace:g}s later; terminating it")
                 for s in left:
                     s.stopped_by_launcher = True
-                return 0
+                return 0, None
         if timeout is not None and now - start >= timeout:
             running = [r.label for r in roles if r.returncode is None]
-            report(f"timed out after {timeout:g}s with {', '.join(running)} still running; "
-                   "stopping every role")
-            return EXIT_TIMEOUT
+            report(f"timed out after {total_timeout:g}s with {', '.join(running)} still "
+                   "running; stopping every role")
+            return EXIT_TIMEOUT, None
         time.sleep(_POLL)
 
 
