@@ -3,13 +3,15 @@
 Command line (also installed as ``fleetrun``)::
 
     fleetrun --server_num 2 --worker_num 2 [--servers h:p,h:p] [--workers h:p,h:p]
-        [--log_dir DIR] [--mode sync|async|geo] [--grace 30] [--timeout SECONDS]
+        [--log_dir DIR] [--mode sync|async|geo|hybrid] [--grace 30] [--timeout SECONDS]
         [--stop-timeout 5] [--max-restarts N [--restart-window 3600] [--restore-dir DIR]]
         train.py [script arguments...]
     python -m pyfleet.launch --collective --workers N [--hosts h1,h2 | --hostfile F]
         [--timeout SECONDS] train.py [script arguments...]
 
-``--collective`` starts a collective (all-reduce) job instead: ``N`` MPI ranks through
+``--mode hybrid`` starts the servers as usual and the workers as one MPI job (``mpiexec``, one
+supervised role ``workers``; each worker's index is its rank). ``--collective`` starts a
+collective (all-reduce) job instead: ``N`` MPI ranks through
 ``mpiexec`` (see :func:`launch_collective` and docs/collective.md), no server.
 
 (Paddle's fleetrun flags; ``--servers 2 --workers 2``, plain numbers, are counts.)

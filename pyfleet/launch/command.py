@@ -53,9 +53,11 @@ def _build_parser(prog: str = "python -m pyfleet.launch") -> argparse.ArgumentPa
                         "server (docs/collective.md)")
     p.add_argument("--hosts", default=None, help="with --collective: mpiexec's --host list")
     p.add_argument("--hostfile", default=None, help="with --collective: mpiexec's hostfile")
-    p.add_argument("--mode", choices=("sync", "async", "geo"), default=None,
+    p.add_argument("--mode", choices=("sync", "async", "geo", "hybrid"), default=None,
                    help="default training mode for DistributeTranspilerConfig (PYFLEET_MODE; "
-                        "default: the script's own)")
+                        "default: the script's own); hybrid: the servers as in any mode, the "
+                        "workers as one MPI job through mpiexec, each taking its rank as "
+                        "worker index (docs/collective.md)")
     p.add_argument("--grace", type=float, default=30.0,
                    help="seconds servers get to exit after the last worker")
     p.add_argument("--timeout", type=float, default=None,
@@ -146,7 +148,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return launch_collective(cmd, workers, hosts=args.hosts,
                                      hostfile=args.hostfile, timeout=args.timeout)
         if args.hosts or args.hostfile:
-            raise ConfigError("--hosts/--hostfile apply to --collective jobs only")
+            raise ConfigError("--hosts/--hostfile apply to --collective jobs only (a --mode "
+                              "hybrid job runs here; on many hosts start its servers and "
+                              "then the workers with mpirun, docs/collective.md)")
         return launch_local(cmd, servers, workers, log_dir=args.log_dir,
                             timeout=args.timeout, server_endpoints=eps, mode=args.mode,
                             grace_period=args.grace, stop_timeout=args.stop_timeout,

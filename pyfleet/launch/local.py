@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable, TextIO, Union
 
 from pyfleet.errors import ConfigError
+from pyfleet.launch.collective import mpiexec_command
 from pyfleet.launch.contract import CONTRACT_VARS, EXIT_TIMEOUT, free_ports, role_env
 from pyfleet.launch.restart import RESTART_PAUSE, RestartPolicy, restart_vars
 from pyfleet.role_maker import parse_endpoints
@@ -43,9 +44,9 @@ def _pdeathsig_preexec():
 
 
 class _Role:
-    def __init__(self, kind: str, index: int):
+    def __init__(self, kind: str, index: int, label: str | None = None):
         self.kind, self.index = kind, index
-        self.label = f"{kind}.{index}"
+        self.label = label or f"{kind}.{index}"
         self.proc: subprocess.Popen | None = None
         self.reader: threading.Thread | None = None
         self.log = None
@@ -129,6 +130,13 @@ def launch_local(cmd_for_role: CmdForRole, servers: int, workers: int,
     ``sys.stderr``). ``stop_timeout`` is how long a stopped role has between SIGTERM and
     SIGKILL. ``cwd`` is the roles' working directory (default: the launcher's).
 
+    ``mode="hybrid"`` (docs/collective.md): the servers start as in any mode, the
+    ``workers`` as **one** MPI job (``mpiexec -np workers``: one supervised role labelled
+    ``workers``, its log ``workers.log``) with ``PYFLEET_ROLE=worker``, the servers'
+    endpoints and the worker count but no worker index (each takes its MPI rank).
+    ``mode="collective"``: no server (``servers=0``), the workers one MPI job without the
+    parameter-server contract.
+
     ``max_restarts`` > 0: a role's death stops every role and starts the whole job again
     (servers on the same endpoints), at most that many times within ``restart_window``
     seconds (default 3600); the roles of attempt n get ``PYFLEET_RESTART_COUNT=n`` and, once
@@ -142,8 +150,14 @@ def launch_local(cmd_for_role: CmdForRole, servers: int, workers: int,
     and SIGHUP are installed for the duration of the call when it runs on the main thread
     (elsewhere only KeyboardInterrupt-free shutdown paths apply). Not reentrant.
     """
-    if isinstance(servers, bool) or not isinstance(servers, int) or servers < 1:
-        raise ConfigError(f"servers must be an int >= 1, got {servers!r}")
+    if mode is not None and mode not in ("sync", "async", "geo", "hybrid", "collective"):
+        raise ConfigError(f"mode must be sync, async, geo, hybrid or collective, got {mode!r}")
+    if mode == "collective" and servers != 0:
+        raise ConfigError(f"a collective job has no server: servers must be 0, got "
+                          f"{servers!r}")
+    least = 0 if mode == "collective" else 1
+    if isinstance(servers, bool) or not isinstance(servers, int) or servers < least:
+        raise ConfigError(f"servers must be an int >= {least}, got {servers!r}")
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ConfigError(f"workers must be an int >= 1, got {workers!r}")
     if timeout is not None and not timeout > 0:
@@ -152,8 +166,8 @@ def launch_local(cmd_for_role: CmdForRole, servers: int, workers: int,
         raise ConfigError(f"grace_period must be >= 0 seconds, got {grace_period!r}")
     if not stop_timeout > 0:
         raise ConfigError(f"stop_timeout must be > 0 seconds, got {stop_timeout!r}")
-    if mode is not None and mode not in ("sync", "async", "geo"):
-        raise ConfigError(f"mode must be sync, async or geo, got {mode!r}")
+    if mode in ("hybrid", "collective"):
+        mpiexec_command(workers)  # no mpiexec: refused here, not when the roles start
     if server_endpoints is None:
         eps = tuple(f"{host}:{p}" for p in free_ports(servers, host))
     else:
@@ -198,7 +212,8 @@ def launch_local(cmd_for_role: CmdForRole, servers: int, workers: int,
     try:
         while True:
             roles = ([_Role("server", i) for i in range(servers)]
-                     + [_Role("worker", i) for i in range(workers)])
+                     + ([_Role("worker", 0, "workers")] if mode in ("hybrid", "collective")
+                        else [_Role("worker", i) for i in range(workers)]))
             try:
                 code, died = _attempt(roles, make_cmd, base, eps, workers, mode, log_dir, cwd,
                                       policy, out, lock, report, deadline, timeout,
@@ -232,6 +247,8 @@ def _attempt(roles, make_cmd, base, eps, workers, mode, log_dir, cwd, policy, ou
     """Start one attempt's roles and supervise them: ``(exit code, role that died or
     None)``. The caller stops the roles."""
     preexec = _pdeathsig_preexec()
+    mpi_argv, mpi_env = (mpiexec_command(workers) if mode in ("hybrid", "collective")
+                         else (None, None))
     # Every child is forked before any reader thread starts: preexec_fn is only safe
     # in a process without other threads. Pipes buffer output meanwhile.
     for role in roles:
@@ -242,7 +259,13 @@ def _attempt(roles, make_cmd, base, eps, workers, mode, log_dir, cwd, policy, ou
         # Every role is one process among several on this machine: a BLAS
         # thread pool per process would only oversubscribe the cores.
         child_env.setdefault("OPENBLAS_NUM_THREADS", "1")
-        child_env.update(role_env(role.kind, role.index, eps, workers, mode))
+        if mode != "collective":
+            child_env.update(role_env(role.kind, role.index, eps, workers, mode))
+        if mpi_argv and role.kind == "worker":  # one MPI job: each worker takes its rank
+            argv = [*mpi_argv, *argv]
+            for k in ("PYFLEET_WORKER_INDEX", "PADDLE_TRAINER_ID"):
+                child_env.pop(k, None)
+            child_env.update(mpi_env)
         child_env.update(policy.env())
         try:
             if log_dir is not None:  # a restarted attempt appends to the role's log
@@ -265,7 +288,8 @@ def _attempt(roles, make_cmd, base, eps, workers, mode, log_dir, cwd, policy, ou
                                            name=f"pyfleet-launch-{role.label}", daemon=True)
             role.reader.start()
     if not signals_seen and not policy.attempt:
-        report(f"{len(eps)} server(s) at {','.join(eps)}, {workers} worker(s)")
+        report(f"{len(eps)} server(s) at {','.join(eps)}, {workers} worker(s)"
+               + (" as one MPI job" if mpi_argv else ""))
     left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
     return _supervise(roles, left, timeout, grace_period, signals_seen, report,
                       restarting=policy.max_restarts > 0)

@@ -1,0 +1,77 @@
+"""``python -m pyfleet.launch --mode hybrid``: the servers start as in any mode, the workers
+as one ``mpiexec`` job (real processes on 127.0.0.1, bounded by timeouts). The script is a
+plain Fleet script: the launcher's mode makes it hybrid, each worker takes its MPI rank as
+index, the dense replicas stay identical and the servers hold only the sparse table."""
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from support import REPO
+
+pytestmark = [
+    pytest.mark.mpi,
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("mpirun") is None,
+                       reason="mpirun not found: pip install \".[mpi]\""),
+    pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None,
+                       reason="mpi4py not installed: pip install \".[mpi]\""),
+]
+
+SCRIPT = REPO / "tests" / "support" / "hybrid_script.py"
+
+
+def launch(tmp_path, *args, timeout=150):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PYFLEET_", "PADDLE_", "OMPI_", "PMI", "TRAINING_ROLE"))}
+    env.update({"OMPI_MCA_btl": "self,vader", "OMPI_MCA_btl_vader_single_copy_mechanism": "none",
+                "OMPI_MCA_oob_tcp_if_include": "lo", "OMP_NUM_THREADS": "1"})
+    return subprocess.run([sys.executable, "-m", "pyfleet.launch", *args],
+                          capture_output=True, text=True, timeout=timeout, env=env,
+                          cwd=tmp_path, check=False)
+
+
+def test_hybrid_launch_starts_the_servers_and_one_mpi_job_of_workers(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    r = launch(tmp_path, "--mode", "hybrid", "--servers", "1", "--workers", "2",
+               "--timeout", "120", "--log-dir", str(tmp_path / "logs"), str(SCRIPT), str(out),
+               "--steps", "12")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "1 server(s) at 127.0.0.1:" in r.stderr and "2 worker(s) as one MPI job" in r.stderr
+    assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == ["server.0.log",
+                                                                      "workers.log"]
+    got = [json.loads((out / f"worker{i}.json").read_text()) for i in range(2)]
+    for i, info in enumerate(got):
+        assert (info["index"], info["num"], info["rank"]) == (i, 2, i)
+        assert (info["mode"], info["sparse_mode"]) == ("hybrid", "sync")
+        assert info["checksum"] == got[0]["checksum"] and len(info["checksum"]) == 4
+        assert info["losses"][-1] < 0.7 * info["losses"][0], info["losses"]
+        for s in info["stats"]:   # the servers run the sparse side and hold no dense table
+            assert s["mode"] == "sync"
+            assert list(s["tables"]) == ["emb"], s["tables"]
+
+
+def test_a_killed_worker_rank_ends_the_hybrid_job(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    r = launch(tmp_path, "--mode", "hybrid", "--servers", "1", "--workers", "2",
+               "--timeout", "120", str(SCRIPT), str(out), "--steps", "50", "--die-at", "3")
+    # mpiexec ends on the dead rank (naming it), not the launcher's --timeout (124)
+    assert r.returncode not in (0, 124), r.stderr[-3000:]
+    assert "rank 1" in r.stdout + r.stderr and "signal 9" in r.stdout + r.stderr
+    assert "workers exited with code" in r.stderr, r.stderr[-3000:]
+    assert "stopping the other roles" in r.stderr
+    assert not list(out.iterdir())
+
+
+def test_hybrid_launch_refuses_other_hosts(tmp_path):
+    r = launch(tmp_path, "--mode", "hybrid", "--hosts", "a,b", "--workers", "2", str(SCRIPT),
+               "x", timeout=60)
+    assert r.returncode == 2
+    assert "--hosts/--hostfile apply to --collective jobs only" in r.stderr
+    assert "mpirun" in r.stderr
