@@ -19,7 +19,7 @@ def _split_paths(value):
 FIRST_LINES = 20
 
 
-def _check_first_lines(paths, fmt, flag):
+def _check_first_lines(paths, fmt, flag, labels="required"):
     """Every input file's format (one for all) and first lines, before any
     process starts: a file whose first lines hold no valid example is refused,
     naming its first bad line. Returns the (resolved) format and schema."""
@@ -27,7 +27,12 @@ def _check_first_lines(paths, fmt, flag):
     for path in list_files(paths):
         if not data_files.read_first_line(path):
             continue  # an empty file (or shard) adds nothing and breaks nothing
-        ds = Dataset(path, format=requested)
+        ds = Dataset(path, format=requested, labels=labels)
+        if labels == "required" and ds.format == "criteo" and \
+                not data_files.criteo_labelled(path):
+            raise ValueError(f"{path}:1: 39 fields, the unlabelled rows of Criteo's test "
+                             f"file: training needs the label first (pyfleet predict reads "
+                             f"such files)")
         if fmt == "auto":
             fmt = ds.format
         elif ds.format != fmt:

@@ -115,6 +115,18 @@ def _train_parser(sub):
                         "passes (default: keep them)")
     p.add_argument("--timeout", type=float, default=None,
                    help="stop the job after this many seconds (default: no limit)")
+    p.add_argument("--checkpoint-steps", type=int, default=None, metavar="K",
+                   help="also checkpoint inside a pass, every K of worker 0's steps, with "
+                        "every worker's position in the pass (default: at pass ends only)")
+    p.add_argument("--checkpoint-every", default=None, metavar="DURATION",
+                   help="also checkpoint inside a pass every DURATION (300, 300s, 5m, 1h; "
+                        "default: at pass ends only)")
+    p.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                   help="when a server or worker dies, restart the whole job from the latest "
+                        "checkpoint (and position), at most N times within "
+                        "--restart-window; 0: the first death fails the job")
+    p.add_argument("--restart-window", type=float, default=3600.0, metavar="SECONDS",
+                   help="the window --max-restarts counts restarts in")
     return p
 
 
@@ -149,14 +161,26 @@ def build_parser():
     g.add_argument("--shards", type=int, default=1,
                    help="training files (more than 1: train/part-NNNNN.tsv)")
     p = _add_parser(sub, "predict", "score a data file with a saved inference model",
-                    "Write one click probability per data line of --data, in order.")
+                    "Write one click probability per data line of --data, in order (with\n"
+                    "--id-column: a CSV 'Id,Predicted', a Kaggle-style submission). Rows\n"
+                    "may have no label (Criteo's 39-field test file, a CSV with no label\n"
+                    "column); labelled rows also give the AUC and logloss (on stderr).")
     p.add_argument("--model", required=True,
                    help="the model/ directory of a pyfleet train run, or "
                         "fleet.save_inference_model's (required)")
-    p.add_argument("--data", required=True, help="the file to score (required)")
+    p.add_argument("--data", required=True,
+                   help="the file to score, or - for standard input (required)")
     p.add_argument("--format", default="auto", choices=["auto", "criteo", "csv", "slot"],
                    help="data format; auto reads it from the file's first line")
-    p.add_argument("--out", default="predictions.txt", help="output file")
+    p.add_argument("--out", default="predictions.txt",
+                   help="output file, or - for standard output")
+    p.add_argument("--id-column", default=None, metavar="NAME",
+                   help="a CSV column (e.g. Id) copied to the output, which is then a CSV "
+                        "with the header 'NAME,Predicted' (default: one probability per "
+                        "line, no header)")
+    p.add_argument("--json", action="store_true",
+                   help="print a JSON summary on stdout (predictions, format, labelled, and "
+                        "auc and logloss for labelled rows; not with --out -)")
     p.add_argument("--batch-size", type=int, default=4096, help="examples per step")
     p.add_argument("--skip-malformed", action="store_true",
                    help="skip malformed lines (default: stop at the first, naming it: a "

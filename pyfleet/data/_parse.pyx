@@ -377,7 +377,8 @@ def parse_delimited(const uint8_t[::1] buf, int delim, const int8_t[::1] kind,
     """Parse the complete lines of ``buf`` (TSV or CSV without quoting, no header).
 
     Column ``c`` is ignored, the label, dense column ``index[c]`` or slot
-    ``index[c]`` as ``kind[c]`` is 0, 1, 2 or 3; a line must have exactly
+    ``index[c]`` as ``kind[c]`` is 0, 1, 2 or 3 (no label column: unlabelled
+    rows, with label 0); a line must have exactly
     ``len(kind)`` fields. With ``shard_mod > 1`` only lines whose global number
     ``line_base + i`` is ``shard_rem`` modulo ``shard_mod`` are parsed.
 
@@ -397,8 +398,10 @@ def parse_delimited(const uint8_t[::1] buf, int delim, const int8_t[::1] kind,
     cdef const double[::1] dmin_v = dmin
     cdef const double[::1] dscale_v = dscale
     cdef Py_ssize_t max_lines = _count_lines(buf)
-    # Every field of a kept line is written, so the rows need no clearing.
-    labels = np.empty(max_lines, dtype=np.float32)
+    # Every field of a kept line is written, so the rows need no clearing (but the
+    # labels of unlabelled rows, with no label column, are 0).
+    labels = (np.empty if (np.asarray(kind) == KIND_LABEL).any() else np.zeros)(
+        max_lines, dtype=np.float32)
     dense = np.empty((max_lines, n_dense), dtype=np.float32)
     ids = np.empty((max_lines, n_slots), dtype=np.uint64)
     bad_lines = np.empty(max_lines, dtype=np.int64)
@@ -708,8 +711,9 @@ cdef Py_ssize_t _count_lines(const uint8_t[::1] buf):
 def _check_columns(kind, index, int n_dense, int n_slots):
     """Each dense column and slot must be filled by exactly one field: the parser
     writes through these indices without further checks."""
-    if (kind == KIND_LABEL).sum() != 1:
-        raise ValueError("parse_delimited: exactly one column must be the label")
+    if (kind == KIND_LABEL).sum() > 1:
+        raise ValueError("parse_delimited: at most one column may be the label (none: "
+                         "unlabelled rows, whose labels read as 0)")
     for k, n, what in ((KIND_DENSE, n_dense, "dense"), (KIND_SLOT, n_slots, "slot")):
         if sorted(index[kind == k].tolist()) != list(range(n)):
             raise ValueError(f"parse_delimited: the {what} columns must map onto 0..{n - 1} "

@@ -15,14 +15,14 @@ import stat
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import numpy as np
 
 from pyfleet.data import _parse
 
 __all__ = ["FORMATS", "GZIP_MAGIC", "MAX_LINE_BYTES", "DataError", "Schema", "blocks",
-           "criteo_columns", "criteo_schema", "csv_schema", "detect_format", "list_files",
+           "criteo_columns", "criteo_labelled", "criteo_schema", "csv_schema", "detect_format", "list_files",
            "open_data", "read_first_line", "slot_schema", "split_header"]
 
 FORMATS = ("criteo", "csv", "slot")
@@ -72,8 +72,12 @@ class Schema:
     format: str
     dense_names: Tuple[str, ...]
     slot_names: Tuple[str, ...]
-    label_name: str = "label"
+    label_name: Optional[str] = "label"  # None: unlabelled rows (read for prediction only)
     columns: Tuple[str, ...] = ()
+
+    @property
+    def labelled(self) -> bool:
+        return self.label_name is not None
 
     @property
     def n_dense(self) -> int:
@@ -84,11 +88,21 @@ class Schema:
         return len(self.slot_names)
 
 
-def criteo_schema() -> Schema:
-    """The Criteo schema: label, dense I1..I13, categorical slots C1..C26 (hash slots 0..25)."""
+def criteo_schema(labelled: bool = True) -> Schema:
+    """The Criteo schema: label, dense I1..I13, categorical slots C1..C26 (hash slots
+    0..25); ``labelled=False``: the 39 fields of Criteo's test file, with no label."""
     dense = tuple(f"I{i}" for i in range(1, 14))
     slots = tuple(f"C{i}" for i in range(1, 27))
+    if not labelled:
+        return Schema("criteo", dense, slots, None, dense + slots)
     return Schema("criteo", dense, slots, "label", ("label",) + dense + slots)
+
+
+def criteo_labelled(path: str) -> bool:
+    """False when the first line of a Criteo TSV file has the 39 fields of Criteo's
+    test file (no label column), else True (a line with a wrong field count is then
+    named by the parser)."""
+    return read_first_line(path).count(b"\t") != 38
 
 
 def open_data(path: str):
@@ -252,11 +266,11 @@ def _check_regular(path: str) -> None:
         raise DataError(f"{path}: {kind} among the data files (only regular files are read)")
 
 
-def criteo_columns():
+def criteo_columns(labelled: bool = True):
     kind = np.array([_parse.KIND_LABEL] + [_parse.KIND_DENSE] * 13 + [_parse.KIND_SLOT] * 26,
                     dtype=np.int8)
     index = np.array([0] + list(range(13)) + list(range(26)), dtype=np.int32)
-    return kind, index
+    return (kind, index) if labelled else (kind[1:].copy(), index[1:].copy())
 
 
 def split_header(header: bytes, path: str = "") -> List[str]:
@@ -273,7 +287,7 @@ _DENSE_RE = re.compile(r"^I(\d+)$", re.IGNORECASE)
 _SLOT_RE = re.compile(r"^C(\d+)$", re.IGNORECASE)
 
 
-def csv_schema(header: bytes, path: str):
+def csv_schema(header: bytes, path: str, require_label: bool = True):
     if not header.strip():
         raise ValueError(f"{path}:1: a CSV file must start with a header naming its columns")
     names = split_header(header, path)
@@ -293,11 +307,12 @@ def csv_schema(header: bytes, path: str):
         elif low != "id":
             raise ValueError(f"{path}:1: unknown CSV column {name!r}; expected label/click, "
                              f"Id, I<k> (dense) or C<k> (categorical)")
-    if label_col is None:
+    if label_col is None and require_label:
         raise ValueError(f"{path}:1: CSV header has no 'label' or 'click' column: {names!r}")
     if not dense and not slots:
         raise ValueError(f"{path}:1: CSV header has no I<k> or C<k> columns: {names!r}")
-    kind[label_col] = _parse.KIND_LABEL
+    if label_col is not None:
+        kind[label_col] = _parse.KIND_LABEL
     dense.sort()
     slots.sort()
     for j, (_, c, _) in enumerate(dense):
@@ -305,7 +320,7 @@ def csv_schema(header: bytes, path: str):
     for j, (_, c, _) in enumerate(slots):
         kind[c], index[c] = _parse.KIND_SLOT, j
     schema = Schema("csv", tuple(n for _, _, n in dense), tuple(n for _, _, n in slots),
-                    names[label_col], tuple(names))
+                    None if label_col is None else names[label_col], tuple(names))
     return schema, kind, index
 
 

@@ -27,6 +27,7 @@ from pyfleet.data.files import (
     Schema,
     blocks,
     criteo_columns,
+    criteo_labelled,
     criteo_schema,
     csv_schema,
     detect_format,
@@ -183,6 +184,10 @@ class Dataset:
     FIFO among the shards, an unreadable file, a truncated or damaged gzip file,
     and a line longer than ``max_line_bytes`` (1 MiB by default; 0 for no limit),
     which is refused as soon as it is seen instead of being buffered.
+
+    ``labels="optional"`` (prediction) also reads unlabelled rows: Criteo TSV
+    whose first line has 39 fields (Criteo's test file), CSV whose header has
+    no label column; their labels read as 0 and ``schema.labelled`` is False.
     """
 
     def __init__(self, paths, format: str = "criteo", batch_size: int = 512,
@@ -192,7 +197,7 @@ class Dataset:
                  slots: Optional[Sequence[str]] = None, label_name: str = "click",
                  dense_name: str = "dense_feature", block_size: int = BLOCK_SIZE,
                  max_reported: int = 10, prefetch: int = 0, holdout=None,
-                 max_line_bytes: int = MAX_LINE_BYTES):
+                 max_line_bytes: int = MAX_LINE_BYTES, labels: str = "required"):
         if holdout is not None:
             fraction, side = holdout
             if not 0.0 < float(fraction) < 1.0 or side not in ("train", "valid"):
@@ -232,12 +237,15 @@ class Dataset:
         self.prefetch = int(prefetch)
         self._label_name = label_name.encode()
         self._dense_name = dense_name.encode()
+        if labels not in ("required", "optional"):
+            raise ValueError(f"labels must be 'required' or 'optional', got {labels!r}")
         if format == "criteo":
-            self.schema = criteo_schema()
-            self._kind, self._index = criteo_columns()
+            labelled = labels == "required" or criteo_labelled(self._schema_file)
+            self.schema = criteo_schema(labelled)
+            self._kind, self._index = criteo_columns(labelled)
         elif format == "csv":
             self.schema, self._kind, self._index = csv_schema(
-                read_first_line(self._schema_file), self._schema_file)
+                read_first_line(self._schema_file), self._schema_file, labels == "required")
         else:
             self.schema = slot_schema(self._schema_file, slots, label_name, dense_name)
         if dense_transform is None:

@@ -52,7 +52,6 @@ import numpy as np
 
 from pyfleet import _atomic
 from pyfleet import initializer as _init
-from pyfleet.data import Dataset
 from pyfleet.endpoint import check_file_name
 from pyfleet.fluid.backend import Backend, LocalBackend, LocalSource, param_path
 from pyfleet.fluid.executor import Executor
@@ -371,31 +370,44 @@ class Predictor:
         return feed
 
     def predict_file(self, path, out_path, format="criteo", batch_size=4096,
-                     skip_malformed=False):
+                     skip_malformed=False, id_column=None):
         """Score every example of ``path`` (read by :class:`pyfleet.data.Dataset`
         in ``format``, with its default dense transform, as ``pyfleet train``
-        reads) and write one probability per data line (the first fetch's last
-        column) to ``out_path``, in order. Returns the rows written.
+        reads; unlabelled rows too: Criteo's 39-field test file, a CSV with no
+        label column) and write one probability per data line (the first fetch's
+        last column) to ``out_path`` (``"-"``: stdout), in order. With
+        ``id_column`` (a CSV column, e.g. ``"Id"``) the output is a CSV
+        ``Id,Predicted`` with the id of each line. Returns the rows written.
 
         A malformed line is a ValueError naming the file and line, and nothing
         is written: a skipped line would shift every later prediction against
         its input line. ``skip_malformed=True`` skips them instead (the output
         then has a line per valid example); :attr:`last_file_stats` is the
-        reader's counts (``malformed``, ``first_malformed``...) of the file."""
-        data = Dataset(path, format=format, batch_size=batch_size, strict=not skip_malformed)
-        rows = 0
-        with _atomic.atomic_open(out_path, "w") as f:
-            for batch in data:
-                out = np.asarray(self.predict(self._feed_of_batch(batch))[0])
-                prob = out.reshape(out.shape[0], -1)[:, -1]
-                if not np.isfinite(prob).all():
-                    raise ValueError(f"the model predicts NaN or infinity for example "
-                                     f"{rows + 1 + int(np.argmin(np.isfinite(prob))):,} of "
-                                     f"{path}: nothing written")
-                np.savetxt(f, prob, fmt="%.9g")
-                rows += prob.shape[0]
-        self.last_file_stats = data.stats()
-        return rows
+        reader's counts (``malformed``, ``first_malformed``...) of the file, with
+        ``labelled`` and, for labelled rows, the exact ``auc`` and the ``logloss``."""
+        import sys
+
+        from pyfleet import metrics
+        from pyfleet.data.scoring import score_file
+        probs, labels = [], []
+
+        def run(out):
+            return score_file(path, out, lambda b: self.predict(self._feed_of_batch(b))[0],
+                              format=format, batch_size=batch_size,
+                              strict=not skip_malformed, id_column=id_column,
+                              labelled_batches=lambda p, y: (probs.append(p),
+                                                             labels.append(y)))
+        if os.fspath(out_path) == "-":
+            stats = run(sys.stdout.buffer)
+            sys.stdout.buffer.flush()
+        else:
+            with _atomic.atomic_open(out_path, "wb") as f:
+                stats = run(f)
+        if probs:
+            p, y = np.concatenate(probs), np.concatenate(labels)
+            stats.update(auc=metrics.exact_auc(p, y), logloss=metrics.logloss(p, y))
+        self.last_file_stats = stats
+        return stats["rows"]
 
 
 def read_model_desc(path):
