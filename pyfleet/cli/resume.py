@@ -15,7 +15,8 @@ INHERITED = ARCHITECTURE + (
     "train", "test", "format", "rows", "servers", "workers", "mode", "batch_size", "lr",
     "beta1", "beta2", "epsilon", "l1", "l2", "lr_power", "initial_accumulator", "seed",
     "admission_count", "show_click", "shrink_min_score", "shrink_decay",
-    "shrink_unseen_passes", "valid_fraction", "keep", "keep_best")
+    "shrink_unseen_passes", "valid_fraction", "keep", "keep_best", "checkpoint_steps",
+    "checkpoint_every", "max_restarts", "restart_window")
 
 
 def _explicit_dests(parser, argv):
@@ -49,7 +50,8 @@ def _resumed_settings(job):
         return job["settings"]
     keys = ("model", "embedding_dim", "lr", "batch_size", "mode", "seed", "format",
             "admission_count", "show_click", "shrink_min_score", "shrink_decay",
-            "shrink_unseen_passes", "valid_fraction", "keep", "keep_best")
+            "shrink_unseen_passes", "valid_fraction", "keep", "keep_best", "checkpoint_steps",
+    "checkpoint_every", "max_restarts", "restart_window")
     out = {k: job[k] for k in keys if k in job}
     if isinstance(job.get("layers"), list):
         out["layers"] = ",".join(str(x) for x in job["layers"])

@@ -6,6 +6,7 @@ import json
 import logging
 import math
 import os
+import re
 import shutil
 import signal
 import sys
@@ -70,6 +71,31 @@ def _clear_run_dir(run_dir):
     for path in glob.glob(os.path.join(run_dir, "worker*.json")) + glob.glob(
             os.path.join(run_dir, "worker*.test.npz")):
         os.unlink(path)
+
+
+def parse_duration(text, flag):
+    """Seconds of ``300``, ``300s``, ``5m`` or ``1.5h``; anything else refused by name."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([smh]?)\s*", str(text))
+    if not m or not float(m.group(1)) > 0:
+        raise SystemExit(f"pyfleet train: {flag} expects a positive duration such as 300, "
+                         f"300s, 5m or 1h, got {text!r}")
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+
+
+def _healing_options(args):
+    """Check --checkpoint-steps/-every and --max-restarts/--restart-window; the seconds of
+    --checkpoint-every (or None)."""
+    if args.checkpoint_steps is not None and args.checkpoint_steps < 1:
+        raise SystemExit(f"pyfleet train: --checkpoint-steps must be >= 1, got "
+                         f"{args.checkpoint_steps}")
+    if args.max_restarts < 0:
+        raise SystemExit(f"pyfleet train: --max-restarts must be >= 0, got {args.max_restarts}")
+    if not args.restart_window > 0:
+        raise SystemExit(f"pyfleet train: --restart-window must be > 0 seconds, got "
+                         f"{args.restart_window}")
+    if args.checkpoint_every is None:
+        return None
+    return parse_duration(args.checkpoint_every, "--checkpoint-every")
 
 
 def cmd_train(args, argv):
@@ -141,6 +167,7 @@ def cmd_train(args, argv):
                              "data set has its own test split)")
     if args.keep is not None and args.keep < 1:
         raise SystemExit(f"pyfleet train: --keep must be >= 1, got {args.keep}")
+    checkpoint_seconds = _healing_options(args)
     if not args.log_interval > 0:
         raise SystemExit(f"pyfleet train: --log-interval must be > 0 seconds, got "
                          f"{args.log_interval}")
@@ -209,8 +236,11 @@ def cmd_train(args, argv):
            "admission_count": args.admission_count, "show_click": args.show_click,
            "shrink_min_score": args.shrink_min_score, "shrink_decay": args.shrink_decay,
            "shrink_unseen_passes": args.shrink_unseen_passes, "settings": settings,
+           "config": getattr(args, "_config", None),
            "valid_fraction": args.valid_fraction, "keep": args.keep,
            "keep_best": args.keep_best, "log_level": args.log_level,
+           "checkpoint_steps": args.checkpoint_steps,
+           "checkpoint_seconds": checkpoint_seconds,
            "progress_interval": args.log_interval}
     if resume:  # another model's checkpoint: refused here, not in every server
         from pyfleet.trainer import tables_of  # lazy, as above
@@ -287,11 +317,16 @@ def cmd_train(args, argv):
     say(f"starting {args.servers} server(s) and {args.workers} worker(s), {args.mode}; "
         f"logs in {run_dir}/logs")
     monitor.start()
+    restarts = []
     try:
         code = launch_local(lambda role, index: cmd, servers=args.servers,
                             workers=args.workers, env=env,
                             log_dir=os.path.join(run_dir, "logs"), timeout=args.timeout,
-                            mode=args.mode, cwd=run_dir, output=_RoleOutput(sys.stderr))
+                            mode=args.mode, cwd=run_dir, output=_RoleOutput(sys.stderr),
+                            max_restarts=args.max_restarts,
+                            restart_window=args.restart_window,
+                            restore_dir=os.path.join(run_dir, "checkpoint"),
+                            restarts=restarts)
     finally:
         monitor.finish()
     if code in (128 + signal.SIGINT, 128 + signal.SIGTERM, 128 + signal.SIGHUP):
@@ -305,7 +340,8 @@ def cmd_train(args, argv):
     summary.update({"model": args.model, "servers": args.servers, "workers": args.workers,
                     "mode": args.mode, "run_dir": run_dir, "wall_seconds": time.time() - started,
                     "checkpoint": os.path.join(run_dir, "checkpoint"),
-                    "inference_model": os.path.join(run_dir, "model")})
+                    "inference_model": os.path.join(run_dir, "model"),
+                    "restarts": restarts})
     if truth is not None:
         summary["truth_auc_test"] = truth["truth_auc_test"]
         summary["truth_logloss_test"] = truth["truth_logloss_test"]

@@ -238,7 +238,11 @@ class Fleet:
         the saves and loads workers request are confined. A damaged or
         incomplete checkpoint is a ValueError naming the file; one of another
         model (a table it lacks, or holds with another dim or shape) a
-        ValueError naming the table and both forms."""
+        ValueError naming the table and both forms. ``PYFLEET_RESTORE_DIR`` (a restarted
+        job, docs/operations.md), once it holds a manifest, is loaded instead."""
+        restore = os.environ.get("PYFLEET_RESTORE_DIR")
+        if restore and os.path.exists(os.path.join(restore, MANIFEST_NAME)):
+            model_dir = os.path.abspath(restore)
         for d in model_dir if isinstance(model_dir, (list, tuple)) else [model_dir]:
             if d is not None:
                 check_local_path(d, "model_dir")
@@ -353,6 +357,11 @@ class Fleet:
             self._set_backend(NoServers(
                 "fleet.stop_worker() was called: this worker is no longer connected to the "
                 "servers"))
+
+    def flush(self):
+        """Send what this worker holds (async pushes, geo deltas); wait until applied."""
+        self._require_worker("flush")
+        self._backend.finish()
 
     def barrier_worker(self):
         """Wait for every worker (a server-side barrier), once this worker's own

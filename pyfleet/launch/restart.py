@@ -93,7 +93,8 @@ class RestartPolicy:
     def env(self) -> dict[str, str]:
         """The restart variables of the current attempt's roles."""
         env = {"PYFLEET_RESTART_COUNT": str(self.attempt)}
-        if self.restore_dir and os.path.exists(os.path.join(self.restore_dir, MANIFEST)):
+        if self.attempt and self.restore_dir and os.path.exists(
+                os.path.join(self.restore_dir, MANIFEST)):
             env["PYFLEET_RESTORE_DIR"] = self.restore_dir
         return env
 

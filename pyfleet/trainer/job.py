@@ -20,6 +20,7 @@ JOB_DEFAULTS = {
     "admission_count": None, "show_click": False, "shrink_min_score": None,
     "shrink_decay": 0.98, "shrink_unseen_passes": None, "optimizer": None,
     "valid_fraction": None, "keep": None, "keep_best": False, "log_level": "info",
+    "checkpoint_steps": None, "checkpoint_seconds": None,
 }
 
 

@@ -20,6 +20,7 @@ from pyfleet.trainer.job import (JOB_DEFAULTS, _dataset, _shrink_args, build_pro
                                  feed_of, optimizer_of, show_click_of, strategy_of)
 from pyfleet.trainer.keeper import _Keeper
 from pyfleet.trainer.progress import _Events, _Progress
+from pyfleet.trainer.rounds import Rounds, restore_position
 
 log = logging.getLogger("pyfleet.trainer")
 
@@ -60,13 +61,16 @@ def run_role(job):
     if fleet.is_server():
         resume = job["resume"]
         where = os.path.join(resume, "checkpoint") if resume else None
+        restore = os.environ.get("PYFLEET_RESTORE_DIR")
+        if restore and os.path.exists(os.path.join(restore, "MANIFEST.json")):
+            where = restore  # fleet.init_server loads it (a restarted job)
         log.info("server %d: %s", fleet.server_index(),
                  f"loading {where}" if where else "starting with fresh parameters")
         try:
             fleet.init_server(where)
         except ValueError as e:  # damaged, incomplete, another model's: it says which file
             raise SystemExit(f"pyfleet server {fleet.server_index()}: cannot load "
-                             f"{resume}/checkpoint: {e}") from None
+                             f"{where}: {e}") from None
         fleet.run_server()
         log.info("server %d: stopped", fleet.server_index())
         return 0
@@ -90,9 +94,20 @@ def run_role(job):
     history, evaluations = [], []
     # One dataset for every pass: each pass is shuffled by (seed, pass number).
     # A resumed job starts at the pass after its checkpoint's, in the order an
-    # uninterrupted run would read it.
-    first = int(job["first_pass"])
-    last = first + int(job["epochs"]) - 1
+    # uninterrupted run would read it; a restarted one (PYFLEET_RESTORE_DIR) at its
+    # checkpoint's position, maybe inside a pass (pyfleet.trainer.rounds).
+    last = int(job["first_pass"]) + int(job["epochs"]) - 1
+    first, position = restore_position(job, wi, wn)
+    rounds = Rounds(run_dir, wi, wn, job.get("checkpoint_steps"),
+                    job.get("checkpoint_seconds"), job["mode"] == "sync",
+                    job["barrier_timeout"])
+    if position is not None:
+        progress.examples, progress.steps = position["examples"], position["steps"]
+        progress.loss_sum = position["loss_sum"]
+        train_seconds = position["train_seconds"]
+        history, evaluations = position["history"], position.get("evaluations", [])
+        log.info("worker %d: restored at pass %d batch %d (%d examples of the pass)", wi,
+                 first, position["batches"], position["pass_examples"])
     data = _dataset(job, job["train"], wi, wn, shuffle=True, side="train")
     data.set_pass(first)
     if job["test"]:
@@ -107,12 +122,37 @@ def run_role(job):
         events("pass", **{"pass": epoch, "last": last})
         log.info("worker %d: pass %d started", wi, epoch)
         t0, c0 = time.perf_counter(), time.process_time()
-        progress.pass_start = progress.examples
-        for batch, feed in _prefetching(data, exe, main, model):
+        batches, skip = 0, 0
+        if position is not None and epoch == first:  # what the checkpoint holds already
+            skip, progress.pass_start = position["batches"], (
+                progress.examples - position["pass_examples"])
+        else:
+            progress.pass_start = progress.examples
+        it = iter(data)
+        for _ in range(skip):
+            next(it)
+        batches = skip
+
+        def state():
+            return {"batches": batches, "examples": progress.examples,
+                    "pass_examples": progress.examples - progress.pass_start,
+                    "steps": progress.steps, "loss_sum": progress.loss_sum,
+                    "train_seconds": train_seconds + time.perf_counter() - t0,
+                    "history": history, "evaluations": evaluations}
+
+        def save(meta, mode):
+            fleet.save_persistables(exe, os.path.join(run_dir, "checkpoint"), meta=meta,
+                                    mode=mode)
+
+        rounds.start_pass(epoch)
+        for batch, feed in _prefetching(it, exe, main, model):
             loss, out = exe.run(main, feed=feed, fetch_list=[model.avg_cost, model.predict])
             progress.update(epoch, out.reshape(-1), batch.labels, loss.reshape(-1)[0])
             if job["show_click"]:
                 fleet.push_show_click(*show_click_of(batch))
+            batches += 1
+            rounds.after_step(batches, state, save)
+        rounds.end_pass(state)
         train_seconds += time.perf_counter() - t0
         train_cpu += time.process_time() - c0
         progress.report(epoch, done=True)
@@ -164,6 +204,8 @@ def run_role(job):
     result = {"worker": wi, "examples": progress.examples, "train_seconds": train_seconds,
               "train_cpu_seconds": train_cpu,
               "passes": history, "test_stats": test_stats.to_json(),
+              "restarts": int(os.environ.get("PYFLEET_RESTART_COUNT", "0")),
+              "checkpoint_rounds": rounds.summary(),
               "train_stats": progress.stats.to_json(), "test_read": test_read,
               "evaluations": evaluations}
     if keeper is not None and keeper.best_pass is not None:

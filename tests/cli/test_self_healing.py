@@ -1,0 +1,161 @@
+"""Self-healing ``pyfleet train``: a SIGKILLed server and a SIGKILLed worker are restarted
+(the whole job, from the latest checkpoint inside the pass, at every worker's recorded
+position), and the job ends with exit 0 having trained exactly the examples of an
+uninterrupted run; a job whose role keeps dying fails after N restarts with the history."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from pyfleet.service import checkpoint as _checkpoint
+
+DEADLINE = 400
+
+
+def _children(pid):
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        return []
+
+
+def _role_pids(pid):
+    """``{"server.0": pid, "worker.1": pid, ...}`` of the launcher's live roles."""
+    roles = {}
+    for child in _children(pid):
+        try:
+            with open(f"/proc/{child}/environ", "rb") as f:
+                env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+        except OSError:
+            continue
+        role = env.get(b"PYFLEET_ROLE", b"").decode()
+        index = env.get(b"PYFLEET_SERVER_INDEX" if role == "server"
+                        else b"PYFLEET_WORKER_INDEX", b"").decode()
+        if role:
+            roles[f"{role}.{index}"] = child
+    return roles
+
+
+def _round_position(run_dir):
+    try:
+        m = _checkpoint.read_manifest(os.path.join(run_dir, "checkpoint"))
+    except ValueError:
+        return None
+    return ((m or {}).get("meta") or {}).get("position")
+
+
+def _train(tmp_path, run, *flags):
+    cmd = [sys.executable, "-m", "pyfleet.cli", "train", "--rows", "60000", "--batch-size",
+           "128", "--layers", "32,16", "--embedding-dim", "8", "--servers", "2",
+           "--workers", "2", "--run-dir", str(tmp_path / run), "--cache-dir",
+           str(tmp_path.parent / "heal-cache"), "--quiet", "--json", "--timeout",
+           str(DEADLINE - 30), *flags]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=str(tmp_path))
+
+
+def _kill_when(proc, run_dir, role, ready):
+    """SIGKILL ``role`` of the running job once ``ready()``; the position of the
+    checkpoint it will restart from."""
+    deadline = time.monotonic() + DEADLINE
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "the job ended before the kill: " + proc.stderr.read()
+        if ready():
+            pid = _role_pids(proc.pid).get(role)
+            if pid is not None:
+                os.kill(pid, signal.SIGKILL)
+                return
+        time.sleep(0.02)
+    raise AssertionError(f"{role} was never killed")
+
+
+def _rounds_of(run_dir, attempt):
+    d = os.path.join(run_dir, "progress", "rounds")
+    return [n for n in os.listdir(d) if n.startswith(f"a{attempt}.") and n.endswith(".done")] \
+        if os.path.isdir(d) else []
+
+
+@pytest.mark.timeout(DEADLINE + 60)
+def test_a_killed_server_and_a_killed_worker_heal_and_train_every_example_once(tmp_path):
+    run = str(tmp_path / "run")
+    proc = _train(tmp_path, "run", "--epochs", "2", "--checkpoint-steps", "20",
+                  "--max-restarts", "2")
+    try:
+        # 1. a server, once a checkpoint inside pass 1 was committed by attempt 0
+        _kill_when(proc, run, "server.1", lambda: len(_rounds_of(run, 0)) >= 2)
+        # 2. a worker, once the restarted job committed a checkpoint of its own
+        _kill_when(proc, run, "worker.0", lambda: len(_rounds_of(run, 1)) >= 2)
+        out, err = proc.communicate(timeout=DEADLINE)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    summary = json.loads(out)
+    assert [(r["role"], r["description"], r["attempt"]) for r in summary["restarts"]] == [
+        ("server.1", "was killed by SIGKILL", 0), ("worker.0", "was killed by SIGKILL", 1)]
+    # Exactly the examples of an uninterrupted run: 2 passes over the 90% train split.
+    assert summary["train_examples"] == 2 * 54000
+    # Each restart resumed every worker at the position its checkpoint recorded.
+    restored = {}
+    for w in (0, 1):
+        with open(os.path.join(run, "logs", f"worker.{w}.log")) as f:
+            restored[w] = [line.split("restored at ")[1].strip() for line in f
+                           if "restored at " in line]
+    assert len(restored[0]) == len(restored[1]) == 2
+    rounds = os.path.join(run, "progress", "rounds")
+    for w in (0, 1):
+        for attempt, line in enumerate(restored[w]):
+            # "pass P batch B (E examples of the pass)": a position attempt 0 or 1 recorded
+            # in one of its checkpoint rounds, inside pass 1 (not its start)
+            p, b = int(line.split()[1]), int(line.split()[3])
+            recorded = set()
+            for name in os.listdir(rounds):
+                if name.startswith(f"a{attempt}.p{p}.") and name.endswith(f".w{w}"):
+                    with open(os.path.join(rounds, name)) as f:
+                        recorded.add(json.load(f)["batches"])
+            assert p == 1 and b > 0 and b in recorded, (w, attempt, line, recorded)
+    with open(os.path.join(run, "worker0.json")) as f:
+        result = json.load(f)
+    assert result["restarts"] == 2
+    assert result["checkpoint_rounds"]["rounds"] >= 1
+    assert summary["test_auc"] > 0.6
+
+
+def test_a_role_that_keeps_dying_fails_the_job_after_n_restarts(tmp_path):
+    # A role that cannot start: its checkpoint to restore from is damaged. Attempt 0
+    # trains and commits a round; then server.0 is killed, and every restart's servers
+    # refuse the damaged checkpoint and exit 1.
+    run = str(tmp_path / "run")
+    proc = _train(tmp_path, "run", "--checkpoint-steps", "10", "--max-restarts", "2")
+    try:
+        def damaged():
+            if len(_rounds_of(run, 0)) < 1:
+                return False
+            m = _checkpoint.read_manifest(os.path.join(run, "checkpoint"))
+            gen = m["chain"][0]["dir"]
+            files = sorted(os.listdir(os.path.join(run, "checkpoint", gen)))
+            path = os.path.join(run, "checkpoint", gen, [f for f in files
+                                                         if f.endswith(".bin")][0])
+            with open(path, "r+b") as f:
+                f.seek(40)
+                f.write(b"\xff\xff\xff\xff")
+            return True
+        _kill_when(proc, run, "server.0", damaged)
+        out, err = proc.communicate(timeout=DEADLINE)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode != 0
+    assert "3 role death(s); more than 2 restart(s) within 3600 s, so the job fails" in err
+    history = [line.split("UTC  ")[1] for line in err.splitlines() if " UTC  attempt " in line]
+    assert history[0] == "attempt 0: server.0 was killed by SIGKILL"
+    assert len(history) == 3 and all(" exited with code 1" in h for h in history[1:])
+    assert "is damaged" in err
