@@ -36,8 +36,15 @@ def main(argv=None):
         return 2
     try:
         if args.command == "train":
+            rest = argv[argv.index("train") + 1:]
+            if args.config is not None or args.overrides:
+                from pyfleet.cli.config import config_argv
+                tokens, record = config_argv(train, args.config, args.overrides)
+                rest = tokens + rest  # typed options come later: they win
+                args = train.parse_args(rest)
+                args.command, args._config = "train", record
             args._parser = train
-            return cmd_train(args, argv[argv.index("train") + 1:])
+            return cmd_train(args, rest)
         return {"gen-data": cmd_gen_data, "predict": cmd_predict,
                 "keygen": cmd_keygen}[args.command](args)
     except KeyboardInterrupt:  # (pyfleet train's roles are stopped by its launcher)

@@ -3,6 +3,7 @@
 import argparse
 
 from pyfleet._version import __version__
+from pyfleet.cli.config import AppendOverride
 from pyfleet.launch.command import HelpFormatter
 
 
@@ -19,6 +20,14 @@ def _train_parser(sub):
                     "Train a CTR model with a local parameter-server cluster on 127.0.0.1.\n"
                     "With no --train, a synthetic data set with a known ground truth is\n"
                     "generated (and cached) first.")
+    p.add_argument("--config", metavar="FILE",
+                   help="read settings from a .toml, .yaml or .json file: the options' "
+                        "names as keys (embedding_dim = 8, layers = [256, 128]); options on "
+                        "the command line win (default: none)")
+    p.add_argument("-o", dest="overrides", action=AppendOverride, default=[],
+                   metavar="KEY=VALUE",
+                   help="override one setting of --config (repeatable; e.g. -o "
+                        "embedding_dim=8)")
     p.add_argument("--train", help="training data: a file, a directory of shards, or a "
                                    "comma-separated list (default: generated data)")
     p.add_argument("--test", help="held-out data (default: the generated data's test split; "
