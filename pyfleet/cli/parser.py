@@ -124,6 +124,18 @@ def _train_parser(sub):
                         "passes (default: keep them)")
     p.add_argument("--timeout", type=float, default=None,
                    help="stop the job after this many seconds (default: no limit)")
+    p.add_argument("--checkpoint-steps", type=int, default=None, metavar="K",
+                   help="also checkpoint inside a pass, every K of worker 0's steps, with "
+                        "every worker's position in the pass (default: at pass ends only)")
+    p.add_argument("--checkpoint-every", default=None, metavar="DURATION",
+                   help="also checkpoint inside a pass every DURATION (300, 300s, 5m, 1h; "
+                        "default: at pass ends only)")
+    p.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                   help="when a server or worker dies, restart the whole job from the latest "
+                        "checkpoint (and position), at most N times within "
+                        "--restart-window; 0: the first death fails the job")
+    p.add_argument("--restart-window", type=float, default=3600.0, metavar="SECONDS",
+                   help="the window --max-restarts counts restarts in")
     return p
 
 
