@@ -27,7 +27,7 @@ def _train_parser(sub):
     p.add_argument("-o", dest="overrides", action=AppendOverride, default=[],
                    metavar="KEY=VALUE",
                    help="override one setting of --config (repeatable; e.g. -o "
-                        "embedding_dim=8)")
+                        "embedding_dim=8; default: none)")
     p.add_argument("--train", help="training data: a file, a directory of shards, or a "
                                    "comma-separated list (default: generated data)")
     p.add_argument("--test", help="held-out data (default: the generated data's test split; "
