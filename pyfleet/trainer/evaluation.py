@@ -104,6 +104,8 @@ def summarize(run_dir, workers):
                 seen, loss = p["examples"], p["loss_sum"]
     summary["train_loss_by_pass"] = {str(k): s / n for k, (n, s) in sorted(by_pass.items())
                                      if n}
+    if results[0].get("checkpoint_rounds"):  # worker 0's pauses for checkpoints in passes
+        summary["checkpoint_rounds"] = results[0]["checkpoint_rounds"]
     if results[0].get("evaluations"):
         summary["passes"] = results[0]["evaluations"]
     if results[0].get("best"):

@@ -82,10 +82,12 @@ def _rounds_of(run_dir, attempt):
 
 
 @pytest.mark.timeout(DEADLINE + 60)
-def test_a_killed_server_and_a_killed_worker_heal_and_train_every_example_once(tmp_path):
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_a_killed_server_and_a_killed_worker_heal_and_train_every_example_once(tmp_path,
+                                                                               mode):
     run = str(tmp_path / "run")
     proc = _train(tmp_path, "run", "--epochs", "2", "--checkpoint-steps", "20",
-                  "--max-restarts", "2")
+                  "--max-restarts", "2", "--mode", mode)
     try:
         # 1. a server, once a checkpoint inside pass 1 was committed by attempt 0
         _kill_when(proc, run, "server.1", lambda: len(_rounds_of(run, 0)) >= 2)
@@ -121,6 +123,9 @@ def test_a_killed_server_and_a_killed_worker_heal_and_train_every_example_once(t
                     with open(os.path.join(rounds, name)) as f:
                         recorded.add(json.load(f)["batches"])
             assert p == 1 and b > 0 and b in recorded, (w, attempt, line, recorded)
+    if mode == "sync":  # equal shares: the step barrier resumes at one step for both
+        assert [line.split(" (")[0] for line in restored[0]] == [
+            line.split(" (")[0] for line in restored[1]]
     with open(os.path.join(run, "worker0.json")) as f:
         result = json.load(f)
     assert result["restarts"] == 2
@@ -159,3 +164,23 @@ def test_a_role_that_keeps_dying_fails_the_job_after_n_restarts(tmp_path):
     assert history[0] == "attempt 0: server.0 was killed by SIGKILL"
     assert len(history) == 3 and all(" exited with code 1" in h for h in history[1:])
     assert "is damaged" in err
+
+
+def test_checkpoints_by_time_record_positions_and_bad_durations_are_refused(tmp_path):
+    proc = _train(tmp_path, "run", "--checkpoint-every", "0.05s")
+    out, err = proc.communicate(timeout=DEADLINE)
+    assert proc.returncode == 0, err
+    summary = json.loads(out)
+    assert summary["train_examples"] == 54000 and summary["restarts"] == []
+    with open(tmp_path / "run" / "worker0.json") as f:
+        rounds = json.load(f)["checkpoint_rounds"]
+    assert rounds["rounds"] >= 1 and rounds["pause_seconds_max"] > 0
+    for flag, value, message in [("--checkpoint-every", "5x", "--checkpoint-every expects a "
+                                  "positive duration"),
+                                 ("--checkpoint-every", "0m", "positive duration"),
+                                 ("--checkpoint-steps", "0", "--checkpoint-steps must be >= 1"),
+                                 ("--max-restarts", "-2", "--max-restarts must be >= 0")]:
+        bad = _train(tmp_path, f"bad{flag}{value}", flag, value)
+        _, err = bad.communicate(timeout=120)
+        assert bad.returncode != 0 and message in err, err
+        assert not (tmp_path / f"bad{flag}{value}").exists()
