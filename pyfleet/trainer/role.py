@@ -12,12 +12,12 @@ import numpy as np
 
 from pyfleet import fluid
 from pyfleet.data import DataError
-from pyfleet.distributed.fleet import fleet
 from pyfleet.metrics import MetricStats, exact_auc, logloss
+from pyfleet.trainer import mpi as _mpi
 from pyfleet.trainer.evaluation import (_evaluate, _malformed_of, _pass_metrics, _remove,
                                         _test_file)
-from pyfleet.trainer.job import (JOB_DEFAULTS, _dataset, _shrink_args, build_program, entry_of,
-                                 feed_of, optimizer_of, show_click_of, strategy_of)
+from pyfleet.trainer.job import (JOB_DEFAULTS, _dataset, _shrink_args, build_program, feed_of,
+                                 optimizer_of, show_click_of)
 from pyfleet.trainer.keeper import _Keeper
 from pyfleet.trainer.progress import _Events, _Progress
 from pyfleet.trainer.rounds import Rounds, restore_position
@@ -47,6 +47,7 @@ def run_role(job):
     """Run this process's role (from the environment contract) of the job."""
 
     job = {**JOB_DEFAULTS, **job}
+    fleet = _mpi.fleet_of(job)  # collective mode: the collective Fleet (no server)
     run_dir = job["run_dir"]
     n_dense, n_slots = job.get("n_dense"), job.get("n_slots")
     if n_dense is None or n_slots is None:  # servers may not see the data: the CLI fills these
@@ -55,8 +56,7 @@ def run_role(job):
     main, startup, model = build_program(job, n_dense, n_slots)
     fleet.init()
     with fluid.program_guard(main, startup):
-        fleet.distributed_optimizer(optimizer_of(job), strategy_of(job),
-                                    sparse_entry=entry_of(job)).minimize(model.avg_cost)
+        _mpi.distributed_optimizer(fleet, job).minimize(model.avg_cost)
 
     if fleet.is_server():
         resume = job["resume"]
@@ -76,9 +76,12 @@ def run_role(job):
         return 0
 
     wi, wn = fleet.worker_index(), fleet.worker_num()
-    fleet.init_worker()
+    if job["mode"] != "collective":  # a collective rank has no server to connect to
+        fleet.init_worker()
     exe = fluid.Executor(fluid.CPUPlace())
     exe.run(fleet.startup_program)
+    _mpi.load_replicas(fleet, exe, job, job["resume"] and os.path.join(job["resume"],
+                                                                       "checkpoint"))
     test_program = main.clone(for_test=True)
     test_program.set_backend(main.backend)
     progress_dir = os.path.join(run_dir, "progress")
@@ -106,8 +109,9 @@ def run_role(job):
         progress.loss_sum = position["loss_sum"]
         train_seconds = position["train_seconds"]
         history, evaluations = position["history"], position.get("evaluations", [])
-        log.info("worker %d: restored at pass %d batch %d (%d examples of the pass)", wi,
-                 first, position["batches"], position["pass_examples"])
+        log.info("worker %d: restored at pass %d batch %d (%d examples of the pass, %d in "
+                 "all)", wi, first, position["batches"], position["pass_examples"],
+                 position["examples"])
     data = _dataset(job, job["train"], wi, wn, shuffle=True, side="train")
     data.set_pass(first)
     if job["test"]:
@@ -122,6 +126,7 @@ def run_role(job):
         events("pass", **{"pass": epoch, "last": last})
         log.info("worker %d: pass %d started", wi, epoch)
         t0, c0 = time.perf_counter(), time.process_time()
+        clock = [t0]  # the pass's start while it trains, then None
         batches, skip = 0, 0
         if position is not None and epoch == first:  # what the checkpoint holds already
             skip, progress.pass_start = position["batches"], (
@@ -132,12 +137,14 @@ def run_role(job):
         for _ in range(skip):
             next(it)
         batches = skip
+        log.info("worker %d: pass %d: training from batch %d", wi, epoch, skip)
 
         def state():
             return {"batches": batches, "examples": progress.examples,
                     "pass_examples": progress.examples - progress.pass_start,
                     "steps": progress.steps, "loss_sum": progress.loss_sum,
-                    "train_seconds": train_seconds + time.perf_counter() - t0,
+                    "train_seconds": train_seconds + (0.0 if clock[0] is None
+                                                      else time.perf_counter() - clock[0]),
                     "history": history, "evaluations": evaluations}
 
         def save(meta, mode):
@@ -145,20 +152,22 @@ def run_role(job):
                                     mode=mode)
 
         rounds.start_pass(epoch)
-        for batch, feed in _prefetching(it, exe, main, model):
+        for batch, feed in _prefetching(_mpi.equal_steps(it, _mpi.group_of(fleet, job)), exe,
+                                        main, model):
             loss, out = exe.run(main, feed=feed, fetch_list=[model.avg_cost, model.predict])
             progress.update(epoch, out.reshape(-1), batch.labels, loss.reshape(-1)[0])
             if job["show_click"]:
                 fleet.push_show_click(*show_click_of(batch))
             batches += 1
             rounds.after_step(batches, state, save)
-        rounds.end_pass(state)
         train_seconds += time.perf_counter() - t0
+        clock[0] = None
         train_cpu += time.process_time() - c0
         progress.report(epoch, done=True)
         history.append({"pass": epoch, "examples": progress.examples,
                         "loss_sum": progress.loss_sum, "seconds": train_seconds,
                         **_malformed_of(data)})
+        rounds.end_pass(state)
         log.info("worker %d: pass %d trained, %d examples so far", wi, epoch,
                  progress.examples)
         fleet.barrier_worker()  # every worker finished the pass: the checkpoint is of it
@@ -191,6 +200,9 @@ def run_role(job):
             meta = {"pass": epoch}
             if metrics is not None:
                 meta.update(test_auc=metrics["test_auc"], test_logloss=metrics["test_logloss"])
+            nxt = rounds.next_pass_position(state())  # every worker's counts, for a restart
+            if nxt is not None:
+                meta["position"] = nxt
             fleet.save_persistables(exe, where, meta=meta)
             kept = keeper.after_save(where, epoch, None if metrics is None
                                      else metrics["test_auc"])
@@ -214,7 +226,7 @@ def run_role(job):
     if pred is not None and pred.shape[0]:
         np.savez(os.path.join(run_dir, f"worker{wi}.test.npz"), pred=pred, label=label)
     if wi == 0:
-        result["servers"] = fleet.stats()
+        result["servers"] = fleet.stats() if job["mode"] != "collective" else []
         if job["save_model"]:
             where = os.path.join(run_dir, "model")
             events("export", path=where)
@@ -226,7 +238,8 @@ def run_role(job):
                 log.warning("inference model not saved: %s", e)
     with open(os.path.join(run_dir, f"worker{wi}.json"), "w") as f:
         json.dump(result, f)
-    fleet.stop_worker()
+    if job["mode"] != "collective":
+        fleet.stop_worker()
     return 0
 
 
@@ -300,7 +313,10 @@ def _role_label():
     env = os.environ
     if env.get("PYFLEET_ROLE") == "server" or env.get("TRAINING_ROLE") == "PSERVER":
         return f"server.{env.get('PYFLEET_SERVER_INDEX', '?')}"
-    return f"worker.{env.get('PYFLEET_WORKER_INDEX', env.get('PADDLE_TRAINER_ID', '?'))}"
+    index = env.get("PYFLEET_WORKER_INDEX", env.get("PADDLE_TRAINER_ID"))
+    for rank in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"):  # an MPI job's workers
+        index = index if index is not None else env.get(rank)
+    return f"worker.{'?' if index is None else index}"
 
 
 LOG_FORMAT = "%(asctime)s %(levelname)s {role} %(name)s: %(message)s"

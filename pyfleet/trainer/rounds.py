@@ -181,12 +181,25 @@ class Rounds:
 
     def end_pass(self, state):
         """This worker's share of the pass is trained: its end position answers any round
-        asked from now on (worker 0's also cancels a round it asked but cannot reach)."""
-        if not self.enabled:
-            return
+        asked from now on (worker 0's also cancels a round it asked but cannot reach), and
+        gives the pass-end checkpoint every worker's counts. Before the pass barrier."""
         from pyfleet.distributed.fleet import fleet
         fleet.flush()
         _write(self._path("ended", w=self.wi), state())
+
+    def next_pass_position(self, own):
+        """Worker 0, at the pass-end save (after the pass barrier: every worker wrote its
+        end position): the position at the start of the next pass, so that a restart from
+        this checkpoint keeps every worker's counts. None when one is missing."""
+        workers = {"0": own}
+        for w in range(1, self.wn):
+            got = _read(self._path("ended", w=w))
+            if got is None:
+                return None
+            workers[str(w)] = got
+        for w in workers.values():
+            w.update(batches=0, pass_examples=0)
+        return {"pass": self.epoch + 1, "round": 0, "workers": workers}
 
     def summary(self):
         p = self.pauses

@@ -184,3 +184,30 @@ def test_checkpoints_by_time_record_positions_and_bad_durations_are_refused(tmp_
         _, err = bad.communicate(timeout=120)
         assert bad.returncode != 0 and message in err, err
         assert not (tmp_path / f"bad{flag}{value}").exists()
+
+
+def test_a_restart_from_a_pass_end_checkpoint_keeps_every_workers_counts(tmp_path):
+    # No checkpoint inside passes: a worker killed in pass 2 restarts pass 2 from its start,
+    # from pass 1's checkpoint, whose meta holds every worker's counts at the pass end.
+    run = str(tmp_path / "run")
+    proc = _train(tmp_path, "run", "--epochs", "2", "--max-restarts", "1")
+
+    def pass_one_saved():
+        pos = _round_position(run)
+        return pos is not None and pos["pass"] == 2
+    try:
+        _kill_when(proc, run, "worker.1", pass_one_saved)
+        out, err = proc.communicate(timeout=DEADLINE)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    summary = json.loads(out)
+    assert [r["role"] for r in summary["restarts"]] == ["worker.1"]
+    assert summary["train_examples"] == 2 * 54000
+    assert sorted(summary["train_loss_by_pass"]) == ["1", "2"]
+    with open(os.path.join(run, "logs", "worker.1.log")) as f:
+        restored = [line for line in f if "restored at " in line]
+    assert len(restored) == 1 and "restored at pass 2 batch 0 (0 examples of the pass, " \
+        "27000 in all)" in restored[0]
