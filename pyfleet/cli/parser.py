@@ -40,10 +40,18 @@ def _train_parser(sub):
                    help="data format; auto reads it from each file's first line")
     p.add_argument("--model", default="dnn", choices=["lr", "dnn", "widedeep", "deepfm"],
                    help="the network")
-    p.add_argument("--servers", type=int, default=1, help="parameter servers")
+    p.add_argument("--servers", type=int, default=1,
+                   help="parameter servers (none with --mode collective)")
     p.add_argument("--workers", type=int, default=2, help="trainer processes")
-    p.add_argument("--mode", default="async", choices=["sync", "async", "geo"],
-                   help="how workers' gradients reach the servers")
+    p.add_argument("--mode", default="async",
+                   choices=["sync", "async", "geo", "hybrid", "collective"],
+                   help="how workers' gradients reach the servers; hybrid: sparse tables on "
+                        "the servers (--sparse-mode), dense parameters all-reduced among the "
+                        "workers, one MPI job; collective: no server, every worker a replica "
+                        "of the whole model, one MPI job (docs/collective.md)")
+    p.add_argument("--sparse-mode", default=None, choices=["sync", "async", "geo"],
+                   help="with --mode hybrid: the servers' mode for the sparse tables "
+                        "(default: async)")
     p.add_argument("--epochs", type=int, default=1,
                    help="passes over the training data (with --resume: passes after the "
                         "checkpoint's)")

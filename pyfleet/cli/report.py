@@ -75,7 +75,7 @@ class _RoleOutput:
     progress is the monitor's one line); warnings, errors, tracebacks and
     anything else reach ``stream``."""
 
-    _HIDDEN = re.compile(r"^\[\w+\.\d+\] \d{4}-\d\d-\d\d [\d:,]+ (DEBUG|INFO) ")
+    _HIDDEN = re.compile(r"^\[\w+(\.\d+)?\] \d{4}-\d\d-\d\d [\d:,]+ (DEBUG|INFO) ")
 
     def __init__(self, stream):
         self.stream = stream

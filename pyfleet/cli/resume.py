@@ -12,7 +12,8 @@ from pyfleet.service import checkpoint as _checkpoint
 # the command line; the first group fixes the parameters a checkpoint holds.
 ARCHITECTURE = ("model", "embedding_dim", "layers", "optimizer")
 INHERITED = ARCHITECTURE + (
-    "train", "test", "format", "rows", "servers", "workers", "mode", "batch_size", "lr",
+    "train", "test", "format", "rows", "servers", "workers", "mode", "sparse_mode",
+    "batch_size", "lr",
     "beta1", "beta2", "epsilon", "l1", "l2", "lr_power", "initial_accumulator", "seed",
     "admission_count", "show_click", "shrink_min_score", "shrink_decay",
     "shrink_unseen_passes", "valid_fraction", "keep", "keep_best", "checkpoint_steps",

@@ -16,6 +16,7 @@ from pyfleet._monitor import Monitor, count_lines
 from pyfleet.cli.data import (_check_first_lines, _check_whole_files, _default_cache_dir,
                               _split_paths)
 from pyfleet.cli.report import _format_summary, _plot, _RoleOutput, _why_no_example
+from pyfleet.cli.modes import check_mode_options
 from pyfleet.cli.resume import (INHERITED, _explicit_dests, _inherit, _interrupted,
                                 _resumed_settings)
 from pyfleet.data import synthetic
@@ -132,7 +133,8 @@ def cmd_train(args, argv):
                                  f"{job_file}: {e}") from None
             _inherit(args, _explicit_dests(args._parser, argv), _resumed_settings(old),
                      job_file)
-    if args.servers < 1 or args.workers < 1:
+    check_mode_options(args, _explicit_dests(args._parser, argv))
+    if (args.servers < 1 and args.mode != "collective") or args.workers < 1:
         raise SystemExit("pyfleet train: --servers and --workers must be >= 1")
     for flag, value in (("--epochs", args.epochs), ("--batch-size", args.batch_size),
                         ("--embedding-dim", args.embedding_dim), ("--rows", args.rows)):
@@ -230,7 +232,8 @@ def cmd_train(args, argv):
            "layers": layers, "optimizer": optimizer,
            "lr": optimizer["learning_rate"], "batch_size": args.batch_size,
            "epochs": args.epochs,
-           "mode": args.mode, "seed": args.seed, "run_dir": run_dir, "resume": resume,
+           "mode": args.mode, "sparse_mode": args.sparse_mode, "seed": args.seed,
+           "run_dir": run_dir, "resume": resume,
            "first_pass": first_pass,
            "n_dense": n_dense, "n_slots": n_slots,
            "admission_count": args.admission_count, "show_click": args.show_click,

@@ -288,8 +288,8 @@ def _attempt(roles, make_cmd, base, eps, workers, mode, log_dir, cwd, policy, ou
                                            name=f"pyfleet-launch-{role.label}", daemon=True)
             role.reader.start()
     if not signals_seen and not policy.attempt:
-        report(f"{len(eps)} server(s) at {','.join(eps)}, {workers} worker(s)"
-               + (" as one MPI job" if mpi_argv else ""))
+        report((f"{len(eps)} server(s) at {','.join(eps)}, " if eps else "no server, ")
+               + f"{workers} worker(s)" + (" as one MPI job" if mpi_argv else ""))
     left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
     return _supervise(roles, left, timeout, grace_period, signals_seen, report,
                       restarting=policy.max_restarts > 0)

@@ -20,7 +20,7 @@ JOB_DEFAULTS = {
     "admission_count": None, "show_click": False, "shrink_min_score": None,
     "shrink_decay": 0.98, "shrink_unseen_passes": None, "optimizer": None,
     "valid_fraction": None, "keep": None, "keep_best": False, "log_level": "info",
-    "checkpoint_steps": None, "checkpoint_seconds": None,
+    "checkpoint_steps": None, "checkpoint_seconds": None, "sparse_mode": None,
 }
 
 
@@ -82,6 +82,8 @@ def tables_of(job):
 def strategy_of(job):
     cfg = DistributeTranspilerConfig()
     cfg.mode = job["mode"]
+    if cfg.hybrid:  # the servers' side (pyfleet train --sparse-mode)
+        cfg.sparse_mode = job.get("sparse_mode") or "async"
     cfg.geo_k_steps = int(job["geo_k_steps"])
     rt = cfg.runtime
     rt.request_timeout = job["request_timeout"]

@@ -1,0 +1,88 @@
+"""The trainer's workers as one MPI job: ``pyfleet train --mode hybrid`` (sparse tables on
+the servers, dense parameters replicated and all-reduced among the workers) and ``--mode
+collective`` (no server: every rank holds the whole model, docs/collective.md).
+
+:func:`pyfleet.trainer.role.run_role` runs the same pass loop in every mode; what differs
+is here: which Fleet runs the job (:func:`fleet_of`), its strategy
+(:func:`distributed_optimizer`), loading a resumed checkpoint into the replicas
+(:func:`load_replicas`), and :func:`equal_steps`, since a collective step needs every
+rank: each pass ends on every rank at the step where the first rank runs out of batches
+(the others' last batches of that pass are skipped and counted in the log).
+"""
+
+import logging
+
+import numpy as np
+
+from pyfleet.trainer.job import entry_of, optimizer_of, strategy_of
+
+log = logging.getLogger("pyfleet.trainer")
+
+MPI_MODES = ("hybrid", "collective")
+
+
+def fleet_of(job):
+    """The Fleet of the job's mode: the collective one, or the parameter-server one
+    (which runs hybrid jobs too)."""
+    if job["mode"] == "collective":
+        from pyfleet.distributed.collective import fleet
+    else:
+        from pyfleet.distributed.fleet import fleet
+    return fleet
+
+
+def distributed_optimizer(fleet, job):
+    """``fleet.distributed_optimizer`` with the job's optimizer and strategy."""
+    if job["mode"] == "collective":
+        from pyfleet.distributed.collective import DistributedStrategy
+        return fleet.distributed_optimizer(optimizer_of(job), DistributedStrategy())
+    return fleet.distributed_optimizer(optimizer_of(job), strategy_of(job),
+                                       sparse_entry=entry_of(job))
+
+
+def load_replicas(fleet, exe, job, where):
+    """After the startup program: a resumed hybrid or collective job loads checkpoint
+    ``where`` into this worker's replicas (hybrid: the dense parameters, the servers
+    load the sparse rows; collective: every table)."""
+    if job["mode"] in MPI_MODES and where:
+        log.info("worker %d: loading %s into the replicas", fleet.worker_index(), where)
+        fleet.load_persistables(exe, where)
+
+
+def group_of(fleet, job):
+    """The workers' :class:`~pyfleet.distributed.mpi_group.MPIGroup`, or None
+    outside hybrid and collective jobs."""
+    if job["mode"] == "collective":
+        return fleet._group
+    if job["mode"] == "hybrid":
+        return fleet._backend.group
+    return None
+
+
+def equal_steps(batches, group):
+    """``batches`` while every rank of ``group`` still has one (one small all-reduce
+    per step); without a group, ``batches`` unchanged."""
+    if group is None:
+        yield from batches
+        return
+    it = iter(batches)
+    have = np.zeros(1, dtype=np.int64)
+    steps = 0
+    try:
+        while True:
+            batch = next(it, None)
+            have[0] = batch is not None
+            group.allreduce_sum(have, "the check that every rank has a next batch")
+            if int(have[0]) < group.size:
+                if batch is not None:
+                    left = 1 + sum(1 for _ in it)
+                    log.warning("rank %d: another rank's data ended the pass after %d steps; "
+                                "this rank's last %d batch(es) of the pass were skipped",
+                                group.rank, steps, left)
+                return
+            steps += 1
+            yield batch
+    finally:
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()
