@@ -1,8 +1,6 @@
-"""What ``pyfleet train`` shows: the summary table, the training plot, the roles'
-console lines, why a data set gave no example."""
+"""What ``pyfleet train`` shows: the summary table, the roles' console lines, why a
+data set gave no example (the training plot: :mod:`pyfleet.cli.plot`)."""
 
-import json
-import os
 import re
 
 
@@ -28,45 +26,10 @@ def _format_summary(s):
         rows.append((f"server {i} memory (RSS)", f"{rss / 2**20:,.1f} MiB"))
     rows += [("model", s["model"]), ("cluster", f"{s['servers']} server(s), "
                                                f"{s['workers']} worker(s), {s['mode']}"),
-             ("run directory", s["run_dir"])]
+             ("run directory", s["run_dir"]),
+             ("plot", s.get("plot") or 'none (needs matplotlib: pip install ".[plot]")')]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
-
-
-def _plot(run_dir):
-    try:  # optional, and slow to import: only when a run ends, if installed
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    path = os.path.join(run_dir, "metrics.jsonl")
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        records = [json.loads(x) for x in f if x.strip()]
-    lines = [x for x in records if "loss" in x]  # the progress records
-    tests = [x for x in records if x.get("test_auc") is not None]
-    if not lines:
-        return None
-    t0 = lines[0]["time"]
-    t = [x["time"] - t0 for x in lines]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.5))
-    a.plot(t, [x["loss"] for x in lines])
-    a.set_xlabel("seconds")
-    a.set_ylabel("logloss (window)")
-    b.plot(t, [x["auc"] for x in lines], label="train (running)")
-    if tests:
-        b.plot([x["time"] - t0 for x in tests], [x["test_auc"] for x in tests], "o",
-               label="test, after each pass")
-        b.legend(loc="lower right")
-    b.set_xlabel("seconds")
-    b.set_ylabel("running AUC")
-    fig.tight_layout()
-    out = os.path.join(run_dir, "training.png")
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
 
 
 class _RoleOutput:

@@ -15,7 +15,8 @@ import time
 from pyfleet._monitor import Monitor, count_lines
 from pyfleet.cli.data import (_check_first_lines, _check_whole_files, _default_cache_dir,
                               _split_paths)
-from pyfleet.cli.report import _format_summary, _plot, _RoleOutput, _why_no_example
+from pyfleet.cli.plot import SIDECAR, plot_run
+from pyfleet.cli.report import _format_summary, _RoleOutput, _why_no_example
 from pyfleet.cli.modes import check_mode_options
 from pyfleet.cli.resume import (INHERITED, _explicit_dests, _inherit, _interrupted,
                                 _resumed_settings)
@@ -59,7 +60,7 @@ def _optimizer_of(args):
 
 # What `pyfleet train` writes into a run directory (what --overwrite deletes).
 RUN_FILES = ("checkpoint", "checkpoints", "model", "logs", "data", "progress", "job.json",
-             "metrics.jsonl", "summary.json", "training.png")
+             "metrics.jsonl", "summary.json", "training.png", SIDECAR)
 
 
 def _clear_run_dir(run_dir):
@@ -348,7 +349,9 @@ def cmd_train(args, argv):
     if truth is not None:
         summary["truth_auc_test"] = truth["truth_auc_test"]
         summary["truth_logloss_test"] = truth["truth_logloss_test"]
-    plot = _plot(run_dir)
+    plot = plot_run(run_dir, {**job, "servers": args.servers, "workers": args.workers,
+                              "generated": truth is not None},
+                    truth_auc=None if truth is None else truth["truth_auc_test"])
     if plot:
         summary["plot"] = plot
     with open(os.path.join(run_dir, "summary.json"), "w") as f:
