@@ -12,9 +12,11 @@ way and leave through the ROUTER. Every pass of the loop (at least every
 to give up.
 
 Replies leave through :meth:`reply`, which never blocks: a reply for a peer
-whose outbound queue is full (``SNDHWM`` replies unread) or that is gone is
-dropped and reported, so a client that never reads its replies cannot grow
-the server.
+whose outbound queue is full (``SNDHWM`` replies unread) waits in a backlog
+of at most ``max_backlog_bytes`` for that peer (a burst of small replies
+outruns the I/O thread's accounting); beyond it, or for a peer
+that is gone, a reply is dropped and reported, so a client that never reads
+its replies cannot grow the server.
 
 Not thread-safe beyond that: :meth:`run` once, from one thread; the
 ``done`` event (set from anywhere) ends it.
@@ -22,7 +24,9 @@ Not thread-safe beyond that: :meth:`run` once, from one thread; the
 
 import struct
 import threading
+from collections import deque
 
+import numpy as np
 import zmq
 
 from pyfleet.service import protocol as P
@@ -50,6 +54,10 @@ _HANDLER_OPS = frozenset({int(Op.SAVE), int(Op.LOAD), int(Op.SHRINK), int(Op.CRE
                           int(Op.EXPORT_SPARSE)})
 
 
+def _nbytes(frames):
+    return sum(f.nbytes if isinstance(f, np.ndarray) else len(f) for f in frames)
+
+
 class SocketLoop:
     """Serve ``router`` (a bound ROUTER socket of context ``ctx``) with
     ``handle(msg) -> [reply frames, ...]`` until ``done`` is set.
@@ -59,12 +67,15 @@ class SocketLoop:
     closes them itself)."""
 
     def __init__(self, ctx, router, name, handle, tick, handler_threads, inline_limit, done,
-                 on_drop=None):
+                 on_drop=None, max_backlog_bytes=64 << 20):
         self.ctx, self.router = ctx, router
         self.on_drop = on_drop
         self.handle, self.tick = handle, tick
         self.handler_threads, self.inline_limit = handler_threads, inline_limit
         self.done = done
+        self.max_backlog_bytes = max_backlog_bytes
+        # identity -> [deque of (frames, copy, bytes), bytes]: replies its queue had no room for
+        self._backlog = {}
         self._work_addr, self._reply_addr = name + "-work", name + "-reply"
         self._work = self._replies = None
         try:
@@ -102,7 +113,9 @@ class SocketLoop:
                 # Read what is waiting (up to _DRAIN messages a socket) before
                 # tick judges anyone's liveness: after a stall, the heartbeats
                 # queued meanwhile are heard first.
-                for sock in Z.readable([front, replies], 100):
+                if self._backlog:
+                    self._flush_backlog()
+                for sock in Z.readable([front, replies], 5 if self._backlog else 100):
                     for _ in range(_DRAIN):
                         try:
                             msg = Z.recv_frames(sock, Z.NOBLOCK)
@@ -130,20 +143,58 @@ class SocketLoop:
 
     def reply(self, frames, copy=None):
         """Send one reply through the ROUTER without ever blocking. A reply
-        the peer's queue has no room for (a client that does not read its
-        replies: ``SNDHWM`` with ``ROUTER_MANDATORY``), or whose peer is gone,
-        is dropped and reported to ``on_drop(reason, identity)``."""
-        try:
-            Z.send_frames(self.router, frames, copy, Z.NOBLOCK)
+        the peer's queue has no room for (``SNDHWM`` with ``ROUTER_MANDATORY``)
+        waits in that peer's backlog (sent by later passes of the loop, in
+        order); one beyond a full backlog (a client that does not read its
+        replies), or whose peer is gone, is dropped and reported to
+        ``on_drop(reason, identity)``. So at most twice ``SNDHWM`` replies
+        wait for one peer."""
+        ident = bytes(frames[0])
+        parked = self._backlog.get(ident)
+        if parked is None:
+            if self._send(frames, copy, ident):
+                return
+            parked = self._backlog[ident] = [deque(), 0]
+        size = _nbytes(frames)
+        if parked[1] + size > self.max_backlog_bytes:
+            self._drop("its peer's reply queue is full (a client that does not read its "
+                       "replies)", ident)
+            if not parked[0]:
+                del self._backlog[ident]
             return
-        except zmq.Again:
-            why = "its peer's reply queue is full (a client that does not read its replies)"
-        except zmq.ZMQError as e:
-            if e.errno != zmq.EHOSTUNREACH:
-                raise
-            why = "its peer is gone"
+        parked[0].append((frames, copy, size))
+        parked[1] += size
+
+    def _send(self, frames, copy, ident):
+        """Whether ``frames`` left (or were dropped: a peer gone); False when
+        the peer's queue is full."""
+        for attempt in range(2):
+            try:
+                Z.send_frames(self.router, frames, copy, Z.NOBLOCK)
+                return True
+            except zmq.Again:
+                # The I/O thread reports what it took from the queue as
+                # commands the socket reads lazily: read them, then try again.
+                if attempt == 0:
+                    self.router.getsockopt(zmq.EVENTS)
+            except zmq.ZMQError as e:
+                if e.errno != zmq.EHOSTUNREACH:
+                    raise
+                self._drop("its peer is gone", ident)
+                return True
+        return False
+
+    def _drop(self, why, ident):
         if self.on_drop is not None:
-            self.on_drop(why, bytes(frames[0]))
+            self.on_drop(why, ident)
+
+    def _flush_backlog(self):
+        for ident, parked in list(self._backlog.items()):
+            queue = parked[0]
+            while queue and self._send(queue[0][0], queue[0][1], ident):
+                parked[1] -= queue.popleft()[2]
+            if not queue:
+                del self._backlog[ident]
 
     def _inline(self, msg):
         """Whether the ROUTER thread answers ``msg`` itself (cheap requests)."""

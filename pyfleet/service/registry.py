@@ -119,7 +119,7 @@ class Registry:
                     dropped[e.name] = e.table.shrink(**payload)
         return dropped
 
-    def create_tables(self, configs):
+    def create_tables(self, configs, limits=None):
         """Create tables from JSON configs (idempotent: an identical config again
         is a no-op; a different config under an existing name is a ValueError).
 
@@ -128,7 +128,9 @@ class Registry:
         "optimizer", "initial"?, "seed"?, "start"?, "end"?}``: this server holds
         elements ``[start, end)`` of the flattened parameter (default: all);
         ``initial`` is a flat list of the whole parameter or an initializer
-        config. Every config is checked before any table is made. Returns
+        config. Every config is checked before any table is made.
+        ``limits``: a :class:`~pyfleet.service.limits.Limits` the tables not
+        yet held must fit (a CREATE_TABLES request; None: not capped). Returns
         the key -> id map."""
         built = []
         for cfg in configs:
@@ -137,6 +139,7 @@ class Registry:
             kind, name = cfg.get("kind"), cfg.get("name")
             if not isinstance(name, str) or not NAME_RE.fullmatch(name):
                 raise ValueError(f"table name {name!r} must match {NAME_RE.pattern}")
+            floats = 0
             if kind == "sparse":
                 key = name
             elif kind == "dense":
@@ -149,12 +152,15 @@ class Registry:
                     raise ValueError(f"dense {name!r}: a block of {end - start} floats does "
                                      f"not fit in max_message_bytes={self.max_message_bytes}; "
                                      f"slice it over more blocks")
-                key = f"{name}[{start}:{end}]"
+                key, floats = f"{name}[{start}:{end}]", end - start
             else:
                 raise ValueError(f"table kind must be 'sparse' or 'dense', got {kind!r}")
-            built.append((key, cfg))
+            built.append((key, cfg, floats))
         with self.lock:
-            for key, cfg in built:
+            if limits is not None:
+                fresh = {k: (k, c, f) for k, c, f in built if k not in self.by_key}
+                limits.check_new_tables(list(fresh.values()), list(self.entries.values()))
+            for key, cfg, _ in built:
                 old = self.by_key.get(key)
                 if old is not None:
                     if old.canonical != _canonical(cfg):

@@ -36,12 +36,8 @@ called ``stop_worker`` (port 0 picks a free port; the line
 ``pyfleet.server ready on HOST:PORT`` is printed when it serves).
 """
 
-import argparse
-import json
 import logging
 import os
-import signal
-import sys
 import threading
 import time
 
@@ -56,6 +52,7 @@ from pyfleet.service import protocol as P
 from pyfleet.service import wire as Z
 from pyfleet.service.barrier import Barriers
 from pyfleet.service.dedup import RecentRequests
+from pyfleet.service.limits import Limits
 from pyfleet.service.loop import INLINE_LIMIT, SocketLoop
 from pyfleet.service.protocol import Op, ProtocolError, Refused, Status
 from pyfleet.service.registry import Registry
@@ -89,6 +86,9 @@ class Server:
         max_message_bytes: largest accepted message (``zmq.MAXMSGSIZE`` drops
             the connection of a peer sending one larger frame; a message whose
             frames add up to more gets an error reply).
+        max_queued_replies, max_request_keys, max_dense_floats,
+            max_sparse_dim, max_tables: what a peer may make this server hold
+            (keyword only; see :mod:`pyfleet.service.limits`).
         heartbeat_timeout: seconds without a heartbeat after which a worker
             missing at a barrier is declared dead and the barrier fails.
         barrier_timeout: seconds a barrier may wait in all.
@@ -120,7 +120,7 @@ class Server:
                  tables=None, handler_threads=2, max_message_bytes=1 << 30,
                  heartbeat_timeout=10.0, barrier_timeout=300.0, checkpoint_dir=None,
                  inline_limit=INLINE_LIMIT, curve_secret_key=None, curve_client_keys=None,
-                 context=None, split_pull_keys=SPLIT_PULL_KEYS, insecure=None):
+                 context=None, split_pull_keys=SPLIT_PULL_KEYS, insecure=None, **limits):
         self.server_index, self.server_num = int(server_index), int(server_num)
         self.worker_num = int(worker_num)
         if not 0 <= self.server_index < self.server_num:
@@ -134,7 +134,11 @@ class Server:
             raise ValueError(f"handler_threads must be >= 1, got {handler_threads!r}")
         self.mode = mode
         self.handler_threads = int(handler_threads)
-        self.max_message_bytes = int(max_message_bytes)
+        extra = set(limits) - set(Limits._fields)
+        if extra:
+            raise TypeError(f"Server() got unexpected keyword argument(s) {sorted(extra)}")
+        self.limits = Limits.make(max_message_bytes=max_message_bytes, **limits)
+        self.max_message_bytes = self.limits.max_message_bytes
         self.heartbeat_timeout = float(heartbeat_timeout)
         self.barrier_timeout = float(barrier_timeout)
         self.checkpoint_dir = None if checkpoint_dir is None else os.path.realpath(
@@ -153,7 +157,7 @@ class Server:
         self._recent = RecentRequests(self.worker_num + 1)  # push ids, per sender
         self._counter_lock = threading.Lock()
         self._data = TableOps(self.registry, self.barriers, mode, self._count,
-                             self.handler_threads, self.split_pull_keys, self.max_message_bytes)
+                             self.handler_threads, self.split_pull_keys, self.limits)
         self._ops = {**self._data.ops(),
                      Op.BARRIER: self._barrier, Op.HEARTBEAT: self._heartbeat,
                      Op.STOP_WORKER: self._stop_worker, Op.SAVE: self._save, Op.LOAD: self._load,
@@ -191,7 +195,7 @@ class Server:
                 self._zap = _auth.ZapAuthenticator(self._ctx, curve_client_keys).start()
             try:
                 port = Z.bind_router(self._frontend, host, port, self.max_message_bytes,
-                                     curve_secret_key)
+                                     curve_secret_key, self.limits.max_queued_replies)
             except zmq.ZMQError as e:
                 hint = (" (another process listens there: stop it or choose another port)"
                         if e.errno == zmq.EADDRINUSE else "")
@@ -201,7 +205,8 @@ class Server:
             self._loop = SocketLoop(self._ctx, self._frontend,
                                     f"inproc://pyfleet-server-{id(self):x}", self._handle,
                                     self._housekeeping, self.handler_threads,
-                                    self.inline_limit, self._done, on_drop=self._dropped)
+                                    self.inline_limit, self._done, on_drop=self._dropped,
+                                    max_backlog_bytes=self.limits.max_backlog_bytes)
             if tables:
                 self.create_tables(tables)
         except BaseException:
@@ -471,74 +476,6 @@ def _rss_bytes():
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m pyfleet.server", description=__doc__.split("\n")[0])
-    p.add_argument("--endpoint", default="127.0.0.1:0",
-                   help="host:port to bind (port 0: any free port; default 127.0.0.1:0)")
-    p.add_argument("--index", type=int, required=True, help="this server's index")
-    p.add_argument("--num-servers", type=int, required=True)
-    p.add_argument("--workers", type=int, required=True)
-    p.add_argument("--mode", choices=MODES, default="async")
-    p.add_argument("--handler-threads", type=int, default=2)
-    p.add_argument("--inline-limit", type=int, default=INLINE_LIMIT,
-                   help="requests of at most this many floats are served by the socket thread")
-    p.add_argument("--split-pull-keys", type=int, default=SPLIT_PULL_KEYS,
-                   help="pull sparse requests of at least this many keys in up to "
-                        "--handler-threads parts at once (0: never)")
-    p.add_argument("--max-message-bytes", type=int, default=1 << 30)
-    p.add_argument("--heartbeat-timeout", type=float, default=10.0)
-    p.add_argument("--barrier-timeout", type=float, default=300.0)
-    p.add_argument("--checkpoint-dir", default=None)
-    p.add_argument("--tables", default=None, help="JSON file: a list of table configs")
-    p.add_argument("--curve-secret-key-file", default=None,
-                   help="file holding a Z85 CURVE secret key, or a certificate from "
-                        "'pyfleet keygen' (NAME.key_secret): encrypt the endpoint "
-                        "(default: $PYFLEET_CURVE_SERVER_SECRET)")
-    p.add_argument("--curve-client-keys", default=None,
-                   help="directory of admitted client public keys (*.key): authenticate "
-                        "clients (default: $PYFLEET_CURVE_CLIENT_KEYS_DIR)")
-    p.add_argument("--insecure", action="store_true",
-                   help="serve a non-loopback address without client authentication "
-                        "(refused otherwise)")
-    p.add_argument("--log-level", default="WARNING")
-    a = p.parse_args(argv)
-    logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    env_auth = _auth.server_options_from_env()
-    curve = env_auth.get("curve_secret_key")
-    clients = a.curve_client_keys or env_auth.get("curve_client_keys")
-    if a.curve_secret_key_file:
-        with open(a.curve_secret_key_file) as f:
-            text = f.read().strip()
-        curve = text if len(text) == 40 else _auth.load_keypair(a.curve_secret_key_file)[1]
-    tables = None
-    if a.tables:
-        with open(a.tables) as f:
-            tables = json.load(f)
-    if a.checkpoint_dir is not None and not os.path.isdir(a.checkpoint_dir):
-        print(f"pyfleet.server: --checkpoint-dir {a.checkpoint_dir} is not a directory",
-              file=sys.stderr)
-        return 2
-    try:
-        server = Server(a.endpoint, a.index, a.num_servers, a.workers, mode=a.mode,
-                        tables=tables, handler_threads=a.handler_threads,
-                        max_message_bytes=a.max_message_bytes,
-                        heartbeat_timeout=a.heartbeat_timeout,
-                        barrier_timeout=a.barrier_timeout, checkpoint_dir=a.checkpoint_dir,
-                        inline_limit=a.inline_limit, curve_secret_key=curve,
-                        curve_client_keys=clients, split_pull_keys=a.split_pull_keys,
-                        insecure=a.insecure or None)
-    except (PyfleetError, ValueError) as e:  # a taken port, a bad table config
-        print(f"pyfleet.server: {e}", file=sys.stderr)
-        return 1
-    signal.signal(signal.SIGTERM, lambda *_: server.stop())
-    signal.signal(signal.SIGINT, lambda *_: server.stop())
-    print(f"pyfleet.server ready on {server.endpoint}", flush=True)
-    server.run()
-    if server.failure is not None:
-        print(f"pyfleet.server: {server.failure}", file=sys.stderr, flush=True)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    """``python -m pyfleet.server``: see :mod:`pyfleet.service.command`."""
+    from pyfleet.service.command import main as _main  # it imports this module
+    return _main(argv)

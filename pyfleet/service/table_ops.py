@@ -91,15 +91,18 @@ class TableOps:
 
     ``barriers``: where sync-mode pushes wait; ``count(name)``: the server's
     counters; pulls of at least ``split_pull_keys`` keys are pulled in up to
-    ``handler_threads`` parts at once; a reply must fit ``max_message_bytes``."""
+    ``handler_threads`` parts at once; ``limits``: the
+    :class:`~pyfleet.service.limits.Limits` requests must fit (a reply must
+    fit ``max_message_bytes``)."""
 
     def __init__(self, registry, barriers, mode, count, handler_threads, split_pull_keys,
-                 max_message_bytes):
+                 limits):
         self.registry, self.barriers, self.mode = registry, barriers, mode
         self.count = count
         self.handler_threads = handler_threads
         self.split_pull_keys = split_pull_keys
-        self.max_message_bytes = max_message_bytes
+        self.limits = limits
+        self.max_message_bytes = limits.max_message_bytes
         self.lock = registry.lock
         # Threads start on first use (a split pull).
         self._pull_helpers = ThreadPoolExecutor(
@@ -130,7 +133,7 @@ class TableOps:
         configs = control_payload(frames, op).get("tables")
         if not isinstance(configs, list):
             raise Refused("CREATE_TABLES needs {'tables': [config, ...]}")
-        self.registry.create_tables(configs)
+        self.registry.create_tables(configs, self.limits)
         return [[ident] + P.reply(h, payload=self.table_map())]
 
     def shrink(self, h, op, frames, ident):
@@ -144,6 +147,7 @@ class TableOps:
         e = self.registry.entry(h.table, "sparse", op)
         if h.dim != e.dim:
             raise ProtocolError(f"dim {h.dim} does not match table {e.key!r} dim {e.dim}")
+        self.limits.check_keys(op, h.count, e.dim)
         return e, P.keys_from(frames[0], h.count)
 
     def pull_sparse(self, h, op, frames, ident):
@@ -181,6 +185,7 @@ class TableOps:
         if h.dim != 2:
             raise ProtocolError(f"PUSH_SHOW_CLICK carries 2 floats a key (show, click), "
                                 f"got dim {h.dim}")
+        self.limits.check_keys(op, h.count, 2)
         keys = P.keys_from(frames[0], h.count)
         values = P.values_from(frames[1], h.count, 2, "show/click")
         e.table.add_show_click(keys, np.ascontiguousarray(values[:, 0]),

@@ -54,14 +54,19 @@ def readable(socks, timeout_ms):
             if ev & _POLLIN]
 
 
-def bind_router(sock, host, port, max_message_bytes, curve_secret_key=None):
+def bind_router(sock, host, port, max_message_bytes, curve_secret_key=None,
+                max_queued_replies=16):
     """Set up ROUTER ``sock`` as a server endpoint and bind it to ``host:port``
     (port 0: a free port); returns the port. ``max_message_bytes``: a peer
     sending a larger frame is disconnected; ``curve_secret_key``: the Z85
-    secret key of an encrypted (CURVE) endpoint. Raises ``zmq.ZMQError``."""
+    secret key of an encrypted (CURVE) endpoint; ``max_queued_replies``:
+    replies queued for one peer, beyond which a non-blocking send raises
+    ``zmq.Again`` (``ROUTER_MANDATORY``: never a silent drop). Raises
+    ``zmq.ZMQError``."""
     sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
     sock.setsockopt(zmq.LINGER, 1000)
-    sock.setsockopt(zmq.SNDHWM, 0)
+    sock.setsockopt(zmq.SNDHWM, max_queued_replies)
+    sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
     sock.setsockopt(zmq.RCVHWM, 0)
     if curve_secret_key is not None:
         # Encrypted, and clients must know this server's public key.

@@ -29,7 +29,7 @@ class ServerGroup:
     def __init__(self, num_servers, workers, mode="async", checkpoint_dir=None,
                  heartbeat_timeout=10.0, barrier_timeout=60.0, handler_threads=2,
                  max_message_bytes=None, inline_limit=None, start_timeout=30.0,
-                 split_pull_keys=None):
+                 split_pull_keys=None, extra_args=()):
         self.procs, self.endpoints = [], []
         try:
             for i in range(num_servers):
@@ -47,6 +47,7 @@ class ServerGroup:
                     cmd += ["--max-message-bytes", str(max_message_bytes)]
                 if split_pull_keys is not None:
                     cmd += ["--split-pull-keys", str(split_pull_keys)]
+                cmd += [str(a) for a in extra_args]
                 p = subprocess.Popen(cmd, stdout=subprocess.PIPE)
                 self.procs.append(p)
                 self.endpoints.append(_ready_line(p, start_timeout))

@@ -1,0 +1,145 @@
+"""A server's memory stays bounded whatever a peer sends (issue 18, "Server memory has no
+bound"), checked on a real ``python -m pyfleet.server`` process on 127.0.0.1 by its peak
+RSS (``VmHWM``):
+
+- a client that never reads its replies: at most ``--max-queued-replies`` replies and
+  ``--max-backlog-bytes`` wait for it, later ones are dropped and counted (``dropped_replies``), and other clients are served;
+- a 10M-key pull is refused by ``--max-request-keys`` before any row is made;
+- CREATE_TABLES over the wire cannot make a table beyond ``--max-dense-floats``,
+  ``--max-sparse-dim`` or ``--max-tables``.
+"""
+
+import time
+
+import numpy as np
+import pytest
+import zmq
+from support.service import ServerGroup
+
+from pyfleet.errors import RemoteError
+from pyfleet.service import protocol as P
+from pyfleet.service.client import Client
+from pyfleet.service.protocol import Op
+
+pytestmark = pytest.mark.timeout(300)
+
+MIB = 1 << 20
+DENSE_FLOATS = 1 << 20           # a 4 MiB reply per PULL_DENSE
+SPARSE = {"kind": "sparse", "name": "emb", "dim": 4,
+          "optimizer": {"type": "SGD", "learning_rate": 0.1},
+          "initializer": {"type": "Constant", "value": 0.0}, "seed": 0}
+DENSE = {"kind": "dense", "name": "big", "shape": [DENSE_FLOATS],
+         "optimizer": {"type": "SGD", "learning_rate": 0.1}}
+
+
+def _status(pid):
+    """``{field: kB}`` of the VmRSS/VmHWM lines of ``/proc/PID/status``."""
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(("VmRSS:", "VmHWM:")):
+                out[line.split(":")[0]] = int(line.split()[1]) * 1024
+    return out
+
+
+def _counters(c):
+    return c.stats()[0]["counters"]
+
+
+def _wait_counter(c, name, at_least, seconds=120):
+    end = time.monotonic() + seconds
+    while _counters(c).get(name, 0) < at_least:
+        assert time.monotonic() < end, (name, _counters(c))
+        time.sleep(0.2)
+
+
+def test_a_client_that_never_reads_its_replies_cannot_grow_the_server():
+    sent = 100  # 400 MiB of replies: unbounded, the server's RSS grows by all of them
+    with ServerGroup(1, 1) as g, Client(g.endpoints, timeout=30, heartbeat_interval=0) as c:
+        c.create_tables([DENSE])
+        tid = c._ids[0][f"big[0:{DENSE_FLOATS}]"]
+        pid = g.procs[0].pid
+        c.pull_dense("big")  # the serving path warmed up once
+        before = _status(pid)["VmHWM"]
+        sock = zmq.Context.instance().socket(zmq.DEALER)
+        # The peer reads nothing: its own queue and kernel buffer stay tiny, so every
+        # reply it does not take waits in the server.
+        sock.setsockopt(zmq.RCVHWM, 1)
+        sock.setsockopt(zmq.RCVBUF, 1 << 16)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect("tcp://" + g.endpoints[0])
+        try:
+            for i in range(sent):
+                sock.send_multipart([bytes(f) for f in P.request(Op.PULL_DENSE, i + 1,
+                                                                 table=tid)])
+            _wait_counter(c, "op_pull_dense", sent)
+            counters = _counters(c)
+            grown = _status(pid)["VmHWM"] - before
+            # Other clients are still served, with the right values.
+            np.testing.assert_array_equal(c.pull_dense("big"), np.zeros(DENSE_FLOATS))
+        finally:
+            sock.close(0)
+    # The default bound is 16 replies in libzmq's queue and 64 MiB in the server's backlog
+    # for the peer (plus what the kernel buffers): about 130 MiB here, not 400.
+    assert counters.get("dropped_replies", 0) >= sent - 40, counters
+    assert grown < 200 * MIB, f"server peak RSS grew by {grown / MIB:.0f} MiB"
+
+
+def test_a_ten_million_key_pull_is_refused_before_any_row_is_made():
+    with ServerGroup(1, 1) as g, Client(g.endpoints, timeout=60, heartbeat_interval=0) as c:
+        c.create_tables([SPARSE])
+        pid = g.procs[0].pid
+        before = _status(pid)["VmHWM"]
+        keys = np.arange(1, 10_000_001, dtype=np.uint64)
+        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect("tcp://" + g.endpoints[0])
+        try:
+            sock.send_multipart(P.request(Op.PULL_SPARSE, 7, table=c._ids[0]["emb"],
+                                          keys=keys, dim=4), copy=False)
+            assert sock.poll(60_000), "no answer to a 10M-key pull"
+            reply = sock.recv_multipart()
+        finally:
+            sock.close(0)
+        h = P.unpack_header(reply[0])
+        error = P.parse_json(reply[-1]).get("error", "")
+        stats = c.stats()[0]
+        grown = _status(pid)["VmHWM"] - before
+        # a pull of the client's largest request (2^20 keys) is still served
+        assert c.pull_sparse("emb", keys[:1 << 20]).shape == (1 << 20, 4)
+    assert h.status == P.Status.ERROR
+    assert "10000000 keys" in error and "max_request_keys=1048576" in error, error
+    assert stats["tables"]["emb"]["rows"] == 0
+    # the 80 MB request itself, not 10M rows (gigabytes)
+    assert grown < 300 * MIB, f"server peak RSS grew by {grown / MIB:.0f} MiB"
+
+
+def test_tables_created_over_the_wire_are_capped():
+    flags = ["--max-dense-floats", 1 << 20, "--max-sparse-dim", 64, "--max-tables", 3]
+    with ServerGroup(1, 1, extra_args=flags) as g, \
+            Client(g.endpoints, timeout=30, heartbeat_interval=0) as c:
+        before = _status(g.procs[0].pid)["VmHWM"]
+        huge = {**DENSE, "name": "huge", "shape": [1 << 28]}  # 268M floats: 9 GB with Adam
+        with pytest.raises(RemoteError, match=r"max_dense_floats=1048576.*--max-dense-floats"):
+            c.create_tables([huge])
+        with pytest.raises(RemoteError, match=r"dim 65 .*max_sparse_dim=64"):
+            c.create_tables([{**SPARSE, "dim": 65}])
+        c.create_tables([DENSE])                      # exactly the dense budget
+        with pytest.raises(RemoteError, match="max_dense_floats"):
+            c.create_tables([{**DENSE, "name": "one_more", "shape": [1]}])
+        c.create_tables([SPARSE, {**SPARSE, "name": "emb2"}])
+        with pytest.raises(RemoteError, match=r"max_tables=3"):
+            c.create_tables([{**SPARSE, "name": "emb3"}])
+        c.create_tables([DENSE, SPARSE])              # the same configs again: a no-op
+        tables = c.stats()[0]["tables"]
+        grown = _status(g.procs[0].pid)["VmHWM"] - before
+    assert sorted(tables) == ["big[0:1048576]", "emb", "emb2"]
+    assert grown < 200 * MIB
+
+
+def test_limits_are_refused_by_name_when_not_positive():
+    from pyfleet.service.server import Server
+    for name in ("max_queued_replies", "max_backlog_bytes", "max_request_keys", "max_dense_floats",
+                 "max_sparse_dim", "max_tables"):
+        with pytest.raises(ValueError, match=name):
+            Server("127.0.0.1:0", 0, 1, 1, **{name: 0})
