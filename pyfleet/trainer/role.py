@@ -104,11 +104,12 @@ def run_role(job):
     rounds = Rounds(run_dir, wi, wn, job.get("checkpoint_steps"),
                     job.get("checkpoint_seconds"), job["mode"] == "sync",
                     job["barrier_timeout"])
-    if position is not None:
+    if position is not None and position["restart"]:
         progress.examples, progress.steps = position["examples"], position["steps"]
         progress.loss_sum = position["loss_sum"]
         train_seconds = position["train_seconds"]
         history, evaluations = position["history"], position.get("evaluations", [])
+    if position is not None:
         log.info("worker %d: restored at pass %d batch %d (%d examples of the pass, %d in "
                  "all)", wi, first, position["batches"], position["pass_examples"],
                  position["examples"])
@@ -129,8 +130,9 @@ def run_role(job):
         clock = [t0]  # the pass's start while it trains, then None
         batches, skip = 0, 0
         if position is not None and epoch == first:  # what the checkpoint holds already
-            skip, progress.pass_start = position["batches"], (
-                progress.examples - position["pass_examples"])
+            skip = position["batches"]
+            progress.pass_start = progress.examples - (position["pass_examples"]
+                                                       if position["restart"] else 0)
         else:
             progress.pass_start = progress.examples
         it = iter(data)

@@ -55,7 +55,8 @@ def _read(path):
 
 def restore_position(job, wi, wn):
     """``(first_pass, state)`` of this job's start: the pass to start with, and this
-    worker's position in it (None: from its start). The checkpoint is
+    worker's position in it (None: from its start; ``state["restart"]``: restored by a
+    restart of this job, whose counts go on, not by ``--resume``). The checkpoint is
     ``PYFLEET_RESTORE_DIR`` (a restarted job) when it holds one, else the ``--resume``
     run's; a position saved by another number of workers is not this job's shares, so
     the pass starts over (and says so)."""
@@ -80,7 +81,10 @@ def restore_position(job, wi, wn):
         log.warning("worker %d: the checkpoint's position in pass %d is of %d workers, not "
                     "%d: the pass starts over", wi, first, len(workers), wn)
         return first, None
-    return first, workers.get(str(wi))
+    mine = workers.get(str(wi))
+    if mine is not None:  # a restart goes on with the job's counts; a --resume is a new run
+        mine = {**mine, "restart": where == restore}
+    return first, mine
 
 
 class Rounds:

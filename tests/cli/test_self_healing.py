@@ -211,3 +211,28 @@ def test_a_restart_from_a_pass_end_checkpoint_keeps_every_workers_counts(tmp_pat
         restored = [line for line in f if "restored at " in line]
     assert len(restored) == 1 and "restored at pass 2 batch 0 (0 examples of the pass, " \
         "27000 in all)" in restored[0]
+
+
+def test_resume_of_a_checkpoint_inside_a_pass_trains_the_rest_of_it(tmp_path):
+    # Without --max-restarts the kill fails the job; --resume then starts at the recorded
+    # position: it trains exactly the examples the checkpoint does not hold yet.
+    run = str(tmp_path / "run")
+    proc = _train(tmp_path, "run", "--checkpoint-steps", "20")
+    try:
+        _kill_when(proc, run, "worker.1", lambda: len(_rounds_of(run, 0)) >= 2)
+        _, err = proc.communicate(timeout=DEADLINE)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode != 0
+    pos = _round_position(run)
+    assert pos["pass"] == 1 and pos["round"] >= 2
+    held = sum(w["pass_examples"] for w in pos["workers"].values())
+    assert 0 < held < 54000
+    again = subprocess.run([sys.executable, "-m", "pyfleet.cli", "train", "--resume", run,
+                            "--quiet", "--json", "--checkpoint-steps", "20"],
+                           capture_output=True, text=True, timeout=DEADLINE,
+                           cwd=str(tmp_path))
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["train_examples"] == 54000 - held
