@@ -91,6 +91,7 @@ class Monitor(threading.Thread):
         self.current_pass = None
         self.saved_pass = None
         self.lock = threading.Lock()
+        self.listeners = []  # callables given every record metrics.jsonl gets (--tensorboard)
 
     def run(self):
         while not self.stopping.wait(self.interval):
@@ -113,6 +114,8 @@ class Monitor(threading.Thread):
     def _record(self, record):
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(record) + "\n")
+        for listener in self.listeners:
+            listener(record)
 
     def _events(self):
         path = os.path.join(self.dir, "events.jsonl")

@@ -111,6 +111,10 @@ def _train_parser(sub):
     p.add_argument("--json", action="store_true",
                    help="print the summary as JSON, alone on stdout (progress goes to "
                         "stderr)")
+    p.add_argument("--tensorboard", action="store_true",
+                   help="also write the progress and every pass's test as TensorBoard "
+                        "scalars into RUN_DIR/tensorboard (needs tensorboardX: pip install "
+                        "\".[tensorboard]\"; default: off)")
     p.add_argument("--curve-dir", default=None, metavar="DIR",
                    help="a 'pyfleet keygen' directory: roles authenticate with CURVE keys "
                         "(sets PYFLEET_CURVE_DIR, docs/operations.md; default: no "

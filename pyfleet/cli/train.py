@@ -16,6 +16,7 @@ from pyfleet._monitor import Monitor, count_lines
 from pyfleet.cli.data import (_check_first_lines, _check_whole_files, _default_cache_dir,
                               _split_paths)
 from pyfleet.cli.plot import SIDECAR, plot_run
+from pyfleet.cli.tensorboard import TensorBoard, check_available
 from pyfleet.cli.report import _format_summary, _RoleOutput, _why_no_example
 from pyfleet.cli.modes import check_mode_options
 from pyfleet.cli.resume import (INHERITED, _explicit_dests, _inherit, _interrupted,
@@ -60,7 +61,7 @@ def _optimizer_of(args):
 
 # What `pyfleet train` writes into a run directory (what --overwrite deletes).
 RUN_FILES = ("checkpoint", "checkpoints", "model", "logs", "data", "progress", "job.json",
-             "metrics.jsonl", "summary.json", "training.png", SIDECAR)
+             "metrics.jsonl", "summary.json", "training.png", SIDECAR, "tensorboard")
 
 
 def _clear_run_dir(run_dir):
@@ -113,6 +114,8 @@ def cmd_train(args, argv):
             print(text, file=out, flush=True)
         cli_log.info("%s", text)
 
+    if args.tensorboard:
+        check_available()
     resume = os.path.abspath(args.resume) if args.resume else None
     first_pass = 1
     manifest = None
@@ -320,6 +323,9 @@ def cmd_train(args, argv):
                       args.log_interval, say)
     say(f"starting {args.servers} server(s) and {args.workers} worker(s), {args.mode}; "
         f"logs in {run_dir}/logs")
+    tensorboard = TensorBoard(run_dir) if args.tensorboard else None
+    if tensorboard is not None:
+        monitor.listeners.append(tensorboard.add)
     monitor.start()
     restarts = []
     try:
@@ -333,6 +339,8 @@ def cmd_train(args, argv):
                             restarts=restarts)
     finally:
         monitor.finish()
+        if tensorboard is not None:
+            tensorboard.close()
     if code in (128 + signal.SIGINT, 128 + signal.SIGTERM, 128 + signal.SIGHUP):
         print(_interrupted(run_dir, resume, monitor, last_pass, args), file=sys.stderr)
         return code
@@ -354,6 +362,8 @@ def cmd_train(args, argv):
                     truth_auc=None if truth is None else truth["truth_auc_test"])
     if plot:
         summary["plot"] = plot
+    if tensorboard is not None:
+        summary["tensorboard"] = tensorboard.path
     with open(os.path.join(run_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     if args.json:
