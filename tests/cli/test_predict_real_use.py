@@ -144,3 +144,29 @@ def test_a_bad_unlabelled_line_is_one_line_naming_file_and_line(tmp_path, model)
                 cwd=tmp_path)
     assert r.returncode != 0 and not (tmp_path / "run").exists()
     assert "39 fields, the unlabelled rows of Criteo's test file" in r.stderr.decode()
+
+
+@needs_data
+def test_ids_stay_with_their_rows_past_blank_and_skipped_lines(tmp_path, model):
+    rows = [line.split(b",") for line in CSV.read_bytes().splitlines()][:40]
+    lines = [b",".join([r[0]] + r[2:]) for r in rows]  # Id, no label
+    lines.insert(4, b"")                              # a blank line (skipped, not malformed)
+    lines[10] = lines[10].split(b",", 1)[0] + b",1,2"  # a malformed row: its id is dropped
+    dropped = lines[10].split(b",", 1)[0]
+    (tmp_path / "test.csv").write_bytes(b"\n".join(lines) + b"\n")
+    r = pyfleet("predict", "--model", model, "--data", tmp_path / "test.csv", "--id-column",
+                "Id", "--skip-malformed", "--out", tmp_path / "sub.csv", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert b"skipped 1 malformed line(s) (first: " in r.stderr
+    out = [line.split(",") for line in (tmp_path / "sub.csv").read_text().splitlines()[1:]]
+    expected = [r[0] for r in rows[1:] if r[0] != dropped]
+    assert [i for i, _ in out] == [e.decode() for e in expected]
+    # each id keeps the prediction its row gets in the clean file
+    clean = [b",".join([r[0]] + r[2:]) for r in rows]
+    (tmp_path / "clean.csv").write_bytes(b"\n".join(clean) + b"\n")
+    r = pyfleet("predict", "--model", model, "--data", tmp_path / "clean.csv", "--id-column",
+                "Id", "--out", tmp_path / "clean_sub.csv", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    by_id = dict(line.split(",") for line in
+                 (tmp_path / "clean_sub.csv").read_text().splitlines()[1:])
+    assert all(by_id[i] == p for i, p in out)
