@@ -136,7 +136,10 @@ def _mpi_env(extra):
     env = _role_env()
     env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
                 "OMPI_MCA_btl": "self,vader", "OMPI_MCA_btl_vader_single_copy_mechanism": "none",
-                "OMPI_MCA_oob_tcp_if_include": "lo", **extra})
+                "OMPI_MCA_oob_tcp_if_include": "lo",
+                # a rank waiting in a collective yields its core (as pyfleet.launch sets
+                # on one host) instead of spinning on the CPU the other roles need
+                "OMPI_MCA_mpi_yield_when_idle": "1", **extra})
     return env
 
 

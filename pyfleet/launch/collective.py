@@ -21,8 +21,11 @@ def mpiexec_command(workers: int, *, hosts: str | None = None,
     """``(argv, env)``: the ``mpiexec -np workers ...`` prefix of one MPI job of
     ``workers`` ranks, and the variables mpiexec needs set. ``hosts`` (``h1,h2``
     or ``h1:slots,...``) or ``hostfile`` go to mpiexec; without either, every rank
-    runs here (``--oversubscribe`` under Open MPI). Under Open MPI as root, the two
-    variables and the flag it requires are set."""
+    runs here (``--oversubscribe`` under Open MPI, and ``OMPI_MCA_mpi_yield_when_idle=1``:
+    a rank waiting in a collective yields its core instead of spinning, which on a host
+    shared with servers and other ranks leaves the CPU to the ranks with work). Under
+    Open MPI as root, the two variables and the flag it requires are set. Callers set
+    the returned variables unless their environment sets them already."""
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ConfigError(f"workers must be an int >= 1, got {workers!r}")
     mpiexec = shutil.which("mpiexec") or shutil.which("mpirun")
@@ -41,6 +44,7 @@ def mpiexec_command(workers: int, *, hosts: str | None = None,
     if openmpi:
         if not hosts and not hostfile:
             argv.append("--oversubscribe")
+            env["OMPI_MCA_mpi_yield_when_idle"] = "1"
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             argv.append("--allow-run-as-root")
             env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
@@ -60,7 +64,8 @@ def launch_collective(cmd: Sequence[str], workers: int, *, hosts: str | None = N
     child_env.update(env or {})
     child_env.setdefault("PYTHONUNBUFFERED", "1")
     child_env.setdefault("OPENBLAS_NUM_THREADS", "1")
-    child_env.update(needed)
+    for k, v in needed.items():
+        child_env.setdefault(k, v)
     proc = subprocess.Popen([*argv, *map(str, cmd)], env=child_env, stdin=subprocess.DEVNULL)
     try:
         return proc.wait(timeout=timeout)

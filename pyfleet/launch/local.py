@@ -265,7 +265,8 @@ def _attempt(roles, make_cmd, base, eps, workers, mode, log_dir, cwd, policy, ou
             argv = [*mpi_argv, *argv]
             for k in ("PYFLEET_WORKER_INDEX", "PADDLE_TRAINER_ID"):
                 child_env.pop(k, None)
-            child_env.update(mpi_env)
+            for k, v in mpi_env.items():
+                child_env.setdefault(k, v)
         child_env.update(policy.env())
         try:
             if log_dir is not None:  # a restarted attempt appends to the role's log

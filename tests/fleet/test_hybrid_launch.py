@@ -23,6 +23,8 @@ pytestmark = [
 ]
 
 SCRIPT = REPO / "tests" / "support" / "hybrid_script.py"
+OPEN_MPI = shutil.which("mpirun") is not None and "Open MPI" in subprocess.run(
+    ["mpirun", "--version"], capture_output=True, text=True, timeout=30, check=False).stdout
 
 
 def launch(tmp_path, *args, timeout=150):
@@ -49,6 +51,8 @@ def test_hybrid_launch_starts_the_servers_and_one_mpi_job_of_workers(tmp_path):
     for i, info in enumerate(got):
         assert (info["index"], info["num"], info["rank"]) == (i, 2, i)
         assert (info["mode"], info["sparse_mode"]) == ("hybrid", "sync")
+        if OPEN_MPI:   # waiting ranks leave the cores to the others
+            assert info["yield_when_idle"] == "1"
         assert info["checksum"] == got[0]["checksum"] and len(info["checksum"]) == 4
         assert info["losses"][-1] < 0.7 * info["losses"][0], info["losses"]
         for s in info["stats"]:   # the servers run the sparse side and hold no dense table

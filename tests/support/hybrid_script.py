@@ -57,7 +57,8 @@ def main(argv=None):
     fleet.barrier_worker()
     info = {"index": wi, "num": wn, "mode": cfg.mode, "sparse_mode": cfg.sparse_mode,
             "checksum": fleet._backend.dense_checksum(), "stats": fleet.stats(),
-            "losses": losses, "rank": int(os.environ.get("OMPI_COMM_WORLD_RANK", "-1"))}
+            "losses": losses, "rank": int(os.environ.get("OMPI_COMM_WORLD_RANK", "-1")),
+            "yield_when_idle": os.environ.get("OMPI_MCA_mpi_yield_when_idle")}
     with open(os.path.join(a.out, f"worker{wi}.json"), "w") as f:
         json.dump(info, f)
     fleet.stop_worker()
