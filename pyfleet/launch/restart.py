@@ -18,10 +18,9 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 from pyfleet.errors import ConfigError
-
 
 DEFAULT_WINDOW = 3600.0
 RESTART_PAUSE = 0.5  # seconds between a stopped attempt and the next (ports, files settle)
@@ -63,7 +62,7 @@ class RestartPolicy:
 
     def __init__(self, max_restarts: int, window: float | None = None,
                  restore_dir: str | os.PathLike | None = None,
-                 history: Optional[list] = None):
+                 history: list | None = None):
         self.max_restarts, self.window = check_restart_options(max_restarts, window)
         self.restore_dir = None if restore_dir is None else os.path.abspath(restore_dir)
         self.deaths: list[Death] = []
