@@ -20,6 +20,14 @@ def _format_summary(s):
                                               f"{s['first_test_malformed'][0]})")))
     rows += [("train examples/s", f"{s['train_examples_per_sec']:,.0f}"),
              ("train seconds", f"{s['train_seconds']:.1f}")]
+    if s.get("restarts"):
+        rows.append(("restarts", f"{len(s['restarts'])} (" + ", ".join(
+            f"{r['role']} {r['description']}" for r in s["restarts"]) + ")"))
+    if s.get("checkpoint_rounds", {}).get("rounds"):
+        c = s["checkpoint_rounds"]
+        rows.append(("checkpoints in passes", f"{c['rounds']}, pausing the job "
+                     f"{c['pause_seconds_total']:.1f} s in all (at most "
+                     f"{c['pause_seconds_max']:.2f} s)"))
     for name, n in sorted(s.get("table_rows", {}).items()):
         rows.append((f"rows in {name}", f"{n:,}"))
     for i, rss in enumerate(s.get("server_rss_bytes", [])):
