@@ -13,8 +13,8 @@ from pyfleet.data.readers import describe_malformed
 def _spool_stdin():
     """``--data -``: standard input copied to a temporary file (the format check and
     the reader read the file's first lines before the whole); its path."""
-    f = tempfile.NamedTemporaryFile(prefix="pyfleet-predict-", suffix=".data", delete=False)
-    with f:
+    with tempfile.NamedTemporaryFile(prefix="pyfleet-predict-", suffix=".data",
+                                     delete=False) as f:
         shutil.copyfileobj(sys.stdin.buffer, f, 1 << 20)
     return f.name
 

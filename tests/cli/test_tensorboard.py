@@ -28,7 +28,8 @@ def _scalars(logdir):
     from tensorboardX.proto import event_pb2
     out = {}
     for path in sorted(glob.glob(os.path.join(logdir, "events.out.tfevents.*"))):
-        data = open(path, "rb").read()
+        with open(path, "rb") as f:
+            data = f.read()
         i = 0
         while i < len(data):
             (n,) = struct.unpack("<Q", data[i:i + 8])

@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import pytest
-
 from support import REPO
 
 K8S = REPO / "examples" / "k8s"
