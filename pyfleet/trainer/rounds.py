@@ -188,7 +188,8 @@ class Rounds:
         asked from now on (worker 0's also cancels a round it asked but cannot reach), and
         gives the pass-end checkpoint every worker's counts. Before the pass barrier."""
         from pyfleet.distributed.fleet import fleet
-        fleet.flush()
+        if fleet._client is not None:  # a collective rank (pyfleet.trainer.mpi) sends nothing
+            fleet.flush()
         _write(self._path("ended", w=self.wi), state())
 
     def next_pass_position(self, own):
