@@ -18,6 +18,8 @@ __all__ = ["SparseTable", "DenseTable", "route", "DEFAULT_INITIALIZER", "FORMAT_
 FORMAT_VERSION = _core.FORMAT_VERSION
 # How a sparse table stores weights and optimizer state (docs/tables.md).
 STORAGE_TYPES = ("fp32", "fp16", "bf16")
+# A sparse table config's optional keys and what their absence means.
+SPARSE_CONFIG_DEFAULTS = {"seed": 0, "entry": None, "storage": "fp32"}
 # Small symmetric noise: embeddings start near zero, distinct per key.
 DEFAULT_INITIALIZER = _init.Uniform(-0.01, 0.01)
 
@@ -115,12 +117,20 @@ class SparseTable:
                 "entry": None if self.entry is None else self.entry.to_config(),
                 "name": self.name, "storage": self.storage}
 
+    @staticmethod
+    def full_config(config):
+        """``config`` with every optional key present (``seed`` 0, ``entry``
+        None, ``storage`` "fp32"): two configs that build equal tables are
+        equal after this, e.g. one without ``storage`` and one with "fp32"."""
+        return {**SPARSE_CONFIG_DEFAULTS, **config}
+
     @classmethod
     def from_config(cls, config):
+        config = cls.full_config(config)
         return cls(config["dim"], _opt.from_config(config["optimizer"]),
-                   _init.from_config(config["initializer"]), config.get("seed", 0),
-                   _entry.from_config(config.get("entry")), config.get("name"),
-                   config.get("storage", "fp32"))
+                   _init.from_config(config["initializer"]), config["seed"],
+                   _entry.from_config(config["entry"]), config.get("name"),
+                   config["storage"])
 
     def pull(self, keys, out=None, create=True):
         """Rows of ``keys`` as float32 ``[n, dim]``; a missing key is created

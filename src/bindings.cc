@@ -107,10 +107,13 @@ PYBIND11_MODULE(_core, m) {
     if (random_bits.is_none()) {
       for (size_t i = 0; i < n; ++i) o[i] = pyfleet::NarrowNearest(kind, v[i]);
     } else {
-      auto r = random_bits.cast<py::array_t<uint32_t, py::array::c_style>>();
+      // 16 bits per element (row_storage.h); a wider array is refused, not truncated.
+      if (!py::isinstance<py::array_t<uint16_t>>(random_bits)) {
+        ThrowInvalid("random_bits must be a uint16 array (16 random bits per element)");
+      }
+      auto r = random_bits.cast<py::array_t<uint16_t, py::array::c_style>>();
       CheckSize("random_bits", r.size(), n);
-      const uint32_t* rb = r.data();
-      for (size_t i = 0; i < n; ++i) o[i] = pyfleet::NarrowStochastic(kind, v[i], rb[i]);
+      pyfleet::NarrowStochasticN(kind, v, r.data(), n, o);
     }
     return out;
   }, py::arg("kind"), py::arg("values").noconvert(), py::arg("random_bits") = py::none());
@@ -120,7 +123,7 @@ PYBIND11_MODULE(_core, m) {
     if (kind == pyfleet::StorageKind::kFP32) ThrowInvalid("storage_widen needs fp16 or bf16");
     const size_t n = static_cast<size_t>(bits.size());
     py::array_t<float> out(static_cast<py::ssize_t>(n));
-    for (size_t i = 0; i < n; ++i) out.mutable_data()[i] = pyfleet::WidenElem(kind, bits.data()[i]);
+    pyfleet::WidenN(kind, bits.data(), n, out.mutable_data());
     return out;
   }, py::arg("kind"), py::arg("bits").noconvert());
 

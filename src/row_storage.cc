@@ -1,8 +1,17 @@
 #include "pyfleet/row_storage.h"
 
+#include <algorithm>
 #include <atomic>
+#include <bit>
+#include <cstdint>
+#include <cstring>
 
 #include "pyfleet/error.h"
+#include "row_simd.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 namespace pyfleet {
 
@@ -24,19 +33,169 @@ inline void Store32(void* p, size_t i, float v) {
   std::atomic_ref<float>(static_cast<float*>(p)[i]).store(v, std::memory_order_relaxed);
 }
 
+// Rows are converted in chunks on the stack: one update's elements, and a
+// vector loop over them instead of one call per element.
+constexpr size_t kChunk = 64;
+
+#ifdef PYFLEET_ROW_SIMD
+// fp16 rounding with F16C where the CPU has it (checked at run time: the
+// build assumes only x86-64's SSE2). A group of four normal halves is r's
+// top 13 bits added to the magnitudes and one conversion rounding toward
+// zero, which drops the 13 bits and saturates at 65504 like the rule; a
+// group with a subnormal, zero, Inf or NaN takes the SSE2 form.
+bool HasF16C() {
+  static const bool has = __builtin_cpu_supports("f16c");
+  return has;
+}
+
+__attribute__((target("f16c"))) void NarrowHalvesF16C(const float* v, const uint16_t* r,
+                                                       size_t n, uint16_t* out) {
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    const __m128 x = _mm_loadu_ps(v + i);
+    const __m128i ri = _mm_unpacklo_epi16(
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(r + i)), _mm_setzero_si128());
+    const __m128i a = _mm_and_si128(_mm_castps_si128(x), _mm_set1_epi32(0x7fffffff));
+    const __m128i normal = _mm_andnot_si128(_mm_cmpgt_epi32(a, _mm_set1_epi32(0x7f7fffff)),
+                                            _mm_cmpgt_epi32(a, _mm_set1_epi32(0x387fffff)));
+    __m128i h;
+    if (_mm_movemask_ps(_mm_castsi128_ps(normal)) == 0xf) {
+      const __m128i added = _mm_add_epi32(_mm_castps_si128(x), _mm_srli_epi32(ri, 3));
+      h = _mm_cvtps_ph(_mm_castsi128_ps(added), _MM_FROUND_TO_ZERO);
+    } else {
+      h = simd::Pack4(simd::NarrowStochastic4<StorageKind::kFP16>(x, ri));
+    }
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i), h);
+  }
+  for (; i < n; ++i) out[i] = HalfRound(v[i], r[i], false);
+}
+#endif
+
+#ifdef PYFLEET_ROW_SIMD
+// fp16 widening with F16C, eight at a time: exact like the rule, except that
+// the instruction quiets a signalling NaN, so a group holding any NaN takes
+// the SSE2 form (NaN bits are kept as they are).
+__attribute__((target("f16c"))) void WidenHalvesF16C(const uint16_t* h, size_t n, float* out) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i));
+    const __m128i nan = _mm_cmpgt_epi16(_mm_and_si128(x, _mm_set1_epi16(0x7fff)),
+                                        _mm_set1_epi16(0x7c00));
+    if (_mm_movemask_epi8(nan) == 0) {
+      _mm_storeu_ps(out + i, _mm_cvtph_ps(x));
+      _mm_storeu_ps(out + i + 4, _mm_cvtph_ps(_mm_unpackhi_epi64(x, x)));
+    } else {
+      const __m128i z = _mm_setzero_si128();
+      _mm_storeu_ps(out + i, simd::Widen4<StorageKind::kFP16>(_mm_unpacklo_epi16(x, z)));
+      _mm_storeu_ps(out + i + 4, simd::Widen4<StorageKind::kFP16>(_mm_unpackhi_epi16(x, z)));
+    }
+  }
+  for (; i < n; ++i) out[i] = HalfToFloat(h[i]);
+}
+#endif
+
+template <StorageKind S>
+void WidenElems(const uint16_t* h, size_t n, float* out) {
+  size_t i = 0;
+#ifdef PYFLEET_ROW_SIMD
+  if constexpr (S == StorageKind::kFP16) {
+    if (HasF16C()) return WidenHalvesF16C(h, n, out);
+  }
+  for (; i + 4 <= n; i += 4) {
+    const __m128i x = _mm_unpacklo_epi16(
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(h + i)), _mm_setzero_si128());
+    _mm_storeu_ps(out + i, simd::Widen4<S>(x));
+  }
+#endif
+  for (; i < n; ++i) out[i] = WidenElem(S, h[i]);
+}
+
+template <StorageKind S>
+void NarrowElems(const float* v, const uint16_t* r, size_t n, uint16_t* out) {
+  size_t i = 0;
+#ifdef PYFLEET_ROW_SIMD
+  if constexpr (S == StorageKind::kFP16) {
+    if (HasF16C()) return NarrowHalvesF16C(v, r, n, out);
+  }
+  for (; i + 4 <= n; i += 4) {
+    const __m128i ri = _mm_unpacklo_epi16(
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(r + i)), _mm_setzero_si128());
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i),
+                     simd::Pack4(simd::NarrowStochastic4<S>(_mm_loadu_ps(v + i), ri)));
+  }
+#endif
+  for (; i < n; ++i) out[i] = NarrowStochastic(S, v[i], r[i]);
+}
+
+// out[0, n) = the 16-bit elements at p, each read whole. On x86-64 the
+// 8-byte-aligned groups of four are one 8-byte load in asm (opaque to the
+// compiler, so no C++ data race is formed; an aligned 8-byte access is
+// single-copy atomic, so no element is split): a quarter of the loads.
+inline void Load16s(const void* p, size_t n, uint16_t* out) {
+  size_t i = 0;
+#ifdef PYFLEET_VECTOR_ROW_COPY
+  const auto* q = static_cast<const uint16_t*>(p);
+  for (; i < n && reinterpret_cast<uintptr_t>(q + i) % 8 != 0; ++i) out[i] = Load16(p, i);
+  for (; i + 4 <= n; i += 4) {
+    uint64_t v;
+    asm volatile("movq %1, %0" : "=r"(v) : "m"(*reinterpret_cast<const uint64_t*>(q + i)));
+    std::memcpy(out + i, &v, sizeof(v));
+  }
+#endif
+  for (; i < n; ++i) out[i] = Load16(p, i);
+}
+
+// The stores of Load16s: p[0, n) = in[0, n), each element written whole.
+inline void Store16s(void* p, const uint16_t* in, size_t n) {
+  size_t i = 0;
+#ifdef PYFLEET_VECTOR_ROW_COPY
+  auto* q = static_cast<uint16_t*>(p);
+  for (; i < n && reinterpret_cast<uintptr_t>(q + i) % 8 != 0; ++i) Store16(p, i, in[i]);
+  for (; i + 4 <= n; i += 4) {
+    uint64_t v;
+    std::memcpy(&v, in + i, sizeof(v));
+    asm volatile("movq %1, %0" : "=m"(*reinterpret_cast<uint64_t*>(q + i)) : "r"(v));
+  }
+#endif
+  for (; i < n; ++i) Store16(p, i, in[i]);
+}
+
 template <StorageKind S>
 void LoadElems(const void* p, size_t n, float* out) {
-  for (size_t i = 0; i < n; ++i) out[i] = WidenElem(S, Load16(p, i));
+  uint16_t h[kChunk];
+  for (size_t c = 0; c < n; c += kChunk) {
+    const size_t len = std::min(kChunk, n - c);
+    Load16s(static_cast<const uint16_t*>(p) + c, len, h);
+    WidenElems<S>(h, len, out + c);
+  }
+}
+
+// The draws of elements [e0, e0 + n) of the stream z (n <= kChunk): whole
+// hashes, four draws each, into buf; returns where element e0's draw is.
+inline const uint16_t* Draws(uint64_t z, size_t e0, size_t n, uint16_t* buf) {
+  const size_t g0 = e0 / 4, g1 = (e0 + n + 3) / 4;
+  uint64_t x = z + (g0 + 1) * kRoundStep;
+  for (size_t g = g0; g < g1; ++g, x += kRoundStep) {
+    const uint64_t h = Mix64(x);
+    uint16_t* q = buf + 4 * (g - g0);
+    if constexpr (std::endian::native == std::endian::little) {
+      std::memcpy(q, &h, sizeof(h));
+    } else {
+      for (int k = 0; k < 4; ++k) q[k] = static_cast<uint16_t>(h >> (16 * k));
+    }
+  }
+  return buf + e0 % 4;
 }
 
 // Rounds elements [e0, e0 + n) of the row's stream into p.
 template <StorageKind S>
 void StoreElems(const float* v, size_t n, void* p, uint64_t z, size_t e0) {
-  for (size_t i = 0; i < n; ++i) {
-    const size_t e = e0 + i;
-    const uint64_t x = Mix64(z + (e / 2 + 1) * kRoundStep);
-    const uint32_t r = static_cast<uint32_t>(e % 2 == 0 ? x : x >> 32);
-    Store16(p, i, NarrowStochastic(S, v[i], r));
+  uint16_t buf[kChunk + 8], h[kChunk];
+  for (size_t c = 0; c < n; c += kChunk) {
+    const size_t len = std::min(kChunk, n - c);
+    const uint16_t* r = Draws(z, e0 + c, len, buf);
+    NarrowElems<S>(v + c, r, len, h);
+    Store16s(static_cast<uint16_t*>(p) + c, h, len);
   }
 }
 
@@ -53,6 +212,25 @@ void StoreTail(const RowLayout& l, const float* sf, void* s) {
 }
 
 }  // namespace
+
+void NarrowStochasticN(StorageKind s, const float* v, const uint16_t* r, size_t n,
+                       uint16_t* out) {
+  PYFLEET_ASSERT(s != StorageKind::kFP32);
+  if (s == StorageKind::kFP16) {
+    NarrowElems<StorageKind::kFP16>(v, r, n, out);
+  } else {
+    NarrowElems<StorageKind::kBF16>(v, r, n, out);
+  }
+}
+
+void WidenN(StorageKind s, const uint16_t* h, size_t n, float* out) {
+  PYFLEET_ASSERT(s != StorageKind::kFP32);
+  if (s == StorageKind::kFP16) {
+    WidenElems<StorageKind::kFP16>(h, n, out);
+  } else {
+    WidenElems<StorageKind::kBF16>(h, n, out);
+  }
+}
 
 const char* StorageName(StorageKind kind) {
   switch (kind) {

@@ -13,6 +13,7 @@
 #include "pyfleet/error.h"
 #include "pyfleet/hash.h"
 #include "pyfleet/table_io.h"
+#include "row_simd.h"
 
 namespace pyfleet {
 
@@ -61,18 +62,6 @@ inline void PrefetchSpan(const void* p, size_t bytes, bool write = false) {
 
 inline size_t ShardOf(uint64_t h) { return h >> (64 - SparseTable::kShardBits); }
 
-// Whether CopyRowRelaxed may use vector loads: x86-64, and not under
-// ThreadSanitizer (whose race model needs to see every access; it gets the
-// relaxed-atomic loop, the same values).
-#if defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
-#define PYFLEET_VECTOR_ROW_COPY 1
-#if defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#undef PYFLEET_VECTOR_ROW_COPY
-#endif
-#endif
-#endif
-
 // dst[0, D) = src[0, D) for a row that pushes may be writing (Hogwild): each
 // float is read whole. D > 0 is a multiple of 4 and src is 16-byte aligned
 // (rows are dim * 4 bytes apart from a page-aligned start). On x86-64 the
@@ -115,32 +104,15 @@ inline void CopyCompactRowRelaxed(float* dst, const char* src) {
 #pragma GCC unroll 64
   for (size_t c = 0; c < D; ++c) buf[c] = LoadField(const_cast<uint16_t*>(p + c));
 #endif
-#if defined(__x86_64__)
-  // The widening of row_storage.h, four lanes at a time (SSE2): bf16 is a
-  // shift; fp16's exponent and mantissa shifted into place are the value
-  // times 2^-112 (subnormals included), and exponent 31 maps to Inf/NaN.
-  const __m128i zero = _mm_setzero_si128();
+#ifdef PYFLEET_ROW_SIMD
+  if constexpr (S == StorageKind::kFP16) {
+    WidenN(S, buf, D, dst);  // F16C where the CPU has it
+    return;
+  }
   for (size_t c = 0; c < D; c += 8) {
     const __m128i v = _mm_load_si128(reinterpret_cast<const __m128i*>(buf + c));
-    const __m128i halves[2] = {_mm_unpacklo_epi16(v, zero), _mm_unpackhi_epi16(v, zero)};
-    for (int k = 0; k < 2; ++k) {
-      const __m128i x = halves[k];
-      __m128 f;
-      if constexpr (S == StorageKind::kBF16) {
-        f = _mm_castsi128_ps(_mm_slli_epi32(x, 16));
-      } else {
-        const __m128i sign = _mm_slli_epi32(_mm_and_si128(x, _mm_set1_epi32(0x8000)), 16);
-        const __m128i mag = _mm_slli_epi32(_mm_and_si128(x, _mm_set1_epi32(0x7fff)), 13);
-        const __m128 scaled = _mm_mul_ps(_mm_castsi128_ps(mag), _mm_set1_ps(0x1p112f));
-        const __m128i special = _mm_cmpeq_epi32(_mm_and_si128(x, _mm_set1_epi32(0x7c00)),
-                                                _mm_set1_epi32(0x7c00));
-        const __m128i big = _mm_or_si128(mag, _mm_set1_epi32(0x7f800000));
-        const __m128i bits = _mm_or_si128(_mm_and_si128(special, big),
-                                          _mm_andnot_si128(special, _mm_castps_si128(scaled)));
-        f = _mm_castsi128_ps(_mm_or_si128(bits, sign));
-      }
-      _mm_storeu_ps(dst + c + 4 * k, f);
-    }
+    _mm_storeu_ps(dst + c, simd::Widen4<S>(_mm_unpacklo_epi16(v, _mm_setzero_si128())));
+    _mm_storeu_ps(dst + c + 4, simd::Widen4<S>(_mm_unpackhi_epi16(v, _mm_setzero_si128())));
   }
 #else
   for (size_t c = 0; c < D; ++c) dst[c] = WidenElem(S, buf[c]);

@@ -5,9 +5,10 @@
 // a scratch copy of the row) and rounded back to 16 bits stochastically: a
 // value between two representable neighbours rounds up with probability equal
 // to its distance from the lower one, so the rounding is unbiased and small
-// updates survive on average instead of being rounded away every time. The
-// random bits are a pure function of (table seed, key, update_count), so a
-// run is reproducible and independent of thread scheduling.
+// updates survive on average instead of being rounded away every time. Each
+// element draws 16 random bits, a pure function of (table seed, key,
+// update_count, element), so a run is reproducible and independent of thread
+// scheduling.
 //
 // A compact row keeps the last OptimizerStateTail() state floats in fp32
 // (Adam's beta powers: near 1, 16 bits would skew the bias correction):
@@ -69,14 +70,15 @@ inline float BitsFloat(uint32_t b) {
 
 inline float Bf16ToFloat(uint16_t h) { return BitsFloat(static_cast<uint32_t>(h) << 16); }
 
+// No arithmetic on fp32 subnormals (a microcode assist on x86, ~100 cycles):
+// a normal half is rebiased, a subnormal one's mantissa converted exactly.
 inline float HalfToFloat(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   const uint32_t mag = static_cast<uint32_t>(h & 0x7fffu) << 13;
-  // Exponent and mantissa shifted into place are the value times 2^-112,
-  // subnormal halves included; Inf/NaN (exponent 31) map to fp32's.
-  const uint32_t bits = (h & 0x7c00u) == 0x7c00u
-                            ? (0x7f800000u | mag)
-                            : FloatBits(BitsFloat(mag) * 0x1p112f);
+  const uint32_t exp = h & 0x7c00u;
+  const uint32_t bits = exp == 0x7c00u ? (0x7f800000u | mag)  // Inf/NaN
+                        : exp == 0     ? FloatBits(static_cast<float>(h & 0x3ffu) * 0x1p-24f)
+                                       : mag + (112u << 23);
   return BitsFloat(sign | bits);
 }
 
@@ -91,42 +93,47 @@ inline uint16_t Bf16FromBits(uint32_t bits, uint32_t add) {
   if ((b & 0x7fffu) >= 0x7f80u) b = (b & 0x8000u) | 0x7f7fu;
   return static_cast<uint16_t>(b);
 }
-inline uint16_t Bf16Stochastic(float f, uint32_t r) { return Bf16FromBits(FloatBits(f), r & 0xffffu); }
+inline uint16_t Bf16Stochastic(float f, uint16_t r) { return Bf16FromBits(FloatBits(f), r); }
 inline uint16_t Bf16Nearest(float f) {
   const uint32_t b = FloatBits(f);
   return Bf16FromBits(b, 0x7fffu + ((b >> 16) & 1u));
 }
 
-// fp32 -> fp16 with `r` supplying the random bits (stochastic) or, with
-// nearest = true, round to nearest even. The dropped low bits of the
-// magnitude (13 for a normal half; 14..32 for a subnormal one, counted in
-// units of 2^-24) get r's low bits added before they are dropped. Magnitudes
-// below 2^-33 become zero; a finite value saturates at 65504, never Inf.
-inline uint16_t HalfRound(float f, uint32_t r, bool nearest) {
+// fp32 -> fp16 with the 16 random bits r (stochastic) or, with nearest =
+// true, round to nearest even. r / 2^16 is a uniform fraction of the
+// result's unit in the last place, added before the dropped bits go: a
+// normal half gets r's top 13 bits added to its 13 dropped bits; a subnormal
+// one is floor(|f| * 2^24 + r / 2^16), computed here in integers and by the
+// vector form in floats. Magnitudes below 2^-40 always become zero; a finite
+// value saturates at 65504, never Inf.
+inline uint16_t HalfRound(float f, uint16_t r, bool nearest) {
   const uint32_t bits = FloatBits(f);
   const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
   const uint32_t a = bits & 0x7fffffffu;
   if (a >= 0x7f800000u) return sign | (a > 0x7f800000u ? 0x7e00u : 0x7c00u);
   if (a >= 0x38800000u) {  // >= 2^-14: a normal half
-    const uint32_t add = nearest ? 0xfffu + ((a >> 13) & 1u) : (r & 0x1fffu);
+    const uint32_t add = nearest ? 0xfffu + ((a >> 13) & 1u) : (uint32_t{r} >> 3);
     uint32_t h = ((a + add) >> 13) - (112u << 10);
     if (h >= 0x7c00u) h = 0x7bffu;
     return sign | static_cast<uint16_t>(h);
   }
+  // |f| * 2^24 = sig / 2^shift.
   const uint32_t e = a >> 23;
   const uint64_t sig = (a & 0x7fffffu) | (e != 0 ? 0x800000u : 0u);
   const uint32_t shift = 126 - (e != 0 ? e : 1);  // 14 ..125
-  if (shift > 32) return sign;
+  if (shift >= 40) return sign;                    // sig / 2^shift < 2^-16
   const uint64_t mask = (uint64_t{1} << shift) - 1;
-  const uint64_t add =
-      nearest ? (mask >> 1) + ((sig >> shift) & 1u) : (static_cast<uint64_t>(r) & mask);
-  return sign | static_cast<uint16_t>((sig + add) >> shift);
+  if (nearest) {
+    return sign | static_cast<uint16_t>((sig + (mask >> 1) + ((sig >> shift) & 1u)) >> shift);
+  }
+  const uint64_t frac16 = ((sig & mask) << 16) >> shift;  // floor(frac * 2^16)
+  return sign | static_cast<uint16_t>((sig >> shift) + ((r + frac16) >> 16));
 }
 
 inline float WidenElem(StorageKind s, uint16_t h) {
   return s == StorageKind::kFP16 ? HalfToFloat(h) : Bf16ToFloat(h);
 }
-inline uint16_t NarrowStochastic(StorageKind s, float f, uint32_t r) {
+inline uint16_t NarrowStochastic(StorageKind s, float f, uint16_t r) {
   return s == StorageKind::kFP16 ? HalfRound(f, r, false) : Bf16Stochastic(f, r);
 }
 inline uint16_t NarrowNearest(StorageKind s, float f) {
@@ -140,11 +147,17 @@ inline constexpr uint64_t kRoundStep = 0x9E3779B97F4A7C15ULL;
 
 // The random bits of one update of one row. table_salt = Mix64(seed ^
 // kRoundSalt); count = the row's update_count before the update. Element e
-// (weights first, then the state head) takes 32 bits of Mix64(z + (e/2 + 1)
-// * kRoundStep): the low half for even e, the high half for odd e.
+// (weights first, then the state head) takes the 16 bits at bit 16 * (e % 4)
+// of Mix64(z + (e / 4 + 1) * kRoundStep): one hash per four elements.
 inline uint64_t RoundStreamOf(uint64_t table_salt, uint64_t key, uint32_t count) {
   return Mix64(Mix64(table_salt ^ key) ^ count);
 }
+
+// out[i] = NarrowStochastic(s, v[i], r[i]) for i < n; vectorised on x86-64.
+void NarrowStochasticN(StorageKind s, const float* v, const uint16_t* r, size_t n,
+                       uint16_t* out);
+// out[i] = WidenElem(s, h[i]) for i < n; vectorised on x86-64.
+void WidenN(StorageKind s, const uint16_t* h, size_t n, float* out);
 
 // Row codecs: fp32 scratch <-> a row's columns in a compact layout. The
 // loads and stores are relaxed atomics per element (Hogwild rows). Store

@@ -134,6 +134,9 @@ def _train_parser(sub):
     p.add_argument("--shrink-unseen-passes", type=int, default=None, metavar="T",
                    help="at the end of every pass drop rows not updated for more than T "
                         "passes (default: keep them)")
+    p.add_argument("--storage", default="fp32", choices=["fp32", "fp16", "bf16"],
+                   help="how the sparse tables hold rows: fp16/bf16 halve their memory, "
+                        "updates rounded stochastically (docs/tables.md)")
     p.add_argument("--timeout", type=float, default=None,
                    help="stop the job after this many seconds (default: no limit)")
     p.add_argument("--checkpoint-steps", type=int, default=None, metavar="K",

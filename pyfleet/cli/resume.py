@@ -17,7 +17,7 @@ INHERITED = ARCHITECTURE + (
     "beta1", "beta2", "epsilon", "l1", "l2", "lr_power", "initial_accumulator", "seed",
     "admission_count", "show_click", "shrink_min_score", "shrink_decay",
     "shrink_unseen_passes", "valid_fraction", "keep", "keep_best", "checkpoint_steps",
-    "checkpoint_every", "max_restarts", "restart_window")
+    "checkpoint_every", "max_restarts", "restart_window", "storage")
 
 
 def _explicit_dests(parser, argv):

@@ -243,6 +243,7 @@ def cmd_train(args, argv):
            "admission_count": args.admission_count, "show_click": args.show_click,
            "shrink_min_score": args.shrink_min_score, "shrink_decay": args.shrink_decay,
            "shrink_unseen_passes": args.shrink_unseen_passes, "settings": settings,
+           "storage": args.storage,
            "config": getattr(args, "_config", None),
            "valid_fraction": args.valid_fraction, "keep": args.keep,
            "keep_best": args.keep_best, "log_level": args.log_level,

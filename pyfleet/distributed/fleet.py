@@ -51,6 +51,7 @@ from pyfleet.service import checkpoint as _checkpoint
 from pyfleet.service.auth import client_options_from_env, server_options_from_env
 from pyfleet.service.client import Client
 from pyfleet.service.server import Server
+from pyfleet.table import STORAGE_TYPES
 
 __all__ = [
     "MANIFEST_NAME",
@@ -97,7 +98,8 @@ class DistributedOptimizer:
                           parameter_list=parameter_list, no_grad_set=no_grad_set)
         self._fleet._set_program(loss.block.program,
                                  startup_program or default_startup_program(),
-                                 self._strategy, getattr(self, "_sparse_entry", None))
+                                 self._strategy, getattr(self, "_sparse_entry", None),
+                                 getattr(self, "_sparse_storage", "fp32"))
         return result
 
 
@@ -185,12 +187,19 @@ class Fleet:
         self._hdfs_config = {"fs_name": fs_name, "fs_ugi": fs_ugi, **kwargs}
 
     # ------------------------------------------------------------- programs
-    def distributed_optimizer(self, optimizer, strategy=None, sparse_entry=None):
+    def distributed_optimizer(self, optimizer, strategy=None, sparse_entry=None,
+                              sparse_storage="fp32"):
         """Wrap ``optimizer`` with a :class:`DistributeTranspilerConfig` (default one if None).
 
         ``sparse_entry`` (a pyfleet extension): an admission policy from
         :mod:`pyfleet.entry` (e.g. ``CountFilterEntry(2)``) given to every
-        sparse table; None admits every key on first sight (Fluid 1.5)."""
+        sparse table; None admits every key on first sight (Fluid 1.5).
+        ``sparse_storage`` (a pyfleet extension): how every sparse table holds
+        its rows, ``"fp32"``, ``"fp16"`` or ``"bf16"`` (see
+        :class:`pyfleet.SparseTable`'s ``storage``; docs/tables.md)."""
+        if sparse_storage not in STORAGE_TYPES:
+            raise ValueError(f"sparse_storage must be one of {', '.join(STORAGE_TYPES)}, "
+                             f"got {sparse_storage!r}")
         if sparse_entry is not None and not isinstance(sparse_entry, Entry):
             raise ValueError(f"sparse_entry must be a pyfleet.entry policy or None, "
                              f"got {sparse_entry!r}")
@@ -206,16 +215,17 @@ class Fleet:
                              f"StrategyFactory strategy, got {strategy!r}")
         opt = DistributedOptimizer(self, optimizer, strategy)
         opt._sparse_entry = sparse_entry
+        opt._sparse_storage = sparse_storage
         return opt
 
-    def _set_program(self, main, startup, strategy, sparse_entry=None):
+    def _set_program(self, main, startup, strategy, sparse_entry=None, sparse_storage="fp32"):
         self.main_program, self.startup_program, self._strategy = main, startup, strategy
         if self._client is None:  # workers: the first run that needs the servers connects
             self._set_backend(NoServers(
                 "this fleet program's parameters live on the servers: call "
                 "fleet.init_worker() (on a worker) before running fleet.main_program",
                 connect=self._connect_on_first_use))
-        self._tables, dense_shapes = table_configs(main, sparse_entry)
+        self._tables, dense_shapes = table_configs(main, sparse_entry, sparse_storage)
         self._placement = [  # hybrid: the servers hold no dense parameter
             (b.name, b.start, b.end, b.server_index)
             for b in _config.place_dense(dense_shapes, self.server_num(), strategy)
@@ -506,11 +516,12 @@ def _check_server_rule(optimizer, what):
                           f"{type(optimizer).__name__} trains local programs only")
 
 
-def table_configs(program, sparse_entry=None):
+def table_configs(program, sparse_entry=None, sparse_storage="fp32"):
     """``(configs, dense_shapes)`` of a minimized program: a create_tables
     config per sparse table and dense parameter, and ``[(name, shape)]`` of the
     dense ones in program order (the order placement depends on).
-    ``sparse_entry``: the admission policy of every sparse table (None: none)."""
+    ``sparse_entry``: the admission policy of every sparse table (None: none);
+    ``sparse_storage``: their storage type."""
     entry = None if sparse_entry is None else sparse_entry.to_config()
     opt = program._optimizer
     if opt is None:
@@ -523,7 +534,7 @@ def table_configs(program, sparse_entry=None):
             configs.append({"kind": "sparse", "name": p.name, "dim": p.dim,
                             "optimizer": popt.to_config(),
                             "initializer": p.initializer.to_config(), "seed": p.seed,
-                            "entry": entry})
+                            "entry": entry, "storage": sparse_storage})
         else:
             shape = [int(s) for s in p.shape]
             configs.append({"kind": "dense", "name": p.name, "shape": shape,

@@ -209,6 +209,10 @@ def _build(key, cfg):
 
 
 def _canonical(cfg):
+    """The comparable form of a table config: a sparse one with its defaults
+    filled in, so leaving out ``storage`` equals saying "fp32"."""
+    if cfg.get("kind") == "sparse":
+        cfg = SparseTable.full_config(cfg)
     return json.dumps(cfg, sort_keys=True, separators=(",", ":"))
 
 

@@ -37,7 +37,8 @@ def distributed_optimizer(fleet, job):
         from pyfleet.distributed.collective import DistributedStrategy
         return fleet.distributed_optimizer(optimizer_of(job), DistributedStrategy())
     return fleet.distributed_optimizer(optimizer_of(job), strategy_of(job),
-                                       sparse_entry=entry_of(job))
+                                       sparse_entry=entry_of(job),
+                                       sparse_storage=job.get("storage") or "fp32")
 
 
 def load_replicas(fleet, exe, job, where):

@@ -126,3 +126,39 @@ def test_test_data_problems_are_named(tmp_path):
     assert (f"--test: none of the first 2 lines of {bad} reads as criteo ({bad}:1: bad label)"
             in r.stderr), r.stderr
     assert not (tmp_path / "run").exists()  # refused before any process started
+
+
+def test_train_with_fp16_storage_trains_and_checkpoints_fp16(tmp_path):
+    """--storage fp16: the sparse table is created, trained and checkpointed
+    in fp16 (the manifest's config says so, and its file is the compact one:
+    an fp32 copy of the same rows is larger); the dense parameters stay fp32."""
+    import numpy as np
+
+    from pyfleet import SparseTable
+
+    run = tmp_path / "run"
+    r = pyfleet("train", "--rows", "6000", "--workers", "1", "--mode", "sync", "--storage",
+                "fp16", "--run-dir", str(run), "--json", cwd=tmp_path, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert summary["test_auc"] > 0.5 and 0 < summary["test_logloss"] < 1.0
+    manifest = json.loads((run / "checkpoint" / "MANIFEST.json").read_text())
+    sparse = [t for t in manifest["tables"] if t["kind"] == "sparse"]
+    assert [t["storage"] for t in sparse] == ["fp16"]
+    assert all("storage" not in t for t in manifest["tables"] if t["kind"] == "dense")
+    cfg = {k: v for k, v in sparse[0].items() if k != "kind"}
+    (shard,) = (run / "checkpoint").glob(f"*/{cfg['name']}.shard0-of-1.bin")
+    t16 = SparseTable.from_config(cfg)
+    t16.load(str(shard))
+    assert len(t16) == summary["table_rows"][cfg["name"]]
+    t32 = SparseTable.from_config({**cfg, "storage": "fp32"})
+    t32.load(str(shard))  # converts
+    t32.save(str(tmp_path / "fp32.bin"))
+    assert shard.stat().st_size < 0.7 * (tmp_path / "fp32.bin").stat().st_size
+    keys = t16.export()["keys"][:100]
+    np.testing.assert_array_equal(t16.pull(keys, create=False), t32.pull(keys, create=False))
+
+
+def test_train_refuses_an_unknown_storage(tmp_path):
+    r = pyfleet("train", "--storage", "int8", "--rows", "2000", cwd=tmp_path, timeout=60)
+    assert r.returncode != 0 and "--storage" in r.stderr and "int8" in r.stderr

@@ -39,38 +39,46 @@ def mix64(x):
 
 
 def round_bits(seed, key, count, n):
-    """The uint32 random bits of elements 0..n-1 of one update of one row."""
+    """The uint16 random bits of elements 0..n-1 of one update of one row: the
+    four 16-bit quarters of one hash, low first, per four elements."""
     salt = mix64(U64(seed & MASK64) ^ U64(ROUND_SALT))
     z = mix64(mix64(salt ^ U64(key)) ^ U64(count))
     e = np.arange(n, dtype=U64)
     with np.errstate(over="ignore"):
-        x = mix64(z + (e // U64(2) + U64(1)) * U64(ROUND_STEP))
-    return np.where(e % U64(2) == 0, x & U64(0xFFFFFFFF), x >> U64(32)).astype(np.uint32)
+        x = mix64(z + (e // U64(4) + U64(1)) * U64(ROUND_STEP))
+    return ((x >> (U64(16) * (e % U64(4)))) & U64(0xFFFF)).astype(np.uint16)
 
 
 def half_stochastic(v, r):
+    """r / 2^16 is a fraction of the result's ulp added before truncation: a
+    normal half adds r's top 13 bits to its 13 dropped bits; a subnormal one
+    is floor(|v| * 2^24 + r / 2^16), here in integers: |v| * 2^24 = sig / 2^shift."""
     a = v.astype(np.float32).view(np.uint32).astype(np.uint64)
     sign = (a >> np.uint64(16)) & np.uint64(0x8000)
     a &= np.uint64(0x7FFFFFFF)
-    r = r.astype(np.uint64)
-    normal = np.minimum(((a + (r & np.uint64(0x1FFF))) >> np.uint64(13)) - np.uint64(112 << 10),
+    r = r.astype(np.uint64) & np.uint64(0xFFFF)
+    normal = np.minimum(((a + (r >> np.uint64(3))) >> np.uint64(13)) - np.uint64(112 << 10),
                         np.uint64(0x7BFF))
     e = a >> np.uint64(23)
     sig = (a & np.uint64(0x7FFFFF)) | np.where(e != 0, np.uint64(0x800000), np.uint64(0))
-    shift = np.uint64(126) - np.maximum(e, np.uint64(1))
-    small_shift = np.minimum(shift, np.uint64(32))
-    mask = (np.uint64(1) << small_shift) - np.uint64(1)
-    sub = np.where(shift > 32, np.uint64(0), (sig + (r & mask)) >> small_shift)
-    out = np.where(a >= np.uint64(0x38800000), normal, sub)
+    shift = np.minimum(np.uint64(126) - np.maximum(e, np.uint64(1)), np.uint64(48))
+    frac16 = ((sig & ((np.uint64(1) << shift) - np.uint64(1))) << np.uint64(16)) >> shift
+    sub = (sig >> shift) + ((r + frac16) >> np.uint64(16))
+    special = np.where(a > np.uint64(0x7F800000), np.uint64(0x7E00), np.uint64(0x7C00))
+    out = np.where(a >= np.uint64(0x7F800000), special,
+                   np.where(a >= np.uint64(0x38800000), normal, sub))
     return (sign | out).astype(np.uint16)
 
 
 def bf16_stochastic(v, r):
     b = v.astype(np.float32).view(np.uint32).astype(np.uint64)
+    a = b & np.uint64(0x7FFFFFFF)
+    kept = (b >> np.uint64(16)) | np.where(a > np.uint64(0x7F800000), np.uint64(0x40),
+                                            np.uint64(0))
     b = (b + (r.astype(np.uint64) & np.uint64(0xFFFF))) >> np.uint64(16)
     over = (b & np.uint64(0x7FFF)) >= np.uint64(0x7F80)
     b = np.where(over, (b & np.uint64(0x8000)) | np.uint64(0x7F7F), b)
-    return b.astype(np.uint16)
+    return np.where(a >= np.uint64(0x7F800000), kept, b).astype(np.uint16)
 
 
 def widen(kind, h):
@@ -121,7 +129,7 @@ def test_core_rounding_matches_numpy_rule(kind):
         rng.normal(0, 1, 20000), rng.normal(0, 1e-5, 20000),  # fp16 subnormals among them
         rng.normal(0, 1e-9, 2000), [0.0, -0.0, 65504.0, 65519.0, 1e-30, -3e-8, 6.1e-5],
     ]).astype(np.float32)
-    r = rng.integers(0, 2**32, v.size, dtype=np.uint32)
+    r = rng.integers(0, 2**16, v.size, dtype=np.uint16)
     ref = half_stochastic(v, r) if kind == "fp16" else bf16_stochastic(v, r)
     np.testing.assert_array_equal(_core.storage_round(_core.StorageKind.__members__[kind], v, r),
                                   ref)
@@ -132,12 +140,48 @@ def test_core_rounding_matches_numpy_rule(kind):
 
 
 @pytest.mark.parametrize("kind", COMPACT)
+def test_widening_every_16_bit_pattern(kind):
+    """All 65536 codes (subnormals, Inf, NaN payloads), in 4-lane groups and
+    the scalar remainder: numpy's own float16 widening for fp16."""
+    sk = _core.StorageKind.__members__[kind]
+    codes = np.arange(2**16, dtype=np.uint32).astype(np.uint16)
+    for start in (0, 3):
+        got = _core.storage_widen(sk, codes[start:])
+        want = widen(kind, codes[start:])
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("kind", COMPACT)
+def test_rounding_at_boundaries_matches_numpy_rule(kind):
+    """Every class boundary of the rule (fp16 normal/subnormal/zero, ulp steps,
+    saturation, Inf, NaN, fp32 subnormals) with the extreme random bits, at
+    every position of a 4-lane group and in the scalar remainder."""
+    sk = _core.StorageKind.__members__[kind]
+    edges = np.array([
+        0.0, -0.0, 2.0**-14, np.nextafter(np.float32(2.0**-14), np.float32(0)), 2.0**-24,
+        2.0**-25, 2.0**-33, 2.0**-34, 3 * 2.0**-34, 1e-45, -1e-40, 1023 * 2.0**-24,
+        1023.75 * 2.0**-24, 65504.0, 65519.0, 65520.0, -1e6, 3.3895314e38, -3.4e38,
+        np.inf, -np.inf, np.nan, 1.0, 1.0 + 2.0**-11, -(1.0 + 2.0**-23),
+    ], np.float32)
+    edges = np.concatenate([edges, -edges, np.array([0x7FC00001, 0xFF800001], np.uint32)
+                            .view(np.float32)])
+    for rv in (0, 1, 0x7FFF, 0x8000, 0xFFFE, 0xFFFF):
+        for shift in range(5):  # misalign the lanes
+            v = np.concatenate([np.ones(shift, np.float32), edges])
+            r = np.full(v.size, rv, np.uint16)
+            ref = half_stochastic(v, r) if kind == "fp16" else bf16_stochastic(v, r)
+            np.testing.assert_array_equal(_core.storage_round(sk, v, r), ref)
+    with pytest.raises(ValueError, match="uint16"):
+        _core.storage_round(sk, edges, np.zeros(edges.size, np.uint32))
+
+
+@pytest.mark.parametrize("kind", COMPACT)
 @pytest.mark.parametrize("x", [1.0 + 1 / 3 * 2**-10, 0.1, 3e-6, -7.3e-7, 123.456])
 def test_stochastic_rounding_is_unbiased(kind, x):
     n = 200_000
     sk = _core.StorageKind.__members__[kind]
     v = np.full(n, x, np.float32)
-    r = np.random.default_rng(1).integers(0, 2**32, n, dtype=np.uint32)
+    r = np.random.default_rng(1).integers(0, 2**16, n, dtype=np.uint16)
     got = _core.storage_widen(sk, _core.storage_round(sk, v, r)).astype(np.float64)
     lo, hi = got.min(), got.max()
     assert lo <= float(v[0]) <= hi
@@ -372,3 +416,61 @@ def test_unknown_storage_is_refused_by_name():
     assert pyfleet.SparseTable.from_config(old).storage == "fp32"
     with pytest.raises(ValueError, match="fp8"):
         pyfleet.SparseTable.from_config(dict(cfg, storage="fp8"))
+
+
+# ---- configs: an omitted storage is fp32 ----
+
+def test_config_without_storage_equals_fp32_on_a_server():
+    """A server re-creating a table (a restarted worker) compares configs: one
+    written before storage types, without the key, is the same table as
+    "fp32"; "fp16" is a different one and is refused."""
+    import threading
+
+    from pyfleet.service.registry import Registry
+
+    base = {"kind": "sparse", "name": "emb",
+            **pyfleet.SparseTable(4, Adam(0.01), seed=3, name="emb").config()}
+    assert base.pop("storage") == "fp32"
+    reg = Registry(0, 1, 1 << 20, threading.Lock())
+    ids = reg.create_tables([base])
+    assert reg.create_tables([{**base, "storage": "fp32"}]) == ids
+    assert reg.create_tables([dict(base)]) == ids
+    with pytest.raises(ValueError, match="different config"):
+        reg.create_tables([{**base, "storage": "fp16"}])
+    assert reg.entries[ids["emb"]].table.storage == "fp32"
+
+    reg2 = Registry(0, 1, 1 << 20, threading.Lock())
+    ids2 = reg2.create_tables([{**base, "storage": "fp32"}])
+    assert reg2.create_tables([base]) == ids2
+    full = pyfleet.SparseTable.full_config(base)
+    assert full["storage"] == "fp32" and pyfleet.SparseTable.full_config(full) == full
+    assert pyfleet.SparseTable.full_config({**base, "storage": "bf16"})["storage"] == "bf16"
+
+
+def test_fluid_programs_choose_the_storage_of_their_sparse_tables():
+    """fleet.distributed_optimizer(..., sparse_storage=) reaches every sparse
+    table's config (what servers build and checkpoints record); dense
+    parameters have no storage; an unknown one is refused by name."""
+    from pyfleet import fluid, models
+    from pyfleet.distributed.fleet import Fleet
+    from pyfleet.role_maker import Role, UserDefinedRoleMaker
+
+    def tables(**kw):
+        f = Fleet()
+        f.init(UserDefinedRoleMaker(current_id=0, role=Role.WORKER, worker_num=1,
+                                    server_endpoints=["127.0.0.1:1"]))
+        main, startup = fluid.Program(), fluid.Program()
+        with fluid.program_guard(main, startup), fluid.unique_name.guard():
+            m = models.build("lr", num_dense=2, num_slots=2, embedding_dim=2)
+            f.distributed_optimizer(fluid.optimizer.SGD(0.1), **kw).minimize(m.avg_cost)
+        return f._tables
+
+    for kw, want in (({}, "fp32"), ({"sparse_storage": "bf16"}, "bf16")):
+        cfgs = tables(**kw)
+        sparse = [c for c in cfgs if c["kind"] == "sparse"]
+        assert sparse and all(c["storage"] == want for c in sparse)
+        assert all("storage" not in c for c in cfgs if c["kind"] == "dense")
+        assert pyfleet.SparseTable.from_config(
+            {k: v for k, v in sparse[0].items() if k != "kind"}).storage == want
+    with pytest.raises(ValueError, match="sparse_storage.*'int8'"):
+        Fleet().distributed_optimizer(fluid.optimizer.SGD(0.1), sparse_storage="int8")
