@@ -29,6 +29,7 @@ and a thread-safe backend).
 """
 
 import collections
+import logging
 
 import numpy as np
 
@@ -166,7 +167,13 @@ class Executor:
         dataset; every ``print_period`` batches print the fetched values
         labelled by ``fetch_info`` (Fluid's output). A ``fetch_handler``
         (:class:`FetchHandler`) gets its variables' latest values every
-        ``period_secs``. Returns the last fetch."""
+        ``period_secs``. Returns the last fetch.
+
+        ``thread``: Fluid's number of Hogwild training threads in the process.
+        pyfleet trains a dataset on one thread per worker process (start more
+        workers for parallelism), so ``thread > 1`` logs a warning naming it and
+        trains on one. ``debug=True`` (Fluid's per-op timing) is refused."""
+        _check_dataset_options(thread, debug)
         return self._run_dataset(program, dataset, scope, fetch_list, fetch_info,
                                  print_period, False, fetch_handler)
 
@@ -174,6 +181,7 @@ class Executor:
                            debug=False, fetch_list=None, fetch_info=None, print_period=100,
                            fetch_handler=None):
         """As :meth:`train_from_dataset` without updating parameters."""
+        _check_dataset_options(thread, debug)
         return self._run_dataset(program, dataset, scope, fetch_list, fetch_info,
                                  print_period, True, fetch_handler)
 
@@ -394,3 +402,20 @@ def _statistics_refused(param, backend):
             f"which {type(backend).__name__} cannot keep (under Fleet each worker would keep "
             f"its own copy, the servers none): {param.stat_rule} runs on the local backend "
             "only; train this network without Fleet, or drop the layer")
+
+
+_warned_threads = set()
+
+
+def _check_dataset_options(thread, debug):
+    """``train_from_dataset``'s ``thread`` and ``debug``: neither silently ignored."""
+    if debug:
+        raise ValueError("train_from_dataset(debug=True): Fluid's per-op timing output is "
+                         "not implemented by pyfleet; pass debug=False")
+    if isinstance(thread, bool) or not isinstance(thread, int) or thread < 0:
+        raise ValueError(f"train_from_dataset(thread=...) must be an int >= 0, got {thread!r}")
+    if thread > 1 and thread not in _warned_threads:
+        _warned_threads.add(thread)
+        logging.getLogger("pyfleet.fluid").warning(
+            "train_from_dataset(thread=%d): pyfleet trains on one thread per worker process; "
+            "start more workers (fleetrun --worker_num) for parallelism", thread)

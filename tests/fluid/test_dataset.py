@@ -201,3 +201,17 @@ def test_batches_span_chunks_and_files(tmp_path, monkeypatch):
         np.testing.assert_array_equal(a["ids"][0], b["ids"][0])
         np.testing.assert_array_equal(a["ids"][1], b["ids"][1])
         np.testing.assert_array_equal(a["y"], b["y"])
+
+
+def test_train_from_dataset_thread_and_debug_are_not_silently_ignored(caplog):
+    """thread > 1 (Fluid's Hogwild threads) trains on one thread and says so by
+    name; debug=True (per-op timing) is refused; a bad thread count is refused."""
+    exe = fluid.Executor(fluid.CPUPlace())
+    with pytest.raises(ValueError, match="debug=True"):
+        exe.train_from_dataset(dataset=None, debug=True)
+    with pytest.raises(ValueError, match="thread"):
+        exe.train_from_dataset(dataset=None, thread=-1)
+    with caplog.at_level("WARNING", logger="pyfleet.fluid"):
+        with pytest.raises(ValueError, match="DatasetFactory"):  # reached the run itself
+            exe.train_from_dataset(dataset=None, thread=7)
+    assert "thread=7" in caplog.text and "one thread per worker" in caplog.text
