@@ -254,3 +254,30 @@ def test_the_printed_summary_names_the_restarts_and_the_checkpoint_pauses():
     del s["restarts"], s["checkpoint_rounds"]
     assert not [line for line in _format_summary(s).splitlines()
                 if line.startswith(("restarts", "checkpoints in passes"))]
+
+
+@pytest.mark.timeout(DEADLINE + 60)
+def test_a_healed_sync_job_ends_with_the_model_of_an_undisturbed_one(tmp_path):
+    # Sync training is deterministic: a job killed and restarted from its checkpoint (every
+    # worker at its position, the step barrier at the checkpoint's step, the servers'
+    # optimizer state restored) must end with the very model of a run never killed.
+    flags = ("--mode", "sync", "--checkpoint-steps", "20")
+    calm = _train(tmp_path, "calm", *flags)
+    out, err = calm.communicate(timeout=DEADLINE)
+    assert calm.returncode == 0, err
+    calm = json.loads(out)
+    run = str(tmp_path / "run")
+    proc = _train(tmp_path, "run", *flags, "--max-restarts", "1")
+    try:
+        _kill_when(proc, run, "server.0", lambda: len(_rounds_of(run, 0)) >= 3)
+        out, err = proc.communicate(timeout=DEADLINE)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    healed = json.loads(out)
+    assert [r["role"] for r in healed["restarts"]] == ["server.0"]
+    assert healed["train_examples"] == calm["train_examples"] == 54000
+    assert healed["test_auc"] == calm["test_auc"]
+    assert healed["test_logloss"] == calm["test_logloss"]
