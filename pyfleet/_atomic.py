@@ -28,11 +28,13 @@ def fsync_dir(path: str) -> None:
 
 
 @contextlib.contextmanager
-def atomic_open(path: str, mode: str = "wb"):
+def atomic_open(path: str, mode: str = "wb", durable: bool = True):
     """Open a temporary file beside ``path``; on a clean exit make it ``path``.
 
     ``mode`` is ``"wb"`` or ``"w"``. An exception inside the block deletes the
-    temporary file and re-raises; ``path`` is then unchanged.
+    temporary file and re-raises; ``path`` is then unchanged. ``durable=False``
+    skips both fsyncs: readers still see the old or the new file whole, but a
+    power cut may lose the update (for files that only report progress).
     """
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_open writes whole files: mode must be 'w' or 'wb', got {mode!r}")
@@ -41,18 +43,20 @@ def atomic_open(path: str, mode: str = "wb"):
         with open(tmp, mode) as f:
             yield f
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    fsync_dir(os.path.dirname(os.path.abspath(path)))
+    if durable:
+        fsync_dir(os.path.dirname(os.path.abspath(path)))
 
 
-def write_json(path: str, obj, indent: int | None = None) -> None:
-    """Write ``obj`` as JSON at ``path`` atomically."""
-    with atomic_open(path, "w") as f:
+def write_json(path: str, obj, indent: int | None = None, durable: bool = True) -> None:
+    """Write ``obj`` as JSON at ``path`` atomically (``durable``: as :func:`atomic_open`)."""
+    with atomic_open(path, "w", durable=durable) as f:
         json.dump(obj, f, indent=indent)
 
 

@@ -3,7 +3,7 @@
 import os
 import shutil
 
-from pyfleet._atomic import write_json
+from pyfleet._atomic import fsync_dir, write_json
 from pyfleet.service import checkpoint as _checkpoint
 
 
@@ -31,6 +31,7 @@ def snapshot_checkpoint(src, dst):
                         copy_function=link)
     write_json(os.path.join(tmp, _checkpoint.MANIFEST_NAME), manifest, indent=1)
     os.rename(tmp, dst)
+    fsync_dir(os.path.dirname(os.path.abspath(dst)))  # the rename commits the copy
 
 
 class _Keeper:

@@ -3,11 +3,11 @@ and throughput (``RUN_DIR/progress/worker<i>.json``) and worker 0's phase events
 (``RUN_DIR/progress/events.jsonl``)."""
 
 import json
-import os
 import time
 
 import numpy as np
 
+from pyfleet._atomic import write_json
 from pyfleet.metrics import MetricStats
 
 
@@ -81,10 +81,7 @@ class _Progress:
 def _replace_json(path, obj):
     """Replace ``path`` by ``obj`` as JSON (a reader sees the old or the new
     file whole; no fsync: these files only report progress)."""
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(obj, f)
-    os.replace(tmp, path)
+    write_json(path, obj, durable=False)
 
 
 class _Events:
