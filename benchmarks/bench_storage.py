@@ -53,8 +53,8 @@ def measure(storage, dim, rows, batch, keys_all, idx_sets, grads):
     for idx in idx_sets:
         ks = keys_all[idx]
         table.push(ks, grads)  # warm
-        pull += batch / best_of(lambda: table.pull(ks, out=out))
-        push += batch / best_of(lambda: table.push(ks, grads))
+        pull += batch / best_of(lambda t=table, k=ks: t.pull(k, out=out))
+        push += batch / best_of(lambda t=table, k=ks: t.push(k, grads))
     del table
     gc.collect()
     return dict(per_row=per_row, pull=pull / len(idx_sets), push=push / len(idx_sets))

@@ -91,14 +91,18 @@ def bench_dim(dim, rows, batch, rng, report):
     for dist in ("uniform", "zipf1.1"):
         idx = rng.integers(0, rows, batch) if dist == "uniform" else zipf_indices(rng, batch, rows)
         ks = keys_all[idx]
-        t_take = best_of(lambda: np.take(dense, idx, axis=0, out=out))
-        t_pull = best_of(lambda: table.pull(ks, out=out))
-        t_np_adam = best_of(lambda: numpy_lazy_adam(dense, m, v, b1p, b2p, idx, grads), 2)
-        t_push = best_of(lambda: table.push(ks, grads))
+        # Each closure binds this iteration's arrays (default arguments), and the
+        # arrays are dropped after the loop to measure the next dim's RSS.
+        t_take = best_of(lambda d=dense, i=idx: np.take(d, i, axis=0, out=out))
+        t_pull = best_of(lambda t=table, k=ks: t.pull(k, out=out))
+        t_np_adam = best_of(lambda d=dense, mm=m, vv=v, i=idx:
+                            numpy_lazy_adam(d, mm, vv, b1p, b2p, i, grads), 2)
+        t_push = best_of(lambda t=table, k=ks: t.push(k, grads))
         outs = [np.empty((batch, dim), np.float32) for _ in range(2)]
-        t_pull2 = min(in_threads([lambda o=o: table.pull(ks, out=o) for o in outs])
+        t_pull2 = min(in_threads([lambda o=o, t=table, k=ks: t.pull(k, out=o) for o in outs])
                       for _ in range(3))
-        t_push2 = min(in_threads([lambda: table.push(ks, grads)] * 2) for _ in range(3))
+        t_push2 = min(in_threads([lambda t=table, k=ks: t.push(k, grads)] * 2)
+                      for _ in range(3))
         report["rows"].append(dict(
             dim=dim, dist=dist,
             take=batch / t_take, pull=batch / t_pull, pull2=2 * batch / t_pull2,

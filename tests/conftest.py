@@ -8,7 +8,6 @@ helpers in ``tests/support/`` import as ``support``.
 import os
 
 import pytest
-
 from support import DATA, REPO
 
 

@@ -7,10 +7,8 @@ A new module must be given a room here: the test names it otherwise.
 """
 
 import ast
-from pathlib import Path
 
 import pytest
-
 from support import REPO
 
 PACKAGE = REPO / "pyfleet"

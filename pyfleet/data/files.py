@@ -15,7 +15,6 @@ import stat
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
 
 import numpy as np
 
@@ -70,10 +69,10 @@ class Schema:
     """
 
     format: str
-    dense_names: Tuple[str, ...]
-    slot_names: Tuple[str, ...]
-    label_name: Optional[str] = "label"  # None: unlabelled rows (read for prediction only)
-    columns: Tuple[str, ...] = ()
+    dense_names: tuple[str, ...]
+    slot_names: tuple[str, ...]
+    label_name: str | None = "label"  # None: unlabelled rows (read for prediction only)
+    columns: tuple[str, ...] = ()
 
     @property
     def labelled(self) -> bool:
@@ -216,7 +215,7 @@ def count_data_lines(paths, header_lines: int = 0, max_line: int = MAX_LINE_BYTE
     return total
 
 
-def list_files(paths) -> List[str]:
+def list_files(paths) -> list[str]:
     """Expand files and directories into a sorted, de-duplicated list of files.
 
     A directory contributes its files (not recursive), skipping names that start
@@ -273,7 +272,7 @@ def criteo_columns(labelled: bool = True):
     return (kind, index) if labelled else (kind[1:].copy(), index[1:].copy())
 
 
-def split_header(header: bytes, path: str = "") -> List[str]:
+def split_header(header: bytes, path: str = "") -> list[str]:
     try:
         text = header.decode("utf-8")
     except UnicodeDecodeError:

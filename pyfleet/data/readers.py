@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
-from typing import List, Optional, Tuple, Union
+from typing import Union
 
 import numpy as np
 
@@ -74,7 +74,7 @@ class Batch:
     __slots__ = ("dense", "labels", "slot_names", "sparse")
 
     def __init__(self, labels: np.ndarray, dense: np.ndarray,
-                 sparse: List[Tuple[np.ndarray, np.ndarray]], slot_names: Sequence[str]):
+                 sparse: list[tuple[np.ndarray, np.ndarray]], slot_names: Sequence[str]):
         self.labels = labels
         self.dense = dense
         self.sparse = sparse
@@ -90,7 +90,7 @@ class Batch:
         """
         n = len(self)
         out = np.empty((n, len(self.sparse)), dtype=np.uint64)
-        for s, (ids, offsets) in enumerate(self.sparse):
+        for s, (ids, _offsets) in enumerate(self.sparse):
             if ids.shape[0] != n:
                 raise ValueError(f"slot {self.slot_names[s]!r} has {ids.shape[0]} ids for "
                                  f"{n} examples; use Batch.sparse for multi-id slots")
@@ -117,7 +117,7 @@ def parse_criteo_bytes(buf, dense_transform: str = "log", dense_min=None,
                                   dense_transform, dense_min, dense_max)
 
 
-def describe_malformed(stats, limit: int = 3) -> List[str]:
+def describe_malformed(stats, limit: int = 3) -> list[str]:
     """``["file:line: reason", ...]``: the first ``limit`` malformed lines of
     :meth:`Dataset.stats` (or a saved copy of it)."""
     return [f"{f}:{line}: {why}" for (f, line), why in
@@ -192,9 +192,9 @@ class Dataset:
 
     def __init__(self, paths, format: str = "criteo", batch_size: int = 512,
                  worker_index: int = 0, worker_num: int = 1, strict: bool = False,
-                 dense_transform: Optional[str] = None, shuffle: bool = False, seed: int = 0,
+                 dense_transform: str | None = None, shuffle: bool = False, seed: int = 0,
                  drop_last: bool = False, *, dense_min=None, dense_max=None,
-                 slots: Optional[Sequence[str]] = None, label_name: str = "click",
+                 slots: Sequence[str] | None = None, label_name: str = "click",
                  dense_name: str = "dense_feature", block_size: int = BLOCK_SIZE,
                  max_reported: int = 10, prefetch: int = 0, holdout=None,
                  max_line_bytes: int = MAX_LINE_BYTES, labels: str = "required"):
@@ -258,7 +258,7 @@ class Dataset:
         self._stats = self._empty_stats()
 
     @property
-    def slot_names(self) -> Tuple[str, ...]:
+    def slot_names(self) -> tuple[str, ...]:
         return self.schema.slot_names
 
     @property
@@ -461,7 +461,7 @@ class _Chunk:
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 
 
-def _holdout_mask(chunk: "_Chunk", fraction: float) -> np.ndarray:
+def _holdout_mask(chunk: _Chunk, fraction: float) -> np.ndarray:
     """True for the examples of ``chunk`` on the held-out side: a hash of each
     example's dense values and first id of every slot (splitmix64's mixer)
     below ``fraction`` of the hash range. Vectorized over the chunk."""

@@ -33,7 +33,6 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Dict, List, Optional
 
 import numpy as np
 
@@ -52,16 +51,16 @@ _RANK = 4
 @dataclass
 class _Truth:
     vocab_sizes: np.ndarray          # int64[26]
-    values: List[np.ndarray]          # uint32[V_j]: the hex value of each popularity rank
-    cdf: List[np.ndarray]             # float64[V_j]: Zipf-like popularity, cumulative
+    values: list[np.ndarray]          # uint32[V_j]: the hex value of each popularity rank
+    cdf: list[np.ndarray]             # float64[V_j]: Zipf-like popularity, cumulative
     cat_missing: np.ndarray           # float64[26]: missing rate per column
-    cat_weight: List[np.ndarray]      # float64[V_j + 1]: weight per rank; [V_j] is "missing"
+    cat_weight: list[np.ndarray]      # float64[V_j + 1]: weight per rank; [V_j] is "missing"
     dense_mu: np.ndarray              # float64[13]
     dense_sigma: np.ndarray           # float64[13]
     dense_shift: np.ndarray           # int64[13]: subtracted after the floor
     dense_missing: np.ndarray         # float64[13]
     dense_beta: np.ndarray            # float64[13]
-    pairs: List[tuple]                # (a, b, U_a[V_a + 1, R], U_b[V_b + 1, R], gamma)
+    pairs: list[tuple]                # (a, b, U_a[V_a + 1, R], U_b[V_b + 1, R], gamma)
     bias: float = 0.0
 
 
@@ -113,7 +112,7 @@ def _sigmoid(z):
     return 1.0 / (1.0 + np.exp(-z))
 
 
-def _block(truth: _Truth, rng: np.random.Generator, n: int) -> Dict[str, np.ndarray]:
+def _block(truth: _Truth, rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
     """n rows drawn from the truth; ``logit`` excludes the bias."""
     rank = np.empty((n, N_SLOTS), dtype=np.int64)
     cat_missing = np.empty((n, N_SLOTS), dtype=bool)
@@ -155,7 +154,7 @@ def _blocks(rows: int, seed: int, ctr: float):
         yield truth, b
 
 
-def generate_arrays(rows: int, seed: int = 0, ctr: float = 0.25) -> Dict[str, np.ndarray]:
+def generate_arrays(rows: int, seed: int = 0, ctr: float = 0.25) -> dict[str, np.ndarray]:
     """``rows`` examples in memory, exactly the rows :func:`generate` writes.
 
     Returns ``labels`` uint8[n], ``dense`` int64[n, 13] and ``dense_missing``
@@ -289,7 +288,7 @@ def generate(path_or_dir, rows: int, seed: int = 0, test_fraction: float = 0.1,
     return summary
 
 
-def _text(b: Dict[str, np.ndarray], sel: Optional[np.ndarray]) -> bytes:
+def _text(b: dict[str, np.ndarray], sel: np.ndarray | None) -> bytes:
     return format_tsv(b["labels"][sel], b["dense"][sel], b["dense_missing"][sel],
                       b["cat"][sel], b["cat_missing"][sel])
 
@@ -348,7 +347,7 @@ def cached(cache_dir, rows: int, seed: int = 0, test_fraction: float = 0.1,
     return info
 
 
-def _cache_entry(entry: str) -> Optional[dict]:
+def _cache_entry(entry: str) -> dict | None:
     """The summary of a complete cache entry, or None."""
     try:
         with open(os.path.join(entry, "cache.json")) as f:

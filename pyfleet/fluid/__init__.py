@@ -8,6 +8,9 @@ servers under Fleet.
 
 from pyfleet import initializer
 from pyfleet.config import DistributeTranspilerConfig
+
+# Imported for its effect: fluid.io's loaders then read Fleet checkpoints.
+from pyfleet.distributed import local_checkpoint as _local_checkpoint  # noqa: F401
 from pyfleet.fluid import (
     backend,
     clip,
@@ -36,8 +39,6 @@ from pyfleet.fluid.framework import (
     name_scope,
     program_guard,
 )
-# Imported for its effect: fluid.io's loaders then read Fleet checkpoints.
-from pyfleet.distributed import local_checkpoint as _local_checkpoint  # noqa: F401
 from pyfleet.fluid.io import load, save
 from pyfleet.fluid.layers_nn import one_hot_v2 as one_hot
 from pyfleet.fluid.param_attr import ParamAttr

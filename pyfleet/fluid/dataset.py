@@ -57,7 +57,7 @@ def parse_multislot(data, use_vars):
     k = len(first)
     layout = []
     pos = 0
-    for v in use_vars:
+    for _v in use_vars:
         if pos >= k:
             layout = None
             break

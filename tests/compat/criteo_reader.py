@@ -32,7 +32,7 @@ class CriteoDataset(dg.MultiSlotDataGenerator):
     def test(self, filelist):
         def reader():
             for fname in filelist:
-                with open(fname, 'r') as f:
+                with open(fname) as f:
                     for line in f:
                         dense_feature, sparse_feature, label = self._process_line(line)
                         yield [dense_feature] + sparse_feature + [label]

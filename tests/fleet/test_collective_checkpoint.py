@@ -8,6 +8,7 @@ import threading
 
 import numpy as np
 import pytest
+from support.collective_job import build, examples, feed_of
 from test_collective import pytestmark as _mpi_marks
 from test_collective import run_job
 
@@ -18,8 +19,6 @@ from pyfleet.fluid import inference
 from pyfleet.launch import free_ports
 from pyfleet.optimizer import Adam
 from pyfleet.role_maker import Role, UserDefinedRoleMaker
-
-from support.collective_job import build, examples, feed_of
 
 pytestmark = _mpi_marks
 

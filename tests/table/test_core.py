@@ -139,7 +139,7 @@ def test_initial_values_match_in_another_process():
     here = pyfleet.SparseTable(4, SGD(0.1), initializer=Normal(0, 1), seed=9).pull(ks)
     code = ("import numpy as np, pyfleet, sys;"
             "from pyfleet.initializer import Normal; from pyfleet.optimizer import SGD;"
-            f"ks=np.arange(0, 2**64-1, 2**58, dtype=np.uint64);"
+            "ks=np.arange(0, 2**64-1, 2**58, dtype=np.uint64);"
             "sys.stdout.buffer.write(pyfleet.SparseTable(4, SGD(0.1), initializer=Normal(0,1),"
             " seed=9).pull(ks).tobytes())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60, check=True)

@@ -2,11 +2,10 @@
 
 import numpy as np
 import pytest
+from support.reference import init_state, update
 
 import pyfleet
 from pyfleet.optimizer import FTRL, SGD, Adagrad, Adam
-
-from support.reference import init_state, update
 
 OPTIMIZERS = [
     SGD(learning_rate=0.1),

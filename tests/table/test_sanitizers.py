@@ -8,11 +8,9 @@ while another shrinks and saves. Any data race, overflow or leak fails it.
 import os
 import shutil
 import subprocess
-from pathlib import Path
 
 import pybind11
 import pytest
-
 from support import REPO
 
 ROOT = REPO

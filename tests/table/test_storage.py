@@ -5,13 +5,12 @@ admission on compact tables."""
 
 import numpy as np
 import pytest
+from support.reference import init_state, update
 
 import pyfleet
 from pyfleet import _core
 from pyfleet.entry import CountFilterEntry
 from pyfleet.optimizer import FTRL, SGD, Adagrad, Adam
-
-from support.reference import init_state, update
 
 COMPACT = ["fp16", "bf16"]
 OPTIMIZERS = [
@@ -241,7 +240,7 @@ def test_compact_update_equals_numpy_reference(kind, opt, dim):
                            rng.integers(0, 2**64, 40, dtype=np.uint64)])
     ref_w, ref_s, count = {}, {}, {}
     nt = tail(opt)
-    for step in range(25):
+    for _step in range(25):
         n = int(rng.integers(1, 40))
         keys = rng.choice(pool, size=n)
         pulled = table.pull(keys)

@@ -5,7 +5,7 @@
 
 gives the same object as ``from pyfleet import fleet``."""
 
-from pyfleet.distributed.fleet import DistributedOptimizer, Fleet, fleet
 from pyfleet.config import DistributeTranspilerConfig
+from pyfleet.distributed.fleet import DistributedOptimizer, Fleet, fleet
 
 __all__ = ["DistributeTranspilerConfig", "DistributedOptimizer", "Fleet", "fleet"]
