@@ -158,6 +158,21 @@ def server_options_from_env(env=None):
     out = {}
     secret = _env_path(env, "PYFLEET_CURVE_SERVER_SECRET", "server.key_secret")
     clients = _env_path(env, "PYFLEET_CURVE_CLIENT_KEYS_DIR", AUTHORIZED_DIR)
+    base = env.get("PYFLEET_CURVE_DIR")
+    if base:
+        # A key directory given to a server means authentication: without its
+        # secret or its client list the server would run in the clear, or
+        # admit any client key, while the operator believes it authenticates.
+        if not secret:
+            raise ValueError(f"PYFLEET_CURVE_DIR: {base!r} holds no server.key_secret (and "
+                             f"PYFLEET_CURVE_SERVER_SECRET is not set): a server cannot "
+                             f"authenticate without its key pair ('pyfleet keygen DIR')")
+        if not clients:
+            raise ValueError(f"PYFLEET_CURVE_DIR: {base!r} has no {AUTHORIZED_DIR}/ directory "
+                             f"(and PYFLEET_CURVE_CLIENT_KEYS_DIR is not set): the server "
+                             f"would admit any client key. Copy the clients' public keys "
+                             f"(NAME.key) into {os.path.join(base, AUTHORIZED_DIR)}/ "
+                             f"('pyfleet keygen DIR' makes it)")
     if secret:
         try:
             out["curve_secret_key"] = load_keypair(secret)[1]

@@ -289,31 +289,65 @@ def confined_path(root, rel):
     return path
 
 
+def _file_name(e, index, num):
+    """The file server ``index`` of ``num`` saves table entry ``e`` into."""
+    if e.kind == "sparse":
+        return f"{e.name}.shard{index}-of-{num}.bin"
+    return f"{e.name}.{e.start}-{e.end}.bin"
+
+
+def _refuse_written(path, rel, names):
+    """Refuse a save into ``path`` (request dir ``rel``) that would write into a
+    checkpoint (a directory holding a manifest), into a generation a manifest
+    commits, or over any of the files ``names``: a save writes fresh files
+    only, so nothing of a committed checkpoint is ever rewritten in place."""
+    if os.path.exists(os.path.join(path, MANIFEST_NAME)):
+        raise ValueError(f"save refused: dir {rel!r} holds {MANIFEST_NAME} (a checkpoint); a "
+                         f"save writes a new generation directory, never into a checkpoint")
+    parent, name = os.path.split(path)
+    if _GEN_RE.fullmatch(name) and os.path.exists(os.path.join(parent, MANIFEST_NAME)):
+        try:
+            committed = any(g["dir"] == name for g in read_manifest(parent)["chain"])
+        except ValueError:
+            committed = True  # cannot tell: keep out
+        if committed:
+            raise ValueError(f"save refused: dir {rel!r} is a generation its checkpoint's "
+                             f"{MANIFEST_NAME} commits (or whose manifest is unreadable); "
+                             f"committed generations are never rewritten")
+    taken = sorted(n for n in names if os.path.lexists(os.path.join(path, n)))
+    if taken:
+        raise ValueError(f"save refused: dir {rel!r} already holds {taken[:3]} (an earlier "
+                         f"save); a save never overwrites one: save into a new directory")
+
+
 def save_server(registry, root, rel, mode="full"):
     """Save every table of ``registry`` (a server's) under ``<root>/<rel>``
     (``mode="delta"``: sparse rows changed since the last save). Returns
     ``{"rows": {table: rows}, "files": [...], "file_info": [{"file",
     "table", "rows", "sha256", "bytes"}]}`` (checksums computed from the
     written files, for the checkpoint manifest); raises ValueError when
-    refused. Thread-safe."""
+    refused: a path outside ``root``, or a directory already holding this
+    server's save (or any file it would write), a checkpoint's manifest, or
+    committed by one. Thread-safe."""
     if mode not in ("full", "delta"):
         raise ValueError(f"mode must be 'full' or 'delta', got {mode!r}")
     path = confined_path(root, rel)
-    os.makedirs(path, exist_ok=True)
     index, num = registry.server_index, registry.server_num
     rows, files, info = {}, [], []
     with registry.lock:  # the list of tables, not their files
         entries = list(registry.entries.values())
+    _refuse_written(path, rel, [_file_name(e, index, num) for e in entries]
+                    + [f"server{index}-of-{num}.json"])
+    os.makedirs(path, exist_ok=True)
     # The files are written without the server's lock, so the serving thread
     # keeps answering (heartbeats, barriers) during a long save: a sparse
     # table copies each of its shards under that shard's own lock (every row
     # saved from one instant), a dense block is saved under its own lock.
     for e in entries:
+        f = os.path.join(path, _file_name(e, index, num))
         if e.kind == "sparse":
-            f = os.path.join(path, f"{e.name}.shard{index}-of-{num}.bin")
             rows[e.key] = e.table.save(f, delta=(mode == "delta"))
         else:
-            f = os.path.join(path, f"{e.name}.{e.start}-{e.end}.bin")
             with e.lock:
                 rows[e.key] = e.table.save(f)
         files.append(os.path.basename(f))

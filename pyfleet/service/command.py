@@ -61,7 +61,11 @@ def main(argv=None):
     a = p.parse_args(argv)
     logging.basicConfig(level=a.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    env_auth = _auth.server_options_from_env()
+    try:
+        env_auth = _auth.server_options_from_env()
+    except ValueError as e:  # a key variable naming a missing or incomplete key set
+        print(f"pyfleet.server: {e}", file=sys.stderr)
+        return 2
     curve = env_auth.get("curve_secret_key")
     clients = a.curve_client_keys or env_auth.get("curve_client_keys")
     if a.curve_secret_key_file:

@@ -54,6 +54,7 @@ from pyfleet.service.barrier import Barriers
 from pyfleet.service.dedup import RecentRequests
 from pyfleet.service.limits import Limits
 from pyfleet.service.loop import INLINE_LIMIT, SocketLoop
+from pyfleet.service.owners import Owners
 from pyfleet.service.protocol import Op, ProtocolError, Refused, Status
 from pyfleet.service.registry import Registry
 from pyfleet.service.table_ops import SPLIT_PULL_KEYS, TableOps, control_payload, segment_sum
@@ -155,6 +156,7 @@ class Server:
                                  sync=(mode == "sync"))
         self._counters = {}
         self._recent = RecentRequests(self.worker_num + 1)  # push ids, per sender
+        self._owners = Owners(self.worker_num, self.heartbeat_timeout)  # who speaks for whom
         self._counter_lock = threading.Lock()
         self._data = TableOps(self.registry, self.barriers, mode, self._count,
                              self.handler_threads, self.split_pull_keys, self.limits)
@@ -288,10 +290,14 @@ class Server:
                 raise ProtocolError(f"message of {total} bytes exceeds max_message_bytes="
                                     f"{self.max_message_bytes}")
             if h.status and h.status - 1 < self.worker_num:
-                self.barriers.seen(h.status - 1, time.monotonic())
+                now = time.monotonic()
+                self.barriers.seen(h.status - 1, now)
+                self._owners.heard(h.status - 1, h.request, now)
             self._count(_OP_COUNTER[op])
             if op in _PUSH_OPS:
                 sender = h.status if h.status <= self.worker_num else 0
+                if sender:  # a push acts as the worker: the first one claims its index
+                    self._claim(sender - 1, h, op.name, refuse=False)
                 if not self._recent.first(sender, h.request):
                     self._count("duplicate_pushes")  # a retry: applied once already
                     return self._data.repeat_reply(h, op, frames[1:], ident)
@@ -323,6 +329,12 @@ class Server:
             raise Refused(f"worker must be an integer in [0, {self.worker_num}), got {w!r}")
         return w
 
+    def _claim(self, w, h, what, refuse=True, take=True):
+        """Whether request ``h`` may speak for worker ``w`` (see
+        :mod:`pyfleet.service.owners`; thread-safe)."""
+        return self._owners.claim(w, h.request, time.monotonic(), w in self.barriers.stopped,
+                                  what, refuse, take)
+
     def _release(self, rel):
         """The replies of a completed barrier (sync mode: its step applied
         first); caller holds the lock."""
@@ -346,6 +358,7 @@ class Server:
         w = self._worker_of(payload)
         kind = payload.get("kind", "step")
         with self._lock:
+            self._claim(w, h, "BARRIER")
             return self._release(self.barriers.arrive(w, (ident, h), kind,
                                                       time.monotonic())) or None
 
@@ -362,6 +375,7 @@ class Server:
                 # or the lock held): nobody could be heard, so the gap is the
                 # server's own silence, not the workers'.
                 self.barriers.pause(gap, now)
+                self._owners.pause(gap)
                 log.warning("server %d did not serve for %.1f s; liveness clocks moved on "
                             "by that", self.server_index, gap)
                 return  # read what waits in the socket before judging anyone
@@ -390,7 +404,10 @@ class Server:
     def _heartbeat(self, h, op, frames, ident):
         payload = control_payload(frames, op)
         if "worker" in payload:
-            self.barriers.seen(self._worker_of(payload), time.monotonic())
+            w = self._worker_of(payload)
+            with self._lock:  # answered whoever asks; it claims nothing
+                if self._claim(w, h, "HEARTBEAT", refuse=False, take=False):
+                    self.barriers.seen(w, time.monotonic())
         return [[ident] + P.reply(h, payload={
             "server_index": self.server_index, "server_num": self.server_num,
             "worker_num": self.worker_num, "mode": self.mode,
@@ -399,6 +416,7 @@ class Server:
     def _stop_worker(self, h, op, frames, ident):
         w = self._worker_of(control_payload(frames, op))
         with self._lock:
+            self._claim(w, h, "STOP_WORKER")
             rel, everyone = self.barriers.stop(w, time.monotonic())
             out = [[ident] + P.reply(h, payload={"stopped": sorted(self.barriers.stopped)})]
             out += self._release(rel)

@@ -1,0 +1,94 @@
+"""Which client speaks for each worker index: :class:`Owners`.
+
+A worker's control requests (``BARRIER``, ``STOP_WORKER``) change what a
+server does for every worker: a spoofed ``STOP_WORKER`` ends the servers under
+the real workers. So a worker index belongs to the first client that acts as
+that worker (a push, a barrier or a stop carrying the index), and only that
+client's ``BARRIER`` and ``STOP_WORKER`` for that index are accepted.
+Connecting (``HEARTBEAT``) and pulling claim nothing: a tool's client that
+only reads (whose default index is 0) does not take a worker's place.
+
+A client is named by the random 40-bit prefix of its request ids
+(:mod:`pyfleet.service.channel`: one per process, then a 24-bit counter): a
+peer cannot see another process's request ids, since replies go only to the
+socket that asked. A counter carry moves a process's prefix up by one, which
+is followed. This is not authentication (a peer that claims an index first,
+before the real worker, keeps it): against hostile peers, CURVE keys are
+(docs/operations.md, "Secure a cluster"); it stops a peer from speaking for
+a worker that is running.
+
+A restarted worker (a new process, a new prefix) takes its index over once
+the previous owner has stopped (``STOP_WORKER``) or been silent for
+``heartbeat_timeout``. A ``HEARTBEAT`` from another client is answered (it
+is also how a client connects and learns the server's settings) but does not
+count as the worker's; a ``BARRIER`` or ``STOP_WORKER`` from another client
+is refused, naming the rule; a push from another client is applied (it
+cannot be told from a tool's) and claims nothing.
+
+Thread-safe (one lock; the socket thread and the handler threads call it).
+"""
+
+import logging
+import threading
+
+from pyfleet.service.protocol import Refused
+
+__all__ = ["Owners"]
+
+log = logging.getLogger("pyfleet.server")
+
+_PREFIX_SHIFT = 24  # request id = prefix << 24 | counter (pyfleet.service.channel)
+
+
+class Owners:
+    """The owner (request-id prefix) of each of ``worker_num`` worker indices."""
+
+    def __init__(self, worker_num, heartbeat_timeout):
+        self.heartbeat_timeout = float(heartbeat_timeout)
+        self._owner = [None] * int(worker_num)
+        self._heard = [0.0] * int(worker_num)
+        self._lock = threading.Lock()
+
+    def heard(self, worker, rid, now):
+        """A request of ``worker``'s index arrived: the owner's clock moves on
+        if it is the owner's."""
+        p = rid >> _PREFIX_SHIFT
+        o = self._owner[worker]
+        if o is not None and (p == o or p == o + 1):
+            with self._lock:
+                if self._owner[worker] == o:
+                    self._owner[worker] = max(o, p)
+                    self._heard[worker] = now
+
+    def claim(self, worker, rid, now, stopped, what, refuse=True, take=True):
+        """Whether the client of request ``rid`` speaks for ``worker`` (claiming
+        it when free, when its owner stopped or went silent; ``take=False``:
+        True for a free index, claiming nothing). Otherwise refused
+        (:class:`Refused` naming ``what``), or False with ``refuse=False``."""
+        p = rid >> _PREFIX_SHIFT
+        with self._lock:
+            o = self._owner[worker]
+            if o is not None and (p == o or p == o + 1):
+                self._owner[worker], self._heard[worker] = max(o, p), now
+                return True
+            if o is None and not take:
+                return True
+            silent = now - self._heard[worker]
+            if o is None or stopped or silent > self.heartbeat_timeout:
+                if o is not None:
+                    log.warning("worker %d is now spoken for by another client (the one "
+                                "before %s)", worker, "stopped" if stopped else
+                                f"was silent for {silent:.1f} s")
+                self._owner[worker], self._heard[worker] = p, now
+                return True
+        if not refuse:
+            return False
+        raise Refused(f"{what} for worker {worker} refused: another client speaks for worker "
+                      f"{worker} (it was heard {silent:.1f} s ago); a worker index belongs to "
+                      f"the first client that used it, until that one stops or is silent for "
+                      f"heartbeat_timeout={self.heartbeat_timeout:g} s")
+
+    def pause(self, gap):
+        """The server stalled for ``gap`` seconds: not its owners' silence."""
+        with self._lock:
+            self._heard = [t + gap for t in self._heard]
