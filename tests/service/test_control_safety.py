@@ -18,6 +18,7 @@ import time
 import numpy as np
 import pytest
 import zmq
+from support.service import ServerGroup
 
 from pyfleet._atomic import write_json
 from pyfleet.errors import RemoteError
@@ -27,7 +28,6 @@ from pyfleet.service import protocol as P
 from pyfleet.service.client import Client
 from pyfleet.service.owners import Owners
 from pyfleet.service.protocol import Op, Refused
-from support.service import ServerGroup
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -10,12 +10,12 @@ import time
 import numpy as np
 import pytest
 import zmq
+from support.service import ServerGroup
 
 from pyfleet.errors import RemoteError
 from pyfleet.service import protocol as P
 from pyfleet.service.client import Client
 from pyfleet.service.protocol import Op
-from support.service import ServerGroup
 
 pytestmark = pytest.mark.timeout(300)
 
