@@ -71,8 +71,12 @@ def _interrupted(run_dir, resume, monitor, last_pass, args):
         return (f"pyfleet train: interrupted{during}; no pass had finished, so no checkpoint "
                 f"was kept (the logs are in {run_dir}/logs)")
     done = (m.get("meta") or {}).get("pass")
+    inside = ((m.get("meta") or {}).get("position") or {}).get("round")
     text = f"pyfleet train: interrupted{during}; kept: {run_dir}/checkpoint"
-    if isinstance(done, int):
+    if isinstance(done, int) and inside:
+        text += f" (inside pass {done + 1}: every worker's position in it)"
+        left = last_pass - done
+    elif isinstance(done, int):
         text += f" (after pass {done})"
         left = last_pass - done
     else:

@@ -260,10 +260,13 @@ def cmd_train(args, argv):
                              f"--layers, --embedding-dim, --optimizer and the data's "
                              f"features must be those of the run resumed)") from None
         done = (manifest.get("meta") or {}).get("pass")
-        if isinstance(done, int) and not isinstance(done, bool) and done >= 1:
+        inside = ((manifest.get("meta") or {}).get("position") or {}).get("round")
+        if isinstance(done, int) and not isinstance(done, bool) and (
+                done >= 1 or (done == 0 and inside)):
             job["first_pass"] = done + 1
-            say(f"resuming after pass {done} of {resume}: passes {done + 1}.."
-                f"{done + args.epochs}")
+            where = (f"inside pass {done + 1} (checkpoint round {inside})" if inside
+                     else f"after pass {done}")
+            say(f"resuming {where} of {resume}: passes {done + 1}..{done + args.epochs}")
         else:  # saved by save_persistables without the trainer's pass number
             say(f"resuming from {resume}/checkpoint, which does not say which pass it "
                 f"ended: passes are numbered from 1 again")

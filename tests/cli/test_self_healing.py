@@ -231,11 +231,13 @@ def test_resume_of_a_checkpoint_inside_a_pass_trains_the_rest_of_it(tmp_path):
     held = sum(w["pass_examples"] for w in pos["workers"].values())
     assert 0 < held < 54000
     again = subprocess.run([sys.executable, "-m", "pyfleet.cli", "train", "--resume", run,
-                            "--quiet", "--json", "--checkpoint-steps", "20"],
+                            "--json", "--checkpoint-steps", "20"],
                            capture_output=True, text=True, timeout=DEADLINE,
                            cwd=str(tmp_path))
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout)["train_examples"] == 54000 - held
+    assert f"resuming inside pass 1 (checkpoint round {pos['round']}) of {run}: passes " \
+           f"1..1" in again.stderr
 
 
 def test_the_printed_summary_names_the_restarts_and_the_checkpoint_pauses():
