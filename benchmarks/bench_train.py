@@ -177,7 +177,10 @@ def run_mpi(kind, data, servers, workers, mode, epochs, timeout):
                            timeout=timeout, check=False)
         if p.returncode:
             raise RuntimeError(f"{kind} run failed:\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
-        return _last_json(p.stdout)
+        r = _last_json(p.stdout)
+        if procs:  # the servers' whole-life CPU, from their exit's resource usage
+            r["server_cpu_seconds"] = sum(_reap_cpu(q) for q in procs)
+        return r
     finally:
         for p in procs:
             try:
@@ -185,6 +188,20 @@ def run_mpi(kind, data, servers, workers, mode, epochs, timeout):
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+
+
+def _reap_cpu(p, timeout=30.0):
+    """Wait (at most ``timeout`` s) for ``p`` to exit; its user + system CPU seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pid, status, usage = os.wait4(p.pid, os.WNOHANG)
+        if pid:
+            p.returncode = os.waitstatus_to_exitcode(status)
+            return usage.ru_utime + usage.ru_stime
+        time.sleep(0.05)
+    p.kill()
+    p.wait()
+    return 0.0
 
 
 def main(argv=None):
