@@ -110,3 +110,71 @@ def test_bad_restart_options_are_refused_by_name(tmp_path, flags, message):
     proc, _ = _launch(tmp_path, "worker.0:0:none", *flags)
     assert proc.returncode == 2
     assert message in proc.stderr
+
+
+FLEET_SCRIPT = textwrap.dedent("""
+    import json, os, signal, sys, time
+    from pyfleet import fluid
+    from pyfleet.distributed.fleet import fleet
+    from pyfleet.trainer import JOB_DEFAULTS, build_program, feed_of, optimizer_of, strategy_of
+    from pyfleet.trainer import _dataset
+    data, out = sys.argv[1], sys.argv[2]
+    job = {**JOB_DEFAULTS, "train": data, "format": "csv", "embedding_dim": 4,
+           "layers": [8], "batch_size": 64, "lr": 0.01}
+    ds = _dataset(job, data, int(os.environ.get("PYFLEET_WORKER_INDEX", 0)), 2)
+    main, startup, model = build_program(job, ds.schema.n_dense, ds.schema.n_slots)
+    fleet.init()
+    with fluid.program_guard(main, startup):
+        fleet.distributed_optimizer(optimizer_of(job), strategy_of(job)).minimize(
+            model.avg_cost)
+    attempt = int(os.environ["PYFLEET_RESTART_COUNT"])
+    if fleet.is_server():
+        fleet.init_server()  # restores PYFLEET_RESTORE_DIR when the launcher set it
+        fleet.run_server()
+        sys.exit(0)
+    fleet.init_worker()
+    exe = fluid.Executor(fluid.CPUPlace())
+    exe.run(fleet.startup_program)
+    wi = fleet.worker_index()
+    if attempt == 0:
+        for batch in ds:
+            exe.run(main, feed=feed_of(batch, model), fetch_list=[model.avg_cost])
+        fleet.barrier_worker()
+        if wi == 0:
+            fleet.save_persistables(exe, "ckpt", meta={"pass": 1})
+        fleet.barrier_worker()
+        if wi == 1:  # dies once the checkpoint is committed
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(60)
+    rows = sum(int(t.get("rows", 0)) for s in fleet.stats()
+               for t in s.get("tables", {}).values())
+    with open(os.path.join(out, f"worker{wi}.attempt{attempt}.json"), "w") as f:
+        json.dump({"rows": rows, "restore": os.environ.get("PYFLEET_RESTORE_DIR")}, f)
+    fleet.stop_worker()
+""")
+
+
+def test_a_fleet_scripts_servers_restore_the_checkpoint_when_the_job_restarts(tmp_path):
+    from support import DATA
+    script = tmp_path / "train.py"
+    script.write_text(FLEET_SCRIPT)
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = subprocess.run(
+        [sys.executable, "-m", "pyfleet.launch", "--server_num", "2", "--worker_num", "2",
+         "--timeout", "240", "--max-restarts", "1", "--restore-dir", str(tmp_path / "ckpt"),
+         str(script), str(DATA / "criteo-kaggle-tiny" / "train.tiny.csv"), str(out)],
+        capture_output=True, text=True, timeout=300, cwd=str(tmp_path),
+        env={**os.environ, "PYFLEET_CHECKPOINT_DIR": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    assert "worker.1 was killed by SIGKILL; restarting the whole job" in proc.stderr
+    got = {n: json.loads((out / n).read_text()) for n in os.listdir(out)}
+    # Only the restarted attempt got this far, and its servers hold the saved rows without
+    # any training: the checkpoint was restored.
+    assert sorted(got) == ["worker0.attempt1.json", "worker1.attempt1.json"]
+    saved = json.loads((tmp_path / "ckpt" / "MANIFEST.json").read_text())
+    sparse_rows = saved["chain"][-1]["rows"]["SparseFeatFactors"]
+    assert sparse_rows > 1000
+    for w in (0, 1):
+        assert got[f"worker{w}.attempt1.json"] == {"rows": sparse_rows,
+                                                   "restore": str(tmp_path / "ckpt")}
