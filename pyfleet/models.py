@@ -21,7 +21,7 @@ import math
 
 from pyfleet.fluid import layers as L
 from pyfleet.fluid.param_attr import ParamAttr
-from pyfleet.initializer import Constant, TruncatedNormal
+from pyfleet.initializer import Constant, Normal, TruncatedNormal
 
 __all__ = ["DNN", "LR", "MODELS", "CTRModel", "DeepFM", "WideDeep", "build"]
 
@@ -66,10 +66,31 @@ def _pooled(slots, table, dim, dtype, initializer=None):
             for s in slots]
 
 
+# The deep part's initialisation (the model zoo's choice; a Fluid script's
+# fc keeps Fluid's Xavier default): hidden layers Normal(0, 1/sqrt(fan_in)), as
+# PaddleRec's CTR DNN, and the output layer at zero, so every model's first
+# prediction is 0.5 (a logloss of ln 2), as logistic regression starts. With
+# Xavier the output layer on the dense log counts (values up to ~10, never
+# centred) gave first logits of several units on narrow networks: one seed in
+# four of a DNN with layers 8, dim 4 trained 5,400 rows at a logloss of 1.9,
+# against 0.56 for the click rate alone. On the default network the choice
+# is neutral (test AUC within 0.0007 either way over three seeds, 100k rows).
+
+
+def _hidden_attr(x):
+    fan_in = int(math.prod(int(d) for d in x.shape[1:]))
+    return ParamAttr(initializer=Normal(0.0, 1.0 / math.sqrt(fan_in)))
+
+
 def _deep(x, layers):
     for size in layers:
-        x = L.fc(x, int(size), act="relu")
+        x = L.fc(x, int(size), act="relu", param_attr=_hidden_attr(x))
     return x
+
+
+def _output(x, size, **kw):
+    """The logit layer of a deep part: zero weights (see above)."""
+    return L.fc(x, size, param_attr=ParamAttr(initializer=Constant(0.0)), **kw)
 
 
 def _finish_sigmoid(logit, label, inputs, dense, slots, num_thresholds):
@@ -116,10 +137,10 @@ def DNN(num_dense=13, num_slots=26, embedding_dim=16, layers=(256, 128, 64),
     x = _deep(L.concat(embs + [dense], axis=1), layers)
     inputs = [dense] + slots + [label]
     if output == "sigmoid":
-        return _finish_sigmoid(L.fc(x, 1), label, inputs, dense, slots, num_thresholds)
+        return _finish_sigmoid(_output(x, 1), label, inputs, dense, slots, num_thresholds)
     if output != "softmax":
         raise ValueError(f"output must be 'softmax' or 'sigmoid', got {output!r}")
-    predict_2d = L.fc(x, 2, act="softmax")
+    predict_2d = _output(x, 2, act="softmax")
     avg_cost = L.mean(L.cross_entropy(predict_2d, label))
     predict = L.slice(predict_2d, axes=[1], starts=[1], ends=[2])
     auc, batch_auc, states = L.auc(predict_2d, label, num_thresholds=num_thresholds)
@@ -135,7 +156,7 @@ def WideDeep(num_dense=13, num_slots=26, embedding_dim=16, layers=(256, 128, 64)
     dense, slots, label = _inputs(num_dense, num_slots, dtype)
     wide = _wide_logit(dense, slots, sparse_table_name, dtype)
     embs = _pooled(slots, sparse_table_name, embedding_dim, dtype)
-    deep = L.fc(_deep(L.concat(embs + [dense], axis=1), layers), 1, bias_attr=False)
+    deep = _output(_deep(L.concat(embs + [dense], axis=1), layers), 1, bias_attr=False)
     return _finish_sigmoid(L.elementwise_add(wide, deep), label, [dense] + slots + [label],
                            dense, slots, num_thresholds)
 
@@ -168,7 +189,7 @@ def DeepFM(num_dense=13, num_slots=26, embedding_dim=16, layers=(256, 128, 64),
                                L.matmul(L.square(dense), L.square(v_dense)))
     fm = L.scale(L.reduce_sum(L.elementwise_sub(L.square(sum_v), sum_sq), dim=1,
                               keep_dim=True), scale=0.5)
-    deep = L.fc(_deep(L.concat([emb_cat, dense], axis=1), layers), 1, bias_attr=False)
+    deep = _output(_deep(L.concat([emb_cat, dense], axis=1), layers), 1, bias_attr=False)
     logit = L.sums([first, fm, deep])
     return _finish_sigmoid(logit, label, [dense] + slots + [label], dense, slots,
                            num_thresholds)
