@@ -5,9 +5,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -19,6 +21,7 @@ from pyfleet.launch.collective import mpiexec_command
 from pyfleet.launch.contract import CONTRACT_VARS, EXIT_TIMEOUT, free_ports, role_env
 from pyfleet.launch.restart import RESTART_PAUSE, RestartPolicy, restart_vars
 from pyfleet.role_maker import parse_endpoints
+from pyfleet.service import auth
 
 _REAP_WAIT = 5.0
 _POLL = 0.05
@@ -144,6 +147,11 @@ def launch_local(cmd_for_role: CmdForRole, servers: int, workers: int,
     :mod:`pyfleet.launch.restart`). ``restarts``: a list that gets one dict per death.
     ``timeout`` counts over every attempt.
 
+    A job with servers gets its own CURVE keys unless the environment names keys
+    (``PYFLEET_CURVE_*``) or sets ``PYFLEET_JOB_KEYS=0``: every role's
+    ``PYFLEET_CURVE_DIR`` is a fresh key directory (mode 0700, removed at the
+    end), so the servers admit only this job's roles, on loopback too.
+
     Blocks until the job ends; returns 0 on success, else the failing role's exit code,
     :data:`EXIT_TIMEOUT` on timeout, or 128 + signal when interrupted. Every child process
     group is stopped before returning, whatever happens. Signal handlers for SIGINT, SIGTERM
@@ -199,6 +207,7 @@ def launch_local(cmd_for_role: CmdForRole, servers: int, workers: int,
             if k not in CONTRACT_VARS and k not in restart_vars()}
     base.update(env or {})
     base.setdefault("PYTHONUNBUFFERED", "1")
+    job_keys = None
     if log_dir is not None:
         Path(log_dir).mkdir(parents=True, exist_ok=True)
 
@@ -210,6 +219,7 @@ def launch_local(cmd_for_role: CmdForRole, servers: int, workers: int,
     lock = threading.Lock()
     deadline = None if timeout is None else time.monotonic() + timeout
     try:
+        job_keys = _job_keys(base) if servers else None
         while True:
             roles = ([_Role("server", i) for i in range(servers)]
                      + ([_Role("worker", 0, "workers")] if mode in ("hybrid", "collective")
@@ -240,6 +250,30 @@ def launch_local(cmd_for_role: CmdForRole, servers: int, workers: int,
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if job_keys is not None:
+            shutil.rmtree(job_keys, ignore_errors=True)
+
+
+def _job_keys(base):
+    """Per-job CURVE keys (docs/operations.md, "Secure a cluster"): unless the
+    environment names keys already (``PYFLEET_CURVE_*``) or says
+    ``PYFLEET_JOB_KEYS=0``, a fresh ``pyfleet keygen`` directory (mode 0700,
+    removed when the job ends) becomes every role's ``PYFLEET_CURVE_DIR``, so
+    the servers admit this job's roles only, on loopback too. Returns the
+    directory (None when none was made)."""
+    flag = base.get("PYFLEET_JOB_KEYS", "1").strip()
+    if flag not in ("0", "1"):
+        raise ConfigError(f"PYFLEET_JOB_KEYS must be 0 or 1, got {flag!r}")
+    if flag == "0" or any(k.startswith("PYFLEET_CURVE_") and v for k, v in base.items()):
+        return None
+    path = tempfile.mkdtemp(prefix="pyfleet-keys-")
+    try:
+        auth.keygen(path)
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
+    base["PYFLEET_CURVE_DIR"] = path
+    return path
 
 
 def _attempt(roles, make_cmd, base, eps, workers, mode, log_dir, cwd, policy, out, lock,
