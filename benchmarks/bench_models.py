@@ -1,7 +1,7 @@
 """Model quality: the model zoo trained by ``pyfleet train`` against PyTorch.
 
 ```
-python benchmarks/bench_models.py [--rows 100000] [--models lr dnn wide_deep deepfm]
+python benchmarks/bench_models.py [--rows 200000] [--models lr dnn wide_deep deepfm]
                                   [--data generated criteo] [--seed 0] [--epochs 1]
 ```
 
@@ -283,7 +283,8 @@ def run_torch(data, model, args):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rows", type=int, default=100_000, help="generated rows (default: %(default)s)")
+    ap.add_argument("--rows", type=int, default=200_000,
+                    help="generated rows (default: %(default)s)")
     ap.add_argument("--models", nargs="+", default=["lr", "dnn", "wide_deep", "deepfm"])
     ap.add_argument("--data", nargs="+", default=["generated", "criteo"],
                     choices=["generated", "criteo"])
