@@ -6,7 +6,6 @@ from pyfleet._version import __version__
 from pyfleet.cli.config import AppendOverride
 from pyfleet.launch.command import HelpFormatter
 
-
 DEFAULT_ROWS = 200_000
 
 

@@ -116,7 +116,7 @@ def plot_run(run_dir, job, truth_auc=None):
     if truth_auc is not None:
         b.axhline(truth_auc, color="C2", linestyle=":", label="ground truth's test AUC")
     for ax in (a, b):
-        for p, end in sorted(ends.items())[:-1]:
+        for _pass, end in sorted(ends.items())[:-1]:
             ax.axvline(end, color="grey", linestyle="--", linewidth=0.8, gid="pass boundary")
         ax.set_xlabel("examples trained")
         ax.set_xlim(left=0)

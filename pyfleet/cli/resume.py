@@ -7,7 +7,6 @@ import shlex
 
 from pyfleet.service import checkpoint as _checkpoint
 
-
 # Settings a resumed run takes from the resumed run's job.json unless given on
 # the command line; the first group fixes the parameters a checkpoint holds.
 ARCHITECTURE = ("model", "embedding_dim", "layers", "optimizer")

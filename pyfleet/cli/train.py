@@ -13,20 +13,22 @@ import sys
 import time
 
 from pyfleet._monitor import Monitor, count_lines
-from pyfleet.cli.data import (_check_first_lines, _check_whole_files, _default_cache_dir,
-                              _split_paths)
-from pyfleet.cli.plot import SIDECAR, plot_run
-from pyfleet.cli.tensorboard import TensorBoard, check_available
-from pyfleet.cli.report import _format_summary, _RoleOutput, _why_no_example
+from pyfleet.cli.data import (
+    _check_first_lines,
+    _check_whole_files,
+    _default_cache_dir,
+    _split_paths,
+)
 from pyfleet.cli.modes import check_mode_options
-from pyfleet.cli.resume import (INHERITED, _explicit_dests, _inherit, _interrupted,
-                                _resumed_settings)
+from pyfleet.cli.plot import SIDECAR, plot_run
+from pyfleet.cli.report import _format_summary, _RoleOutput, _why_no_example
+from pyfleet.cli.resume import INHERITED, _explicit_dests, _inherit, _interrupted, _resumed_settings
+from pyfleet.cli.tensorboard import TensorBoard, check_available
 from pyfleet.data import synthetic
 from pyfleet.data.readers import list_files
 from pyfleet.launch.local import launch_local
 from pyfleet.service import auth
 from pyfleet.service import checkpoint as _checkpoint
-
 
 # Optimizer flag -> (optimizer parameter, the optimizers that take it).
 OPTIMIZER_FLAGS = {

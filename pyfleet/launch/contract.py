@@ -7,7 +7,6 @@ from collections.abc import Sequence
 
 from pyfleet.endpoint import split_endpoint
 
-
 EXIT_TIMEOUT = 124
 
 

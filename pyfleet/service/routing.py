@@ -126,7 +126,7 @@ def gather_dense(shapes, plan, replies, endpoints):
     ``plan``, in order), each parameter assembled from its blocks. A
     parameter held whole by one server is a view of its reply (no copy)."""
     pieces = {}
-    for (s, blocks), (h, frames) in zip(plan.items(), replies):
+    for (s, blocks), (_header, frames) in zip(plan.items(), replies):
         if len(frames) != len(blocks):
             raise RemoteError(f"server {s} ({endpoints[s]}) answered {len(frames)} "
                               f"dense blocks for {len(blocks)}")

@@ -10,7 +10,6 @@ from pyfleet.data import Dataset
 from pyfleet.distributed.fleet import table_configs
 from pyfleet.entry import CountFilterEntry
 
-
 JOB_DEFAULTS = {
     "train": None, "test": None, "format": "criteo", "model": "dnn", "embedding_dim": 16,
     "layers": [256, 128, 64], "lr": 0.001, "batch_size": 512, "epochs": 1, "mode": "async",

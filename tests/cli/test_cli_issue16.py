@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-
 from support import REPO
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -225,6 +224,7 @@ def test_a_checkout_shadowing_the_installed_package_is_named(tmp_path):
     # The checkout's pyfleet/ first on sys.path, without compiled modules: as after a
     # plain `pip install .` run from the checkout. -S keeps the editable finder out.
     import shutil
+
     import numpy
     shutil.copytree(REPO / "pyfleet", tmp_path / "pyfleet",
                     ignore=shutil.ignore_patterns("*.so", "*.pyd", "__pycache__"))

@@ -148,7 +148,7 @@ def test_every_role_sees_the_contract(script, tmp_path):
     eps = roles["server.0"]["endpoints"]
     assert len(eps) == 2 and len(set(eps)) == 2
     assert all(ep.startswith("127.0.0.1:") for ep in eps)
-    for label, info in roles.items():
+    for info in roles.values():
         assert info["endpoints"] == eps and info["worker_num"] == 3
         assert info["default_same"] and info["mode"] == "async"
         if info["worker"]:

@@ -12,12 +12,12 @@ import time
 
 import numpy as np
 import pytest
+from support.service import ServerGroup
 
 from pyfleet.optimizer import SGD
 from pyfleet.service.client import Client
 from pyfleet.service.dedup import RecentRequests
 from pyfleet.table import SparseTable
-from support.service import ServerGroup
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 

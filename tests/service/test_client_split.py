@@ -34,7 +34,7 @@ def test_pulls_and_pushes_match_one_table_with_small_requests(num_servers):
     with ServerGroup(num_servers, 1) as g, \
             Client(g.endpoints, timeout=20, max_request_keys=7, max_pull_keys=5) as c:
         c.create_tables([{"kind": "sparse", **ref.config()}])
-        for step in range(2):
+        for _step in range(2):
             for name, keys in batches(rng).items():
                 got = c.pull_sparse("emb", keys)
                 assert got.shape == (keys.shape[0], DIM), name

@@ -102,7 +102,7 @@ def test_prefetch_futures_and_queued_push_merging():
     with ServerGroup(2, 1) as g, Client(g.endpoints, timeout=20, max_queued_pushes=2) as c:
         c.create_tables([{"kind": "sparse", **ref.config()}])
         futs = [c.pull_sparse_async("emb", batch(1, s, 50, 4)[0]) for s in range(5)]
-        for s, f in reversed(list(enumerate(futs))):
+        for f in reversed(futs):
             np.testing.assert_array_equal(f.result(), np.zeros((50, 4), np.float32))
         pushes = [batch(2, s, 300, 4, num_keys=50, dyadic=True) for s in range(20)]
         futs = [c.push_sparse_async("emb", k, v) for k, v in pushes]

@@ -14,12 +14,12 @@ import threading
 
 import numpy as np
 import pytest
+from support.service import ServerGroup
 
 from pyfleet.errors import RemoteError
 from pyfleet.optimizer import SGD, Adam
 from pyfleet.service.client import Client
 from pyfleet.table import DenseTable, SparseTable
-from support.service import ServerGroup
 
 pytestmark = [pytest.mark.timeout(120)]
 

@@ -14,7 +14,6 @@ import sys
 import time
 
 import pytest
-
 from support import REPO
 from support.service import ServerGroup
 
