@@ -25,15 +25,15 @@ workers' progress files), ``evaluation`` (per-pass tests and :func:`summarize`),
 
 from pyfleet.trainer.evaluation import summarize
 from pyfleet.trainer.job import (
-                                 JOB_DEFAULTS,
-                                 _dataset,  # noqa: F401  (tests build the role's datasets)
-                                 build_program,
-                                 entry_of,
-                                 feed_of,
-                                 optimizer_of,
-                                 show_click_of,
-                                 strategy_of,
-                                 tables_of,
+    JOB_DEFAULTS,
+    _dataset,  # noqa: F401  (tests build the role's datasets)
+    build_program,
+    entry_of,
+    feed_of,
+    optimizer_of,
+    show_click_of,
+    strategy_of,
+    tables_of,
 )
 from pyfleet.trainer.keeper import snapshot_checkpoint
 from pyfleet.trainer.role import main, run_role, train_local
