@@ -14,10 +14,16 @@ from pyfleet import fluid
 from pyfleet.data import DataError
 from pyfleet.metrics import MetricStats, exact_auc, logloss
 from pyfleet.trainer import mpi as _mpi
-from pyfleet.trainer.evaluation import (_evaluate, _malformed_of, _pass_metrics, _remove,
-                                        _test_file)
-from pyfleet.trainer.job import (JOB_DEFAULTS, _dataset, _shrink_args, build_program, feed_of,
-                                 optimizer_of, show_click_of)
+from pyfleet.trainer.evaluation import _evaluate, _malformed_of, _pass_metrics, _remove, _test_file
+from pyfleet.trainer.job import (
+    JOB_DEFAULTS,
+    _dataset,
+    _shrink_args,
+    build_program,
+    feed_of,
+    optimizer_of,
+    show_click_of,
+)
 from pyfleet.trainer.keeper import _Keeper
 from pyfleet.trainer.progress import _Events, _Progress
 from pyfleet.trainer.rounds import Rounds, restore_position
@@ -173,6 +179,8 @@ def run_role(job):
                         "loss_sum": progress.loss_sum, "seconds": train_seconds,
                         **_malformed_of(data)})
         rounds.end_pass(state)
+        events("trained", **{"pass": epoch, "examples": progress.examples,
+                             "loss_sum": progress.loss_sum})  # worker 0's cumulative counts
         log.info("worker %d: pass %d trained, %d examples so far", wi, epoch,
                  progress.examples)
         fleet.barrier_worker()  # every worker finished the pass: the checkpoint is of it

@@ -85,18 +85,21 @@ class Job:
         return out
 
     def losses(self):
-        """Worker 0's training loss of each pass so far (example-weighted)."""
-        path = os.path.join(self.run_dir, "metrics.jsonl")
+        """Worker 0's training loss of each pass so far (example-weighted), from its
+        pass-end announcements in ``progress/events.jsonl`` (cumulative counts)."""
+        path = os.path.join(self.run_dir, "progress", "events.jsonl")
         if not os.path.exists(path):
             return []
         with open(path) as f:
-            lines = [json.loads(line) for line in f if line.strip()]
-        sums, seen = {}, 0
+            lines = [json.loads(line) for line in f if line.endswith("\n")]
+        out, seen, loss = [], 0, 0.0
         for m in lines:
-            n, seen = m["examples"] - seen, m["examples"]
-            loss, count = sums.get(m["pass"], (0.0, 0))
-            sums[m["pass"]] = (loss + m["loss"] * n, count + n)
-        return [sums[k][0] / sums[k][1] for k in sorted(sums)]
+            if m["event"] != "trained":
+                continue
+            n = m["examples"] - seen
+            out.append((m["loss_sum"] - loss) / n)
+            seen, loss = m["examples"], m["loss_sum"]
+        return out
 
     def close(self):
         for p in self.procs.values():
