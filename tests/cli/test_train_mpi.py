@@ -4,24 +4,16 @@ train every row, write a checkpoint and an inference model; with the servers in 
 a hybrid job computes what the collective job computes (both are one process of batch
 2*B); a collective checkpoint resumes; options the modes cannot honour are refused."""
 
-import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+from support.mpi import MPI_MARKS
 
-pytestmark = [
-    pytest.mark.mpi,
-    pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("mpirun") is None,
-                       reason="mpirun not found: pip install \".[mpi]\""),
-    pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None,
-                       reason="mpi4py not installed: pip install \".[mpi]\""),
-]
+pytestmark = MPI_MARKS
 
 ROWS = 10000
 SMALL = ["--batch-size", "128", "--layers", "16", "--embedding-dim", "4", "--lr", "0.01",

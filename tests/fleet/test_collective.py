@@ -3,10 +3,7 @@
 bit-identical, checkpoints cross between collective and parameter-server jobs, a
 killed rank ends the job, and ranks with different programs are named."""
 
-import importlib.util
 import json
-import os
-import shutil
 import subprocess
 import sys
 import time
@@ -14,35 +11,12 @@ import time
 import numpy as np
 import pytest
 from support import REPO
+from support.mpi import MPI_MARKS, mpi_env
 
-from pyfleet.launch import CONTRACT_VARS
-from pyfleet.role_maker import MPI_ENV_VARS
-
-pytestmark = [
-    pytest.mark.mpi,
-    pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("mpirun") is None,
-                       reason="mpirun not found: pip install \".[mpi]\""),
-    pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None,
-                       reason="mpi4py not installed: pip install \".[mpi]\""),
-]
+pytestmark = MPI_MARKS
 
 STEPS, BATCH = 6, 8
 
-
-def mpi_env(extra=None):
-    env = {k: v for k, v in os.environ.items()
-           if k not in CONTRACT_VARS and k not in MPI_ENV_VARS
-           and not k.startswith(("PYFLEET_", "PADDLE_"))}
-    env.update({
-        "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-        "OMPI_MCA_btl": "self,vader", "OMPI_MCA_btl_vader_single_copy_mechanism": "none",
-        "OMPI_MCA_oob_tcp_if_include": "lo",
-        "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
-        "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), env.get("PYTHONPATH", "")]),
-    })
-    env.update(extra or {})
-    return env
 
 
 def run_job(out, np_=2, *args, timeout=120, extra_env=None):

@@ -5,19 +5,15 @@ training on both halves; in any mode the dense replicas stay bit-identical and t
 servers hold no dense table; a hybrid checkpoint loads into a parameter-server job and
 back into a hybrid job."""
 
-import importlib.util
 import json
-import os
-import shutil
 import socket
 import subprocess
 import sys
 import threading
 
 import numpy as np
-import pytest
-from support import REPO
 from support.collective_job import build, examples, feed_of
+from support.mpi import MPI_MARKS, mpi_env
 from support.service import ServerGroup
 
 from pyfleet import fluid
@@ -27,31 +23,11 @@ from pyfleet.fluid import inference
 from pyfleet.optimizer import Adam
 from pyfleet.role_maker import Role, UserDefinedRoleMaker
 
-pytestmark = [
-    pytest.mark.mpi,
-    pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("mpirun") is None,
-                       reason="mpirun not found: pip install \".[mpi]\""),
-    pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None,
-                       reason="mpi4py not installed: pip install \".[mpi]\""),
-]
+pytestmark = MPI_MARKS
 
 STEPS, BATCH = 6, 8
 DENSE = ["fc_0.w_0", "fc_0.b_0", "fc_1.w_0", "fc_1.b_0"]
 
-
-def mpi_env(extra):
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PYFLEET_", "PADDLE_", "OMPI_", "PMI", "TRAINING_ROLE"))}
-    env.update({
-        "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-        "OMPI_MCA_btl": "self,vader", "OMPI_MCA_btl_vader_single_copy_mechanism": "none",
-        "OMPI_MCA_oob_tcp_if_include": "lo", "OMP_NUM_THREADS": "1",
-        "OPENBLAS_NUM_THREADS": "1",
-        "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), env.get("PYTHONPATH", "")]),
-    })
-    env.update(extra)
-    return env
 
 
 def free_ports(n):

@@ -3,24 +3,16 @@ as one ``mpiexec`` job (real processes on 127.0.0.1, bounded by timeouts). The s
 plain Fleet script: the launcher's mode makes it hybrid, each worker takes its MPI rank as
 index, the dense replicas stay identical and the servers hold only the sparse table."""
 
-import importlib.util
 import json
 import os
 import shutil
 import subprocess
 import sys
 
-import pytest
 from support import REPO
+from support.mpi import MPI_MARKS
 
-pytestmark = [
-    pytest.mark.mpi,
-    pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("mpirun") is None,
-                       reason="mpirun not found: pip install \".[mpi]\""),
-    pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None,
-                       reason="mpi4py not installed: pip install \".[mpi]\""),
-]
+pytestmark = MPI_MARKS
 
 SCRIPT = REPO / "tests" / "support" / "hybrid_script.py"
 OPEN_MPI = shutil.which("mpirun") is not None and "Open MPI" in subprocess.run(
