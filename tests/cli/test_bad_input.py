@@ -4,11 +4,10 @@ the file (and line), with no traceback, and nothing is written (issue 18)."""
 import gzip
 import os
 import random
-import subprocess
-import sys
 
 import pytest
 from support import DATA
+from support.cli import pyfleet, save_small_model
 
 from pyfleet import cli
 from pyfleet.data import files as data_files
@@ -18,10 +17,6 @@ pytestmark = pytest.mark.slow
 SAMPLE = DATA / "criteo-paddlerec-part0" / "part-0.tsv"
 needs_data = pytest.mark.skipif(not SAMPLE.exists(), reason="shared Criteo sample missing")
 
-
-def pyfleet(*args, cwd, timeout=120):
-    return subprocess.run([sys.executable, "-m", "pyfleet.cli", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout)
 
 
 def _lines():
@@ -93,22 +88,7 @@ def _one_line(r, pattern):
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    from pyfleet import fluid, models
-    from pyfleet.data import Dataset
-    from pyfleet.fluid import inference
-    from pyfleet.trainer import feed_of
-    main, startup = fluid.Program(), fluid.Program()
-    with fluid.program_guard(main, startup):
-        m = models.build("dnn", num_dense=13, num_slots=26, embedding_dim=4, layers=(8,))
-        fluid.optimizer.Adam(learning_rate=0.01).minimize(m.avg_cost)
-    exe = fluid.Executor()
-    exe.run(startup)
-    for b in Dataset(str(SAMPLE), batch_size=50):
-        exe.run(main, feed=feed_of(b, m), fetch_list=[m.avg_cost])
-    where = tmp_path_factory.mktemp("model") / "model"
-    inference.save(where, main, [v.name for v in m.inputs if v is not m.label], [m.predict],
-                   inference.LocalSource(main.backend))
-    return where
+    return save_small_model(tmp_path_factory.mktemp("model") / "model", SAMPLE)
 
 
 @needs_data

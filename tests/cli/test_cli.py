@@ -2,18 +2,13 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 from support import DATA
+from support.cli import pyfleet
 
 pytestmark = pytest.mark.slow
 
-
-def pyfleet(*args, cwd, timeout=300):
-    return subprocess.run([sys.executable, "-m", "pyfleet.cli", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout)
 
 
 def test_train_writes_a_complete_run_directory(tmp_path):

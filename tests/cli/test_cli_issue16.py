@@ -8,16 +8,13 @@ import sys
 
 import pytest
 from support import REPO
+from support.cli import pyfleet
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 SMALL = ["--rows", "3000", "--workers", "1", "--layers", "8", "--embedding-dim", "4",
          "--mode", "sync"]
 
-
-def pyfleet(*args, cwd, timeout=240, env=None):
-    return subprocess.run([sys.executable, "-m", "pyfleet.cli", *map(str, args)], cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def test_json_output_is_the_json_alone(tmp_path):

@@ -12,15 +12,12 @@ import sys
 import time
 
 import pytest
+from support.cli import pyfleet
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 SMALL = ["--layers", "8", "--embedding-dim", "4", "--mode", "sync"]
 
-
-def pyfleet(*args, cwd, timeout=300):
-    return subprocess.run([sys.executable, "-m", "pyfleet.cli", *map(str, args)], cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout, check=False)
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ import sys
 import numpy as np
 import pytest
 from support import DATA
+from support.cli import save_small_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -25,23 +26,8 @@ def pyfleet(*args, cwd, input=None, timeout=120):
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    from pyfleet import fluid, models
-    from pyfleet.data import Dataset
-    from pyfleet.fluid import inference
-    from pyfleet.trainer import feed_of
-    main, startup = fluid.Program(), fluid.Program()
-    with fluid.program_guard(main, startup):
-        m = models.build("dnn", num_dense=13, num_slots=26, embedding_dim=4, layers=(8,))
-        fluid.optimizer.Adam(learning_rate=0.01).minimize(m.avg_cost)
-    exe = fluid.Executor()
-    exe.run(startup)
-    for _ in range(3):
-        for b in Dataset(str(CSV), format="csv", batch_size=200):
-            exe.run(main, feed=feed_of(b, m), fetch_list=[m.avg_cost])
-    where = tmp_path_factory.mktemp("model") / "model"
-    inference.save(where, main, [v.name for v in m.inputs if v is not m.label], [m.predict],
-                   inference.LocalSource(main.backend))
-    return where
+    return save_small_model(tmp_path_factory.mktemp("model") / "model", CSV, format="csv",
+                            batch_size=200, passes=3)
 
 
 def _reference_auc(p, y):

@@ -3,17 +3,12 @@ the options' names as keys, -o overrides, command-line flags winning, unknown ke
 missing readers refused by name before anything is written, settings in job.json."""
 
 import json
-import subprocess
-import sys
 
 import pytest
+from support.cli import pyfleet
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-
-def pyfleet(*args, cwd, env=None, timeout=240):
-    return subprocess.run([sys.executable, "-m", "pyfleet.cli", *map(str, args)], cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout, env=env)
 
 
 TOML = """\

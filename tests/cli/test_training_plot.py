@@ -7,20 +7,15 @@ run's metrics; the PNG is opened."""
 import json
 import os
 import struct
-import subprocess
-import sys
 
 import pytest
+from support.cli import pyfleet
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 SMALL = ["--rows", "6000", "--workers", "1", "--layers", "8", "--embedding-dim", "4",
          "--mode", "sync", "--log-interval", "0.05"]
 
-
-def pyfleet(*args, cwd, env=None, timeout=240):
-    return subprocess.run([sys.executable, "-m", "pyfleet.cli", *map(str, args)], cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def test_plot_shows_what_ran(tmp_path):
