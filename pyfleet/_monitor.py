@@ -15,6 +15,9 @@ import os
 import threading
 import time
 
+from pyfleet.data.files import open_data
+from pyfleet.metrics import MetricStats
+
 __all__ = ["Monitor", "count_lines"]
 
 # Inputs up to this size are counted exactly for the % of a pass; larger ones are
@@ -25,7 +28,6 @@ COUNT_LIMIT = 256 << 20
 def count_lines(files, header_lines=0):
     """The data lines of ``files`` (plain or gzip), exact when small, else estimated;
     None when unknown (a large gzip file)."""
-    from pyfleet.data.files import open_data
     total = 0
     big = sum(os.path.getsize(f) for f in files) > COUNT_LIMIT
     for path in files:
@@ -173,7 +175,6 @@ class Monitor(threading.Thread):
     def _progress(self, upto=None):
         """Print and record the job's line; ``upto``: not when a worker is past that
         pass already (the events of a finished job are read after its last counts)."""
-        from pyfleet.metrics import MetricStats
         st = self._statuses()
         if not st or (upto is not None and max(s["pass"] for s in st) > upto):
             return

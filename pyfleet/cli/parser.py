@@ -115,9 +115,9 @@ def _train_parser(sub):
                         "scalars into RUN_DIR/tensorboard (needs tensorboardX: pip install "
                         "\".[tensorboard]\"; default: off)")
     p.add_argument("--curve-dir", default=None, metavar="DIR",
-                   help="a 'pyfleet keygen' directory: roles authenticate with CURVE keys "
-                        "(sets PYFLEET_CURVE_DIR, docs/operations.md; default: no "
-                        "authentication)")
+                   help="a 'pyfleet keygen' directory: roles authenticate with its CURVE "
+                        "keys (sets PYFLEET_CURVE_DIR, docs/operations.md; default: a fresh "
+                        "key pair for this job, PYFLEET_JOB_KEYS=0 turns that off)")
     p.add_argument("--admission-count", type=int, default=None, metavar="N",
                    help="admit a sparse key as a trainable row only once it was pulled N "
                         "times (CountFilterEntry(N)); default: every key on first sight")

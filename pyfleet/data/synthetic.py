@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 
 import numpy as np
@@ -308,8 +310,6 @@ def cached(cache_dir, rows: int, seed: int = 0, test_fraction: float = 0.1,
     does not match it (truncated, edited) is deleted and generated again, so a
     partial or corrupt entry is never used. ``say`` (a callable) is told what
     happens. Returns :func:`generate`'s summary with the entry's paths."""
-    import shutil
-    import tempfile
     if isinstance(rows, bool) or not isinstance(rows, (int, np.integer)) or rows < 0:
         raise ValueError(f"rows must be a non-negative integer, got {rows!r}")
     key = (f"synthetic-v{GENERATOR_VERSION}-rows{int(rows)}-seed{int(seed)}-"

@@ -28,6 +28,7 @@ At the first step every rank checks that all ranks have the same parameters
 (names, shapes and dims), and raises ConfigError naming the first that differs.
 """
 
+import hashlib
 import threading
 
 import numpy as np
@@ -99,7 +100,6 @@ class FusedDense:
 
     def dense_checksum(self):
         """``{name: sha256 hex}`` of every dense parameter's values and optimizer state."""
-        import hashlib
         out = {}
         for n, t in sorted(self.dense.items()):
             state = np.asarray(t.state(), dtype=np.float32) if hasattr(t, "state") else \
@@ -190,7 +190,6 @@ class CollectiveBackend(FusedDense, LocalBackend):
     def checksum(self):
         """``{name: sha256 hex}`` of every parameter's values and optimizer state on
         this rank (sparse rows in key order): equal on every rank of a job."""
-        import hashlib
         out = {}
         for n, t in sorted(self.dense.items()):
             out[n] = hashlib.sha256(t.pull().tobytes()

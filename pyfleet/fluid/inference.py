@@ -47,11 +47,13 @@ load one per thread (or guard it).
 import hashlib
 import json
 import os
+import sys
 
 import numpy as np
 
-from pyfleet import _atomic
+from pyfleet import _atomic, metrics
 from pyfleet import initializer as _init
+from pyfleet.data.scoring import score_file
 from pyfleet.endpoint import check_file_name
 from pyfleet.fluid.backend import Backend, LocalBackend, LocalSource, param_path
 from pyfleet.fluid.executor import Executor
@@ -385,10 +387,6 @@ class Predictor:
         then has a line per valid example); :attr:`last_file_stats` is the
         reader's counts (``malformed``, ``first_malformed``...) of the file, with
         ``labelled`` and, for labelled rows, the exact ``auc`` and the ``logloss``."""
-        import sys
-
-        from pyfleet import metrics
-        from pyfleet.data.scoring import score_file
         probs, labels = [], []
 
         def run(out):
