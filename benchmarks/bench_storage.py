@@ -1,13 +1,13 @@
-"""Compact rows: bytes per row and pull/push throughput of fp16 and bf16 tables
-against the fp32 table, measured in one run.
+"""Compact rows: bytes per row and pull/push throughput of fp16, bf16 and 8-bit
+state (fp16_q8, bf16_q8) tables against the fp32 table, measured in one run.
 
     python benchmarks/bench_storage.py [--rows 3000000] [--batch 200000] [--dim 16]
                                        [--rounds 2] [--clock wall|cpu]
 
-For each storage type (fp32, fp16, bf16) a table of --dim with Adam gets
+For each storage type (fp32, fp16, bf16, fp16_q8, bf16_q8) a table of --dim with Adam gets
 --rows keys (RSS delta of the process = bytes per row, index and metadata
 included); then batches of --batch uniform keys are pulled and pushed (1
-thread, best of 5). Targets: fp16/bf16 <= 112 bytes of RSS per row at dim 16
+thread, best of 5). Targets: fp16/bf16 rows (with 8-bit state) <= 112 bytes of RSS per row at dim 16
 with Adam; pull and push keys/s >= 0.9x fp32.
 """
 
@@ -20,7 +20,7 @@ import numpy as np
 import pyfleet
 from pyfleet.optimizer import Adam
 
-STORAGES = ("fp32", "fp16", "bf16")
+STORAGES = ("fp32", "fp16", "bf16", "fp16_q8", "bf16_q8")
 
 
 def rss_bytes():
@@ -66,7 +66,7 @@ def main():
     ap.add_argument("--batch", type=int, default=200_000)
     ap.add_argument("--dim", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=2,
-                    help="fp32/fp16/bf16 measured in turn this many times (best kept)")
+                    help="the storage types measured in turn this many times (best kept)")
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                     help="cpu: this process's CPU time (time.process_time), steadier than "
                          "wall time on a machine shared with other jobs (1 thread either way)")
@@ -99,7 +99,7 @@ def main():
         print(f"{s:>7} | {r['per_row']:9.1f} {r['per_row'] / base['per_row']:6.2f} | "
               f"{r['pull'] / 1e6:9.2f} {r['pull'] / base['pull']:6.2f} | "
               f"{r['push'] / 1e6:9.2f} {r['push'] / base['push']:6.2f}")
-    print("targets: fp16/bf16 <= 112 B/row (dim 16, Adam); pull and push ratio >= 0.90")
+    print("targets: 16-bit rows <= 112 B/row (dim 16, Adam); pull and push ratio >= 0.90")
 
 
 if __name__ == "__main__":

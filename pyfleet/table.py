@@ -17,7 +17,7 @@ __all__ = ["SparseTable", "DenseTable", "route", "DEFAULT_INITIALIZER", "FORMAT_
 
 FORMAT_VERSION = _core.FORMAT_VERSION
 # How a sparse table stores weights and optimizer state (docs/tables.md).
-STORAGE_TYPES = ("fp32", "fp16", "bf16")
+STORAGE_TYPES = ("fp32", "fp16", "bf16", "fp16_q8", "bf16_q8")
 # A sparse table config's optional keys and what their absence means.
 SPARSE_CONFIG_DEFAULTS = {"seed": 0, "entry": None, "storage": "fp32"}
 # Small symmetric noise: embeddings start near zero, distinct per key.
@@ -76,6 +76,8 @@ class SparseTable:
             weights and optimizer state. Updates are computed in fp32 and
             rounded back stochastically (seeded by ``seed``, the key and the
             row's update count); ``pull`` and ``export`` return fp32.
+            ``"fp16_q8"``/``"bf16_q8"``: 16-bit weights and Adam's or
+            Adagrad's state in 8-bit blocks (other rules: ``ValueError``).
 
     Thread safety: every method may be called from many threads at once.
     Concurrent pushes to one row are Hogwild: an update may be lost, a row is

@@ -94,7 +94,9 @@ PYBIND11_MODULE(_core, m) {
   py::enum_<pyfleet::StorageKind>(m, "StorageKind")
       .value("fp32", pyfleet::StorageKind::kFP32)
       .value("fp16", pyfleet::StorageKind::kFP16)
-      .value("bf16", pyfleet::StorageKind::kBF16);
+      .value("bf16", pyfleet::StorageKind::kBF16)
+      .value("fp16_q8", pyfleet::StorageKind::kFP16Q8)
+      .value("bf16_q8", pyfleet::StorageKind::kBF16Q8);
   // The rounding rule itself, for tests and tools: values -> 16-bit patterns,
   // stochastically with the given random bits, or to nearest even without them.
   m.def("storage_round", [](pyfleet::StorageKind kind, Floats values, py::object random_bits) {

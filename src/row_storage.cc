@@ -5,8 +5,10 @@
 #include <bit>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "pyfleet/error.h"
+#include "pyfleet/row_q8.h"
 #include "row_simd.h"
 
 #if defined(__x86_64__)
@@ -215,6 +217,7 @@ void StoreTail(const RowLayout& l, const float* sf, void* s) {
 
 void NarrowStochasticN(StorageKind s, const float* v, const uint16_t* r, size_t n,
                        uint16_t* out) {
+  s = WeightKind(s);
   PYFLEET_ASSERT(s != StorageKind::kFP32);
   if (s == StorageKind::kFP16) {
     NarrowElems<StorageKind::kFP16>(v, r, n, out);
@@ -224,6 +227,7 @@ void NarrowStochasticN(StorageKind s, const float* v, const uint16_t* r, size_t 
 }
 
 void WidenN(StorageKind s, const uint16_t* h, size_t n, float* out) {
+  s = WeightKind(s);
   PYFLEET_ASSERT(s != StorageKind::kFP32);
   if (s == StorageKind::kFP16) {
     WidenElems<StorageKind::kFP16>(h, n, out);
@@ -237,17 +241,22 @@ const char* StorageName(StorageKind kind) {
     case StorageKind::kFP32: return "fp32";
     case StorageKind::kFP16: return "fp16";
     case StorageKind::kBF16: return "bf16";
+    case StorageKind::kFP16Q8: return "fp16_q8";
+    case StorageKind::kBF16Q8: return "bf16_q8";
   }
   return "unknown";
 }
 
 void ValidateStorage(StorageKind kind) {
   const uint32_t k = static_cast<uint32_t>(kind);
-  if (k > 2) ThrowInvalid("unknown storage kind ", k, " (fp32 = 0, fp16 = 1, bf16 = 2)");
+  if (k > kMaxStorageKind) {
+    ThrowInvalid("unknown storage kind ", k,
+                 " (fp32 = 0, fp16 = 1, bf16 = 2, fp16_q8 = 3, bf16_q8 = 4)");
+  }
 }
 
 void LoadCompactWeights(StorageKind s, const void* w, size_t n, float* out) {
-  if (s == StorageKind::kFP16) {
+  if (WeightKind(s) == StorageKind::kFP16) {
     LoadElems<StorageKind::kFP16>(w, n, out);
   } else {
     LoadElems<StorageKind::kBF16>(w, n, out);
@@ -257,14 +266,39 @@ void LoadCompactWeights(StorageKind s, const void* w, size_t n, float* out) {
 void LoadCompactRow(const RowLayout& l, const void* w, const void* s, float* wf, float* sf) {
   PYFLEET_ASSERT(l.compact());
   LoadCompactWeights(l.storage, w, l.dim, wf);
+  if (l.q8()) return Q8LoadState(l, s, sf);
   LoadCompactWeights(l.storage, s, l.state_head(), sf);
   const char* tail = static_cast<const char*>(s) + l.tail_offset();
   for (size_t i = 0; i < l.state_tail; ++i) sf[l.state_head() + i] = Load32(tail, i);
 }
 
+void StoreCompactWeights(StorageKind s, const float* wf, size_t n, void* w, uint64_t z) {
+  if (WeightKind(s) == StorageKind::kFP16) {
+    StoreElems<StorageKind::kFP16>(wf, n, w, z, 0);
+  } else {
+    StoreElems<StorageKind::kBF16>(wf, n, w, z, 0);
+  }
+}
+
+void RoundDraws(uint64_t z, size_t e0, size_t n, uint16_t* out) {
+  uint16_t buf[kChunk + 8];
+  for (size_t c = 0; c < n; c += kChunk) {
+    const size_t len = std::min(kChunk, n - c);
+    const uint16_t* r = Draws(z, e0 + c, len, buf);
+    std::memcpy(out + c, r, len * sizeof(uint16_t));
+  }
+}
+
 void StoreCompactRow(const RowLayout& l, const float* wf, const float* sf, void* w, void* s,
                      uint64_t z) {
   PYFLEET_ASSERT(l.compact());
+  if (l.q8()) {
+    StoreCompactWeights(l.storage, wf, l.dim, w, z);
+    thread_local std::vector<uint16_t> r;
+    r.resize(l.state_head());
+    RoundDraws(z, l.dim, l.state_head(), r.data());
+    return Q8StoreState(l, sf, s, r.data());
+  }
   if (l.storage == StorageKind::kFP16) {
     StoreRow<StorageKind::kFP16>(l, wf, sf, w, s, z);
   } else {
@@ -276,12 +310,15 @@ void StoreCompactRow(const RowLayout& l, const float* wf, const float* sf, void*
 void StoreCompactRowNearest(const RowLayout& l, const float* wf, const float* sf, void* w,
                             void* s) {
   PYFLEET_ASSERT(l.compact());
-  for (size_t i = 0; i < l.dim; ++i) Store16(w, i, NarrowNearest(l.storage, wf[i]));
-  for (size_t i = 0; i < l.state_head(); ++i) Store16(s, i, NarrowNearest(l.storage, sf[i]));
+  const StorageKind wk = l.weight_kind();
+  for (size_t i = 0; i < l.dim; ++i) Store16(w, i, NarrowNearest(wk, wf[i]));
+  if (l.q8()) return Q8StoreState(l, sf, s, nullptr);
+  for (size_t i = 0; i < l.state_head(); ++i) Store16(s, i, NarrowNearest(wk, sf[i]));
   StoreTail(l, sf, s);
 }
 
 void RoundTripNearest(StorageKind s, float* v, size_t n) {
+  s = WeightKind(s);
   if (s == StorageKind::kFP32) return;
   for (size_t i = 0; i < n; ++i) v[i] = WidenElem(s, NarrowNearest(s, v[i]));
 }

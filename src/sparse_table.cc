@@ -12,6 +12,7 @@
 
 #include "pyfleet/error.h"
 #include "pyfleet/hash.h"
+#include "pyfleet/row_q8.h"
 #include "pyfleet/table_io.h"
 #include "row_simd.h"
 
@@ -157,7 +158,7 @@ SparseTable::SparseTable(size_t dim, const OptimizerConfig& opt, const Initializ
       init_(init),
       seed_(seed),
       entry_(entry),
-      layout_((ValidateStorage(storage), storage), dim, state_dim_, OptimizerStateTail(opt)),
+      layout_(TableRowLayout(storage, dim, opt)),
       round_salt_(Mix64(seed ^ kRoundSalt)),
       rows_(layout_.weight_bytes(), layout_.state_bytes()) {
   if (dim == 0 || dim > 65536) ThrowInvalid("dim must be in [1, 65536], got ", dim);
@@ -214,8 +215,11 @@ void SparseTable::ReadRow(uint32_t row, float* w, float* state) const {
   if (layout_.compact()) {
     thread_local std::vector<float> scratch;
     scratch.resize(state_dim_);
-    LoadCompactRow(layout_, rows_.WeightBytes(row), rows_.StateBytes(row), w,
-                   state ? state : scratch.data());
+    float* st = state ? state : scratch.data();
+    LoadCompactRow(layout_, rows_.WeightBytes(row), rows_.StateBytes(row), w, st);
+    if (layout_.q8()) {
+      Q8DerivedTail(opt_, LoadField(&rows_.Meta(row)->update_count), st + layout_.state_head());
+    }
     return;
   }
   const float* rw = rows_.Weights(row);
@@ -295,10 +299,10 @@ void SparseTable::Pull(const uint64_t* keys, size_t n, float* out, bool create) 
     for (const auto& sp : shards_) sp->mu.lock_shared();
     // A copy loop of known length is unrolled: at dims the models use the
     // pipeline costs about half the instructions per key (the copy was most).
-    switch (layout_.storage) {
-      case StorageKind::kFP32: PullFoundDim<StorageKind::kFP32>(keys, n, out, b); break;
+    switch (layout_.weight_kind()) {
       case StorageKind::kFP16: PullFoundDim<StorageKind::kFP16>(keys, n, out, b); break;
       case StorageKind::kBF16: PullFoundDim<StorageKind::kBF16>(keys, n, out, b); break;
+      default: PullFoundDim<StorageKind::kFP32>(keys, n, out, b); break;
     }
     for (const auto& sp : shards_) sp->mu.unlock_shared();
   }
@@ -518,16 +522,25 @@ void SparseTable::PushShard(Shard& s, Batch& b, size_t lo, size_t hi, const floa
       if (compact) {
         // Load into fp32, the fp32 rule, round back stochastically. The
         // stream is keyed by the update count before this update.
+        // A q8 row derives Adam's beta powers from the same count.
         char* cw = rows_.WeightBytes(row);
         char* cs = rows_.StateBytes(row);
-        LoadCompactRow(layout_, cw, cs, w, st);
-        if (add_delta) {
+        const uint32_t count = LoadField(&meta->update_count);
+        const uint64_t z = RoundStreamOf(round_salt_, b.keys[j], count);
+        if (add_delta && layout_.q8()) {  // the state is not touched: its codes stay
+          LoadCompactWeights(layout_.storage, cw, dim_, w);
           for (size_t i = 0; i < dim_; ++i) w[i] += g[i];
+          StoreCompactWeights(layout_.storage, w, dim_, cw, z);
         } else {
-          OptimizerUpdate(opt_, w, st, g, dim_);
+          LoadCompactRow(layout_, cw, cs, w, st);
+          if (add_delta) {
+            for (size_t i = 0; i < dim_; ++i) w[i] += g[i];
+          } else {
+            if (layout_.q8()) Q8DerivedTail(opt_, count, st + layout_.state_head());
+            OptimizerUpdate(opt_, w, st, g, dim_);
+          }
+          StoreCompactRow(layout_, w, st, cw, cs, z);
         }
-        StoreCompactRow(layout_, w, st, cw, cs,
-                        RoundStreamOf(round_salt_, b.keys[j], LoadField(&meta->update_count)));
       } else if (add_delta) {
         for (size_t i = 0; i < dim_; ++i) StoreRelaxed(rw + i, LoadRelaxed(rw + i) + g[i]);
       } else {
@@ -771,12 +784,11 @@ size_t SparseTable::Load(const std::string& path, uint32_t num_servers, uint32_t
     ThrowRuntime(path, " has row metadata of ", h.meta_bytes, " bytes, expected ",
                  sizeof(RowMeta));
   }
-  if (h.storage > static_cast<uint32_t>(StorageKind::kBF16)) {
+  if (h.storage > kMaxStorageKind) {
     ThrowRuntime(path, " holds rows of unknown storage kind ", h.storage);
   }
   // The file's rows as they are laid out; converted when they differ from ours.
-  const RowLayout fl(static_cast<StorageKind>(h.storage), dim_, state_dim_,
-                     OptimizerStateTail(opt_));
+  const RowLayout fl = TableRowLayout(static_cast<StorageKind>(h.storage), dim_, opt_);
   const bool convert = fl.storage != layout_.storage;
   const size_t fwb = fl.weight_bytes(), fsb = fl.state_bytes();
   std::vector<float> cw(dim_), cs(state_dim_ + 1);
@@ -815,6 +827,7 @@ size_t SparseTable::Load(const std::string& path, uint32_t num_servers, uint32_t
       } else {
         if (fl.compact()) {
           LoadCompactRow(fl, fw, fs, cw.data(), cs.data());
+          if (fl.q8()) Q8DerivedTail(opt_, m->update_count, cs.data() + fl.state_head());
         } else {
           std::memcpy(cw.data(), fw, fwb);
           std::memcpy(cs.data(), fs, fsb);

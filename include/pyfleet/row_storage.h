@@ -27,30 +27,58 @@
 
 namespace pyfleet {
 
-enum class StorageKind : uint32_t { kFP32 = 0, kFP16 = 1, kBF16 = 2 };
+// kFP16Q8 / kBF16Q8: 16-bit weights as kFP16 / kBF16, and the optimizer
+// state (Adam's moments, Adagrad's accumulator) in 8-bit blocks (row_q8.h).
+enum class StorageKind : uint32_t { kFP32 = 0, kFP16 = 1, kBF16 = 2, kFP16Q8 = 3, kBF16Q8 = 4 };
+inline constexpr uint32_t kMaxStorageKind = 4;
 
 const char* StorageName(StorageKind kind);
 // Throws std::invalid_argument naming the value unless it is a StorageKind.
 void ValidateStorage(StorageKind kind);
 
-// The byte layout of one row's two columns, declared once.
+// Elements of one 8-bit block of a q8 state vector (one bf16 scale each).
+inline constexpr size_t kQ8Block = 16;
+
+// The byte layout of one row's two columns, declared once. A q8 row's state
+// head is state_head() / dim vectors of dim 8-bit codes, the first q8_signed
+// of them signed (linear), the others square-root codes, then one bf16 scale
+// per block of kQ8Block elements of each vector; its tail (Adam's beta
+// powers) is not stored but derived from the row's update count.
 struct RowLayout {
   StorageKind storage = StorageKind::kFP32;
   size_t dim = 0;
   size_t state_dim = 0;   // floats of optimizer state, as optimizer.h lays them out
   size_t state_tail = 0;  // trailing state floats kept in fp32 by a compact row
+  size_t q8_signed = 0;   // q8: leading state vectors coded signed-linear
 
   RowLayout() = default;
-  RowLayout(StorageKind s, size_t d, size_t sd, size_t tail)
-      : storage(s), dim(d), state_dim(sd), state_tail(s == StorageKind::kFP32 ? 0 : tail) {}
+  RowLayout(StorageKind s, size_t d, size_t sd, size_t tail, size_t signed_vectors = 0)
+      : storage(s), dim(d), state_dim(sd), state_tail(s == StorageKind::kFP32 ? 0 : tail),
+        q8_signed(signed_vectors) {}
 
   bool compact() const { return storage != StorageKind::kFP32; }
+  bool q8() const { return storage == StorageKind::kFP16Q8 || storage == StorageKind::kBF16Q8; }
+  // How the weights are held: fp32, fp16 or bf16.
+  StorageKind weight_kind() const {
+    return storage == StorageKind::kFP16Q8   ? StorageKind::kFP16
+           : storage == StorageKind::kBF16Q8 ? StorageKind::kBF16
+                                             : storage;
+  }
   size_t elem_bytes() const { return compact() ? 2 : 4; }
-  // 16-bit (compact) or fp32 elements of the state before the fp32 tail.
+  // 16-bit (compact), 8-bit (q8) or fp32 elements of the state before the tail.
   size_t state_head() const { return state_dim - state_tail; }
   size_t weight_bytes() const { return dim * elem_bytes(); }
   size_t tail_offset() const { return state_head() * elem_bytes(); }
-  size_t state_bytes() const { return tail_offset() + state_tail * sizeof(float); }
+  // q8: vectors of dim codes in the state head, and bf16 scales per vector.
+  size_t q8_vectors() const { return dim ? state_head() / dim : 0; }
+  size_t q8_blocks() const { return (dim + kQ8Block - 1) / kQ8Block; }
+  size_t state_bytes() const {
+    if (q8()) {
+      if (state_head() == 0) return 0;
+      return (state_head() + 2 * q8_vectors() * q8_blocks() + 3) / 4 * 4;
+    }
+    return tail_offset() + state_tail * sizeof(float);
+  }
   // Elements a compact row rounds on every update: weights, then state head.
   size_t rounded_elems() const { return dim + state_head(); }
 };
@@ -130,6 +158,9 @@ inline uint16_t HalfRound(float f, uint16_t r, bool nearest) {
   return sign | static_cast<uint16_t>((sig >> shift) + ((r + frac16) >> 16));
 }
 
+// The storage kind's weights kind (row_storage's 16-bit codecs take it).
+inline StorageKind WeightKind(StorageKind s) { return RowLayout(s, 0, 0, 0).weight_kind(); }
+
 inline float WidenElem(StorageKind s, uint16_t h) {
   return s == StorageKind::kFP16 ? HalfToFloat(h) : Bf16ToFloat(h);
 }
@@ -169,6 +200,12 @@ void StoreCompactRow(const RowLayout& l, const float* wf, const float* sf, void*
                      uint64_t z);
 void StoreCompactRowNearest(const RowLayout& l, const float* wf, const float* sf, void* w,
                             void* s);
+// Weights only: rounds wf[0, n) with elements [0, n) of the stream z into w.
+void StoreCompactWeights(StorageKind s, const float* wf, size_t n, void* w, uint64_t z);
+// out[0, n) = the 16-bit draws of elements [e0, e0 + n) of the stream z.
+void RoundDraws(uint64_t z, size_t e0, size_t n, uint16_t* out);
+// A q8 row (row_q8.h) codes its state head in 8 bits with the stream's
+// draws after the weights' and leaves sf's tail to the caller on load.
 // Weights only (pull paths); n = l.dim elements of the weights column.
 void LoadCompactWeights(StorageKind s, const void* w, size_t n, float* out);
 // Rounds v[0..n) to the storage and back (nearest even): what a row stores.

@@ -133,9 +133,10 @@ def _train_parser(sub):
     p.add_argument("--shrink-unseen-passes", type=int, default=None, metavar="T",
                    help="at the end of every pass drop rows not updated for more than T "
                         "passes (default: keep them)")
-    p.add_argument("--storage", default="fp32", choices=["fp32", "fp16", "bf16"],
+    p.add_argument("--storage", default="fp32", choices=["fp32", "fp16", "bf16", "fp16_q8", "bf16_q8"],
                    help="how the sparse tables hold rows: fp16/bf16 halve their memory, "
-                        "updates rounded stochastically (docs/tables.md)")
+                        "fp16_q8/bf16_q8 also keep Adam/Adagrad state in 8 bits; updates "
+                        "rounded stochastically (docs/tables.md)")
     p.add_argument("--timeout", type=float, default=None,
                    help="stop the job after this many seconds (default: no limit)")
     p.add_argument("--checkpoint-steps", type=int, default=None, metavar="K",

@@ -149,6 +149,9 @@ def cmd_train(args, argv):
     if args.lr is not None and (not math.isfinite(args.lr) or args.lr <= 0):
         raise SystemExit(f"pyfleet train: --lr must be a finite number > 0, got {args.lr}")
     optimizer = _optimizer_of(args)
+    if args.storage.endswith("_q8") and args.optimizer not in ("adam", "adagrad"):
+        raise SystemExit(f"pyfleet train: --storage {args.storage} keeps Adam's or Adagrad's "
+                         f"state in 8 bits; --optimizer {args.optimizer} is not supported by it")
     try:
         layers = [int(x) for x in args.layers.split(",") if x.strip()]
     except ValueError:

@@ -196,7 +196,8 @@ class Fleet:
         :mod:`pyfleet.entry` (e.g. ``CountFilterEntry(2)``) given to every
         sparse table; None admits every key on first sight (Fluid 1.5).
         ``sparse_storage`` (a pyfleet extension): how every sparse table holds
-        its rows, ``"fp32"``, ``"fp16"`` or ``"bf16"`` (see
+        its rows, ``"fp32"``, ``"fp16"``, ``"bf16"``, or with Adam/Adagrad
+        ``"fp16_q8"``/``"bf16_q8"`` (8-bit optimizer state; see
         :class:`pyfleet.SparseTable`'s ``storage``; docs/tables.md)."""
         if sparse_storage not in STORAGE_TYPES:
             raise ValueError(f"sparse_storage must be one of {', '.join(STORAGE_TYPES)}, "

@@ -34,6 +34,9 @@ def table_configs(program, sparse_entry=None, sparse_storage="fp32"):
         popt = p.optimizer or opt
         _check_server_rule(popt, f"parameter {p.name!r}'s optimizer")
         if p.is_sparse_table:
+            if sparse_storage.endswith("_q8") and popt.kind not in ("Adam", "Adagrad"):
+                raise ConfigError(f"sparse_storage {sparse_storage!r} keeps Adam's or Adagrad's "
+                                  f"state in 8 bits; sparse table {p.name!r} uses {popt.kind}")
             configs.append({"kind": "sparse", "name": p.name, "dim": p.dim,
                             "optimizer": popt.to_config(),
                             "initializer": p.initializer.to_config(), "seed": p.seed,

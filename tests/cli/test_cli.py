@@ -159,3 +159,6 @@ def test_train_with_fp16_storage_trains_and_checkpoints_fp16(tmp_path):
 def test_train_refuses_an_unknown_storage(tmp_path):
     r = pyfleet("train", "--storage", "int8", "--rows", "2000", cwd=tmp_path, timeout=60)
     assert r.returncode != 0 and "--storage" in r.stderr and "int8" in r.stderr
+    r = pyfleet("train", "--storage", "bf16_q8", "--optimizer", "ftrl", "--rows", "2000",
+                cwd=tmp_path, timeout=60)
+    assert r.returncode != 0 and "--storage bf16_q8" in r.stderr and "ftrl" in r.stderr

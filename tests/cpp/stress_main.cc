@@ -37,6 +37,8 @@ int main(int argc, char** argv) {
   SparseTable filtered(4, opt, init, 1, counted);
   // Compact rows: the same Hogwild update through 16-bit loads and stores.
   SparseTable half(8, opt, init, 1, entry, StorageKind::kFP16);
+  // And 8-bit state: Adam's moments in words of codes and scales.
+  SparseTable q8(8, opt, init, 1, entry, StorageKind::kBF16Q8);
 
   std::atomic<bool> stop{false};
   std::vector<std::thread> threads;
@@ -56,6 +58,8 @@ int main(int argc, char** argv) {
         filtered.Push(keys.data(), keys.size() / 2, grads.data());
         half.Pull(keys.data(), keys.size(), out.data());
         half.Push(keys.data(), keys.size(), grads.data());
+        q8.Pull(keys.data(), keys.size(), out.data());
+        q8.Push(keys.data(), keys.size(), grads.data());
       }
     });
   }
@@ -76,6 +80,8 @@ int main(int argc, char** argv) {
       half.Shrink(3, 0, -INFINITY, 1.f);
       half.Save(dir + "/pyfleet_stress_half.bin", s % 2 == 1);
       half.Export(nullptr, 0, true);
+      q8.Shrink(3, 0, -INFINITY, 1.f);
+      q8.Save(dir + "/pyfleet_stress_q8.bin", s % 2 == 1);
       table.Save(dir + "/pyfleet_stress.bin", s % 2 == 1);
       table.Stats();
       table.Keys();
@@ -101,6 +107,14 @@ int main(int argc, char** argv) {
   half.Save(dir + "/pyfleet_stress_half_full.bin", false);
   half_copy.Load(dir + "/pyfleet_stress_half_full.bin", 0, 0);
   if (half_copy.Size() != half.Size()) return Fail("fp16 reload size");
+  const std::vector<uint64_t> qkeys = q8.Keys();
+  RowExport qe = q8.Export(qkeys.data(), qkeys.size(), true);
+  for (float v : qe.weights) if (!std::isfinite(v)) return Fail("non-finite q8 weight");
+  for (float v : qe.state) if (!std::isfinite(v)) return Fail("non-finite q8 state");
+  SparseTable q8_copy(8, opt, init, 1, entry, StorageKind::kBF16Q8);
+  q8.Save(dir + "/pyfleet_stress_q8_full.bin", false);
+  q8_copy.Load(dir + "/pyfleet_stress_q8_full.bin", 0, 0);
+  if (q8_copy.Size() != q8.Size()) return Fail("q8 reload size");
   std::printf("stress: ok, %zu rows, %zu filtered rows\n", table.Size(), filtered.Size());
   return 0;
 }

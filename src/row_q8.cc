@@ -1,0 +1,154 @@
+#include "pyfleet/row_q8.h"
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "pyfleet/error.h"
+
+namespace pyfleet {
+
+namespace {
+
+// A q8 state row is read and written as whole 4-byte words (relaxed
+// atomics; rows are 4-byte aligned): a concurrent push may mix words of two
+// updates, never tear one.
+inline void LoadWords(const void* p, size_t bytes, uint8_t* out) {
+  auto* w = const_cast<uint32_t*>(static_cast<const uint32_t*>(p));
+  for (size_t i = 0; i < bytes / 4; ++i) {
+    const uint32_t v = std::atomic_ref<uint32_t>(w[i]).load(std::memory_order_relaxed);
+    std::memcpy(out + 4 * i, &v, 4);
+  }
+}
+inline void StoreWords(void* p, const uint8_t* in, size_t bytes) {
+  auto* w = static_cast<uint32_t*>(p);
+  for (size_t i = 0; i < bytes / 4; ++i) {
+    uint32_t v;
+    std::memcpy(&v, in + 4 * i, 4);
+    std::atomic_ref<uint32_t>(w[i]).store(v, std::memory_order_relaxed);
+  }
+}
+
+// The row's bytes on the stack for rows up to kStack bytes, else on the heap.
+constexpr size_t kStack = 1024;
+struct RowBuf {
+  explicit RowBuf(size_t bytes) {
+    if (bytes > kStack) heap.resize(bytes);
+    p = bytes > kStack ? heap.data() : stack;
+  }
+  uint8_t stack[kStack];
+  std::vector<uint8_t> heap;
+  uint8_t* p;
+};
+
+// The smallest bf16 >= a (a >= 0), at most the largest finite bf16.
+inline uint16_t Bf16Ceil(float a) {
+  uint32_t b = FloatBits(a);
+  if (b & 0xffffu) b = (b | 0xffffu) + 1u;
+  if (b > 0x7f7f0000u) b = 0x7f7f0000u;
+  return static_cast<uint16_t>(b >> 16);
+}
+
+inline uint16_t LoadScale(const uint8_t* p) {
+  uint16_t s;
+  std::memcpy(&s, p, 2);
+  return s;
+}
+
+}  // namespace
+
+RowLayout TableRowLayout(StorageKind storage, size_t dim, const OptimizerConfig& opt) {
+  ValidateStorage(storage);
+  const size_t state_dim = OptimizerStateDim(opt, dim);
+  const RowLayout probe(storage, dim, state_dim, 0);
+  if (!probe.q8()) return RowLayout(storage, dim, state_dim, OptimizerStateTail(opt));
+  switch (opt.kind) {
+    case OptimizerKind::kAdam: return RowLayout(storage, dim, state_dim, 2, 1);
+    case OptimizerKind::kAdagrad: return RowLayout(storage, dim, state_dim, 0, 0);
+    default: break;
+  }
+  ThrowInvalid("storage ", StorageName(storage), " quantises Adam's or Adagrad's state to 8 bits; ",
+               OptimizerName(opt.kind), " is not supported by it (use ",
+               StorageName(probe.weight_kind()), " for 16-bit rows)");
+  return RowLayout();
+}
+
+void Q8LoadState(const RowLayout& l, const void* s, float* sf) {
+  const size_t bytes = l.state_bytes();
+  if (bytes == 0) return;
+  RowBuf buf(bytes);
+  LoadWords(s, bytes, buf.p);
+  const size_t dim = l.dim, blocks = l.q8_blocks();
+  const uint8_t* scales = buf.p + l.state_head();
+  for (size_t j = 0; j < l.q8_vectors(); ++j) {
+    const bool sgn = j < l.q8_signed;
+    const uint8_t* codes = buf.p + j * dim;
+    float* out = sf + j * dim;
+    for (size_t b = 0; b < blocks; ++b) {
+      const float scale = Bf16ToFloat(LoadScale(scales + 2 * (j * blocks + b)));
+      const size_t lo = b * kQ8Block, hi = std::min(dim, lo + kQ8Block);
+      if (sgn) {
+        const float step = scale / 127.f;
+        for (size_t i = lo; i < hi; ++i) {
+          out[i] = static_cast<float>(static_cast<int8_t>(codes[i])) * step;
+        }
+      } else {
+        const float step = scale / 255.f;
+        for (size_t i = lo; i < hi; ++i) {
+          const float q = static_cast<float>(codes[i]) * step;
+          out[i] = q * q;
+        }
+      }
+    }
+  }
+}
+
+void Q8StoreState(const RowLayout& l, const float* sf, void* s, const uint16_t* r) {
+  const size_t bytes = l.state_bytes();
+  if (bytes == 0) return;
+  RowBuf buf(bytes);
+  std::memset(buf.p, 0, bytes);
+  const size_t dim = l.dim, blocks = l.q8_blocks();
+  uint8_t* scales = buf.p + l.state_head();
+  float x[kQ8Block];
+  for (size_t j = 0; j < l.q8_vectors(); ++j) {
+    const bool sgn = j < l.q8_signed;
+    const float* in = sf + j * dim;
+    uint8_t* codes = buf.p + j * dim;
+    for (size_t b = 0; b < blocks; ++b) {
+      const size_t lo = b * kQ8Block, hi = std::min(dim, lo + kQ8Block);
+      float a = 0.f;
+      for (size_t i = lo; i < hi; ++i) {
+        x[i - lo] = sgn ? in[i] : std::sqrt(std::fmax(in[i], 0.f));
+        a = std::fmax(a, std::fabs(x[i - lo]));
+      }
+      const uint16_t sc = Bf16Ceil(a);
+      std::memcpy(scales + 2 * (j * blocks + b), &sc, 2);
+      const float scale = Bf16ToFloat(sc);
+      if (scale == 0.f) continue;  // codes stay 0
+      const float step = scale / (sgn ? 127.f : 255.f);
+      const float cmin = sgn ? -127.f : 0.f, cmax = sgn ? 127.f : 255.f;
+      for (size_t i = lo; i < hi; ++i) {
+        const float u = r ? static_cast<float>(r[j * dim + i]) * 0x1p-16f : 0.5f;
+        const float c = std::fmin(std::fmax(std::floor(x[i - lo] / step + u), cmin), cmax);
+        codes[i] = static_cast<uint8_t>(static_cast<int>(c));
+      }
+    }
+  }
+  // Adam: no m where v is 0 (signed vector k pairs with root vector q8_signed + k).
+  for (size_t k = 0; k < l.q8_signed && l.q8_signed + k < l.q8_vectors(); ++k) {
+    uint8_t* m = buf.p + k * dim;
+    const uint8_t* v = buf.p + (l.q8_signed + k) * dim;
+    for (size_t i = 0; i < dim; ++i) m[i] = v[i] == 0 ? 0 : m[i];
+  }
+  StoreWords(s, buf.p, bytes);
+}
+
+void Q8DerivedTail(const OptimizerConfig& opt, uint32_t count, float* tail) {
+  if (opt.kind != OptimizerKind::kAdam) return;
+  tail[0] = PowCount(opt.beta1, uint64_t{count} + 1);
+  tail[1] = PowCount(opt.beta2, uint64_t{count} + 1);
+}
+
+}  // namespace pyfleet
