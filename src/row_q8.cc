@@ -1,5 +1,6 @@
 #include "pyfleet/row_q8.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -87,53 +88,76 @@ void Q8LoadState(const RowLayout& l, const void* s, float* sf) {
     float* out = sf + j * dim;
     for (size_t b = 0; b < blocks; ++b) {
       const float scale = Bf16ToFloat(LoadScale(scales + 2 * (j * blocks + b)));
-      const size_t lo = b * kQ8Block, hi = std::min(dim, lo + kQ8Block);
+      const size_t lo = b * kQ8Block, n = std::min(dim - lo, kQ8Block);
+      const uint8_t* c = codes + lo;
+      float* o = out + lo;
       if (sgn) {
         const float step = scale / 127.f;
-        for (size_t i = lo; i < hi; ++i) {
-          out[i] = static_cast<float>(static_cast<int8_t>(codes[i])) * step;
-        }
+        for (size_t i = 0; i < n; ++i) o[i] = static_cast<float>(static_cast<int8_t>(c[i])) * step;
       } else {
         const float step = scale / 255.f;
-        for (size_t i = lo; i < hi; ++i) {
-          const float q = static_cast<float>(codes[i]) * step;
-          out[i] = q * q;
+        for (size_t i = 0; i < n; ++i) {
+          const float q = static_cast<float>(c[i]) * step;
+          o[i] = q * q;
         }
       }
     }
   }
 }
 
+namespace {
+
+// Codes n <= kQ8Block elements x (signed: the values; root: their square
+// roots) of one block; returns the block's bf16 scale. u[i] + bias is exact
+// in fp32 (16 fraction bits, 8 integer bits), so y is one rounding of
+// x * inv + u + bias, truncated (y >= 0: floor) after the clamp.
+inline uint16_t CodeBlock(const float* x, const float* u, size_t n, bool sgn, uint8_t* codes) {
+  float a = 0.f;
+  for (size_t i = 0; i < n; ++i) {
+    const float v = sgn ? std::fabs(x[i]) : x[i];
+    a = v > a ? v : a;
+  }
+  const uint16_t sc = Bf16Ceil(a);
+  const float scale = Bf16ToFloat(sc);
+  if (scale == 0.f) {
+    for (size_t i = 0; i < n; ++i) codes[i] = 0;
+    return sc;
+  }
+  const float inv = (sgn ? 127.f : 255.f) / scale;
+  const float bias = sgn ? 128.f : 0.f, lo = sgn ? 1.f : 0.f, hi = sgn ? 255.f : 255.f;
+  int32_t c[kQ8Block];
+  for (size_t i = 0; i < n; ++i) {
+    float y = x[i] * inv + (u[i] + bias);
+    y = y < lo ? lo : y;
+    y = y > hi ? hi : y;
+    c[i] = static_cast<int32_t>(y);
+  }
+  for (size_t i = 0; i < n; ++i) codes[i] = static_cast<uint8_t>(c[i] - static_cast<int32_t>(bias));
+  return sc;
+}
+
+}  // namespace
+
 void Q8StoreState(const RowLayout& l, const float* sf, void* s, const uint16_t* r) {
   const size_t bytes = l.state_bytes();
   if (bytes == 0) return;
   RowBuf buf(bytes);
-  std::memset(buf.p, 0, bytes);
+  std::memset(buf.p + l.state_head(), 0, bytes - l.state_head());
   const size_t dim = l.dim, blocks = l.q8_blocks();
   uint8_t* scales = buf.p + l.state_head();
-  float x[kQ8Block];
+  float x[kQ8Block], u[kQ8Block];
   for (size_t j = 0; j < l.q8_vectors(); ++j) {
     const bool sgn = j < l.q8_signed;
     const float* in = sf + j * dim;
-    uint8_t* codes = buf.p + j * dim;
     for (size_t b = 0; b < blocks; ++b) {
-      const size_t lo = b * kQ8Block, hi = std::min(dim, lo + kQ8Block);
-      float a = 0.f;
-      for (size_t i = lo; i < hi; ++i) {
-        x[i - lo] = sgn ? in[i] : std::sqrt(std::fmax(in[i], 0.f));
-        a = std::fmax(a, std::fabs(x[i - lo]));
+      const size_t lo = b * kQ8Block, n = std::min(dim - lo, kQ8Block);
+      for (size_t i = 0; i < n; ++i) {
+        const float v = in[lo + i];
+        x[i] = sgn ? v : std::sqrt(v > 0.f ? v : 0.f);
+        u[i] = r ? static_cast<float>(r[j * dim + lo + i]) * 0x1p-16f : 0.5f;
       }
-      const uint16_t sc = Bf16Ceil(a);
+      const uint16_t sc = CodeBlock(x, u, n, sgn, buf.p + j * dim + lo);
       std::memcpy(scales + 2 * (j * blocks + b), &sc, 2);
-      const float scale = Bf16ToFloat(sc);
-      if (scale == 0.f) continue;  // codes stay 0
-      const float step = scale / (sgn ? 127.f : 255.f);
-      const float cmin = sgn ? -127.f : 0.f, cmax = sgn ? 127.f : 255.f;
-      for (size_t i = lo; i < hi; ++i) {
-        const float u = r ? static_cast<float>(r[j * dim + i]) * 0x1p-16f : 0.5f;
-        const float c = std::fmin(std::fmax(std::floor(x[i - lo] / step + u), cmin), cmax);
-        codes[i] = static_cast<uint8_t>(static_cast<int>(c));
-      }
     }
   }
   // Adam: no m where v is 0 (signed vector k pairs with root vector q8_signed + k).

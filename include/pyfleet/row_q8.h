@@ -12,10 +12,12 @@
 // A second moment is coded by its square root: the value the update divides
 // by keeps 8 bits over a range of 255, not 255^2, and its zero is exact.
 // Storing a block: S = the block's largest |x| (root: largest sqrt(x)),
-// rounded up to a bf16; t = x / (S / k) (root: sqrt(x) / (S / 255)); the code
-// is floor(t + u) clamped to the range, u = r / 2^16 with r the element's 16
-// random bits of the row's rounding stream (stochastic, unbiased), or u = 1/2
-// for initial rows and converted files. All arithmetic is fp32 in this
+// rounded up to a bf16; y = x * (k / S) + (u + b) (root: sqrt(x) for x), with
+// k = 127, b = 128 (signed) or k = 255, b = 0 (root), clamped to [b - 127 or
+// 0, 255] and truncated: the code is floor(y) - b. u = r / 2^16 with r the
+// element's 16 random bits of the row's rounding stream (stochastic,
+// unbiased), or u = 1/2 for initial rows and converted files. All
+// arithmetic is fp32 in this
 // order (tests/table/test_storage_q8.py mirrors it in numpy). Then Adam's m
 // code is set to 0 wherever v's code is 0: a decoded v of 0 with a non-zero
 // m would divide by epsilon alone on the row's next update.

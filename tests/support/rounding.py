@@ -116,8 +116,10 @@ def bf16_ceil(a):
 def q8_round_trip(head, dim, signed_vectors, r=None):
     """What a q8 row's state head decodes to after it is stored: per block of
     each dim-vector, scale = bf16 ceiling of max |x| (root vectors: of
-    sqrt(x)), code = floor(x / (scale / k) + u) clamped, u = r / 2^16 or 1/2;
-    Adam's m code is 0 wherever v's code is 0. All in float32."""
+    sqrt(x)); y = x * (k / scale) + (u + b), clamped to [1, 255] (signed,
+    b = 128, k = 127) or [0, 255] (root, b = 0, k = 255), code = trunc(y) - b,
+    u = r / 2^16 or 1/2; Adam's m code is 0 wherever v's code is 0. Decoded:
+    code * (scale / k), squared for root vectors. All in float32."""
     f32 = np.float32
     head = np.asarray(head, f32)
     nvec = head.size // dim
@@ -126,16 +128,16 @@ def q8_round_trip(head, dim, signed_vectors, r=None):
     u = np.full(head.size, f32(0.5)) if r is None else r.astype(f32) * f32(2.0**-16)
     for j in range(nvec):
         sgn = j < signed_vectors
-        k, lo_c, hi_c = (f32(127), f32(-127), f32(127)) if sgn else (f32(255), f32(0), f32(255))
+        k, b, lo_c = (f32(127), f32(128), f32(1)) if sgn else (f32(255), f32(0), f32(0))
         for lo in range(0, dim, Q8_BLOCK):
             sl = slice(j * dim + lo, j * dim + min(dim, lo + Q8_BLOCK))
-            x = head[sl] if sgn else np.sqrt(np.fmax(head[sl], f32(0)))
-            scale = bf16_ceil(np.fmax.reduce(np.abs(x), initial=f32(0)))
+            x = head[sl] if sgn else np.sqrt(np.where(head[sl] > 0, head[sl], f32(0)))
+            scale = bf16_ceil(np.max(np.abs(x), initial=f32(0)))
             if scale == 0:
                 continue
-            step = f32(scale / k)
-            codes[sl] = np.fmin(np.fmax(np.floor(x / step + u[sl]), lo_c), hi_c)
-            steps[sl] = step
+            y = x * f32(k / scale) + (u[sl] + b)
+            codes[sl] = np.trunc(np.minimum(np.maximum(y, lo_c), f32(255))) - b
+            steps[sl] = f32(scale / k)
     for k in range(signed_vectors):
         if signed_vectors + k < nvec:
             m = slice(k * dim, (k + 1) * dim)
