@@ -39,6 +39,8 @@ from pyfleet.service.registry import Entry, Registry
 
 __all__ = ["CollectiveBackend", "FusedDense", "checkpoint_registry"]
 
+_HALF = 22  # a count travels as (count >> 22, count & (2**22 - 1)): float32-exact halves
+
 
 class FusedDense:
     """The dense half of a step over ``self.group``'s ranks (a mixin): the
@@ -51,6 +53,11 @@ class FusedDense:
 
     broadcast_dense = False
 
+    def _tail_size(self):
+        """Float32 slots after the dense block and its flags (a subclass's extra data
+        carried by the same all-reduce)."""
+        return 0
+
     def _fused_layout(self):
         sig = self.signature()
         if self._layout is None or self._layout[4] != sig:
@@ -60,7 +67,8 @@ class FusedDense:
             shapes = [self.dense[n].shape for n in names]
             sizes = [int(np.prod(s)) for s in shapes]
             offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-            total = int(offsets[-1]) + len(names)  # + one present-flag per parameter
+            # + one present-flag per parameter, + the tail
+            total = int(offsets[-1]) + len(names) + self._tail_size()
             self._layout = (names, shapes, offsets, total, sig)
             self._buf = np.empty(total, dtype=np.float32)
             if self.broadcast_dense and names:
@@ -78,9 +86,10 @@ class FusedDense:
             if not np.array_equal(view, mine[offsets[i]:offsets[i + 1]]):
                 self.dense[n].set(view.reshape(self.dense[n].shape))
 
-    def _dense_step(self, names, shapes, offsets, total):
+    def _fill_dense(self, names, offsets):
+        """Copy the step's dense gradients and their flags into the fused buffer."""
         buf = self._buf
-        flags = buf[int(offsets[-1]):]
+        flags = buf[int(offsets[-1]):int(offsets[-1]) + len(names)]
         for i, n in enumerate(names):
             g = self._dense_grads.get(n)
             view = buf[offsets[i]:offsets[i + 1]]
@@ -93,10 +102,22 @@ class FusedDense:
         unknown = set(self._dense_grads) - set(names)
         if unknown:
             raise ValueError(f"gradients of unknown dense parameters {sorted(unknown)}")
-        self.group.allreduce_mean(buf)
+
+    def _apply_dense(self, names, shapes, offsets):
+        """Average the summed buffer over the ranks and apply it to every parameter
+        some rank had a gradient for."""
+        end = int(offsets[-1])
+        dense, flags = self._buf[:end], self._buf[end:end + len(names)]
+        if self.group.size > 1:
+            dense *= np.float32(1.0 / self.group.size)
         for i, n in enumerate(names):
             if flags[i] > 0:
-                self.dense[n].push(buf[offsets[i]:offsets[i + 1]].reshape(shapes[i]))
+                self.dense[n].push(dense[offsets[i]:offsets[i + 1]].reshape(shapes[i]))
+
+    def _dense_step(self, names, shapes, offsets, total):
+        self._fill_dense(names, offsets)
+        self.group.allreduce_sum(self._buf, "the dense all-reduce")
+        self._apply_dense(names, shapes, offsets)
 
     def dense_checksum(self):
         """``{name: sha256 hex}`` of every dense parameter's values and optimizer state."""
@@ -135,33 +156,60 @@ class CollectiveBackend(FusedDense, LocalBackend):
         sig.update({n: f"a sparse table of dim {t.dim}" for n, t in self.sparse.items()})
         return sig
 
+    def _tail_size(self):
+        # every rank's count of ids of every table, as two float32 halves (exact below 2**46)
+        return 2 * self.group.size * len(self.sparse)
+
     def step_end(self):
         names, shapes, offsets, total, _ = self._fused_layout()
         try:
-            if names:
-                self._dense_step(names, shapes, offsets, total)
-            if self.sparse:
-                self._sparse_step()
+            if names or self.sparse:
+                self._step(names, shapes, offsets)
         finally:
             self._dense_grads, self._sparse_grads = {}, {}
             self.group.step += 1
 
-    def _sparse_step(self):
-        g = self.group
+    def _step(self, names, shapes, offsets):
+        # One all-reduce carries the dense gradients and every rank's sparse counts;
+        # then the sparse ids and gradients travel (two Iallgatherv, waited together)
+        # while the dense average is applied.
+        buf = self._buf
         tables = sorted(self.sparse)
-        dims = np.array([self.sparse[t].dim for t in tables], dtype=np.int64)
+        self._fill_dense(names, offsets)
         mine = [self._sparse_grads.get(t) for t in tables]
         counts = np.array([0 if m is None else m[0].shape[0] for m in mine], dtype=np.int64)
-        all_counts = g.allgather_counts(counts)          # [ranks, tables]
-        if not all_counts.any():
-            return
-        empty_k = np.empty(0, dtype=np.uint64)
-        keys = np.concatenate([empty_k] + [m[0] for m in mine if m is not None])
+        tail = buf[int(offsets[-1]) + len(names):].reshape(2, self.group.size, len(tables))
+        tail.fill(0.0)   # the other ranks' slots: their counts arrive by the sum
+        tail[0, self.group.rank] = counts >> _HALF
+        tail[1, self.group.rank] = counts & ((1 << _HALF) - 1)
+        self.group.allreduce_sum(buf, "the dense all-reduce")
+        all_counts = (tail[0].astype(np.int64) << _HALF) + tail[1].astype(np.int64)
+        pending = self._start_sparse(tables, mine, all_counts) if all_counts.any() else None
+        try:
+            if names:
+                self._apply_dense(names, shapes, offsets)
+        finally:
+            if pending is not None:
+                self.group.wait(pending[0], "the sparse exchange")
+        if pending is not None:
+            self._apply_sparse(tables, all_counts, pending[1], pending[2])
+
+    def _start_sparse(self, tables, mine, all_counts):
+        """Start gathering every rank's (ids, gradients) of every table:
+        ``(requests, all ids, all gradients, what is being sent)``."""
+        dims = np.array([self.sparse[t].dim for t in tables], dtype=np.int64)
+        keys = np.concatenate([np.empty(0, dtype=np.uint64)]
+                              + [m[0] for m in mine if m is not None])
         grads = np.concatenate([np.empty(0, dtype=np.float32)]
                                + [np.asarray(m[1], dtype=np.float32).reshape(-1)
                                   for m in mine if m is not None])
-        all_keys = g.allgatherv(keys, all_counts.sum(axis=1))
-        all_grads = g.allgatherv(grads, (all_counts * dims).sum(axis=1))
+        all_keys, rk = self.group.iallgatherv(keys, all_counts.sum(axis=1))
+        all_grads, rg = self.group.iallgatherv(grads, (all_counts * dims).sum(axis=1))
+        return [rk, rg], all_keys, all_grads, (keys, grads)  # MPI reads these until the wait
+
+    def _apply_sparse(self, tables, all_counts, all_keys, all_grads):
+        g = self.group
+        dims = np.array([self.sparse[t].dim for t in tables], dtype=np.int64)
         # Where each rank's block starts, and each table's place inside it.
         kstart = np.concatenate([[0], np.cumsum(all_counts.sum(axis=1))])
         gstart = np.concatenate([[0], np.cumsum((all_counts * dims).sum(axis=1))])

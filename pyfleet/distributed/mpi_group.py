@@ -130,6 +130,23 @@ class MPIGroup:
             self._leave()
         return buf
 
+    def iallreduce_sum(self, buf):
+        """Start the sum of ``buf`` over the ranks, in place (as :meth:`allreduce_sum`);
+        returns the request to pass to :meth:`wait`. Until then ``buf`` is MPI's."""
+        return self.comm.Iallreduce(self.MPI.IN_PLACE, buf, op=self.MPI.SUM)
+
+    def wait(self, requests, what):
+        """Wait for ``requests`` (one or a list, from the ``i...`` methods), watched
+        as any collective."""
+        self._enter(what)
+        try:
+            if isinstance(requests, list):
+                self.MPI.Request.Waitall(requests)
+            else:
+                requests.Wait()
+        finally:
+            self._leave()
+
     def allgather_counts(self, counts, what="the sparse exchange"):
         """``int64[size, len(counts)]``: every rank's ``counts`` row, in rank order."""
         counts = np.ascontiguousarray(counts, dtype=np.int64)
@@ -145,16 +162,28 @@ class MPIGroup:
         """Every rank's 1-D ``arr`` concatenated in rank order; ``counts[r]`` is
         rank r's length (from :meth:`allgather_counts`)."""
         arr = np.ascontiguousarray(arr)
-        counts = np.asarray(counts, dtype=np.int64)
-        out = np.empty(int(counts.sum()), dtype=arr.dtype)
-        displs = np.zeros_like(counts)
-        np.cumsum(counts[:-1], out=displs[1:])
+        out, counts, displs = self._gathered(arr, counts)
         self._enter(what)
         try:
             self.comm.Allgatherv(arr, [out, (counts, displs)])
         finally:
             self._leave()
         return out
+
+    @staticmethod
+    def _gathered(arr, counts):
+        counts = np.asarray(counts, dtype=np.int64)
+        out = np.empty(int(counts.sum()), dtype=arr.dtype)
+        displs = np.zeros_like(counts)
+        np.cumsum(counts[:-1], out=displs[1:])
+        return out, counts, displs
+
+    def iallgatherv(self, arr, counts):
+        """Start :meth:`allgatherv`: ``(out, request)``; ``out`` is filled once
+        :meth:`wait` returned (``arr`` must stay untouched until then)."""
+        arr = np.ascontiguousarray(arr)
+        out, counts, displs = self._gathered(arr, counts)
+        return out, self.comm.Iallgatherv(arr, [out, (counts, displs)])
 
     def allgather_bytes(self, data, what):
         """Every rank's ``data`` (bytes), a list in rank order."""

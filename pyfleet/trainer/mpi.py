@@ -61,29 +61,44 @@ def group_of(fleet, job):
 
 
 def equal_steps(batches, group):
-    """``batches`` while every rank of ``group`` still has one (one small all-reduce
-    per step); without a group, ``batches`` unchanged."""
+    """``batches`` while every rank of ``group`` still has one; without a group,
+    ``batches`` unchanged.
+
+    One 8-byte all-reduce per step counts the ranks that have a batch. It is started
+    (``Iallreduce``) before the previous batch is handed out and waited for when the
+    next one is asked for, so it travels with that step's own collectives instead of
+    being one more point where the ranks wait for each other."""
     if group is None:
         yield from batches
         return
     it = iter(batches)
-    have = np.zeros(1, dtype=np.int64)
-    steps = 0
+    flags = [np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64)]  # MPI's until waited
+    steps, pending = 0, None
     try:
+        batch = next(it, None)
+        flags[0][0] = batch is not None
+        pending = group.iallreduce_sum(flags[0])
         while True:
-            batch = next(it, None)
-            have[0] = batch is not None
-            group.allreduce_sum(have, "the check that every rank has a next batch")
-            if int(have[0]) < group.size:
+            group.wait(pending, "the check that every rank has a next batch")
+            pending = None
+            if int(flags[steps % 2][0]) < group.size:
                 if batch is not None:
                     left = 1 + sum(1 for _ in it)
                     log.warning("rank %d: another rank's data ended the pass after %d steps; "
                                 "this rank's last %d batch(es) of the pass were skipped",
                                 group.rank, steps, left)
                 return
+            nxt = next(it, None)
+            flag = flags[(steps + 1) % 2]
+            flag[0] = nxt is not None
+            pending = group.iallreduce_sum(flag)
             steps += 1
             yield batch
+            batch = nxt
     finally:
+        if pending is not None:
+            # Closed early (every rank alike): the started count still needs every rank.
+            group.wait(pending, "the check that every rank has a next batch")
         close = getattr(it, "close", None)
         if close is not None:
             close()
