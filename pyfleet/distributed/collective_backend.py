@@ -11,14 +11,19 @@ ranks of an :class:`pyfleet.distributed.mpi_group.MPIGroup` at
   over the ranks; each rank applies the same average to its own copy. A
   parameter no rank has a gradient for is left alone (its optimizer does not
   step), as in single-process training.
-- sparse: each rank keeps a full replica of every table. The step's (unique
-  ids, gradient sums) of every table go out with one ``Allgather`` of counts
-  and two ``Allgatherv`` (ids, gradients); every rank then concatenates them
-  in rank order, sums the rows of equal ids in that order (the core's
-  ``unique_inverse`` and ``sum_rows``: no Python loop over keys), divides by
-  the number of ranks and pushes the result into its replica. Every rank
-  computes the same floats in the same order, so the replicas stay
-  bit-identical.
+- sparse: each rank keeps a full replica of every table. Every rank's count of
+  ids per table rides in the same ``Allreduce`` (a block after the dense
+  gradients where each rank fills its own slots, two float32 halves a count);
+  then the step's (unique ids, gradient sums) of every table go out with two
+  ``Iallgatherv`` (ids, gradients), waited for together after the dense average
+  was applied. Every rank concatenates them in rank order, sums the rows of
+  equal ids in that order (the core's ``unique_inverse`` and ``sum_rows``: no
+  Python loop over keys), divides by the number of ranks and pushes the result
+  into its replica. Every rank computes the same floats in the same order, so
+  the replicas stay bit-identical.
+
+So a step has two points where a rank waits for the others (the all-reduce,
+the sparse gather), where it had four blocking collectives.
 
 So ``N`` ranks with batch ``B`` each train as one process with batch ``N*B``
 (the ranks' batches concatenated in rank order), up to float rounding: the

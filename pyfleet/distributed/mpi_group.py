@@ -5,6 +5,8 @@ numpy buffers (mpi4py's upper-case, buffer methods: nothing is pickled):
 
 - :meth:`MPIGroup.allreduce_mean` — one fused ``Allreduce`` of a float32 buffer, averaged;
 - :meth:`MPIGroup.allgatherv` — every rank's 1-D array, concatenated in rank order;
+- :meth:`MPIGroup.iallreduce_sum`, :meth:`MPIGroup.iallgatherv` — the same started
+  without waiting (``Iallreduce``, ``Iallgatherv``), finished by :meth:`MPIGroup.wait`;
 - :meth:`MPIGroup.agree` — every rank checks that all ranks hold the same program
   (a JSON signature exchanged as bytes), naming the first rank and parameter that differ.
 
