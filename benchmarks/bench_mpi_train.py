@@ -11,7 +11,9 @@ rank trains on its share of ``job["train"]`` (the dataset's worker split) with b
 next batch's sparse rows as the trainer does. Rank 0 then predicts the whole test set and
 prints one JSON line: ``train_examples`` (all ranks), ``train_seconds`` (the slowest),
 ``train_examples_per_sec``, ``train_cpu_seconds`` (all ranks' training loops, with
-the time MPI spends polling inside collectives), ``test_auc``.
+the time MPI spends polling inside collectives), ``main_thread_ran_seconds`` and
+``main_thread_queued_seconds`` (all ranks' training threads during the loop: on a core,
+and runnable but waiting for a core, from Linux's schedstat), ``test_auc``.
 """
 
 import json
@@ -27,6 +29,17 @@ from pyfleet.metrics import exact_auc
 from pyfleet.trainer.job import JOB_DEFAULTS, _dataset, build_program, feed_of, optimizer_of
 from pyfleet.trainer.mpi import equal_steps, group_of
 from pyfleet.trainer.role import _prefetching
+
+
+def _sched():
+    """(seconds on a core, seconds runnable but waiting for one) of this thread so far:
+    Linux's /proc/thread-self/schedstat; zeros elsewhere."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            ran, queued = f.read().split()[:2]
+    except OSError:
+        return 0.0, 0.0
+    return int(ran) / 1e9, int(queued) / 1e9
 
 
 def main(argv):
@@ -51,7 +64,7 @@ def main(argv):
     exe = fluid.Executor(fluid.CPUPlace())
     exe.run(fleet.startup_program)
     data = _dataset(job, job["train"], rank, size, shuffle=True)
-    examples, t0, c0 = 0, time.perf_counter(), time.process_time()
+    examples, t0, c0, q0 = 0, time.perf_counter(), time.process_time(), _sched()
     # As pyfleet train's workers: every rank stops at the first rank's last batch, and
     # the next batch's sparse rows are prefetched (hybrid: their pull travels) while
     # this step computes.
@@ -63,11 +76,14 @@ def main(argv):
         fleet.barrier_worker()
     seconds = time.perf_counter() - t0
     cpu = comm.allreduce(time.process_time() - c0, op=MPI.SUM)
+    q1 = _sched()
+    ran, queued = (comm.allreduce(b - a, op=MPI.SUM) for a, b in zip(q0, q1))
     total = comm.allreduce(examples, op=MPI.SUM)
     slowest = comm.allreduce(seconds, op=MPI.MAX)
     summary = {"workers": size, "train_examples": total, "train_seconds": slowest,
                "train_examples_per_sec": total / max(slowest, 1e-9),
-               "train_cpu_seconds": cpu}
+               "train_cpu_seconds": cpu, "main_thread_ran_seconds": ran,
+               "main_thread_queued_seconds": queued}
     if rank == 0:
         test = fleet.main_program.clone(for_test=True)
         test.set_backend(fleet.main_program.backend)

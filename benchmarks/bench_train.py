@@ -35,6 +35,11 @@ by each worker; ``server ms`` is every server process's whole-life CPU
 pass; blank elsewhere); ``server %`` its share of all the run's CPU. With
 W workers and S servers on C cores, examples/s can reach at most
 ``C * 512 / (worker ms + server ms) * 1000`` when nothing else runs.
+``queued %`` says how far from that the machine was: of the time the workers'
+main threads were runnable, the share they spent waiting for a core (Linux's
+schedstat; the single and MPI rows over the training loop, the parameter-server
+workers over their whole life). Near 0 on an idle machine; at 50% a worker got
+half the CPU it asked for.
 
 The machine's load changes the absolute figures; the ratios much less.
 Run each configuration on an otherwise idle machine when comparing changes.
@@ -53,7 +58,17 @@ __all__ = ["main"]
 _SINGLE = """
 import json, sys
 from pyfleet.trainer import train_local
-print(json.dumps(train_local(json.loads(sys.argv[1]))))
+def sched():
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return [int(x) / 1e9 for x in f.read().split()[:2]]
+    except OSError:
+        return [0.0, 0.0]
+q0 = sched()
+r = train_local(json.loads(sys.argv[1]))
+q1 = sched()
+r["main_thread_ran_seconds"], r["main_thread_queued_seconds"] = q1[0] - q0[0], q1[1] - q0[1]
+print(json.dumps(r))
 """
 
 
@@ -82,8 +97,9 @@ def run_single(data, epochs, timeout, batch_size=512):
 
 
 def _role_cpu(run_dir, seen):
-    """Record in ``seen`` {pid: (role, cpu seconds)} every live process of the
-    job in ``run_dir`` (its roles run ``pyfleet.trainer RUN_DIR/job.json``)."""
+    """Record in ``seen`` {pid: (role, cpu seconds, main thread's (seconds on a core,
+    seconds runnable but queued))} every live process of the job in ``run_dir``
+    (its roles run ``pyfleet.trainer RUN_DIR/job.json``)."""
     tick = os.sysconf("SC_CLK_TCK")
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
@@ -98,7 +114,9 @@ def _role_cpu(run_dir, seen):
             role = "server" if b"TRAINING_ROLE=PSERVER" in env else "worker"
             with open(f"/proc/{pid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
-            seen[pid] = (role, (int(fields[11]) + int(fields[12])) / tick)
+            with open(f"/proc/{pid}/schedstat") as f:
+                sched = tuple(int(x) / 1e9 for x in f.read().split()[:2])
+            seen[pid] = (role, (int(fields[11]) + int(fields[12])) / tick, sched)
         except OSError:   # gone, or not ours to read
             continue
 
@@ -127,8 +145,13 @@ def run_cluster(data, servers, workers, mode, epochs, timeout, run_dir):
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{stdout[-2000:]}\n{stderr[-2000:]}")
     r = _last_json(stdout)
     if seen:
-        r["server_cpu_seconds"] = sum(c for role, c in seen.values() if role == "server")
-        r["all_cpu_seconds"] = sum(c for _, c in seen.values())
+        r["server_cpu_seconds"] = sum(c for role, c, _ in seen.values() if role == "server")
+        r["all_cpu_seconds"] = sum(c for _, c, _ in seen.values())
+        # the workers' main threads over their whole life
+        r["main_thread_ran_seconds"] = sum(q[0] for role, _, q in seen.values()
+                                           if role == "worker")
+        r["main_thread_queued_seconds"] = sum(q[1] for role, _, q in seen.values()
+                                              if role == "worker")
     return r
 
 
@@ -204,6 +227,11 @@ def _reap_cpu(p, timeout=30.0):
     return 0.0
 
 
+def _queued_share(r):
+    ran, queued = r.get("main_thread_ran_seconds"), r.get("main_thread_queued_seconds")
+    return queued / (ran + queued) if ran and queued is not None else None
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=1_000_000)
@@ -276,7 +304,8 @@ def main(argv=None):
                        "server_ms_per_batch": (r["server_cpu_seconds"] / batches * 1e3
                                                if "server_cpu_seconds" in r else None),
                        "server_cpu_share": (r["server_cpu_seconds"] / r["all_cpu_seconds"]
-                                            if r.get("all_cpu_seconds") else None)}
+                                            if r.get("all_cpu_seconds") else None),
+                       "queued_share": _queued_share(r)}
                 results.append(row)
                 print(f"  {name:>14} {mode:>5}: {row['examples_per_sec']:>10,.0f} examples/s  "
                       f"test AUC {row['test_auc']:.4f}", flush=True)
@@ -286,7 +315,7 @@ def main(argv=None):
     by = {(r["cluster"], r["mode"]): r for r in results}
     print()
     print(f"{'cluster':>14} {'mode':>6} {'examples/s':>12} {'/ single':>9} {'test AUC':>9} "
-          f"{'worker ms':>10} {'server ms':>10} {'server %':>9}")
+          f"{'worker ms':>10} {'server ms':>10} {'server %':>9} {'queued %':>9}")
 
     def cell(v, fmt, width):
         return f"{'-':>{width}}" if v is None else f"{v:>{width}{fmt}}"
@@ -296,9 +325,10 @@ def main(argv=None):
         print(f"{r['cluster']:>14} {r['mode']:>6} {r['examples_per_sec']:>12,.0f} {ratio} "
               f"{r['test_auc']:>9.4f} {cell(r['worker_ms_per_batch'], '.1f', 10)} "
               f"{cell(r['server_ms_per_batch'], '.1f', 10)} "
-              f"{cell(r['server_cpu_share'], '.0%', 9)}")
+              f"{cell(r['server_cpu_share'], '.0%', 9)} {cell(r['queued_share'], '.0%', 9)}")
     print("(worker ms: the workers' training CPU per batch of 512; server ms: the "
-          "servers' whole-run CPU per batch)")
+          "servers' whole-run CPU per batch; queued %: of the time the workers' main "
+          "threads were runnable, the share spent waiting for a core)")
     one = next((r["examples_per_sec"] for r in results
                 if r["cluster"] == "1x1" and r["mode"] == "async"), None)
     two = next((r["examples_per_sec"] for r in results
