@@ -3,6 +3,7 @@
     python benchmarks/bench_train.py [--rows 1000000] [--epochs 1]
                                      [--clusters single 1x1 1x2 2x2 collective2w hybrid1x2]
                                      [--modes async sync]
+                                     [--storages fp32 fp16 bf16 fp16_q8 bf16_q8]
                                      [--timeout 1800] [--json results.json]
 
 Generates ``--rows`` synthetic Criteo rows once (``pyfleet.data.synthetic``,
@@ -40,6 +41,13 @@ main threads were runnable, the share they spent waiting for a core (Linux's
 schedstat; the single and MPI rows over the training loop, the parameter-server
 workers over their whole life). Near 0 on an idle machine; at 50% a worker got
 half the CPU it asked for.
+
+``--storages`` (issue 17): each SxW configuration is trained once per sparse
+storage type (``pyfleet train --storage``), rows named ``SxW fp16``, and a
+line gives each one's test AUC minus fp32's in the same configuration and
+mode (target: within 0.0005). The runs share the data, the seed and, in sync
+mode with one worker, the order of every update, so the difference is the
+storage's.
 
 The machine's load changes the absolute figures; the ratios much less.
 Run each configuration on an otherwise idle machine when comparing changes.
@@ -121,11 +129,11 @@ def _role_cpu(run_dir, seen):
             continue
 
 
-def run_cluster(data, servers, workers, mode, epochs, timeout, run_dir):
+def run_cluster(data, servers, workers, mode, epochs, timeout, run_dir, storage="fp32"):
     cmd = [sys.executable, "-m", "pyfleet.cli", "train", "--train", data["train"],
            "--test", data["test"], "--servers", str(servers), "--workers", str(workers),
            "--mode", mode, "--epochs", str(epochs), "--run-dir", run_dir, "--json",
-           "--timeout", str(timeout)]
+           "--timeout", str(timeout), "--storage", storage]
     seen = {}
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         p = subprocess.Popen(cmd, env=_role_env(), stdout=out, stderr=err, text=True)
@@ -242,6 +250,9 @@ def main(argv=None):
                     choices=["async", "sync", "geo"])
     ap.add_argument("--timeout", type=float, default=1800.0,
                     help="seconds any one configuration may take")
+    ap.add_argument("--storages", nargs="+", default=["fp32"],
+                    choices=["fp32", "fp16", "bf16", "fp16_q8", "bf16_q8"],
+                    help="sparse storage types each SxW configuration is trained with")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args(argv)
@@ -278,8 +289,12 @@ def main(argv=None):
         results = []
         for c in clusters:
             plain = c is None or c[0] in ("single", "collective")
-            for mode in (["-"] if plain else args.modes):
+            ps = not plain and c[0] != "hybrid"  # pyfleet train: takes --storage
+            for mode, storage in [(m, st) for m in (["-"] if plain else args.modes)
+                                  for st in (args.storages if ps else ["fp32"])]:
                 name = "single" if c is None else f"{c[0]}x{c[1]}"
+                if storage != "fp32":
+                    name += f" {storage}"
                 srv, wrk = (0, 1) if plain and (c is None or c[0] == "single") else c[-2:]
                 t = time.perf_counter()
                 if c is None:
@@ -293,9 +308,11 @@ def main(argv=None):
                     r = run_mpi(c[0], data, c[1], c[2], mode, args.epochs, args.timeout)
                 else:
                     r = run_cluster(data, c[0], c[1], mode, args.epochs, args.timeout,
-                                    os.path.join(tmp, f"run-{name}-{mode}"))
+                                    os.path.join(tmp, f"run-{name}-{mode}".replace(" ", "-")),
+                                    storage)
                 batches = r["train_examples"] / 512
                 row = {"cluster": name, "servers": srv, "workers": wrk, "mode": mode,
+                       "storage": storage,
                        "examples_per_sec": r["train_examples_per_sec"],
                        "test_auc": r.get("test_auc"), "train_examples": r["train_examples"],
                        "wall_seconds": time.perf_counter() - t,
@@ -349,6 +366,12 @@ def main(argv=None):
     if hyb and two:
         print(f"hybrid 1s+2w async: {hyb['examples_per_sec'] / two:.2f}x 1x2 async "
               f"(target >= 1.1)")
+    for r in results:
+        if r["storage"] != "fp32":
+            ref = by.get((r["cluster"].split(" ")[0], r["mode"]))
+            if ref:
+                print(f"{r['cluster']} {r['mode']}: test AUC {r['test_auc'] - ref['test_auc']:+.4f}"
+                      f" vs fp32 (target within 0.0005)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rows": args.rows, "epochs": args.epochs,

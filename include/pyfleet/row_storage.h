@@ -176,10 +176,13 @@ inline uint16_t NarrowNearest(StorageKind s, float f) {
 inline constexpr uint64_t kRoundSalt = 0x7a3b9c1d5e6f8091ULL;
 inline constexpr uint64_t kRoundStep = 0x9E3779B97F4A7C15ULL;
 
-// The random bits of one update of one row. table_salt = Mix64(seed ^
-// kRoundSalt); count = the row's update_count before the update. Element e
-// (weights first, then the state head) takes the 16 bits at bit 16 * (e % 4)
-// of Mix64(z + (e / 4 + 1) * kRoundStep): one hash per four elements.
+// The random bits of one update of one row: z = RoundStreamOf(...), with
+// table_salt = Mix64(seed ^ kRoundSalt) and count = the row's update_count
+// before the update. Element e (weights first, then the state head) takes
+// 16 bits of a counter-seeded generator: four 32-bit xorshift lanes (<< 13,
+// >> 17, << 5) seeded with the halves of z and of Mix64(z + kRoundStep),
+// lowest bit set; step t + 1 gives elements 8t .. 8t + 7, lane k's low half
+// to 8t + 2k and its high half to 8t + 2k + 1 (row_storage.cc's Draws).
 inline uint64_t RoundStreamOf(uint64_t table_salt, uint64_t key, uint32_t count) {
   return Mix64(Mix64(table_salt ^ key) ^ count);
 }

@@ -21,14 +21,22 @@ def mix64(x):
 
 
 def round_bits(seed, key, count, n):
-    """The uint16 random bits of elements 0..n-1 of one update of one row: the
-    four 16-bit quarters of one hash, low first, per four elements."""
+    """The uint16 random bits of elements 0..n-1 of one update of one row:
+    four 32-bit xorshift lanes seeded from z and mix64(z + step), lowest bit
+    set, eight draws (each lane's low then high half) per step."""
     salt = mix64(U64(seed & MASK64) ^ U64(ROUND_SALT))
     z = mix64(mix64(salt ^ U64(key)) ^ U64(count))
-    e = np.arange(n, dtype=U64)
     with np.errstate(over="ignore"):
-        x = mix64(z + (e // U64(4) + U64(1)) * U64(ROUND_STEP))
-    return ((x >> (U64(16) * (e % U64(4)))) & U64(0xFFFF)).astype(np.uint16)
+        z2 = mix64(z + U64(ROUND_STEP))
+    x = np.array([z, z >> U64(32), z2, z2 >> U64(32)], U64).astype(np.uint32) | np.uint32(1)
+    out = []
+    for _ in range((n + 7) // 8):
+        x ^= x << np.uint32(13)
+        x ^= x >> np.uint32(17)
+        x ^= x << np.uint32(5)
+        lanes = x.astype(np.uint64)
+        out.append(np.stack([lanes & U64(0xFFFF), lanes >> U64(16)], axis=1).reshape(-1))
+    return np.concatenate(out or [np.zeros(0, U64)])[:n].astype(np.uint16)
 
 
 def half_stochastic(v, r):
