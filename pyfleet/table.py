@@ -5,6 +5,8 @@ Every call takes numpy buffers without copying, releases the GIL, and makes
 one core call, so many threads may pull and push one table at once.
 """
 
+import os
+
 import numpy as np
 
 from pyfleet import _core
@@ -19,7 +21,8 @@ FORMAT_VERSION = _core.FORMAT_VERSION
 # How a sparse table stores weights and optimizer state (docs/tables.md).
 STORAGE_TYPES = ("fp32", "fp16", "bf16", "fp16_q8", "bf16_q8")
 # A sparse table config's optional keys and what their absence means.
-SPARSE_CONFIG_DEFAULTS = {"seed": 0, "entry": None, "storage": "fp32"}
+SPARSE_CONFIG_DEFAULTS = {"seed": 0, "entry": None, "storage": "fp32",
+                          "memory_budget": None, "spill_dir": None}
 # Small symmetric noise: embeddings start near zero, distinct per key.
 DEFAULT_INITIALIZER = _init.Uniform(-0.01, 0.01)
 
@@ -62,6 +65,29 @@ def route(keys, num_servers):
     return out
 
 
+def _spill_options(memory_budget, spill_dir):
+    """(memory_budget, spill_dir) checked: both or neither, a positive int of
+    bytes and a directory this process can write (made if missing)."""
+    if memory_budget is None and spill_dir is None:
+        return None, None
+    if memory_budget is None:
+        raise ValueError("spill_dir is given without memory_budget: the disk tier needs both")
+    if spill_dir is None:
+        raise ValueError("memory_budget needs spill_dir, the directory its rows spill to")
+    if isinstance(memory_budget, bool) or not isinstance(memory_budget, (int, np.integer)):
+        raise ValueError(f"memory_budget must be an int of bytes, got {memory_budget!r}")
+    if memory_budget <= 0:
+        raise ValueError(f"memory_budget must be > 0 bytes, got {memory_budget}")
+    spill_dir = os.fspath(spill_dir)
+    try:
+        os.makedirs(spill_dir, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"spill_dir {spill_dir!r} is not a usable directory: {e}") from None
+    if not os.path.isdir(spill_dir) or not os.access(spill_dir, os.W_OK | os.X_OK):
+        raise ValueError(f"spill_dir {spill_dir!r} is not a writable directory")
+    return int(memory_budget), os.path.abspath(spill_dir)
+
+
 class SparseTable:
     """uint64 feature id -> embedding row of ``dim`` float32, optimizer applied on push.
 
@@ -78,6 +104,10 @@ class SparseTable:
             row's update count); ``pull`` and ``export`` return fp32.
             ``"fp16_q8"``/``"bf16_q8"``: 16-bit weights and Adam's or
             Adagrad's state in 8-bit blocks (other rules: ``ValueError``).
+        memory_budget, spill_dir: a disk tier (both or neither). Rows beyond
+            ``memory_budget`` bytes (rows and index) leave RAM for an unnamed
+            file in the directory ``spill_dir``; a pull or push brings them
+            back, rows in use stay (docs/tables.md, "A disk tier").
 
     Thread safety: every method may be called from many threads at once.
     Concurrent pushes to one row are Hogwild: an update may be lost, a row is
@@ -85,8 +115,9 @@ class SparseTable:
     """
 
     def __init__(self, dim, optimizer, initializer=None, seed=0, entry=None, name=None,
-                 storage="fp32"):
+                 storage="fp32", memory_budget=None, spill_dir=None):
         dim = int(dim)
+        memory_budget, spill_dir = _spill_options(memory_budget, spill_dir)
         if storage not in STORAGE_TYPES:
             raise ValueError(f"storage must be one of {', '.join(STORAGE_TYPES)}, "
                              f"got {storage!r}")
@@ -111,13 +142,18 @@ class SparseTable:
                                     initializer._core_config(fan_in=1, fan_out=dim),
                                     self.seed & 0xFFFFFFFFFFFFFFFF, entry_cfg,
                                     getattr(_core.StorageKind, storage))
+        self.memory_budget = memory_budget
+        self.spill_dir = spill_dir
+        if memory_budget is not None:
+            self._t.enable_spill(memory_budget, spill_dir)
 
     def config(self):
         """Everything needed to build an equal, empty table (JSON-friendly)."""
         return {"dim": self.dim, "optimizer": self.optimizer.to_config(),
                 "initializer": self.initializer.to_config(), "seed": self.seed,
                 "entry": None if self.entry is None else self.entry.to_config(),
-                "name": self.name, "storage": self.storage}
+                "name": self.name, "storage": self.storage,
+                "memory_budget": self.memory_budget, "spill_dir": self.spill_dir}
 
     @staticmethod
     def full_config(config):
@@ -132,7 +168,7 @@ class SparseTable:
         return cls(config["dim"], _opt.from_config(config["optimizer"]),
                    _init.from_config(config["initializer"]), config["seed"],
                    _entry.from_config(config["entry"]), config.get("name"),
-                   config["storage"])
+                   config["storage"], config["memory_budget"], config["spill_dir"])
 
     def pull(self, keys, out=None, create=True):
         """Rows of ``keys`` as float32 ``[n, dim]``; a missing key is created
@@ -202,7 +238,9 @@ class SparseTable:
         return self._t.export(k, bool(with_state))
 
     def stats(self):
-        """Counters: rows, pulls, pushes, inserts, admissions, rejections, shrinks, memory."""
+        """Counters: rows, pulls, pushes, inserts, admissions, rejections, shrinks, memory;
+        with a disk tier also ``memory_budget``, ``spilled_rows``,
+        ``spill_file_bytes``, ``spill_reads`` and ``spill_writes`` (rows)."""
         s = dict(self._t.stats())
         s["name"] = self.name
         return s
@@ -244,6 +282,10 @@ class SparseTable:
                               0 if min_update_count is None else int(min_update_count),
                               float("-inf") if min_score is None else float(min_score),
                               1.0 if decay is None else float(decay))
+
+    def min_memory_budget(self):
+        """The smallest ``memory_budget`` this table's rows allow."""
+        return self._t.min_memory_budget()
 
     def __repr__(self):
         return (f"SparseTable(name={self.name!r}, dim={self.dim}, rows={len(self)}, "

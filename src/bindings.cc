@@ -229,11 +229,21 @@ PYBIND11_MODULE(_core, m) {
         d["shrunk_rows"] = s.shrunk_rows;
         d["candidates"] = s.candidates;
         d["memory_bytes"] = s.memory_bytes;
+        if (t.memory_budget() != 0) {
+          d["memory_budget"] = t.memory_budget();
+          d["spilled_rows"] = s.spilled_rows;
+          d["spill_file_bytes"] = s.spill_file_bytes;
+          d["spill_reads"] = s.spill_reads;
+          d["spill_writes"] = s.spill_writes;
+        }
         d["dim"] = t.dim();
         d["state_dim"] = t.state_dim();
         d["storage"] = pyfleet::StorageName(t.storage());
         return d;
       })
+      .def("enable_spill", &SparseTable::EnableSpill, py::arg("memory_budget"),
+           py::arg("spill_dir"), py::call_guard<py::gil_scoped_release>())
+      .def("min_memory_budget", &SparseTable::MinMemoryBudget)
       .def("save", &SparseTable::Save, py::call_guard<py::gil_scoped_release>())
       .def("load", &SparseTable::Load, py::call_guard<py::gil_scoped_release>())
       .def("shrink", &SparseTable::Shrink, py::call_guard<py::gil_scoped_release>())

@@ -25,6 +25,7 @@ constexpr size_t kPullIndexAhead = 8;  // Pull: keys between hashing and probing
 constexpr size_t kPullRowAhead = 8;    // Pull: keys between probing and copying
 constexpr size_t kPullRing = 32;       // Pull: ring entries (> the two above)
 constexpr uint32_t kNone = 0xFFFFFFFFu;
+constexpr size_t kLoadEvictSlack = 256;  // Load: rows over a shard's share before it evicts
 
 // The intentional Hogwild races go through relaxed atomics: defined
 // behaviour, plain moves on x86, and invisible to ThreadSanitizer.
@@ -128,6 +129,7 @@ struct SparseTable::Shard {
   KeyIndex index;                 // key -> row id
   KeyIndex candidates;            // key -> pull calls seen (entry policy)
   std::vector<uint64_t> dropped;  // keys erased since the last save
+  std::unique_ptr<ShardSpill> spill;  // with a disk tier (spill_table.cc)
 };
 
 // A pulled key without a row: its hash and its position in the call.
@@ -180,7 +182,14 @@ SparseTable::SparseTable(size_t dim, const OptimizerConfig& opt, const Initializ
   for (size_t i = 0; i < kShards; ++i) shards_.push_back(std::make_unique<Shard>(&index_arena_));
 }
 
-SparseTable::~SparseTable() = default;
+SparseTable::~SparseTable() { ReleaseSpill(); }
+
+void SparseTable::InstallShardSpills() {
+  for (auto& sp : shards_) {
+    std::unique_lock lock(sp->mu);
+    sp->spill = std::make_unique<ShardSpill>(spill_file_.get());
+  }
+}
 
 void SparseTable::GroupByShard(const uint64_t* keys, size_t n, Batch& b,
                                const float* grads) const {
@@ -245,6 +254,7 @@ uint32_t SparseTable::InsertLocked(Shard& s, uint64_t key, uint64_t h) {
   }
   *rows_.Meta(row) = RowMeta{0, 0, kRowDirty, 0.f, 0.f};
   s.index.Insert(key, h, row);
+  ResidentAdded(s.spill.get(), row);
   inserted_rows_.fetch_add(1, std::memory_order_relaxed);
   return row;
 }
@@ -283,7 +293,7 @@ uint32_t SparseTable::AdmitLocked(Shard& s, uint64_t key, uint64_t h, uint64_t d
 void SparseTable::EraseLocked(Shard& s, uint64_t key, uint64_t h) {
   const uint32_t row = s.index.Erase(key, h);
   if (row == KeyIndex::kEmpty) return;
-  rows_.Free(row);
+  FreeValueLocked(s.spill.get(), row);
   s.dropped.push_back(key);
 }
 
@@ -311,9 +321,22 @@ void SparseTable::Pull(const uint64_t* keys, size_t n, float* out, bool create) 
     PullMisses(keys, b, out);
     return;
   }
-  // No row, and none made: the row the key would start with.
+  // No row, and none made: the row the key would start with, or a spilled
+  // row read where it lies.
+  std::vector<char> rec(budget_ != 0 ? spill_slot_bytes() : 0);
   for (const PullMiss& m : b.misses) {
-    InitialRow(keys[m.pos], out + static_cast<size_t>(m.pos) * dim_);
+    float* dst = out + static_cast<size_t>(m.pos) * dim_;
+    if (budget_ != 0) {
+      const Shard& s = *shards_[ShardOf(m.h)];
+      std::shared_lock lock(s.mu);
+      const uint32_t v = s.index.Find(keys[m.pos], m.h);
+      if (Spilled(v)) {
+        ReadSpilled(*s.spill, v, rec.data());
+        ReadRecord(rec.data(), dst, nullptr);
+        continue;
+      }
+    }
+    InitialRow(keys[m.pos], dst);
   }
 }
 
@@ -350,6 +373,8 @@ void SparseTable::PullFound(const uint64_t* keys, size_t n, float* out, Batch& b
   static_assert(A + B < W && (W & (W - 1)) == 0);
   uint64_t h[W];
   const char* src[W];
+  const uint32_t floor = spill_floor_;  // kEmpty, or the first spilled value
+  uint8_t* const used = used_;
   auto hash = [&](size_t i) {
     const uint64_t x = h[i % W] = Mix64(keys[i]);
     index[ShardOf(x)].PrefetchRun(x);
@@ -357,11 +382,12 @@ void SparseTable::PullFound(const uint64_t* keys, size_t n, float* out, Batch& b
   auto probe = [&](size_t j) {
     const uint64_t x = h[j % W];
     const uint32_t row = index[ShardOf(x)].Find(keys[j], x);
-    if (row == KeyIndex::kEmpty) {
+    if (row >= floor) {  // no row, or a spilled one: a miss
       src[j % W] = nullptr;
     } else {
       src[j % W] = rows_.WeightBytesOf<D * kElem>(row);
       PrefetchSpan(src[j % W], row_bytes);
+      if (used != nullptr && LoadField(used + row) != 1) StoreField<uint8_t>(used + row, 1);
     }
   };
   for (size_t i = 0; i < std::min(n, A + B); ++i) hash(i);
@@ -398,10 +424,20 @@ void SparseTable::PullMisses(const uint64_t* keys, Batch& b, float* out) {
     return sx != sy ? sx < sy : keys[x.pos] < keys[y.pos];
   });
   const uint64_t salt = draw_counter_.fetch_add(1, std::memory_order_relaxed);
+  thread_local std::vector<uint64_t> reload_keys, reload_h;
   for (size_t m = 0; m < b.misses.size();) {
     const size_t shard = ShardOf(b.misses[m].h);
     Shard& s = *shards_[shard];
     std::unique_lock lock(s.mu);
+    if (s.spill) {
+      reload_keys.clear();
+      reload_h.clear();
+      for (size_t e = m; e < b.misses.size() && ShardOf(b.misses[e].h) == shard; ++e) {
+        reload_keys.push_back(keys[b.misses[e].pos]);
+        reload_h.push_back(b.misses[e].h);
+      }
+      ReloadLocked(s.index, *s.spill, reload_keys.data(), reload_h.data(), reload_keys.size());
+    }
     while (m < b.misses.size() && ShardOf(b.misses[m].h) == shard) {
       const size_t i = b.misses[m].pos;
       const uint64_t h = b.misses[m].h;
@@ -419,6 +455,7 @@ void SparseTable::PullMisses(const uint64_t* keys, Batch& b, float* out) {
         }
       }
     }
+    if (s.spill) EvictLocked(s.index, *s.spill);
   }
 }
 
@@ -480,7 +517,7 @@ void SparseTable::PushShard(Shard& s, Batch& b, size_t lo, size_t hi, const floa
       if (j + kPrefetch < hi) s.index.Prefetch(b.h[j + kPrefetch]);
       if (b.is_dup[j]) continue;
       rows[j] = s.index.Find(b.keys[j], b.h[j]);
-      misses += rows[j] == KeyIndex::kEmpty;
+      misses += rows[j] >= spill_floor_;  // no row, or a spilled one
     }
     return misses;
   };
@@ -517,6 +554,7 @@ void SparseTable::PushShard(Shard& s, Batch& b, size_t lo, size_t hi, const floa
         }
         g = sum;
       }
+      MarkUsed(row);
       RowMeta* meta = rows_.Meta(row);
       float* rw = rows_.Weights(row);
       if (compact) {
@@ -568,6 +606,7 @@ void SparseTable::PushShard(Shard& s, Batch& b, size_t lo, size_t hi, const floa
     }
   }
   std::unique_lock lock(s.mu);
+  if (s.spill) ReloadLocked(s.index, *s.spill, b.keys.data() + lo, b.h.data() + lo, hi - lo);
   probe();
   if (entry_.kind == EntryKind::kAll) {
     for (size_t j = lo; j < hi; ++j) {
@@ -575,6 +614,7 @@ void SparseTable::PushShard(Shard& s, Batch& b, size_t lo, size_t hi, const floa
     }
   }
   apply();
+  if (s.spill) EvictLocked(s.index, *s.spill);
 }
 
 void SparseTable::AddShowClick(const uint64_t* keys, size_t n, const float* shows,
@@ -586,17 +626,40 @@ void SparseTable::AddShowClick(const uint64_t* keys, size_t n, const float* show
                    ") has show ", shows[i], ", click ", clicks[i], "; nothing was changed");
     }
   }
+  std::vector<size_t> spilled;
   for (const auto& sp : shards_) sp->mu.lock_shared();
   for (size_t i = 0; i < n; ++i) {
     const uint64_t h = Mix64(keys[i]);
     const Shard& s = *shards_[ShardOf(h)];
     const uint32_t row = s.index.Find(keys[i], h);
     if (row == KeyIndex::kEmpty) continue;
+    if (Spilled(row)) {
+      spilled.push_back(i);
+      continue;
+    }
     RowMeta* m = rows_.Meta(row);
     StoreField(&m->show, LoadField(&m->show) + shows[i]);
     StoreField(&m->click, LoadField(&m->click) + clicks[i]);
   }
   for (const auto& sp : shards_) sp->mu.unlock_shared();
+  // Spilled rows: their counters are changed in the spill file, each key
+  // under its shard's exclusive lock (it may have come back to RAM since).
+  for (size_t i : spilled) {
+    const uint64_t h = Mix64(keys[i]);
+    Shard& s = *shards_[ShardOf(h)];
+    std::unique_lock lock(s.mu);
+    const uint32_t row = s.index.Find(keys[i], h);
+    if (row == KeyIndex::kEmpty) continue;
+    RowMeta* m = rows_.Meta(row);
+    RowMeta spilled_meta;
+    if (Spilled(row)) {
+      m = &spilled_meta;
+      s.spill->file->ReadPart(row & ~spill_floor_, 0, m, sizeof(RowMeta));
+    }
+    m->show += shows[i];
+    m->click += clicks[i];
+    if (Spilled(row)) s.spill->file->WritePart(row & ~spill_floor_, 0, m, sizeof(RowMeta));
+  }
 }
 
 void SparseTable::InitialValues(const uint64_t* keys, size_t n, float* out) const {
@@ -606,6 +669,8 @@ void SparseTable::InitialValues(const uint64_t* keys, size_t n, float* out) cons
 RowExport SparseTable::Export(const uint64_t* keys, size_t n, bool with_state) const {
   RowExport e;
   std::vector<float> w(dim_), st(state_dim_);
+  std::vector<char> rec(budget_ != 0 ? spill_slot_bytes() : 0);
+  RowMeta spilled_meta;
   for (size_t i = 0; i < n; ++i) {
     const uint64_t h = Mix64(keys[i]);
     const Shard& s = *shards_[ShardOf(h)];
@@ -613,10 +678,18 @@ RowExport SparseTable::Export(const uint64_t* keys, size_t n, bool with_state) c
     const uint32_t row = s.index.Find(keys[i], h);
     if (row == KeyIndex::kEmpty) continue;
     e.keys.push_back(keys[i]);
-    ReadRow(row, w.data(), with_state ? st.data() : nullptr);
+    RowMeta* meta;
+    if (Spilled(row)) {  // read where it lies, left on disk
+      ReadSpilled(*s.spill, row, rec.data());
+      ReadRecord(rec.data(), w.data(), with_state ? st.data() : nullptr);
+      std::memcpy(&spilled_meta, rec.data(), sizeof(RowMeta));
+      meta = &spilled_meta;
+    } else {
+      ReadRow(row, w.data(), with_state ? st.data() : nullptr);
+      meta = rows_.Meta(row);
+    }
     e.weights.insert(e.weights.end(), w.begin(), w.end());
     if (with_state) e.state.insert(e.state.end(), st.begin(), st.end());
-    RowMeta* meta = rows_.Meta(row);
     e.update_count.push_back(LoadField(&meta->update_count));
     e.show.push_back(LoadField(&meta->show));
     e.click.push_back(LoadField(&meta->click));
@@ -645,7 +718,8 @@ size_t SparseTable::Size() const {
 }
 
 size_t SparseTable::MemoryBytes() const {
-  size_t bytes = sizeof(*this) + rows_.MemoryBytes() + index_arena_.MemoryBytes();
+  size_t bytes = sizeof(*this) + rows_.MemoryBytes() + index_arena_.MemoryBytes() +
+                 (spill_file_ ? spill_file_->MemoryBytes() : 0);
   for (const auto& sp : shards_) {
     std::shared_lock lock(sp->mu);
     bytes += sizeof(Shard) + sp->index.MemoryBytes() +
@@ -672,6 +746,12 @@ SparseTableStats SparseTable::Stats() const {
   st.rejected_pushes = get(rejected_pushes_);
   st.shrunk_rows = get(shrunk_rows_);
   st.memory_bytes = MemoryBytes();
+  if (spill_file_) {
+    st.spilled_rows = spill_file_->used();
+    st.spill_file_bytes = spill_file_->file_bytes();
+    st.spill_reads = spill_file_->reads();
+    st.spill_writes = spill_file_->writes();
+  }
   return st;
 }
 
@@ -683,8 +763,7 @@ size_t SparseTable::Shrink(int max_unseen, uint32_t min_update_count, float min_
     Shard& s = *sp;
     std::unique_lock lock(s.mu);
     victims.clear();
-    s.index.ForEach([&](uint64_t key, uint32_t row) {
-      RowMeta* m = rows_.Meta(row);
+    auto pass = [&](uint64_t key, RowMeta* m) {
       if (m->flags & kRowTouched) {
         m->unseen_passes = 0;
       } else if (m->unseen_passes != 0xFFFF) {
@@ -699,7 +778,16 @@ size_t SparseTable::Shrink(int max_unseen, uint32_t min_update_count, float min_
           m->update_count < min_update_count || score < min_score) {
         victims.push_back(key);
       }
+    };
+    s.index.ForEach([&](uint64_t key, uint32_t row) {
+      if (!Spilled(row)) pass(key, rows_.Meta(row));
     });
+    if (s.spill) {
+      ForEachSpilledLocked(s.index, *s.spill, [&](uint64_t key, RowMeta* m, const char*) {
+        pass(key, m);
+        return true;
+      });
+    }
     for (uint64_t key : victims) EraseLocked(s, key, Mix64(key));
     dropped += victims.size();
     s.candidates.Clear();
@@ -740,6 +828,7 @@ size_t SparseTable::Save(const std::string& path, bool delta) {
         // Exclusive: no push is half-way through a row while it is copied.
         std::unique_lock lock(s.mu);
         s.index.ForEach([&](uint64_t key, uint32_t row) {
+          if (Spilled(row)) return;
           RowMeta* m = rows_.Meta(row);
           if (delta && !(m->flags & kRowDirty)) return;
           m->flags &= static_cast<uint16_t>(~kRowDirty);
@@ -751,6 +840,27 @@ size_t SparseTable::Save(const std::string& path, bool delta) {
           std::memcpy(p + 8 + sizeof(RowMeta), rows_.WeightBytes(row), wb);
           std::memcpy(p + 8 + sizeof(RowMeta) + wb, rows_.StateBytes(row), sb);
         });
+        if (s.spill) {
+          // Spilled rows go to the file in pieces, still under the lock, so
+          // that a save needs no RAM for a shard's spilled rows.
+          ForEachSpilledLocked(s.index, *s.spill, [&](uint64_t key, RowMeta* m, const char* r) {
+            const bool dirty = m->flags & kRowDirty;
+            if (delta && !dirty) return false;
+            m->flags &= static_cast<uint16_t>(~kRowDirty);
+            const size_t at = buf.size();
+            buf.resize(at + rec);
+            char* p = buf.data() + at;
+            std::memcpy(p, &key, sizeof(key));
+            std::memcpy(p + 8, m, sizeof(RowMeta));
+            std::memcpy(p + 8 + sizeof(RowMeta), r + sizeof(RowMeta), wb + sb);
+            if (buf.size() >= (size_t{8} << 20)) {
+              out.Write(buf.data(), buf.size());
+              rows += buf.size() / rec;
+              buf.clear();
+            }
+            return dirty;
+          });
+        }
         dropped.insert(dropped.end(), s.dropped.begin(), s.dropped.end());
         s.dropped.clear();
         s.dropped.shrink_to_fit();
@@ -815,6 +925,12 @@ size_t SparseTable::Load(const std::string& path, uint32_t num_servers, uint32_t
         row = rows_.Allocate();
         s.index.Insert(key, hk, row);
         s.candidates.Erase(key, hk);
+        ResidentAdded(s.spill.get(), row);
+      } else if (Spilled(row)) {  // replaced: the new row is made in RAM
+        FreeValueLocked(s.spill.get(), row);
+        row = rows_.Allocate();
+        *s.index.FindValue(key, hk) = row;
+        ResidentAdded(s.spill.get(), row);
       }
       RowMeta* m = rows_.Meta(row);
       std::memcpy(m, p + 8, sizeof(RowMeta));
@@ -840,6 +956,7 @@ size_t SparseTable::Load(const std::string& path, uint32_t num_servers, uint32_t
           std::memcpy(rows_.StateBytes(row), cs.data(), state_dim_ * sizeof(float));
         }
       }
+      if (s.spill) EvictLocked(s.index, *s.spill, kLoadEvictSlack);
       ++loaded;
     }
   }
@@ -851,7 +968,12 @@ size_t SparseTable::Load(const std::string& path, uint32_t num_servers, uint32_t
     Shard& s = *shards_[ShardOf(hk)];
     std::unique_lock lock(s.mu);
     const uint32_t row = s.index.Erase(key, hk);
-    if (row != KeyIndex::kEmpty) rows_.Free(row);
+    if (row != KeyIndex::kEmpty) FreeValueLocked(s.spill.get(), row);
+  }
+  for (const auto& sp : shards_) {
+    if (!sp->spill) break;
+    std::unique_lock lock(sp->mu);
+    EvictLocked(sp->index, *sp->spill);
   }
   return loaded;
 }

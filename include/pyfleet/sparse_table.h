@@ -17,6 +17,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <shared_mutex>
 #include <string>
@@ -29,6 +30,7 @@
 #include "pyfleet/row_storage.h"
 #include "pyfleet/row_store.h"
 #include "pyfleet/slab_arena.h"
+#include "pyfleet/spill_store.h"
 
 namespace pyfleet {
 
@@ -43,6 +45,9 @@ struct SparseTableStats {
   uint64_t shrunk_rows = 0;
   uint64_t candidates = 0;          // keys counted by the admission filter, not yet rows
   uint64_t memory_bytes = 0;
+  uint64_t spilled_rows = 0;        // rows in the spill files, not in RAM
+  uint64_t spill_file_bytes = 0;    // size of the spill files (slots used and free)
+  uint64_t spill_reads = 0, spill_writes = 0;  // rows read from / written to them
 };
 
 // One row's contents, as export() copies them.
@@ -110,6 +115,15 @@ class SparseTable {
   // disables that test. Returns rows dropped.
   size_t Shrink(int max_unseen, uint32_t min_update_count, float min_score, float decay);
 
+  // Gives the table a disk tier (spill_table.cc): beyond memory_budget bytes
+  // (rows, index and spill bookkeeping) rows leave RAM for files in
+  // spill_dir; a pull or push brings them back. Only on an empty table.
+  // std::invalid_argument naming the problem: a budget below
+  // MinMemoryBudget(), a spill_dir where no file can be created.
+  void EnableSpill(size_t memory_budget, const std::string& spill_dir);
+  size_t MinMemoryBudget() const;
+  size_t memory_budget() const { return budget_; }
+
   size_t dim() const { return dim_; }
   size_t state_dim() const { return state_dim_; }
   const OptimizerConfig& optimizer() const { return opt_; }
@@ -135,6 +149,33 @@ class SparseTable {
   uint32_t AdmitLocked(Shard& s, uint64_t key, uint64_t h, uint64_t draw_salt);
   uint32_t InsertLocked(Shard& s, uint64_t key, uint64_t h);
   void EraseLocked(Shard& s, uint64_t key, uint64_t h);
+  // The disk tier (spill_table.cc). An index value >= spill_floor_ other
+  // than kEmpty is kSpilledBit | slot of a row in the shard's spill file;
+  // without a disk tier spill_floor_ is kEmpty and no value is spilled.
+  // The *Locked helpers run under the shard's exclusive lock.
+  bool Spilled(uint32_t v) const { return v >= spill_floor_ && v != KeyIndex::kEmpty; }
+  // Brings the spilled rows among keys[i * stride] back to RAM.
+  void ReloadLocked(KeyIndex& index, ShardSpill& sp, const uint64_t* keys, const uint64_t* h,
+                    size_t n, size_t stride = 1);
+  // Evicts rows (second chance) while the shard holds more than its share
+  // of the budget plus slack rows.
+  void EvictLocked(KeyIndex& index, ShardSpill& sp, size_t slack = 0);
+  size_t ShardRowCap(const KeyIndex& index, const ShardSpill& sp) const;
+  // A spilled row's slot: [RowMeta | weights | state] (the shard held shared).
+  void ReadSpilled(const ShardSpill& sp, uint32_t v, char* rec) const;
+  void ReadRecord(const char* rec, float* w, float* state) const;  // state may be null
+  void MarkUsed(uint32_t row) const;
+  void ResidentAdded(ShardSpill* sp, uint32_t row);
+  // Frees key's row or spilled slot after its index entry was erased.
+  void FreeValueLocked(ShardSpill* sp, uint32_t v);
+  // f(key, meta, record) for each spilled row of the shard; the records for
+  // which f returns true are written back.
+  void ForEachSpilledLocked(const KeyIndex& index, ShardSpill& sp,
+                            const std::function<bool(uint64_t, RowMeta*, const char*)>& f);
+  size_t spill_slot_bytes() const;
+  void ReleaseSpill();
+  void InstallShardSpills();  // each shard's ShardSpill over spill_file_
+
   // out[0, dim) = key's initial row, as this table's storage would hold it.
   void InitialRow(uint64_t key, float* out) const;
   // An existing row's weights and state as fp32 (state may be null).
@@ -151,7 +192,11 @@ class SparseTable {
   SlabArena index_arena_;  // the shards' bigger index arrays (outlives shards_)
   std::vector<std::unique_ptr<Shard>> shards_;
   RowStore rows_;  // every shard's rows (row ids are table-wide)
-  std::atomic<bool> delta_invalid_{false};  // a save failed: a delta would miss rows
+  std::atomic<bool> delta_invalid_{false};
+  size_t budget_ = 0;                       // 0: no disk tier
+  uint32_t spill_floor_ = KeyIndex::kEmpty;
+  uint8_t* used_ = nullptr;  // second-chance bits by row id (with a disk tier)
+  std::unique_ptr<SpillFile> spill_file_;  // every shard's spilled rows  // a save failed: a delta would miss rows
 
   mutable std::atomic<uint64_t> pull_calls_{0}, pull_keys_{0}, push_calls_{0}, push_keys_{0},
       inserted_rows_{0}, candidate_pulls_{0}, dropped_push_keys_{0}, rejected_pushes_{0},

@@ -1,0 +1,239 @@
+// SparseTable's disk tier: a memory budget, eviction to the spill file and
+// bringing rows back (declared in sparse_table.h, the store in spill_store.h).
+//
+// A shard holds at most its share of the budget in rows: budget / kShards
+// minus its index's bytes, divided by a row's bytes (weights, state, meta and
+// one second-chance byte). Calls that add rows (a pull or push of new or
+// spilled keys, a load) evict after their work, under the shard's exclusive
+// lock, so a shard may hold one call's rows beyond its share for that moment.
+// The victims are chosen by a second-chance clock whose hand walks the
+// shard's index slots: a resident row whose byte in used_ is set (a pull or
+// push touched it since the hand last passed) is spared and its byte
+// cleared, the first one found clear is evicted. Rows that are used stay.
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <new>
+
+#include "pyfleet/error.h"
+#include "pyfleet/sparse_table.h"
+
+namespace pyfleet {
+
+namespace {
+
+constexpr uint32_t kSpilledBit = 0x80000000u;
+constexpr size_t kUsedBytes = kSpilledBit;  // one byte per possible row id, mapped lazily
+constexpr uint8_t kChosen = 2;             // used_ value of a victim being evicted
+constexpr size_t kMinShardRows = 1;
+
+inline uint8_t LoadUsed(const uint8_t* p) {
+  return std::atomic_ref<uint8_t>(*const_cast<uint8_t*>(p)).load(std::memory_order_relaxed);
+}
+inline void StoreUsed(uint8_t* p, uint8_t v) {
+  std::atomic_ref<uint8_t>(*p).store(v, std::memory_order_relaxed);
+}
+
+}  // namespace
+
+size_t SparseTable::spill_slot_bytes() const {
+  return sizeof(RowMeta) + layout_.weight_bytes() + layout_.state_bytes();
+}
+
+size_t SparseTable::MinMemoryBudget() const {
+  return std::max<size_t>(size_t{1} << 20, kShards * 16 * (spill_slot_bytes() + 1));
+}
+
+void SparseTable::EnableSpill(size_t memory_budget, const std::string& spill_dir) {
+  if (budget_ != 0) ThrowInvalid("memory_budget: this table already has a disk tier");
+  if (Size() != 0) ThrowInvalid("memory_budget: a disk tier is given to an empty table only");
+  const size_t min = MinMemoryBudget();
+  if (memory_budget < min) {
+    ThrowInvalid("memory_budget must be at least ", min, " bytes for this table (rows of ",
+                 spill_slot_bytes(), " bytes in ", kShards, " shards), got ", memory_budget);
+  }
+  RemoveStaleSpillFiles(spill_dir);
+  auto file = std::make_unique<SpillFile>(spill_dir, spill_slot_bytes());
+  void* used = mmap(nullptr, kUsedBytes, PROT_READ | PROT_WRITE,
+                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (used == MAP_FAILED) throw std::bad_alloc();
+  used_ = static_cast<uint8_t*>(used);
+  spill_file_ = std::move(file);
+  InstallShardSpills();
+  budget_ = memory_budget;
+  spill_floor_ = kSpilledBit;
+}
+
+void SparseTable::ReleaseSpill() {
+  if (used_ != nullptr) munmap(used_, kUsedBytes);
+  used_ = nullptr;
+}
+
+size_t SparseTable::ShardRowCap(const KeyIndex& index, const ShardSpill&) const {
+  const size_t share = budget_ / kShards;
+  const size_t index_bytes = index.capacity() * sizeof(IndexSlot);
+  const size_t rows = share > index_bytes ? (share - index_bytes) / (spill_slot_bytes() + 1) : 0;
+  return std::max(rows, kMinShardRows);
+}
+
+void SparseTable::MarkUsed(uint32_t row) const {
+  if (used_ != nullptr && LoadUsed(used_ + row) != 1) StoreUsed(used_ + row, 1);
+}
+
+void SparseTable::ResidentAdded(ShardSpill* sp, uint32_t row) {
+  if (sp == nullptr) return;
+  if (row >= kSpilledBit) ThrowRuntime("a table with a disk tier holds at most 2^31 rows in RAM");
+  ++sp->resident;
+  StoreUsed(used_ + row, 1);
+}
+
+void SparseTable::FreeValueLocked(ShardSpill* sp, uint32_t v) {
+  if (Spilled(v)) {
+    sp->file->Free(v & ~kSpilledBit);
+    return;
+  }
+  rows_.Free(v);
+  if (sp != nullptr) --sp->resident;
+}
+
+void SparseTable::ReadSpilled(const ShardSpill& sp, uint32_t v, char* rec) const {
+  const uint32_t slot = v & ~kSpilledBit;
+  sp.file->Read(&slot, rec, 1);
+}
+
+void SparseTable::ReadRecord(const char* rec, float* w, float* state) const {
+  const char* rw = rec + sizeof(RowMeta);
+  const char* rs = rw + layout_.weight_bytes();
+  if (layout_.compact()) {
+    thread_local std::vector<float> scratch;
+    scratch.resize(state_dim_ + 1);
+    LoadCompactRow(layout_, rw, rs, w, state ? state : scratch.data());
+    return;
+  }
+  std::memcpy(w, rw, dim_ * sizeof(float));
+  if (state != nullptr) std::memcpy(state, rs, state_dim_ * sizeof(float));
+}
+
+void SparseTable::ReloadLocked(KeyIndex& index, ShardSpill& sp, const uint64_t* keys,
+                               const uint64_t* h, size_t n, size_t stride) {
+  thread_local std::vector<std::pair<uint32_t*, uint32_t>> found;  // (index value, slot)
+  thread_local std::vector<uint32_t> slots;
+  thread_local std::vector<char> buf;
+  found.clear();
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t* v = index.FindValue(keys[i * stride], h[i * stride]);
+    if (v != nullptr && Spilled(*v)) found.emplace_back(v, *v & ~kSpilledBit);
+  }
+  if (found.empty()) return;
+  std::sort(found.begin(), found.end());
+  found.erase(std::unique(found.begin(), found.end()), found.end());
+  const size_t rec = spill_slot_bytes(), wb = layout_.weight_bytes(), sb = layout_.state_bytes();
+  slots.resize(found.size());
+  for (size_t i = 0; i < found.size(); ++i) slots[i] = found[i].second;
+  buf.resize(found.size() * rec);
+  sp.file->Read(slots.data(), buf.data(), found.size());
+  for (size_t i = 0; i < found.size(); ++i) {
+    const uint32_t row = rows_.Allocate();
+    const char* p = buf.data() + i * rec;
+    std::memcpy(rows_.Meta(row), p, sizeof(RowMeta));
+    std::memcpy(rows_.WeightBytes(row), p + sizeof(RowMeta), wb);
+    std::memcpy(rows_.StateBytes(row), p + sizeof(RowMeta) + wb, sb);
+    *found[i].first = row;
+    sp.file->Free(found[i].second);
+    ResidentAdded(&sp, row);
+  }
+}
+
+void SparseTable::EvictLocked(KeyIndex& index, ShardSpill& sp, size_t slack) {
+  const size_t cap = ShardRowCap(index, sp);
+  if (sp.resident <= cap + slack) return;
+  const size_t k = sp.resident - cap;
+  thread_local std::vector<size_t> victims;
+  thread_local std::vector<uint32_t> slots;
+  thread_local std::vector<char> buf;
+  victims.clear();
+  IndexSlot* sl = index.slots();
+  const size_t n = index.capacity();
+  // Every resident row's byte is cleared within one turn, so two turns
+  // always find k victims (k < resident).
+  while (victims.size() < k) {
+    const size_t i = sp.hand++ % n;
+    const uint32_t v = sl[i].value;
+    if (v == KeyIndex::kEmpty || Spilled(v)) continue;
+    const uint8_t u = LoadUsed(used_ + v);
+    if (u == kChosen) continue;
+    if (u != 0) {
+      StoreUsed(used_ + v, 0);
+      continue;
+    }
+    StoreUsed(used_ + v, kChosen);
+    victims.push_back(i);
+  }
+  const size_t rec = spill_slot_bytes(), wb = layout_.weight_bytes(), sb = layout_.state_bytes();
+  buf.resize(k * rec);
+  slots.resize(k);
+  for (size_t j = 0; j < k; ++j) {
+    const uint32_t row = sl[victims[j]].value;
+    char* p = buf.data() + j * rec;
+    std::memcpy(p, rows_.Meta(row), sizeof(RowMeta));
+    std::memcpy(p + sizeof(RowMeta), rows_.WeightBytes(row), wb);
+    std::memcpy(p + sizeof(RowMeta) + wb, rows_.StateBytes(row), sb);
+    slots[j] = sp.file->Allocate();
+  }
+  try {
+    sp.file->Write(slots.data(), buf.data(), k);
+  } catch (...) {
+    // The rows stay in RAM, over budget; the caller sees the I/O error.
+    for (size_t j = 0; j < k; ++j) {
+      sp.file->Free(slots[j]);
+      StoreUsed(used_ + sl[victims[j]].value, 0);
+    }
+    throw;
+  }
+  for (size_t j = 0; j < k; ++j) {
+    const uint32_t row = sl[victims[j]].value;
+    sl[victims[j]].value = kSpilledBit | slots[j];
+    StoreUsed(used_ + row, 0);
+    rows_.Free(row);
+  }
+  sp.resident -= k;
+}
+
+void SparseTable::ForEachSpilledLocked(
+    const KeyIndex& index, ShardSpill& sp,
+    const std::function<bool(uint64_t, RowMeta*, const char*)>& f) {
+  constexpr size_t kBatch = 4096;
+  std::vector<uint64_t> keys;
+  std::vector<uint32_t> slots;
+  index.ForEach([&](uint64_t key, uint32_t v) {
+    if (!Spilled(v)) return;
+    keys.push_back(key);
+    slots.push_back(v & ~kSpilledBit);
+  });
+  const size_t rec = spill_slot_bytes();
+  std::vector<char> buf;
+  std::vector<uint32_t> changed_slots;
+  std::vector<char> changed;
+  for (size_t lo = 0; lo < keys.size(); lo += kBatch) {
+    const size_t m = std::min(kBatch, keys.size() - lo);
+    buf.resize(m * rec);
+    sp.file->Read(slots.data() + lo, buf.data(), m);
+    changed_slots.clear();
+    changed.clear();
+    for (size_t i = 0; i < m; ++i) {
+      char* p = buf.data() + i * rec;
+      RowMeta meta;
+      std::memcpy(&meta, p, sizeof(meta));
+      if (f(keys[lo + i], &meta, p)) {
+        std::memcpy(p, &meta, sizeof(meta));
+        changed_slots.push_back(slots[lo + i]);
+        changed.insert(changed.end(), p, p + rec);
+      }
+    }
+    sp.file->Write(changed_slots.data(), changed.data(), changed_slots.size());
+  }
+}
+
+}  // namespace pyfleet
