@@ -25,7 +25,7 @@ constexpr size_t kPullIndexAhead = 8;  // Pull: keys between hashing and probing
 constexpr size_t kPullRowAhead = 8;    // Pull: keys between probing and copying
 constexpr size_t kPullRing = 32;       // Pull: ring entries (> the two above)
 constexpr uint32_t kNone = 0xFFFFFFFFu;
-constexpr size_t kLoadEvictSlack = 256;  // Load: rows over a shard's share before it evicts
+constexpr size_t kLoadEvictSlack = 16;   // Load: rows over a shard's share before it evicts
 
 // The intentional Hogwild races go through relaxed atomics: defined
 // behaviour, plain moves on x86, and invisible to ThreadSanitizer.

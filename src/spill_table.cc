@@ -43,7 +43,8 @@ size_t SparseTable::spill_slot_bytes() const {
 }
 
 size_t SparseTable::MinMemoryBudget() const {
-  return std::max<size_t>(size_t{1} << 20, kShards * 16 * (spill_slot_bytes() + 1));
+  // Room for 16 rows a shard: less would only make every call a disk trip.
+  return kShards * 16 * (spill_slot_bytes() + 1);
 }
 
 void SparseTable::EnableSpill(size_t memory_budget, const std::string& spill_dir) {

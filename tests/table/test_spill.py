@@ -1,0 +1,222 @@
+"""The disk tier (memory_budget=, spill_dir=): a table forced to spill nearly
+every row gives bit for bit the results of the all-in-RAM table, under every
+optimizer and storage type, through pulls, pushes, adds, show/click counts,
+shrink, save/load (full and delta) and export; bad options are refused by
+name; the spill files have no name; RSS stays bounded; concurrent pulls and
+pushes keep every key while rows move between tiers."""
+
+import os
+import threading
+
+import numpy as np
+import pytest
+
+import pyfleet
+from pyfleet.entry import CountFilterEntry
+from pyfleet.optimizer import FTRL, SGD, Adagrad, Adam
+
+OPTIMIZERS = [
+    SGD(learning_rate=0.1),
+    Adagrad(learning_rate=0.05, epsilon=1e-6, initial_accumulator_value=0.1),
+    Adam(learning_rate=0.01, beta1=0.9, beta2=0.999, epsilon=1e-8),
+    FTRL(learning_rate=0.05, l1=0.01, l2=0.1, lr_power=-0.5),
+]
+TINY = 1 << 20
+
+
+def pair(tmp_path, dim=8, opt=OPTIMIZERS[2], budget=None, **kw):
+    """(spilling table, all-in-RAM table) built alike; by default with the
+    smallest budget, which keeps about one row a shard once the index grows."""
+    ram = pyfleet.SparseTable(dim, opt, seed=11, **kw)
+    budget = budget or ram.min_memory_budget()
+    spill = pyfleet.SparseTable(dim, opt, seed=11, memory_budget=budget,
+                                spill_dir=tmp_path / "spill", **kw)
+    return spill, ram
+
+
+def assert_same_rows(a, b, fields=None):
+    ea, eb = a.export(with_state=True), b.export(with_state=True)
+    assert len(ea["keys"]) == len(eb["keys"])
+    oa, ob = np.argsort(ea["keys"]), np.argsort(eb["keys"])
+    for field in fields or eb:
+        assert np.array_equal(ea[field][oa], eb[field][ob]), field  # bit for bit
+
+
+@pytest.mark.parametrize("storage", ["fp32", "fp16"])
+@pytest.mark.parametrize("opt", OPTIMIZERS, ids=lambda o: type(o).__name__)
+def test_random_sequence_matches_all_in_ram(tmp_path, opt, storage):
+    spill, ram = pair(tmp_path, opt=opt, storage=storage)
+    rng = np.random.default_rng(5)
+    ckpt, chain = None, []
+    for step in range(60):
+        op = rng.choice(["pull", "push", "push", "add", "showclick", "peek", "shrink", "save",
+                         "load"], p=[.25, .3, .1, .05, .05, .05, .05, .1, .05])
+        keys = rng.integers(0, 6000, int(rng.integers(0, 800))).astype(np.uint64)
+        if op == "pull":
+            assert np.array_equal(spill.pull(keys), ram.pull(keys))
+        elif op == "peek":  # create=False reads spilled rows where they lie
+            assert np.array_equal(spill.pull(keys, create=False), ram.pull(keys, create=False))
+        elif op in ("push", "add"):
+            g = rng.standard_normal((len(keys), 8)).astype(np.float32)
+            getattr(spill, op)(keys, g)
+            getattr(ram, op)(keys, g)
+        elif op == "showclick":
+            sh = rng.random(len(keys)).astype(np.float32) * 3
+            cl = (sh * 0.3).astype(np.float32)
+            spill.add_show_click(keys, sh, cl)
+            ram.add_show_click(keys, sh, cl)
+        elif op == "shrink":
+            assert spill.shrink(max_unseen_passes=3, min_score=0.05, decay=0.9) == \
+                ram.shrink(max_unseen_passes=3, min_score=0.05, decay=0.9)
+        elif op == "save":
+            delta = ckpt is not None and rng.random() < 0.5
+            files = (tmp_path / f"s{step}.bin", tmp_path / f"r{step}.bin")
+            assert spill.save(files[0], delta=delta) == ram.save(files[1], delta=delta)
+            chain = chain + [files] if delta else [files]
+            ckpt = chain[0][0]
+            # The chain of a full save and its deltas rebuilds the table, from
+            # the spilling table's files as from the all-in-RAM table's.
+            rebuilt = pair(tmp_path / f"d{step}", opt=opt, storage=storage)
+            for t, which in zip(rebuilt, (0, 1)):
+                for f in chain:
+                    t.load(f[which])
+            assert_same_rows(rebuilt[0], rebuilt[1])
+            assert len(rebuilt[0]) > 0
+        elif op == "load" and ckpt is not None:
+            assert spill.load(ckpt) == ram.load(ckpt)
+        assert len(spill) == len(ram)
+    assert_same_rows(spill, ram)
+    assert spill.stats()["spilled_rows"] >= 0.8 * len(spill) > 0  # nearly every row
+
+
+def test_evicted_rows_come_back_bit_identical(tmp_path):
+    spill, ram = pair(tmp_path, dim=16, storage="bf16")
+    keys = np.arange(20000, dtype=np.uint64)
+    g = np.random.default_rng(1).standard_normal((20000, 16)).astype(np.float32)
+    for t in (spill, ram):
+        t.push(keys, g)
+        t.push(keys[::3], g[::3])
+    st = spill.stats()
+    assert st["spilled_rows"] > 15000 and st["spill_writes"] >= st["spilled_rows"]
+    before = spill.stats()["spill_reads"]
+    assert np.array_equal(spill.pull(keys), ram.pull(keys))
+    assert spill.stats()["spill_reads"] - before > 15000  # they came from disk
+    assert_same_rows(spill, ram)
+
+
+def test_hot_keys_stay_in_ram(tmp_path):
+    spill, _ = pair(tmp_path, dim=8, opt=SGD(0.1), budget=4 << 20)
+    hot = np.arange(64 * 40, dtype=np.uint64)  # well inside every shard's share
+    spill.pull(hot)
+    rng = np.random.default_rng(2)
+    for _ in range(30):
+        spill.pull(hot)
+        spill.pull(rng.integers(10**6, 10**7, 3000).astype(np.uint64))
+    reads = spill.stats()["spill_reads"]
+    spill.pull(hot)
+    assert spill.stats()["spill_reads"] == reads  # no hot row had left RAM
+
+
+def test_load_of_a_large_file_stays_within_budget(tmp_path):
+    src = pyfleet.SparseTable(16, Adam(0.01), seed=2)
+    src.pull(np.arange(200000, dtype=np.uint64))
+    src.save(tmp_path / "big.bin")
+    budget = 8 << 20
+    spill = pyfleet.SparseTable(16, Adam(0.01), seed=2, memory_budget=budget,
+                                spill_dir=tmp_path / "sp")
+    assert spill.load(tmp_path / "big.bin", filter=(2, 1)) == src.export(
+        src.keys()[pyfleet.route(src.keys(), 2) == 1])["keys"].size
+    assert spill.memory_bytes() <= 1.1 * budget
+    assert spill.stats()["spilled_rows"] > 0.6 * len(spill)
+    sub = spill.keys()
+    assert np.array_equal(spill.pull(sub, create=False), src.pull(sub, create=False))
+
+
+def test_admission_with_spilled_rows(tmp_path):
+    spill, ram = pair(tmp_path, entry=CountFilterEntry(2))
+    rng = np.random.default_rng(4)
+    for _ in range(10):
+        k = rng.integers(0, 5000, 2000).astype(np.uint64)
+        assert np.array_equal(spill.pull(k), ram.pull(k))
+        g = rng.standard_normal((2000, 8)).astype(np.float32)
+        spill.push(k, g)
+        ram.push(k, g)
+    assert spill.stats()["dropped_push_keys"] == ram.stats()["dropped_push_keys"]
+    assert_same_rows(spill, ram)
+
+
+def test_bad_options_are_refused_by_name(tmp_path):
+    with pytest.raises(ValueError, match="memory_budget needs spill_dir"):
+        pyfleet.SparseTable(8, SGD(0.1), memory_budget=1 << 30)
+    with pytest.raises(ValueError, match="spill_dir is given without memory_budget"):
+        pyfleet.SparseTable(8, SGD(0.1), spill_dir=tmp_path)
+    afile = tmp_path / "file"
+    afile.write_text("x")
+    with pytest.raises(ValueError, match="spill_dir"):
+        pyfleet.SparseTable(8, SGD(0.1), memory_budget=1 << 30, spill_dir=afile)
+    with pytest.raises(ValueError, match="spill_dir"):
+        pyfleet.SparseTable(8, SGD(0.1), memory_budget=1 << 30, spill_dir="/proc/self")
+    with pytest.raises(ValueError, match="memory_budget must be at least"):
+        pyfleet.SparseTable(8, SGD(0.1), memory_budget=4096, spill_dir=tmp_path)
+    with pytest.raises(ValueError, match="memory_budget must be an int"):
+        pyfleet.SparseTable(8, SGD(0.1), memory_budget=1.5e9, spill_dir=tmp_path)
+    t = pyfleet.SparseTable(8, SGD(0.1), memory_budget=TINY, spill_dir=tmp_path)
+    with pytest.raises(ValueError, match="memory_budget must be at least"):
+        pyfleet.SparseTable(8, SGD(0.1), memory_budget=t.min_memory_budget() - 1,
+                            spill_dir=tmp_path)
+
+
+def test_spill_files_have_no_name_and_stale_ones_are_removed(tmp_path):
+    d = tmp_path / "spill"
+    d.mkdir()
+    # A file a crashed process (a pid that cannot exist) left in the instant
+    # between creating and unlinking it; and a file that is not ours.
+    (d / ".pyfleet-spill-999999999-abcdef").write_bytes(b"stale")
+    (d / "keep.bin").write_bytes(b"mine")
+    t = pyfleet.SparseTable(8, SGD(0.1), memory_budget=TINY, spill_dir=d)
+    t.pull(np.arange(30000, dtype=np.uint64))
+    assert t.stats()["spill_file_bytes"] > 0
+    assert sorted(os.listdir(d)) == ["keep.bin"]
+
+
+def test_config_round_trip_keeps_the_disk_tier(tmp_path):
+    t = pyfleet.SparseTable(8, SGD(0.1), memory_budget=TINY, spill_dir=tmp_path / "s")
+    u = pyfleet.SparseTable.from_config(t.config())
+    assert u.memory_budget == TINY and u.spill_dir == str(tmp_path / "s")
+    u.pull(np.arange(20000, dtype=np.uint64))
+    assert u.stats()["spilled_rows"] > 0
+    plain = pyfleet.SparseTable(8, SGD(0.1))
+    assert "spilled_rows" not in plain.stats()
+    assert pyfleet.SparseTable.full_config(plain.config()) == \
+        pyfleet.SparseTable.full_config({k: v for k, v in plain.config().items()
+                                          if k not in ("memory_budget", "spill_dir")})
+
+
+def test_concurrent_pulls_and_pushes_while_rows_move(tmp_path):
+    t = pyfleet.SparseTable(8, SGD(0.01), seed=1, memory_budget=64 << 10,
+                            spill_dir=tmp_path / "s")
+    errors = []
+
+    def worker(i):
+        try:
+            rng = np.random.default_rng(i)
+            for _ in range(40):
+                k = rng.integers(0, 8000, 500).astype(np.uint64)
+                t.pull(k)
+                t.push(k, np.ones((500, 8), np.float32))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=120)
+    assert not errors and not any(th.is_alive() for th in threads)
+    keys = np.sort(t.keys())
+    assert len(np.unique(keys)) == len(keys) == len(t)
+    # SGD with gradient 1 from the initial row: w = init - 0.01 * pushes, so
+    # every row moved by a whole number of updates (Hogwild may lose some).
+    steps = (t.initial_values(keys) - t.pull(keys, create=False)) / 0.01
+    assert np.allclose(steps, np.round(steps), atol=1e-2) and steps.max() >= 1
+    assert np.all(t.export(keys)["update_count"] >= 1)
