@@ -18,6 +18,7 @@
 #include <new>
 
 #include "pyfleet/error.h"
+#include "pyfleet/row_q8.h"
 #include "pyfleet/sparse_table.h"
 
 namespace pyfleet {
@@ -107,10 +108,16 @@ void SparseTable::ReadSpilled(const ShardSpill& sp, uint32_t v, char* rec) const
 void SparseTable::ReadRecord(const char* rec, float* w, float* state) const {
   const char* rw = rec + sizeof(RowMeta);
   const char* rs = rw + layout_.weight_bytes();
-  if (layout_.compact()) {
+  if (layout_.compact()) {  // as ReadRow does for a row in RAM
     thread_local std::vector<float> scratch;
     scratch.resize(state_dim_ + 1);
-    LoadCompactRow(layout_, rw, rs, w, state ? state : scratch.data());
+    float* st = state ? state : scratch.data();
+    LoadCompactRow(layout_, rw, rs, w, st);
+    if (layout_.q8()) {
+      RowMeta meta;
+      std::memcpy(&meta, rec, sizeof(meta));
+      Q8DerivedTail(opt_, meta.update_count, st + layout_.state_head());
+    }
     return;
   }
   std::memcpy(w, rw, dim_ * sizeof(float));

@@ -89,6 +89,11 @@ def test_random_sequence_matches_all_in_ram(tmp_path, opt, storage):
     assert spill.stats()["spilled_rows"] >= 0.8 * len(spill) > 0  # nearly every row
 
 
+@pytest.mark.parametrize("opt", OPTIMIZERS[1:3], ids=lambda o: type(o).__name__)
+def test_random_sequence_matches_all_in_ram_q8(tmp_path, opt):
+    test_random_sequence_matches_all_in_ram(tmp_path, opt, "fp16_q8")
+
+
 def test_evicted_rows_come_back_bit_identical(tmp_path):
     spill, ram = pair(tmp_path, dim=16, storage="bf16")
     keys = np.arange(20000, dtype=np.uint64)
