@@ -29,32 +29,38 @@ Rules (per element; ``g`` the gradient, ``w`` the weight):
   lr*g/sqrt(ms - mg*mg + epsilon)``; else ``mom = momentum*mom +
   lr*g/sqrt(ms + epsilon)``; ``w -= mom``.
 
-Momentum and RMSProp have no rule in the C++ core: they run as numpy rules
-(:meth:`Optimizer.dense_state` / :meth:`Optimizer.dense_update`) for dense
-parameters held in one process (the local backend); a sparse table or a
-parameter server refuses them by name (``kind`` is None, see
-:meth:`Optimizer._core_config`).
+Sparse rows follow the rules lazily, as a row-sparse gradient of Fluid's
+lazy Adam: only the rows a push touches move (Fluid's non-lazy sparse
+momentum/rmsprop kernels would also decay the velocity of every other row).
+
+A weight decay applied where the row lives (Fluid's regularizers on the
+servers) is a table's ``regularizer``: ``{"type": "L1Decay" | "L2Decay",
+"regularization_coeff": c}`` (:func:`check_regularizer`), given to
+:class:`pyfleet.SparseTable` / :class:`pyfleet.DenseTable`; it adds ``c*w`` or
+``c*sign(w)`` to each updated row's gradient before the rule.
 
 Fluid's keyword arguments every rule takes: ``regularization`` (a
 ``fluid.regularizer`` rule for every parameter without its own),
 ``grad_clip`` (Fluid 1.7: a ``fluid.clip`` rule for every gradient),
 ``parameter_list`` (Fluid 1.7: the default of ``minimize``'s) and ``name``.
-They belong to the Fluid side (the executor applies regularization and
-clipping to the gradients before they are pushed); they are kept out of
-``params()``, so a rule's wire and manifest form is its update rule alone.
+They belong to the Fluid side (the executor clips the gradients before they
+are pushed, and regularizes them unless the backend's tables apply the
+decay themselves: a Fleet job's servers); they are kept out of ``params()``,
+so a rule's wire and manifest form is its update rule alone.
 """
 
 import math
-
-import numpy as np
 
 from pyfleet import _core
 from pyfleet._record import ConfigRecord
 from pyfleet._record import from_config as _from_config
 
-__all__ = ["FTRL", "SGD", "Adagrad", "AdagradOptimizer", "Adam", "AdamOptimizer",
-           "FtrlOptimizer", "Momentum", "MomentumOptimizer", "Optimizer", "RMSProp",
-           "RMSPropOptimizer", "SGDOptimizer", "from_config"]
+__all__ = ["FTRL", "REGULARIZER_TYPES", "SGD", "Adagrad", "AdagradOptimizer", "Adam",
+           "AdamOptimizer", "FtrlOptimizer", "Momentum", "MomentumOptimizer", "Optimizer",
+           "RMSProp", "RMSPropOptimizer", "SGDOptimizer", "check_regularizer", "from_config"]
+
+# A table's regularizer: its config type -> the core's DecayKind name.
+REGULARIZER_TYPES = {"L1Decay": "L1", "L2Decay": "L2"}
 
 
 def _positive(name, value):
@@ -78,10 +84,25 @@ def _non_negative(name, value):
     return value
 
 
+def check_regularizer(reg):
+    """A table's ``regularizer`` as a JSON-friendly dict (None: none);
+    anything else is a ValueError naming it."""
+    if reg is None:
+        return None
+    if not isinstance(reg, dict) or set(reg) != {"type", "regularization_coeff"} \
+            or reg["type"] not in REGULARIZER_TYPES:
+        raise ValueError(f"regularizer must be None or {{'type': 'L1Decay' | 'L2Decay', "
+                         f"'regularization_coeff': float}}, got {reg!r}")
+    coeff = float(reg["regularization_coeff"])
+    if not math.isfinite(coeff):
+        raise ValueError(f"regularizer regularization_coeff must be finite, got {coeff!r}")
+    return {"type": reg["type"], "regularization_coeff": coeff}
+
+
 class Optimizer(ConfigRecord):
     """Base class: a named rule and its hyper-parameters."""
 
-    kind = None  # the C++ OptimizerKind name; None: a numpy rule for local dense parameters
+    kind = None  # the C++ OptimizerKind name
 
     def _fluid_args(self, regularization=None, grad_clip=None, name=None, parameter_list=None):
         """Record Fluid's keyword arguments (not part of the update rule)."""
@@ -102,16 +123,17 @@ class Optimizer(ConfigRecord):
     def name(self):
         return getattr(self, "_name", None)
 
-    def _core_config(self):
-        if self.kind is None:
-            raise ValueError(f"the {type(self).__name__} optimizer has no rule in the C++ core: "
-                             "it trains only dense parameters held in this process (the "
-                             "local backend); a sparse table or a parameter server needs "
-                             "SGD, Adagrad, Adam or FTRL")
+    def _core_config(self, regularizer=None):
+        """The core's config of this rule, with a table's ``regularizer`` (see
+        :func:`check_regularizer`)."""
         c = _core.OptimizerConfig()
         c.kind = getattr(_core.OptimizerKind, self.kind)
         for k, v in self.params().items():
-            setattr(c, k, float(v))
+            setattr(c, k, v if isinstance(v, bool) else float(v))
+        reg = check_regularizer(regularizer)
+        if reg is not None:
+            c.decay = getattr(_core.DecayKind, REGULARIZER_TYPES[reg["type"]])
+            c.decay_coeff = reg["regularization_coeff"]
         return c
 
     def state_dim(self, dim):
@@ -132,14 +154,6 @@ class Optimizer(ConfigRecord):
         if parameter_list is None:
             parameter_list = getattr(self, "_parameter_list", None)
         return attach(self, loss, parameter_list=parameter_list, no_grad_set=no_grad_set)
-
-    def dense_state(self, shape):
-        """The numpy state arrays of a rule without a core kind (see the module doc)."""
-        raise ValueError(f"{type(self).__name__} has no numpy rule")
-
-    def dense_update(self, w, state, g):
-        """Apply the numpy rule in place to ``w`` (and ``state``) with gradient ``g``."""
-        raise ValueError(f"{type(self).__name__} has no numpy rule")
 
 
 class SGD(Optimizer):
@@ -201,9 +215,9 @@ class FTRL(Optimizer):
 
 
 class Momentum(Optimizer):
-    """Fluid's momentum rule; a numpy rule for local dense parameters only."""
+    """Fluid's momentum rule (state: the velocity)."""
 
-    kind = None
+    kind = "Momentum"
 
     def __init__(self, learning_rate, momentum, use_nesterov=False, regularization=None,
                  name=None, grad_clip=None, parameter_list=None):
@@ -212,23 +226,11 @@ class Momentum(Optimizer):
         self.use_nesterov = bool(use_nesterov)
         self._fluid_args(regularization, grad_clip, name, parameter_list)
 
-    def dense_state(self, shape):
-        return {"velocity": np.zeros(shape, dtype=np.float32)}
-
-    def dense_update(self, w, state, g):
-        v = state["velocity"]
-        v *= self.momentum
-        v += g
-        if self.use_nesterov:
-            w -= self.learning_rate * (g + self.momentum * v)
-        else:
-            w -= self.learning_rate * v
-
 
 class RMSProp(Optimizer):
-    """Fluid's rmsprop rule; a numpy rule for local dense parameters only."""
+    """Fluid's rmsprop rule (state: mean square, moment, and centered the mean gradient)."""
 
-    kind = None
+    kind = "RMSProp"
 
     def __init__(self, learning_rate, rho=0.95, epsilon=1e-6, momentum=0.0, centered=False,
                  regularization=None, name=None, grad_clip=None, parameter_list=None):
@@ -238,24 +240,6 @@ class RMSProp(Optimizer):
         self.momentum = _non_negative("momentum", momentum)
         self.centered = bool(centered)
         self._fluid_args(regularization, grad_clip, name, parameter_list)
-
-    def dense_state(self, shape):
-        z = np.zeros(shape, dtype=np.float32)
-        return {"mean_square": z, "mean_grad": z.copy(), "moment": z.copy()}
-
-    def dense_update(self, w, state, g):
-        ms, mg, mom = state["mean_square"], state["mean_grad"], state["moment"]
-        ms *= self.rho
-        ms += (1.0 - self.rho) * g * g
-        if self.centered:
-            mg *= self.rho
-            mg += (1.0 - self.rho) * g
-            denom = np.sqrt(ms - mg * mg + self.epsilon)
-        else:
-            denom = np.sqrt(ms + self.epsilon)
-        mom *= self.momentum
-        mom += self.learning_rate * g / denom
-        w -= mom
 
 
 # Fluid's long names.

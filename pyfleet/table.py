@@ -22,7 +22,7 @@ FORMAT_VERSION = _core.FORMAT_VERSION
 STORAGE_TYPES = ("fp32", "fp16", "bf16", "fp16_q8", "bf16_q8")
 # A sparse table config's optional keys and what their absence means.
 SPARSE_CONFIG_DEFAULTS = {"seed": 0, "entry": None, "storage": "fp32",
-                          "memory_budget": None, "spill_dir": None}
+                          "memory_budget": None, "spill_dir": None, "regularizer": None}
 # Small symmetric noise: embeddings start near zero, distinct per key.
 DEFAULT_INITIALIZER = _init.Uniform(-0.01, 0.01)
 
@@ -93,7 +93,8 @@ class SparseTable:
 
     Args:
         dim: floats per row.
-        optimizer: a :mod:`pyfleet.optimizer` rule (SGD, Adagrad, Adam, FTRL).
+        optimizer: a :mod:`pyfleet.optimizer` rule (SGD, Adagrad, Adam, FTRL,
+            Momentum, RMSProp).
         initializer: a :mod:`pyfleet.initializer`; default ``Uniform(-0.01, 0.01)``.
         seed: with ``initializer``, decides every key's initial row.
         entry: an admission policy from :mod:`pyfleet.entry`, or None to admit all.
@@ -108,6 +109,10 @@ class SparseTable:
             ``memory_budget`` bytes (rows and index) leave RAM for an unnamed
             file in the directory ``spill_dir``; a pull or push brings them
             back, rows in use stay (docs/tables.md, "A disk tier").
+        regularizer: None, or a weight decay the table adds to every pushed row's
+            gradient before the rule (``{"type": "L1Decay" | "L2Decay",
+            "regularization_coeff": c}``: Fluid's regularizers, applied where
+            the row lives; see :func:`pyfleet.optimizer.check_regularizer`).
 
     Thread safety: every method may be called from many threads at once.
     Concurrent pushes to one row are Hogwild: an update may be lost, a row is
@@ -115,7 +120,7 @@ class SparseTable:
     """
 
     def __init__(self, dim, optimizer, initializer=None, seed=0, entry=None, name=None,
-                 storage="fp32", memory_budget=None, spill_dir=None):
+                 storage="fp32", memory_budget=None, spill_dir=None, regularizer=None):
         dim = int(dim)
         memory_budget, spill_dir = _spill_options(memory_budget, spill_dir)
         if storage not in STORAGE_TYPES:
@@ -137,8 +142,9 @@ class SparseTable:
         self.entry = entry
         self.name = name or "sparse"
         self.storage = storage
+        self.regularizer = _opt.check_regularizer(regularizer)
         entry_cfg = entry._core_config() if entry is not None else _core.EntryConfig()
-        self._t = _core.SparseTable(dim, optimizer._core_config(),
+        self._t = _core.SparseTable(dim, optimizer._core_config(self.regularizer),
                                     initializer._core_config(fan_in=1, fan_out=dim),
                                     self.seed & 0xFFFFFFFFFFFFFFFF, entry_cfg,
                                     getattr(_core.StorageKind, storage))
@@ -153,12 +159,13 @@ class SparseTable:
                 "initializer": self.initializer.to_config(), "seed": self.seed,
                 "entry": None if self.entry is None else self.entry.to_config(),
                 "name": self.name, "storage": self.storage,
-                "memory_budget": self.memory_budget, "spill_dir": self.spill_dir}
+                "memory_budget": self.memory_budget, "spill_dir": self.spill_dir,
+                "regularizer": self.regularizer}
 
     @staticmethod
     def full_config(config):
         """``config`` with every optional key present (``seed`` 0, ``entry``
-        None, ``storage`` "fp32"): two configs that build equal tables are
+        None, ``storage`` "fp32", ``regularizer`` None): two configs that build equal tables are
         equal after this, e.g. one without ``storage`` and one with "fp32"."""
         return {**SPARSE_CONFIG_DEFAULTS, **config}
 
@@ -168,7 +175,8 @@ class SparseTable:
         return cls(config["dim"], _opt.from_config(config["optimizer"]),
                    _init.from_config(config["initializer"]), config["seed"],
                    _entry.from_config(config["entry"]), config.get("name"),
-                   config["storage"], config["memory_budget"], config["spill_dir"])
+                   config["storage"], config["memory_budget"], config["spill_dir"],
+                   config["regularizer"])
 
     def pull(self, keys, out=None, create=True):
         """Rows of ``keys`` as float32 ``[n, dim]``; a missing key is created
@@ -298,10 +306,11 @@ class DenseTable:
     ``shape`` is an int or tuple; ``initial`` an array of that shape or an
     initializer (default zeros). ``pull()`` returns a copy; ``push(grad)``
     applies the optimizer to every element (Adam keeps one beta-power pair for
-    the block). Thread-safe; a push and a save never interleave.
+    the block), after adding ``regularizer``'s decay (as :class:`SparseTable`) to the
+    gradient. Thread-safe; a push and a save never interleave.
     """
 
-    def __init__(self, shape, optimizer, initial=None, seed=0, name=None):
+    def __init__(self, shape, optimizer, initial=None, seed=0, name=None, regularizer=None):
         self.shape = (int(shape),) if np.isscalar(shape) else tuple(int(s) for s in shape)
         if any(s < 1 for s in self.shape):
             raise ValueError(f"shape must have positive dimensions, got {self.shape}")
@@ -310,7 +319,8 @@ class DenseTable:
         self.optimizer = optimizer
         self.name = name or "dense"
         self.size = int(np.prod(self.shape))
-        self._t = _core.DenseTable(self.size, optimizer._core_config())
+        self.regularizer = _opt.check_regularizer(regularizer)
+        self._t = _core.DenseTable(self.size, optimizer._core_config(self.regularizer))
         if initial is None:
             return
         if isinstance(initial, _init.Initializer):

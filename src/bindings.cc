@@ -48,7 +48,13 @@ PYBIND11_MODULE(_core, m) {
       .value("SGD", pyfleet::OptimizerKind::kSGD)
       .value("Adagrad", pyfleet::OptimizerKind::kAdagrad)
       .value("Adam", pyfleet::OptimizerKind::kAdam)
-      .value("FTRL", pyfleet::OptimizerKind::kFTRL);
+      .value("FTRL", pyfleet::OptimizerKind::kFTRL)
+      .value("Momentum", pyfleet::OptimizerKind::kMomentum)
+      .value("RMSProp", pyfleet::OptimizerKind::kRMSProp);
+  py::enum_<pyfleet::DecayKind>(m, "DecayKind")
+      .value("none", pyfleet::DecayKind::kNone)
+      .value("L1", pyfleet::DecayKind::kL1)
+      .value("L2", pyfleet::DecayKind::kL2);
   py::class_<pyfleet::OptimizerConfig>(m, "OptimizerConfig")
       .def(py::init<>())
       .def_readwrite("kind", &pyfleet::OptimizerConfig::kind)
@@ -60,7 +66,13 @@ PYBIND11_MODULE(_core, m) {
                      &pyfleet::OptimizerConfig::initial_accumulator_value)
       .def_readwrite("l1", &pyfleet::OptimizerConfig::l1)
       .def_readwrite("l2", &pyfleet::OptimizerConfig::l2)
-      .def_readwrite("lr_power", &pyfleet::OptimizerConfig::lr_power);
+      .def_readwrite("lr_power", &pyfleet::OptimizerConfig::lr_power)
+      .def_readwrite("momentum", &pyfleet::OptimizerConfig::momentum)
+      .def_readwrite("use_nesterov", &pyfleet::OptimizerConfig::use_nesterov)
+      .def_readwrite("rho", &pyfleet::OptimizerConfig::rho)
+      .def_readwrite("centered", &pyfleet::OptimizerConfig::centered)
+      .def_readwrite("decay", &pyfleet::OptimizerConfig::decay)
+      .def_readwrite("decay_coeff", &pyfleet::OptimizerConfig::decay_coeff);
   m.def("optimizer_state_dim", [](const pyfleet::OptimizerConfig& c, size_t dim) {
     pyfleet::ValidateOptimizer(c);
     return pyfleet::OptimizerStateDim(c, dim);

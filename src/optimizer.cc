@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "pyfleet/error.h"
 
@@ -14,13 +15,15 @@ const char* OptimizerName(OptimizerKind kind) {
     case OptimizerKind::kAdagrad: return "Adagrad";
     case OptimizerKind::kAdam: return "Adam";
     case OptimizerKind::kFTRL: return "FTRL";
+    case OptimizerKind::kMomentum: return "Momentum";
+    case OptimizerKind::kRMSProp: return "RMSProp";
   }
   return "unknown";
 }
 
 void ValidateOptimizer(const OptimizerConfig& c) {
   const uint32_t k = static_cast<uint32_t>(c.kind);
-  if (k < 1 || k > 4) ThrowInvalid("unknown optimizer kind ", k);
+  if (k < 1 || k > 6) ThrowInvalid("unknown optimizer kind ", k);
   if (!(c.learning_rate > 0) || !std::isfinite(c.learning_rate)) {
     ThrowInvalid("learning_rate must be positive and finite, got ", c.learning_rate);
   }
@@ -31,6 +34,21 @@ void ValidateOptimizer(const OptimizerConfig& c) {
   if (c.kind == OptimizerKind::kFTRL && !(c.lr_power <= 0)) {
     ThrowInvalid("lr_power must be <= 0, got ", c.lr_power);
   }
+  if ((c.kind == OptimizerKind::kMomentum || c.kind == OptimizerKind::kRMSProp) &&
+      !(c.momentum >= 0 && std::isfinite(c.momentum))) {
+    ThrowInvalid("momentum must be non-negative and finite, got ", c.momentum);
+  }
+  if (c.kind == OptimizerKind::kRMSProp) {
+    if (!(c.rho >= 0 && c.rho < 1)) ThrowInvalid("rho must be in [0, 1), got ", c.rho);
+    if (!(c.epsilon > 0 && std::isfinite(c.epsilon))) {
+      ThrowInvalid("epsilon must be positive and finite, got ", c.epsilon);
+    }
+  }
+  const uint32_t d = static_cast<uint32_t>(c.decay);
+  if (d > 2) ThrowInvalid("unknown decay kind ", d);
+  if (!std::isfinite(c.decay_coeff)) {
+    ThrowInvalid("decay_coeff must be finite, got ", c.decay_coeff);
+  }
 }
 
 size_t OptimizerStateDim(const OptimizerConfig& c, size_t dim) {
@@ -39,6 +57,8 @@ size_t OptimizerStateDim(const OptimizerConfig& c, size_t dim) {
     case OptimizerKind::kAdagrad: return dim;
     case OptimizerKind::kAdam: return 2 * dim + 2;
     case OptimizerKind::kFTRL: return 2 * dim;
+    case OptimizerKind::kMomentum: return dim;
+    case OptimizerKind::kRMSProp: return (c.centered ? 3 : 2) * dim;
   }
   PYFLEET_ASSERT(false);
   return 0;
@@ -61,7 +81,10 @@ void OptimizerInitState(const OptimizerConfig& c, float* state, size_t dim) {
       state[2 * dim + 1] = c.beta2;
       return;
     case OptimizerKind::kFTRL:
-      for (size_t i = 0; i < 2 * dim; ++i) state[i] = 0.f;
+    case OptimizerKind::kMomentum:
+    case OptimizerKind::kRMSProp:
+      // Fluid's accumulators (velocity; mean square, moment, mean grad) start at 0.
+      for (size_t i = 0, n = OptimizerStateDim(c, dim); i < n; ++i) state[i] = 0.f;
       return;
   }
 }
@@ -169,15 +192,84 @@ void Ftrl(const OptimizerConfig& c, float* __restrict w, float* __restrict s,
   }
 }
 
+// Fluid's momentum op: v = mu * v + g; w -= lr * v, or with Nesterov
+// w -= lr * (g + mu * v) (v the updated velocity).
+PYFLEET_MULTIVERSION
+void Momentum(const OptimizerConfig& c, float* __restrict w, float* __restrict v,
+              const float* __restrict g, size_t n) {
+  const float lr = c.learning_rate, mu = c.momentum;
+  if (c.use_nesterov) {
+    for (size_t i = 0; i < n; ++i) {
+      v[i] = mu * v[i] + g[i];
+      w[i] -= (g[i] + mu * v[i]) * lr;
+    }
+  } else {
+    for (size_t i = 0; i < n; ++i) {
+      v[i] = mu * v[i] + g[i];
+      w[i] -= lr * v[i];
+    }
+  }
+}
+
+// Fluid's rmsprop op: ms = rho * ms + (1 - rho) * g * g; centered: mg = rho *
+// mg + (1 - rho) * g and mom = momentum * mom + lr * g / sqrt(ms - mg * mg +
+// eps), else mom = momentum * mom + lr * g / sqrt(ms + eps); w -= mom.
+PYFLEET_MULTIVERSION
+void RmsProp(const OptimizerConfig& c, float* __restrict w, float* __restrict s,
+             const float* __restrict g, size_t n) {
+  float* __restrict ms = s;
+  float* __restrict mom = s + n;
+  const float lr = c.learning_rate, rho = c.rho, eps = c.epsilon, mu = c.momentum;
+  const float one_rho = 1.f - rho;
+  if (c.centered) {
+    float* __restrict mg = s + 2 * n;
+    for (size_t i = 0; i < n; ++i) {
+      ms[i] = rho * ms[i] + one_rho * g[i] * g[i];
+      mg[i] = rho * mg[i] + one_rho * g[i];
+      mom[i] = mu * mom[i] + lr * g[i] / std::sqrt(ms[i] - mg[i] * mg[i] + eps);
+      w[i] -= mom[i];
+    }
+  } else {
+    for (size_t i = 0; i < n; ++i) {
+      ms[i] = rho * ms[i] + one_rho * g[i] * g[i];
+      mom[i] = mu * mom[i] + lr * g[i] / std::sqrt(ms[i] + eps);
+      w[i] -= mom[i];
+    }
+  }
+}
+
+// out = g + coeff * w (L2) or g + coeff * sign(w) (L1): Fluid's regularizers.
+PYFLEET_MULTIVERSION
+void Decay(const OptimizerConfig& c, const float* __restrict w, const float* __restrict g,
+           float* __restrict out, size_t n) {
+  const float k = c.decay_coeff;
+  if (c.decay == DecayKind::kL2) {
+    for (size_t i = 0; i < n; ++i) out[i] = g[i] + k * w[i];
+  } else {
+    for (size_t i = 0; i < n; ++i) {
+      const float sign = w[i] > 0.f ? 1.f : (w[i] < 0.f ? -1.f : 0.f);
+      out[i] = g[i] + k * sign;
+    }
+  }
+}
+
 }  // namespace
 
 void OptimizerUpdate(const OptimizerConfig& c, float* w, float* state, const float* g,
                      size_t dim) {
+  if (c.decay != DecayKind::kNone && c.decay_coeff != 0.f) {
+    thread_local std::vector<float> decayed;
+    decayed.resize(dim);
+    Decay(c, w, g, decayed.data(), dim);
+    g = decayed.data();
+  }
   switch (c.kind) {
     case OptimizerKind::kSGD: return Sgd(c, w, g, dim);
     case OptimizerKind::kAdagrad: return Adagrad(c, w, state, g, dim);
     case OptimizerKind::kAdam: return Adam(c, w, state, g, dim);
     case OptimizerKind::kFTRL: return Ftrl(c, w, state, g, dim);
+    case OptimizerKind::kMomentum: return Momentum(c, w, state, g, dim);
+    case OptimizerKind::kRMSProp: return RmsProp(c, w, state, g, dim);
   }
   PYFLEET_ASSERT(false);
 }

@@ -8,6 +8,15 @@
 //   Adagrad  [acc[dim]]
 //   Adam     [m[dim] | v[dim] | beta1_pow | beta2_pow]
 //   FTRL     [squared[dim] | linear[dim]]
+//   Momentum [velocity[dim]]
+//   RMSProp  [mean_square[dim] | moment[dim]]                    (centered = false)
+//            [mean_square[dim] | moment[dim] | mean_grad[dim]]   (centered = true)
+//
+// A weight decay (Fluid's regularizers, applied where the row lives) is part
+// of the rule: with `decay` set, every update first adds coeff * w (L2) or
+// coeff * sign(w) (L1) to the gradient of the elements it updates, w taken
+// before the update, so a sparse row is decayed once per update that touches
+// it (one per push; one per step in sync mode, on the merged gradient).
 #pragma once
 
 #include <cstddef>
@@ -15,7 +24,11 @@
 
 namespace pyfleet {
 
-enum class OptimizerKind : uint32_t { kSGD = 1, kAdagrad = 2, kAdam = 3, kFTRL = 4 };
+enum class OptimizerKind : uint32_t {
+  kSGD = 1, kAdagrad = 2, kAdam = 3, kFTRL = 4, kMomentum = 5, kRMSProp = 6
+};
+
+enum class DecayKind : uint32_t { kNone = 0, kL1 = 1, kL2 = 2 };
 
 struct OptimizerConfig {
   OptimizerKind kind = OptimizerKind::kSGD;
@@ -27,6 +40,12 @@ struct OptimizerConfig {
   float l1 = 0.f;                         // FTRL
   float l2 = 0.f;                         // FTRL
   float lr_power = -0.5f;                 // FTRL
+  float momentum = 0.f;                   // Momentum (mu), RMSProp
+  bool use_nesterov = false;              // Momentum
+  float rho = 0.95f;                      // RMSProp
+  bool centered = false;                  // RMSProp
+  DecayKind decay = DecayKind::kNone;     // weight decay added to the gradient
+  float decay_coeff = 0.f;
 };
 
 const char* OptimizerName(OptimizerKind kind);
@@ -56,8 +75,9 @@ constexpr float kMaxUpdate = 1e18f;
 // when there is one.
 size_t FirstNonFinite(const float* v, size_t n);
 
-// One step: w[0..dim) and state are updated in place from grad[0..dim).
-// Works on private copies: the table loads a row, calls this, stores it back.
+// One step: w[0..dim) and state are updated in place from grad[0..dim)
+// (plus the decay, if any). Works on private copies: the table loads a row,
+// calls this, stores it back.
 void OptimizerUpdate(const OptimizerConfig& cfg, float* w, float* state,
                      const float* grad, size_t dim);
 

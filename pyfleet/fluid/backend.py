@@ -35,7 +35,6 @@ itself (:class:`LocalBackend` is, because the tables are).
 """
 
 import os
-import threading
 
 import numpy as np
 
@@ -44,7 +43,7 @@ from pyfleet.endpoint import check_file_name
 from pyfleet.optimizer import SGD
 from pyfleet.table import DenseTable, SparseTable
 
-__all__ = ["Backend", "LocalBackend", "LocalSource", "NumpyDenseTable", "param_path"]
+__all__ = ["Backend", "LocalBackend", "LocalSource", "param_path"]
 
 
 def param_path(dirname, param):
@@ -155,9 +154,6 @@ class LocalBackend(Backend):
 
     def create_dense(self, name, initial_value, optimizer):
         initial_value = np.asarray(initial_value, dtype=np.float32)
-        if optimizer.kind is None:   # Momentum, RMSProp: numpy rules, local dense only
-            self.dense[name] = NumpyDenseTable(initial_value, optimizer, name)
-            return
         self.dense[name] = DenseTable(initial_value.shape, optimizer, initial=initial_value,
                                       name=name)
 
@@ -236,37 +232,6 @@ class LocalBackend(Backend):
                 self.dense[p.name].set(value)
             else:
                 self.create_dense(p.name, value, _placeholder_optimizer(p))
-
-
-class NumpyDenseTable:
-    """A dense parameter updated by an optimizer's numpy rule (Momentum,
-    RMSProp: :meth:`pyfleet.optimizer.Optimizer.dense_update`), with
-    :class:`pyfleet.DenseTable`'s ``pull``/``push``/``set``. Thread-safe (one lock)."""
-
-    def __init__(self, initial_value, optimizer, name):
-        self.optimizer, self.name = optimizer, name
-        self._w = np.array(initial_value, dtype=np.float32)
-        self.shape = self._w.shape
-        self._state = optimizer.dense_state(self.shape)
-        self._lock = threading.Lock()
-
-    def pull(self):
-        with self._lock:
-            return self._w.copy()
-
-    def push(self, grad):
-        grad = np.asarray(grad, dtype=np.float32)
-        if grad.shape != self.shape:
-            raise ValueError(f"grad has shape {grad.shape}, expected {self.shape}")
-        with self._lock:
-            self.optimizer.dense_update(self._w, self._state, grad)
-
-    def set(self, value):
-        """Overwrite the weights (optimizer state is reset)."""
-        value = np.asarray(value, dtype=np.float32).reshape(self.shape)
-        with self._lock:
-            self._w[...] = value
-            self._state = self.optimizer.dense_state(self.shape)
 
 
 class LocalSource:

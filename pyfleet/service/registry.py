@@ -125,7 +125,7 @@ class Registry:
 
         Sparse: ``{"kind": "sparse", "name", **SparseTable.config()}``, holding
         this server's shard. Dense: ``{"kind": "dense", "name", "shape",
-        "optimizer", "initial"?, "seed"?, "start"?, "end"?}``: this server holds
+        "optimizer", "initial"?, "seed"?, "start"?, "end"?, "regularizer"?}``: this server holds
         elements ``[start, end)`` of the flattened parameter (default: all);
         ``initial`` is a flat list of the whole parameter or an initializer
         config. Every config is checked before any table is made.
@@ -155,6 +155,7 @@ class Registry:
                 key, floats = f"{name}[{start}:{end}]", end - start
             else:
                 raise ValueError(f"table kind must be 'sparse' or 'dense', got {kind!r}")
+            _opt.check_regularizer(cfg.get("regularizer"))
             built.append((key, cfg, floats))
         with self.lock:
             if limits is not None:
@@ -203,7 +204,8 @@ def _build(key, cfg):
                                  f"values, shape {e.shape} needs {size}")
         if initial is not None:
             initial = initial[e.start:e.end]
-        e.table = DenseTable(e.end - e.start, opt, initial=initial, name=key)
+        e.table = DenseTable(e.end - e.start, opt, initial=initial, name=key,
+                             regularizer=cfg.get("regularizer"))
         e.dim = 1
     return e
 

@@ -3,8 +3,8 @@ the Fluid optimizer keywords, against a numpy reference of Fluid's rules:
 clip first (by value / norm / global norm), then add the decay term; a
 ParamAttr rule wins over the optimizer's; row-sparse gradients (sparse
 tables, dense embeddings with is_sparse=True) are regularized on the rows
-they touch only. Momentum and RMSProp run as numpy rules on local dense
-parameters and are refused by name for sparse tables."""
+they touch only. Momentum and RMSProp are core rules: dense parameters and
+sparse tables alike."""
 
 import numpy as np
 import pytest
@@ -218,24 +218,26 @@ def test_rmsprop_dense_numpy_rule(centered):
     np.testing.assert_allclose(be.pull_dense("w"), w, rtol=1e-5)
 
 
-def test_momentum_trains_dense_and_is_refused_for_a_sparse_table():
-    main, startup, _avg = _net(opt=fluid.optimizer.Momentum(0.1, 0.9))
+@pytest.mark.parametrize("rule", [fluid.optimizer.Momentum(0.1, 0.9),
+                                  fluid.optimizer.RMSProp(0.05, momentum=0.5, centered=True)],
+                         ids=repr)
+def test_momentum_and_rmsprop_train_a_network_with_sparse_tables(rule):
+    main, startup, avg = _net(opt=rule)
     main.set_backend(LocalBackend())
-    with pytest.raises(ValueError, match="Momentum optimizer has no rule in the C.. core"):
-        fluid.Executor().run(startup)
-    # a network without a sparse table trains with it
-    m2, s2 = fluid.Program(), fluid.Program()
-    with fluid.program_guard(m2, s2), fluid.unique_name.guard():
-        x = L.data("x", [3])
-        label = L.data("label", [1], dtype="int64")
-        avg2 = L.mean(L.cross_entropy(L.fc(x, 2, act="softmax"), label))
-        fluid.optimizer.Momentum(0.05, 0.9).minimize(avg2)
     exe = fluid.Executor()
-    exe.run(s2)
-    feed = {"x": np.eye(3, dtype=np.float32)[[0, 1, 2, 0]] * 3,
+    exe.run(startup)
+    feed = {"x": np.eye(3)[[0, 1, 2, 0]] * 3,
+            "ids": fluid.create_lod_tensor(np.array([[1], [2], [3], [1]]), [[1, 1, 1, 1]],
+                                           fluid.CPUPlace()),
+            "dids": fluid.create_lod_tensor(np.array([[4], [5], [6], [4]]), [[1, 1, 1, 1]],
+                                            fluid.CPUPlace()),
             "label": np.array([[0], [1], [1], [0]])}
-    losses = [float(exe.run(m2, feed=feed, fetch_list=[avg2])[0]) for _ in range(30)]
+    losses = [float(exe.run(main, feed=feed, fetch_list=[avg])[0]) for _ in range(30)]
     assert losses[-1] < 0.5 * losses[0]
+    emb = main.backend.sparse["emb"]
+    assert emb.optimizer == rule
+    state = emb.export(np.array([1, 2, 3, 999], np.uint64), with_state=True)["state"]
+    assert state.shape == (3, rule.state_dim(2)) and np.all(np.abs(state).sum(axis=1) > 0)
 
 
 def test_fluid_optimizer_keywords_and_bad_rules_refused():

@@ -5,13 +5,27 @@ Used by the tests only: each function updates one row (or a dense block) in plac
 
 import numpy as np
 
-__all__ = ["state_dim", "init_state", "update"]
+__all__ = ["decayed", "state_dim", "init_state", "update"]
 
 f32 = np.float32
 
 
 def state_dim(opt, dim):
-    return {"SGD": 0, "Adagrad": dim, "Adam": 2 * dim + 2, "FTRL": 2 * dim}[opt.kind]
+    if opt.kind == "RMSProp":
+        return (3 if opt.centered else 2) * dim
+    return {"SGD": 0, "Adagrad": dim, "Adam": 2 * dim + 2, "FTRL": 2 * dim,
+            "Momentum": dim}[opt.kind]
+
+
+def decayed(regularizer, w, g):
+    """Fluid's regularizers: ``g + c*w`` (L2Decay) or ``g + c*sign(w)``
+    (L1Decay), ``regularizer`` a table's config (None: ``g``)."""
+    if regularizer is None:
+        return g
+    c = f32(regularizer["regularization_coeff"])
+    if regularizer["type"] == "L2Decay":
+        return g + c * w
+    return g + c * np.sign(w).astype(f32)
 
 
 def init_state(opt, dim):
@@ -24,8 +38,10 @@ def init_state(opt, dim):
     return s
 
 
-def update(opt, w, s, g):
-    """One step of ``opt`` on weights ``w`` and state ``s`` (both float32, in place)."""
+def update(opt, w, s, g, regularizer=None):
+    """One step of ``opt`` on weights ``w`` and state ``s`` (both float32, in
+    place), the gradient ``g`` first decayed by ``regularizer`` (see :func:`decayed`)."""
+    g = decayed(regularizer, w, g)
     lr = f32(opt.learning_rate)
     n = w.shape[0]
     if opt.kind == "SGD":
@@ -59,5 +75,24 @@ def update(opt, w, s, g):
         x = np.sign(lin) * l1 - lin
         w[:] = np.where(np.abs(lin) > l1, x / y, f32(0))
         sq[:] = new_sq
+    elif opt.kind == "Momentum":  # Fluid's momentum op
+        mu = f32(opt.momentum)
+        v = s[:n]
+        v[:] = mu * v + g
+        if opt.use_nesterov:
+            w -= (g + mu * v) * lr
+        else:
+            w -= lr * v
+    elif opt.kind == "RMSProp":   # Fluid's rmsprop op
+        rho, eps, mu = f32(opt.rho), f32(opt.epsilon), f32(opt.momentum)
+        ms, mom = s[:n], s[n:2 * n]
+        ms[:] = rho * ms + (f32(1) - rho) * g * g
+        if opt.centered:
+            mg = s[2 * n:]
+            mg[:] = rho * mg + (f32(1) - rho) * g
+            mom[:] = mu * mom + lr * g / np.sqrt(ms - mg * mg + eps)
+        else:
+            mom[:] = mu * mom + lr * g / np.sqrt(ms + eps)
+        w -= mom
     else:
         raise ValueError(opt.kind)

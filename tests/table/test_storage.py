@@ -19,7 +19,7 @@ from support.rounding import (
 import pyfleet
 from pyfleet import _core
 from pyfleet.entry import CountFilterEntry
-from pyfleet.optimizer import FTRL, SGD, Adagrad, Adam
+from pyfleet.optimizer import FTRL, SGD, Adagrad, Adam, Momentum, RMSProp
 
 COMPACT = ["fp16", "bf16"]
 OPTIMIZERS = [
@@ -27,6 +27,10 @@ OPTIMIZERS = [
     Adagrad(learning_rate=0.05, epsilon=1e-6, initial_accumulator_value=0.1),
     Adam(learning_rate=0.01, beta1=0.9, beta2=0.999, epsilon=1e-8),
     FTRL(learning_rate=0.05, l1=0.01, l2=0.1, lr_power=-0.5),
+    Momentum(learning_rate=0.05, momentum=0.9),
+    Momentum(learning_rate=0.05, momentum=0.8, use_nesterov=True),
+    RMSProp(learning_rate=0.01, rho=0.9, epsilon=1e-6, momentum=0.5),
+    RMSProp(learning_rate=0.01, rho=0.95, epsilon=1e-4, momentum=0.0, centered=True),
 ]
 def tail(opt):
     return 2 if opt.kind == "Adam" else 0
@@ -185,6 +189,32 @@ def test_compact_update_equals_numpy_reference(kind, opt, dim):
 
 
 @pytest.mark.parametrize("kind", COMPACT)
+@pytest.mark.parametrize("reg", [{"type": "L2Decay", "regularization_coeff": 0.2},
+                                 {"type": "L1Decay", "regularization_coeff": 0.01}],
+                         ids=lambda r: r["type"])
+def test_compact_regularized_update_equals_numpy_reference(kind, reg):
+    """The decay is computed from the stored (16-bit) weights widened to fp32."""
+    opt, dim, seed = Momentum(0.05, 0.9, use_nesterov=True), 5, 3
+    table = pyfleet.SparseTable(dim, opt, seed=seed, storage=kind, regularizer=reg)
+    rng = np.random.default_rng(1)
+    keys = rng.integers(0, 2**64, 6, dtype=np.uint64)
+    ref_w = dict(zip(keys.tolist(), table.pull(keys).copy()))
+    ref_s = {k: nearest(kind, init_state(opt, dim)) for k in ref_w}
+    for step in range(6):
+        grads = rng.normal(0, 1, (6, dim)).astype(np.float32)
+        table.push(keys, grads)
+        for i, k in enumerate(keys.tolist()):
+            w, st = ref_w[k].copy(), ref_s[k].copy()
+            update(opt, w, st, grads[i], reg)
+            r = round_bits(seed, k, step, 2 * dim)
+            ref_w[k], ref_s[k] = stochastic(kind, w, r[:dim]), stochastic(kind, st, r[dim:])
+    got = table.export(keys, with_state=True)
+    for i, k in enumerate(got["keys"].tolist()):
+        np.testing.assert_array_equal(got["weights"][i], ref_w[k])
+        np.testing.assert_array_equal(got["state"][i], ref_s[k])
+
+
+@pytest.mark.parametrize("kind", COMPACT)
 def test_add_delta_rounds_with_the_same_rule(kind):
     seed, k = 4, 12345
     t = pyfleet.SparseTable(5, SGD(0.1), seed=seed, storage=kind)
@@ -218,7 +248,9 @@ def snapshot(t):
 
 
 @pytest.mark.parametrize("kind", ["fp32"] + COMPACT)
-@pytest.mark.parametrize("opt", [SGD(0.1), Adagrad(0.1), Adam(0.01), FTRL(0.1, l1=0.01)], ids=repr)
+@pytest.mark.parametrize("opt", [SGD(0.1), Adagrad(0.1), Adam(0.01), FTRL(0.1, l1=0.01),
+                                 Momentum(0.05, 0.9), RMSProp(0.01, momentum=0.5,
+                                                              centered=True)], ids=repr)
 def test_round_trip_is_bit_exact_per_storage(tmp_path, kind, opt):
     t, ks = trained(kind, opt)
     path = tmp_path / "t.bin"
