@@ -58,21 +58,30 @@ def _train_parser(sub):
     p.add_argument("--embedding-dim", type=int, default=16, help="sparse embedding width")
     p.add_argument("--layers", default="256,128,64",
                    help="hidden layer sizes, comma-separated")
-    p.add_argument("--optimizer", default="adam", choices=["adam", "adagrad", "sgd", "ftrl"],
+    p.add_argument("--optimizer", default="adam",
+                   choices=["adam", "adagrad", "sgd", "ftrl", "momentum", "rmsprop"],
                    help="update rule, applied on the servers")
     p.add_argument("--lr", type=float, default=None,
                    help="learning rate (default: adam 0.001, adagrad 0.01, sgd 0.01, "
-                        "ftrl 0.05)")
+                        "ftrl 0.05, momentum 0.01, rmsprop 0.001)")
     p.add_argument("--beta1", type=float, default=None, help="adam only (default: 0.9)")
     p.add_argument("--beta2", type=float, default=None, help="adam only (default: 0.999)")
     p.add_argument("--epsilon", type=float, default=None,
-                   help="adam and adagrad (default: adam 1e-8, adagrad 1e-6)")
+                   help="adam, adagrad and rmsprop (default: adam 1e-8, adagrad and "
+                        "rmsprop 1e-6)")
     p.add_argument("--initial-accumulator", type=float, default=None,
                    help="adagrad only: the accumulator's start value (default: 0)")
     p.add_argument("--l1", type=float, default=None, help="ftrl only (default: 0)")
     p.add_argument("--l2", type=float, default=None, help="ftrl only (default: 0)")
     p.add_argument("--lr-power", type=float, default=None,
                    help="ftrl only (default: -0.5)")
+    p.add_argument("--momentum", type=float, default=None,
+                   help="momentum and rmsprop (default: momentum 0.9, rmsprop 0)")
+    p.add_argument("--use-nesterov", action="store_true", default=None,
+                   help="momentum only: Nesterov's update")
+    p.add_argument("--rho", type=float, default=None, help="rmsprop only (default: 0.95)")
+    p.add_argument("--centered", action="store_true", default=None,
+                   help="rmsprop only: normalize by the gradient's variance")
     p.add_argument("--rows", type=int, default=DEFAULT_ROWS,
                    help="rows of the generated data set (with no --train)")
     p.add_argument("--cache-dir", default=None, metavar="DIR",

@@ -13,7 +13,8 @@ ARCHITECTURE = ("model", "embedding_dim", "layers", "optimizer")
 INHERITED = ARCHITECTURE + (
     "train", "test", "format", "rows", "servers", "workers", "mode", "sparse_mode",
     "batch_size", "lr",
-    "beta1", "beta2", "epsilon", "l1", "l2", "lr_power", "initial_accumulator", "seed",
+    "beta1", "beta2", "epsilon", "l1", "l2", "lr_power", "initial_accumulator", "momentum",
+    "use_nesterov", "rho", "centered", "seed",
     "admission_count", "show_click", "shrink_min_score", "shrink_decay",
     "shrink_unseen_passes", "valid_fraction", "keep", "keep_best", "checkpoint_steps",
     "checkpoint_every", "max_restarts", "restart_window", "storage")

@@ -33,11 +33,15 @@ from pyfleet.service import checkpoint as _checkpoint
 # Optimizer flag -> (optimizer parameter, the optimizers that take it).
 OPTIMIZER_FLAGS = {
     "beta1": ("beta1", ("adam",)), "beta2": ("beta2", ("adam",)),
-    "epsilon": ("epsilon", ("adam", "adagrad")),
+    "epsilon": ("epsilon", ("adam", "adagrad", "rmsprop")),
     "initial_accumulator": ("initial_accumulator_value", ("adagrad",)),
     "l1": ("l1", ("ftrl",)), "l2": ("l2", ("ftrl",)), "lr_power": ("lr_power", ("ftrl",)),
+    "momentum": ("momentum", ("momentum", "rmsprop")),
+    "use_nesterov": ("use_nesterov", ("momentum",)),
+    "rho": ("rho", ("rmsprop",)), "centered": ("centered", ("rmsprop",)),
 }
-DEFAULT_LR = {"adam": 0.001, "adagrad": 0.01, "sgd": 0.01, "ftrl": 0.05}
+DEFAULT_LR = {"adam": 0.001, "adagrad": 0.01, "sgd": 0.01, "ftrl": 0.05, "momentum": 0.01,
+              "rmsprop": 0.001}
 
 
 def _optimizer_of(args):

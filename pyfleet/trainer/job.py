@@ -25,14 +25,17 @@ JOB_DEFAULTS = {
 
 
 def optimizer_of(job):
-    """The job's optimizer: ``job["optimizer"]`` is ``{"name": adam|adagrad|sgd|ftrl,
-    "learning_rate": ..., <its parameters>}``; without one (older job files),
-    Adam at ``job["lr"]``."""
+    """The job's optimizer: ``job["optimizer"]`` is ``{"name": adam|adagrad|sgd|ftrl|
+    momentum|rmsprop, "learning_rate": ..., <its parameters>}`` (momentum's
+    ``momentum`` defaults to 0.9); without one (older job files), Adam at ``job["lr"]``."""
     spec = dict(job.get("optimizer") or {"name": "adam", "learning_rate": job["lr"]})
-    cls = {"adam": _opt.Adam, "adagrad": _opt.Adagrad, "sgd": _opt.SGD, "ftrl": _opt.FTRL}
+    cls = {"adam": _opt.Adam, "adagrad": _opt.Adagrad, "sgd": _opt.SGD, "ftrl": _opt.FTRL,
+           "momentum": _opt.Momentum, "rmsprop": _opt.RMSProp}
     name = spec.pop("name")
     if name not in cls:
         raise ValueError(f"unknown optimizer {name!r}; expected one of {sorted(cls)}")
+    if name == "momentum":
+        spec.setdefault("momentum", 0.9)
     return cls[name](**spec)
 
 

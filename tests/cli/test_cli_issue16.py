@@ -148,6 +148,19 @@ def test_optimizer_parameters_take_effect_or_are_refused_by_name(tmp_path):
     assert '"FTRL"' in manifest and '"l1": 0.5' in manifest.replace("0.5,", "0.5")
 
 
+def test_momentum_and_rmsprop_train_on_the_servers(tmp_path):
+    r = pyfleet("train", "--optimizer", "adam", "--rho", "0.9", cwd=tmp_path)
+    assert r.returncode != 0 and "--rho is a parameter of rmsprop, not of --optimizer adam" \
+        in r.stderr
+    run = tmp_path / "run"
+    r = pyfleet("train", *SMALL, "--optimizer", "momentum", "--momentum", "0.8",
+                "--use-nesterov", "--run-dir", run, "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    tables = json.loads((run / "checkpoint" / "MANIFEST.json").read_text())["tables"]
+    assert {"type": "Momentum", "learning_rate": 0.01, "momentum": 0.8,
+            "use_nesterov": True} in [t["optimizer"] for t in tables]
+
+
 def test_generated_data_is_cached_and_a_damaged_entry_regenerated(tmp_path):
     cache = tmp_path / "cache"
     args = ("train", *SMALL, "--cache-dir", cache)
