@@ -39,12 +39,12 @@ from pyfleet import config as _config
 from pyfleet.distributed import hybrid
 from pyfleet.distributed.remote_backend import NoServers, RemoteBackend
 from pyfleet.distributed.strategy import DistributedStrategy
-from pyfleet.distributed.tables import _check_server_rule, server_table_configs, table_configs
+from pyfleet.distributed.tables import server_table_configs, servers_regularize, table_configs
 from pyfleet.entry import Entry
 from pyfleet.errors import ConfigError, PyfleetError
 from pyfleet.fluid import inference
 from pyfleet.fluid.framework import default_startup_program
-from pyfleet.fluid.io import check_local_path
+from pyfleet.fluid.io import check_local_path, load_scope_state, save_scope_state
 from pyfleet.fluid.optimizer import minimize
 from pyfleet.optimizer import Optimizer
 from pyfleet.role_maker import RoleMakerBase, default_role_maker
@@ -207,7 +207,6 @@ class Fleet:
                              f"got {sparse_entry!r}")
         if not isinstance(optimizer, Optimizer):
             raise ValueError(f"optimizer must be a pyfleet.optimizer rule, got {optimizer!r}")
-        _check_server_rule(optimizer, "the optimizer")
         if strategy is None:
             strategy = _config.DistributeTranspilerConfig()
         if isinstance(strategy, DistributedStrategy):  # Fluid 1.6's StrategyFactory
@@ -227,7 +226,8 @@ class Fleet:
                 "this fleet program's parameters live on the servers: call "
                 "fleet.init_worker() (on a worker) before running fleet.main_program",
                 connect=self._connect_on_first_use))
-        self._tables, dense_shapes = table_configs(main, sparse_entry, sparse_storage)
+        self._tables, dense_shapes = table_configs(main, sparse_entry, sparse_storage,
+                                                   servers_regularize(strategy))
         self._placement = [  # hybrid: the servers hold no dense parameter
             (b.name, b.start, b.end, b.server_index)
             for b in _config.place_dense(dense_shapes, self.server_num(), strategy)
@@ -403,7 +403,10 @@ class Fleet:
 
         ``meta``: a JSON object of the caller's own (for example the pass just
         finished), kept as the manifest's ``"meta"``, committed with the
-        parameters it describes. Returns the manifest."""
+        parameters it describes. The calling worker writes its persistable
+        scope state (auc counters) as ``<name>.state.npy`` beside the
+        manifest (``fluid.io.load_persistables`` and :meth:`load_persistables`
+        read it back). Returns the manifest."""
         if dirname is None:
             raise ValueError("save_persistables needs dirname")
         check_local_path(dirname, "dirname")
@@ -439,6 +442,9 @@ class Fleet:
                                                    replies)
         manifest = _checkpoint.build_manifest(previous, gen, mode, replies, self._tables,
                                               placement, parent, meta)
+        # This worker's persistable scope state (auc counters), as Fluid's
+        # save_persistables on a trainer writes it: beside the manifest.
+        save_scope_state(path, main_program or self.main_program)
         _checkpoint.commit(path, manifest)
         self._last_save = (path, manifest["id"])
         return manifest
@@ -474,15 +480,22 @@ class Fleet:
             min_score=min_score, decay=decay)
 
     def load_persistables(self, executor=None, dirname=None, main_program=None):
-        """Hybrid mode (every worker, after the startup program): load the dense
-        parameters of checkpoint ``dirname`` (relative to the checkpoint root)
-        into this worker's replicas; the servers load the sparse tables with
-        ``init_server(dirname)``."""
+        """A worker's part of loading checkpoint ``dirname`` (relative to the
+        checkpoint root), after the startup program: the persistable scope
+        state (auc counters) :meth:`save_persistables` wrote, and in hybrid
+        mode the dense parameters into this worker's replicas (returning
+        what :func:`hybrid.load_dense` does; else the state names read). The
+        servers load the tables and dense blocks with ``init_server(dirname)``."""
         self._require_worker("load_persistables")
+        if dirname is None:
+            raise ValueError("load_persistables needs dirname")
+        path = _relative_to_root(dirname)[1]
+        if _checkpoint.read_manifest(path) is None:
+            raise ValueError(f"dirname {os.fspath(dirname)!r} has no {MANIFEST_NAME}: not a "
+                             f"fleet checkpoint, or an incomplete save")
+        names = load_scope_state(path, main_program or self.main_program)
         if not self._strategy.hybrid:
-            raise ConfigError("fleet.load_persistables is for hybrid workers: in a "
-                              "parameter-server job the servers load a checkpoint with "
-                              "fleet.init_server(model_dir)")
+            return names
         return hybrid.load_dense(self._backend, self._tables, dirname, checkpoint_root())
 
     def stats(self):

@@ -73,6 +73,9 @@ class HybridBackend(FusedDense, RemoteBackend):
     ``config.sparse_mode``), dense parameters local and all-reduced over ``group``."""
 
     broadcast_dense = True
+    # The worker regularizes (its dense replicas are local; the servers'
+    # sparse tables get no regularizer: tables.servers_regularize).
+    applies_regularizers = False
 
     def __init__(self, client, config, group):
         RemoteBackend.__init__(self, client, config.sparse_mode, config.geo_k_steps)

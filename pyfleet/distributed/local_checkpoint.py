@@ -67,7 +67,10 @@ def load_checkpoint(dirname, program, params):
         cfg = saved[p.name]
         opt = _optimizer.from_config(cfg["optimizer"])
         if p.is_sparse_table:  # replaces the table: no row trained since survives
-            backend.sparse[p.name] = SparseTable.from_config({**cfg, "name": p.name})
+            # The servers' regularizer is left out: a local program's
+            # executor regularizes the gradients itself (LocalBackend).
+            backend.sparse[p.name] = SparseTable.from_config({**cfg, "name": p.name,
+                                                              "regularizer": None})
         else:
             shape = tuple(int(s) for s in cfg["shape"])
             backend.dense[p.name] = DenseTable(shape, opt, initial=np.zeros(shape, np.float32),

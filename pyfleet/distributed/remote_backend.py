@@ -105,10 +105,14 @@ class RemoteBackend(Backend):
     startup program's ``create_*`` calls only check that the table exists.
     """
 
-    # Regularizers and clipping are applied by the worker before the push
-    # (pyfleet.fluid.step); a backend whose servers applied them too would
-    # decay the rows twice, so none here does.
-    applies_regularizers = False
+    @property
+    def applies_regularizers(self):
+        """Sync and async: the servers' tables apply the regularizers to the
+        rows a push touches (on the step's merged gradient in sync mode), as
+        Fluid's servers do, so the worker adds none (it still clips). Geo:
+        the worker's local copy trains, so the worker regularizes. Must agree
+        with ``pyfleet.distributed.tables.servers_regularize``."""
+        return self.mode != "geo"
 
     def __init__(self, client, mode, geo_k_steps=100, fleet=None, tables=None):
         self.client = client

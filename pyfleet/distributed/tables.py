@@ -6,25 +6,33 @@ and the trainer; the servers build their tables from these configs.
 
 from pyfleet.errors import ConfigError
 
-__all__ = ["server_table_configs", "table_configs"]
+__all__ = ["server_table_configs", "servers_regularize", "table_configs"]
 
 
-def _check_server_rule(optimizer, what):
-    """Momentum and RMSProp are numpy rules for local dense parameters: the
-    servers' tables have no such rule, so a Fleet program refuses them here,
-    at distributed_optimizer/minimize, not when a server builds its table."""
-    if optimizer.kind is None:
-        raise ConfigError(f"{what} is {type(optimizer).__name__}, which pyfleet's servers "
-                          f"cannot apply (their tables run SGD, Adagrad, Adam or FTRL); "
-                          f"{type(optimizer).__name__} trains local programs only")
+def servers_regularize(strategy):
+    """Whether the servers apply the regularizers (sync and async parameter
+    servers: Fluid's pserver optimize blocks decay the rows a push touches,
+    on the merged gradient), rather than the worker before the push (geo
+    mode, whose workers train a local copy, and hybrid jobs)."""
+    return not strategy.hybrid and strategy.sparse_mode != "geo"
 
 
-def table_configs(program, sparse_entry=None, sparse_storage="fp32"):
+def _regularizer(p, opt):
+    """``p``'s regularizer as a table config (its own, else the optimizer's), or None."""
+    reg = getattr(p, "regularizer", None) or opt.regularization
+    if reg is None or reg.regularization_coeff == 0.0:
+        return None
+    return reg.to_config()
+
+
+def table_configs(program, sparse_entry=None, sparse_storage="fp32", regularizers=False):
     """``(configs, dense_shapes)`` of a minimized program: a create_tables
     config per sparse table and dense parameter, and ``[(name, shape)]`` of the
     dense ones in program order (the order placement depends on).
     ``sparse_entry``: the admission policy of every sparse table (None: none);
-    ``sparse_storage``: their storage type."""
+    ``sparse_storage``: their storage type. ``regularizers``: the tables apply
+    the parameters' regularizers (a ``"regularizer"`` key where one is set;
+    see :func:`servers_regularize`)."""
     entry = None if sparse_entry is None else sparse_entry.to_config()
     opt = program._optimizer
     if opt is None:
@@ -32,21 +40,23 @@ def table_configs(program, sparse_entry=None, sparse_storage="fp32"):
     configs, dense = [], []
     for p in program.all_parameters():
         popt = p.optimizer or opt
-        _check_server_rule(popt, f"parameter {p.name!r}'s optimizer")
         if p.is_sparse_table:
             if sparse_storage.endswith("_q8") and popt.kind not in ("Adam", "Adagrad"):
                 raise ConfigError(f"sparse_storage {sparse_storage!r} keeps Adam's or Adagrad's "
                                   f"state in 8 bits; sparse table {p.name!r} uses {popt.kind}")
-            configs.append({"kind": "sparse", "name": p.name, "dim": p.dim,
-                            "optimizer": popt.to_config(),
-                            "initializer": p.initializer.to_config(), "seed": p.seed,
-                            "entry": entry, "storage": sparse_storage})
+            cfg = {"kind": "sparse", "name": p.name, "dim": p.dim,
+                   "optimizer": popt.to_config(), "initializer": p.initializer.to_config(),
+                   "seed": p.seed, "entry": entry, "storage": sparse_storage}
         else:
             shape = [int(s) for s in p.shape]
-            configs.append({"kind": "dense", "name": p.name, "shape": shape,
-                            "optimizer": popt.to_config(),
-                            "initial": p.initializer.to_config(), "seed": p.seed})
+            cfg = {"kind": "dense", "name": p.name, "shape": shape,
+                   "optimizer": popt.to_config(), "initial": p.initializer.to_config(),
+                   "seed": p.seed}
             dense.append((p.name, shape))
+        reg = _regularizer(p, opt) if regularizers else None
+        if reg is not None:
+            cfg["regularizer"] = reg
+        configs.append(cfg)
     return configs, dense
 
 

@@ -40,6 +40,8 @@ __all__ = [
     "save_inference_model",
     "save_params",
     "save_persistables",
+    "save_scope_state",
+    "load_scope_state",
     "save_vars",
 ]
 
@@ -127,18 +129,55 @@ def save_vars(executor, dirname, main_program=None, vars=None, predicate=None, f
     params = [v for v in chosen if isinstance(v, Parameter)]
     if params:
         program.backend.save(dirname, params)
+    save_scope_state(dirname, chosen)
+
+
+def _scope_state_vars(program_or_vars):
+    vs = program_or_vars.list_vars() if isinstance(program_or_vars, Program) else program_or_vars
+    return [v for v in vs if getattr(v, "persistable", False) and not isinstance(v, Parameter)]
+
+
+def save_scope_state(dirname, program_or_vars):
+    """Write the persistable scope state (auc counters: the persistable
+    variables that are no parameters) of a program, or of the variables
+    given, held in the global scope, as ``<name>.state.npy`` in ``dirname``
+    (what ``fleet.save_persistables`` writes beside a checkpoint's manifest).
+    Returns the names written."""
     scope = global_scope()
     os.makedirs(dirname, exist_ok=True)
-    for v in chosen:
-        if v.persistable and not isinstance(v, Parameter) and v.name in scope.vars:
+    written = []
+    for v in _scope_state_vars(program_or_vars):
+        if v.name in scope.vars and v.name not in written:
             _atomic.save_npy(_state_path(dirname, v.name), scope.vars[v.name])
+            written.append(v.name)
+    return written
+
+
+def load_scope_state(dirname, program_or_vars):
+    """Read back what :func:`save_scope_state` wrote into the global scope; a
+    state without a file keeps its value. A file of another shape than the
+    value it replaces is a ValueError naming it. Returns the names read."""
+    scope = global_scope()
+    read = []
+    for v in _scope_state_vars(program_or_vars):
+        path = _state_path(dirname, v.name)
+        if v.name in read or not os.path.exists(path):
+            continue
+        value = np.load(path, allow_pickle=False)
+        old = scope.vars.get(v.name)
+        if old is not None and np.shape(old) != value.shape:
+            raise ValueError(f"{path} holds shape {value.shape}, the scope's {v.name!r} has "
+                             f"shape {np.shape(old)}: a checkpoint of another model")
+        scope.vars[v.name] = value
+        read.append(v.name)
+    return read
 
 
 def load_vars(executor, dirname, main_program=None, vars=None, predicate=None, filename=None):
     """Load what :func:`save_vars` (or ``fleet.save_persistables``: a Fleet
-    checkpoint, sparse tables included, into a local program) wrote. A
-    persistable state without a file keeps its value (Fluid's auc counters of a
-    Fleet checkpoint are the workers' and are not saved by the servers)."""
+    checkpoint, sparse tables included, into a local program) wrote, the
+    persistable scope state (auc counters) included; a state without a file
+    keeps its value."""
     if filename is not None:
         raise ValueError(f"filename={filename!r}: pyfleet saves one file per variable; "
                          f"leave filename=None")
@@ -146,12 +185,7 @@ def load_vars(executor, dirname, main_program=None, vars=None, predicate=None, f
     program = resolve_program(main_program)
     chosen = _select(program, vars, predicate, "load_vars")
     _load_parameters(dirname, program, [v for v in chosen if isinstance(v, Parameter)])
-    scope = global_scope()
-    for v in chosen:
-        if v.persistable and not isinstance(v, Parameter):
-            path = _state_path(dirname, v.name)
-            if os.path.exists(path):
-                scope.vars[v.name] = np.load(path, allow_pickle=False)
+    load_scope_state(dirname, chosen)
 
 
 def save_params(executor, dirname, main_program=None, filename=None):

@@ -14,7 +14,10 @@ selected-rows path does; ``w`` is the value the step pulled.
 
 The executor applies these on the worker before the push (see
 :func:`pyfleet.fluid.clip.apply_gradient_rules`), for every backend that does
-not declare ``applies_regularizers = True`` (one that applies them itself).
+not declare ``applies_regularizers = True``: a Fleet job's servers in sync
+and async mode apply them themselves, to the rows a push touches, once per
+push (once per step, on the merged gradient, in sync mode), as Fluid's
+pserver optimize blocks do (``to_config`` is the form their tables take).
 """
 
 import math
@@ -39,9 +42,16 @@ class WeightDecayRegularizer:
     def regularization_coeff(self):
         return self._regularization_coeff
 
+    config_type = None  # the name a table's regularizer config gives this rule
+
     def decay(self, w):
         """The term added to the gradient of a parameter whose value is ``w``."""
         raise NotImplementedError
+
+    def to_config(self):
+        """The table form (``pyfleet.optimizer.check_regularizer``): what a
+        server's table applies itself."""
+        return {"type": self.config_type, "regularization_coeff": self._regularization_coeff}
 
     def __eq__(self, other):
         return type(self) is type(other) and \
@@ -59,12 +69,16 @@ class WeightDecayRegularizer:
 class L2DecayRegularizer(WeightDecayRegularizer):
     """``g += regularization_coeff * w``."""
 
+    config_type = "L2Decay"
+
     def decay(self, w):
         return self._regularization_coeff * w
 
 
 class L1DecayRegularizer(WeightDecayRegularizer):
     """``g += regularization_coeff * sign(w)``."""
+
+    config_type = "L1Decay"
 
     def decay(self, w):
         return self._regularization_coeff * np.sign(w)

@@ -148,7 +148,10 @@ def test_manifest_lists_every_file_with_its_checksum_and_rows(root, data):
     assert m["version"] == 2 and m["server_num"] == 2 and m["mode"] == "full"
     assert on_disk["meta"] == {"pass": 3, "note": "x"}
     (gen,) = m["chain"]
-    assert sorted(os.listdir(root / "ck")) == [MANIFEST_NAME, gen["dir"]]
+    # beside the manifest and the generation: the saving worker's auc counters
+    states = [n for n in os.listdir(root / "ck") if n.endswith(".state.npy")]
+    assert states
+    assert sorted(os.listdir(root / "ck")) == sorted([MANIFEST_NAME, gen["dir"], *states])
     bins = sorted(n for n in os.listdir(root / "ck" / gen["dir"]) if n.endswith(".bin"))
     assert bins == sorted(gen["files"])
     for name, f in gen["files"].items():
@@ -298,8 +301,8 @@ def test_delta_chain_restores_the_state_of_a_full_save(root, data):
         c.worker.save_persistables(c.exe, "full")
         want = c.state()
     assert want_last.keys() == want.keys()
-    assert sorted(os.listdir(root / "ck")) == sorted(
-        [MANIFEST_NAME] + [g["dir"] for g in m2["chain"]])
+    assert sorted(n for n in os.listdir(root / "ck") if not n.endswith(".state.npy")) == \
+        sorted([MANIFEST_NAME] + [g["dir"] for g in m2["chain"]])   # + the auc counters
     with cluster(2, data, model_dir="ck") as c:
         got_chain = c.state()
     with cluster(2, data, model_dir="full") as c:
