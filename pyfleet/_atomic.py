@@ -4,7 +4,8 @@ Every writer goes: a temporary name in the same directory, write, flush,
 fsync the file, rename onto the final name, fsync the directory (so the rename
 itself survives a power cut). A failure at any point removes the temporary
 file and leaves the old file, if any, untouched. Readers therefore see either
-the old content or the new one, never a torn file.
+the old content or the new one, never a torn file. A failure to write (a full
+disk) is a :class:`WriteError` naming the final path, one line.
 """
 
 from __future__ import annotations
@@ -15,7 +16,28 @@ import os
 
 import numpy as np
 
-__all__ = ["atomic_open", "write_json", "save_npy", "fsync_dir"]
+__all__ = ["WriteError", "append_line", "atomic_open", "writing", "write_json", "save_npy",
+           "fsync_dir"]
+
+
+class WriteError(OSError):
+    """An OSError while writing ``filename`` (a full disk: ``errno.ENOSPC``).
+    ``str()`` is one line naming the file: ``cannot write PATH: STRERROR``."""
+
+    def __str__(self):
+        return f"cannot write {self.filename}: {self.strerror}"
+
+
+@contextlib.contextmanager
+def writing(path):
+    """Raise any OSError of the block as a :class:`WriteError` naming ``path``
+    (the OSError of a ``write()`` names no file)."""
+    try:
+        yield
+    except WriteError:
+        raise
+    except OSError as e:
+        raise WriteError(e.errno, e.strerror or str(e), os.fspath(path)) from None
 
 
 def fsync_dir(path: str) -> None:
@@ -40,18 +62,20 @@ def atomic_open(path: str, mode: str = "wb", durable: bool = True):
         raise ValueError(f"atomic_open writes whole files: mode must be 'w' or 'wb', got {mode!r}")
     tmp = f"{path}.tmp.{os.getpid()}"
     try:
-        with open(tmp, mode) as f:
-            yield f
-            f.flush()
-            if durable:
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
+        with writing(path):
+            with open(tmp, mode) as f:
+                yield f
+                f.flush()
+                if durable:
+                    os.fsync(f.fileno())
+            os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
     if durable:
-        fsync_dir(os.path.dirname(os.path.abspath(path)))
+        with writing(path):
+            fsync_dir(os.path.dirname(os.path.abspath(path)))
 
 
 def write_json(path: str, obj, indent: int | None = None, durable: bool = True) -> None:
@@ -63,4 +87,33 @@ def write_json(path: str, obj, indent: int | None = None, durable: bool = True) 
 def save_npy(path: str, value) -> None:
     """Write ``value`` as a ``.npy`` file at ``path`` atomically (no pickle)."""
     with atomic_open(path, "wb") as f:
-        np.save(f, np.ascontiguousarray(value), allow_pickle=False)
+        np.save(_Stream(f), np.ascontiguousarray(value), allow_pickle=False)
+
+
+class _Stream:
+    """A file seen by numpy through its ``write`` alone: numpy writes a real
+    file with ``tofile``, whose short write (a full disk) raises an OSError
+    without errno ("N requested and M written"); ``write`` raises ENOSPC."""
+
+    def __init__(self, f):
+        self.write = f.write
+
+
+def append_line(path: str, line: str) -> None:
+    """Append ``line`` and a newline to ``path`` whole or not at all: a write
+    that fails (a full disk) is cut off again, so a reader never sees a torn
+    line; raises :class:`WriteError` naming ``path``."""
+    data = (line + "\n").encode()
+    with writing(path):
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            end = os.fstat(fd).st_size
+            try:
+                done = 0
+                while done < len(data):  # a short write: the next one raises why
+                    done += os.write(fd, data[done:])
+            except OSError:
+                os.ftruncate(fd, end)
+                raise
+        finally:
+            os.close(fd)

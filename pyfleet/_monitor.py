@@ -15,6 +15,7 @@ import os
 import threading
 import time
 
+from pyfleet._atomic import append_line
 from pyfleet.data.files import open_data
 from pyfleet.metrics import MetricStats
 
@@ -114,8 +115,12 @@ class Monitor(threading.Thread):
                 self.say(f"(progress unavailable: {e})")
 
     def _record(self, record):
-        with open(self.metrics_path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        if self.metrics_path is not None:
+            try:
+                append_line(self.metrics_path, json.dumps(record))
+            except OSError as e:  # a full disk: said once, in one line
+                self.say(f"{e}; the metrics are no longer recorded there")
+                self.metrics_path = None
         for listener in self.listeners:
             listener(record)
 

@@ -1,7 +1,10 @@
 """What ``pyfleet train`` shows: the summary table, the roles' console lines, why a
 data set gave no example (the training plot: :mod:`pyfleet.cli.plot`)."""
 
+import errno
+import logging
 import re
+import sys
 
 
 def _format_summary(s):
@@ -64,3 +67,34 @@ def _why_no_example(malformed, first, otherwise):
     if not malformed:
         return otherwise
     return f"{malformed:,} malformed line(s), the first: " + "; ".join(first)
+
+
+def _one_line(e):
+    """An OSError in one line, naming its file (a full disk: "No space left on device")."""
+    if e.filename is not None and not str(e).startswith("cannot "):
+        return f"cannot write {e.filename}: {e.strerror}" if e.errno in _WRITE_ERRNOS else \
+            f"{e.filename}: {e.strerror}"
+    return str(e)
+
+
+_WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
+
+
+class _LogFile(logging.FileHandler):
+    """``RUN_DIR/logs/pyfleet.log``: a write that fails (a full disk) is reported
+    once, in one line naming the file, and the log is no longer written there
+    (``logging`` would print a traceback for every record)."""
+
+    def handleError(self, record):
+        e = sys.exc_info()[1]
+        if self.stream is None or not isinstance(e, OSError):
+            return super().handleError(record)
+        why = e.strerror or str(e)
+        print(f"pyfleet train: cannot write {self.baseFilename}: {why}; the job's log is no "
+              f"longer written there", file=sys.stderr, flush=True)
+        stream, self.stream = self.stream, None
+        self.emit = lambda record: None
+        try:
+            stream.close()
+        except OSError:
+            pass

@@ -12,6 +12,7 @@ import signal
 import sys
 import time
 
+from pyfleet import _atomic
 from pyfleet._monitor import Monitor, count_lines
 from pyfleet.cli.data import (
     _check_first_lines,
@@ -21,7 +22,7 @@ from pyfleet.cli.data import (
 )
 from pyfleet.cli.modes import check_mode_options
 from pyfleet.cli.plot import SIDECAR, plot_run
-from pyfleet.cli.report import _format_summary, _RoleOutput, _why_no_example
+from pyfleet.cli.report import _format_summary, _LogFile, _one_line, _RoleOutput, _why_no_example
 from pyfleet.cli.resume import INHERITED, _explicit_dests, _inherit, _interrupted, _resumed_settings
 from pyfleet.cli.tensorboard import TensorBoard, check_available
 from pyfleet.data import synthetic
@@ -306,18 +307,20 @@ def cmd_train(args, argv):
         raise SystemExit(f"pyfleet train: --run-dir: cannot create {run_dir}: {e.strerror}") \
             from None
     job_path = os.path.join(run_dir, "job.json")
-    with open(job_path, "w") as f:
-        json.dump(job, f, indent=1)
-    os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
-    handler = logging.FileHandler(os.path.join(run_dir, "logs", "pyfleet.log"))
+    try:  # a full disk: one line naming the file, nothing half-written
+        _atomic.write_json(job_path, job, indent=1)
+        os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
+        handler = _LogFile(os.path.join(run_dir, "logs", "pyfleet.log"))
+        # A previous attempt's progress files (a resumed run) must not count in this one.
+        shutil.rmtree(os.path.join(run_dir, "progress"), ignore_errors=True)
+        os.makedirs(os.path.join(run_dir, "progress"))
+    except OSError as e:
+        raise SystemExit(f"pyfleet train: {_one_line(e)}") from None
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s pyfleet %(name)s: "
                                            "%(message)s"))
     cli_log.addHandler(handler)
     cli_log.setLevel(args.log_level.upper())
     cli_log.propagate = False
-    # A previous attempt's progress files (a resumed run) must not count in this one.
-    shutil.rmtree(os.path.join(run_dir, "progress"), ignore_errors=True)
-    os.makedirs(os.path.join(run_dir, "progress"))
     # Roles run in the run directory: `python -m` puts the working directory
     # first on sys.path, and a source checkout there (where `pip install .`
     # was typed) would shadow the installed package and its compiled modules.
@@ -370,15 +373,18 @@ def cmd_train(args, argv):
     if truth is not None:
         summary["truth_auc_test"] = truth["truth_auc_test"]
         summary["truth_logloss_test"] = truth["truth_logloss_test"]
-    plot = plot_run(run_dir, {**job, "servers": args.servers, "workers": args.workers,
-                              "generated": truth is not None},
-                    truth_auc=None if truth is None else truth["truth_auc_test"])
-    if plot:
-        summary["plot"] = plot
-    if tensorboard is not None:
-        summary["tensorboard"] = tensorboard.path
-    with open(os.path.join(run_dir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=1)
+    try:
+        plot = plot_run(run_dir, {**job, "servers": args.servers, "workers": args.workers,
+                                  "generated": truth is not None},
+                        truth_auc=None if truth is None else truth["truth_auc_test"])
+        if plot:
+            summary["plot"] = plot
+        if tensorboard is not None:
+            summary["tensorboard"] = tensorboard.path
+        _atomic.write_json(os.path.join(run_dir, "summary.json"), summary, indent=1)
+    except OSError as e:
+        print(f"pyfleet train: {_one_line(e)}", file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps(summary), flush=True)
     else:

@@ -47,6 +47,7 @@ load one per thread (or guard it).
 import hashlib
 import json
 import os
+import shutil
 import sys
 
 import numpy as np
@@ -107,16 +108,6 @@ class RemoteSource:
         return self.client.export_sparse(name, page_rows=self.page_rows)
 
 
-def _save_npy(path, value):
-    """``_atomic.save_npy``; an OSError names the file (numpy's short write
-    says only "N requested and M written")."""
-    try:
-        _atomic.save_npy(path, value)
-    except OSError as e:
-        why = e.strerror or f"{e} (a full disk?)"
-        raise OSError(e.errno, f"cannot write {path}: {why}") from None
-
-
 def _sha256(path):
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -140,20 +131,23 @@ def _write_rows(dirname, name, dim, pages):
                 if weights.shape != (keys.shape[0], dim):
                     raise ValueError(f"table {name!r}: a page of {keys.shape[0]} keys came with "
                                      f"weights of shape {weights.shape}, expected dim {dim}")
-                try:
-                    keys.tofile(fk)
-                    weights.tofile(fw)
-                except OSError as e:
-                    raise OSError(e.errno, f"cannot write {kpath}: "
-                                           f"{e.strerror or f'{e} (a full disk?)'}") from None
+                # write(), not tofile(): a full disk is ENOSPC naming the file
+                with _atomic.writing(kpath):
+                    fk.write(keys)
+                with _atomic.writing(wpath):
+                    fw.write(weights)
                 n += keys.shape[0]
+            with _atomic.writing(kpath):
+                fk.flush()
+            with _atomic.writing(wpath):
+                fw.flush()
         if n:
             keys = np.memmap(kraw, dtype="<u8", mode="r", shape=(n,))
             weights = np.memmap(wraw, dtype="<f4", mode="r", shape=(n, dim))
         else:
             keys, weights = np.empty(0, "<u8"), np.empty((0, dim), "<f4")
-        _save_npy(kpath, keys)
-        _save_npy(wpath, weights)
+        _atomic.save_npy(kpath, keys)
+        _atomic.save_npy(wpath, weights)
         del keys, weights
     finally:
         for p in (kraw, wraw):
@@ -206,7 +200,7 @@ def _write_params(dirname, ops, source):
             if tuple(value.shape) != tuple(p.shape):
                 raise ValueError(f"parameter {p.name!r} has shape {tuple(p.shape)}, the "
                                  f"source gave {value.shape}")
-            _save_npy(path, value)
+            _atomic.save_npy(path, value)
             section["dense"][p.name] = os.path.basename(path)
     files = list(section["dense"].values()) + [
         t[k] for t in section["sparse"].values() for k in ("keys", "weights")]
@@ -238,14 +232,15 @@ def save(dirname, program, feeded_var_names, target_vars, source, model_filename
     desc["fetch"] = [t.name for t in targets]
     created = not os.path.isdir(dirname)
     os.makedirs(dirname, exist_ok=True)
-    if source is not None:  # the parameters first: a model file says the directory is complete
-        try:
+    try:
+        # The parameters first: the model file says the directory is complete.
+        if source is not None:
             desc["inference"] = _write_params(dirname, ops, source)
-        except BaseException:
-            if created and not os.listdir(dirname):
-                os.rmdir(dirname)
-            raise
-    _atomic.write_json(os.path.join(dirname, model_filename or MODEL_FILENAME), desc)
+        _atomic.write_json(os.path.join(dirname, model_filename or MODEL_FILENAME), desc)
+    except BaseException:
+        if created:  # nothing of a failed save stays (a full disk gets its space back)
+            shutil.rmtree(dirname, ignore_errors=True)
+        raise
     return [t.name for t in targets]
 
 

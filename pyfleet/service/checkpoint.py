@@ -345,11 +345,14 @@ def save_server(registry, root, rel, mode="full"):
     # saved from one instant), a dense block is saved under its own lock.
     for e in entries:
         f = os.path.join(path, _file_name(e, index, num))
-        if e.kind == "sparse":
-            rows[e.key] = e.table.save(f, delta=(mode == "delta"))
-        else:
-            with e.lock:
-                rows[e.key] = e.table.save(f)
+        try:
+            if e.kind == "sparse":
+                rows[e.key] = e.table.save(f, delta=(mode == "delta"))
+            else:
+                with e.lock:
+                    rows[e.key] = e.table.save(f)
+        except RuntimeError as err:  # the core's I/O error (a full disk), naming its file
+            raise OSError(f"cannot save table {e.key!r} to {f}: {err}") from None
         files.append(os.path.basename(f))
         info.append({"file": files[-1], "table": e.key, "rows": int(rows[e.key])})
     manifest = {"server_index": index, "server_num": num, "mode": mode,

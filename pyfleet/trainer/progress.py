@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-from pyfleet._atomic import write_json
+from pyfleet._atomic import append_line, write_json
 from pyfleet.metrics import MetricStats
 
 
@@ -95,5 +95,4 @@ class _Events:
     def __call__(self, event, **fields):
         if self.path is None:
             return
-        with open(self.path, "a") as f:
-            f.write(json.dumps({"event": event, "time": time.time(), **fields}) + "\n")
+        append_line(self.path, json.dumps({"event": event, "time": time.time(), **fields}))

@@ -11,7 +11,9 @@ import time
 import numpy as np
 
 from pyfleet import fluid
+from pyfleet._atomic import WriteError, write_json, writing
 from pyfleet.data import DataError
+from pyfleet.errors import RemoteError
 from pyfleet.metrics import MetricStats, exact_auc, logloss
 from pyfleet.trainer import mpi as _mpi
 from pyfleet.trainer.evaluation import _evaluate, _malformed_of, _pass_metrics, _remove, _test_file
@@ -191,7 +193,8 @@ def run_role(job):
             test_read = _malformed_of(test_data)
             if epoch > first:  # worker 0 read it before this pass's first barrier
                 _remove(_test_file(run_dir, epoch - 1, wi))
-            np.savez(_test_file(run_dir, epoch, wi), pred=pred, label=label)
+            with writing(_test_file(run_dir, epoch, wi)):
+                np.savez(_test_file(run_dir, epoch, wi), pred=pred, label=label)
             fleet.barrier_worker()  # every worker's predictions are written
             if wi == 0:
                 metrics = _pass_metrics(run_dir, epoch, wn)
@@ -217,8 +220,9 @@ def run_role(job):
             if nxt is not None:
                 meta["position"] = nxt
             fleet.save_persistables(exe, where, meta=meta)
-            kept = keeper.after_save(where, epoch, None if metrics is None
-                                     else metrics["test_auc"])
+            with writing(keeper.dir):
+                kept = keeper.after_save(where, epoch, None if metrics is None
+                                         else metrics["test_auc"])
             events("saved", **{"pass": epoch, "path": where, **kept})
             log.info("pass %d: checkpoint saved to %s %s", epoch, where, kept or "")
     progress.close()
@@ -237,7 +241,8 @@ def run_role(job):
         result["best"] = {"pass": keeper.best_pass, "test_auc": keeper.best_auc,
                           "checkpoint": os.path.join(keeper.dir, "best")}
     if pred is not None and pred.shape[0]:
-        np.savez(os.path.join(run_dir, f"worker{wi}.test.npz"), pred=pred, label=label)
+        with writing(os.path.join(run_dir, f"worker{wi}.test.npz")):
+            np.savez(os.path.join(run_dir, f"worker{wi}.test.npz"), pred=pred, label=label)
     if wi == 0:
         result["servers"] = fleet.stats() if job["mode"] != "collective" else []
         if job["save_model"]:
@@ -249,8 +254,7 @@ def run_role(job):
                                            [model.predict])
             except ImportError as e:  # inference export not available in this build
                 log.warning("inference model not saved: %s", e)
-    with open(os.path.join(run_dir, f"worker{wi}.json"), "w") as f:
-        json.dump(result, f)
+    write_json(os.path.join(run_dir, f"worker{wi}.json"), result)
     if job["mode"] != "collective":
         fleet.stop_worker()
     return 0
@@ -317,7 +321,10 @@ def main(argv=None):
     _configure_logging(job.get("log_level") or "info")
     try:
         return run_role(job)
-    except DataError as e:  # input that cannot be read: one line naming the file and line
+    except (DataError, WriteError, RemoteError) as e:
+        # Input that cannot be read (one line naming the file and line), a file that
+        # cannot be written (a full disk: naming it), a server's refusal (its SAVE on
+        # a full disk, naming the file): one line, no traceback.
         raise SystemExit(f"pyfleet {_role_label().replace('.', ' ')}: {e}") from None
 
 

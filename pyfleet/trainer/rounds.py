@@ -30,6 +30,7 @@ import logging
 import os
 import time
 
+from pyfleet._atomic import write_json
 from pyfleet.service import checkpoint as _checkpoint
 
 log = logging.getLogger("pyfleet.trainer")
@@ -39,10 +40,7 @@ FULL_EVERY = 4  # rounds saved as deltas between full saves (a pass end is alway
 
 
 def _write(path, obj):
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f)
-    os.replace(tmp, path)
+    write_json(path, obj, durable=False)
 
 
 def _read(path):

@@ -1,7 +1,12 @@
-"""A full disk under the logs (issue 18): the launcher keeps draining every role's
-output, says so in one line, and cleans up without a traceback. The disk is a real
-64 KiB tmpfs mounted in a private mount namespace (``unshare -m``, root only)."""
+"""A full disk (issue 18). Under the logs: the launcher keeps draining every role's
+output, says so in one line, and cleans up without a traceback. Under ``pyfleet
+train``'s run directory, at each stage (job.json, the logs and progress files, a
+checkpoint the servers save, the inference model): one line naming the file and
+"No space left on device", a non-zero exit, no traceback, nothing half-written left
+as if complete. The disk is a real small tmpfs mounted in a private mount namespace
+(``unshare -m``, root only)."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -9,6 +14,8 @@ import sys
 import textwrap
 
 import pytest
+
+from pyfleet.service import checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -65,3 +72,95 @@ def test_the_launcher_keeps_draining_roles_when_its_log_disk_is_full(tmp_path):
     for role in ("server.0", "worker.0", "worker.1"):
         assert f"[{role}] 19999 " in r.stdout
         assert f"[{role}] done " in r.stdout
+
+
+def train_on_full_disk(tmp_path, size, fill_kb, *args, timeout=180):
+    """``pyfleet train`` with its run directory on a tmpfs of ``size`` of which
+    ``fill_kb`` KiB are taken first; returns the finished process and a copy of
+    what the run directory held at the end (the tmpfs is gone with its namespace)."""
+    mount, copy = tmp_path / "disk", tmp_path / "copy"
+    mount.mkdir()
+    fill = (f"dd if=/dev/zero of={mount}/fill bs=1k count={fill_kb} status=none 2>/dev/null; "
+            if fill_kb else "")
+    cmd = (f"mount -t tmpfs -o size={size} tmpfs {mount} && {fill}\"$@\"; rc=$?; "
+           f"cp -r {mount}/run {copy} 2>/dev/null; exit $rc")
+    argv = [sys.executable, "-m", "pyfleet.cli", "train", "--run-dir", mount / "run", *args]
+    r = subprocess.run(["unshare", "-m", "sh", "-c", cmd, "sh", *map(str, argv)],
+                       capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
+    return r, copy
+
+
+@pytest.fixture(scope="module")
+def small_job(tmp_path_factory):
+    """The options of a small job (2 servers, 2 workers, 3,000 generated rows in a
+    cache outside the small disk): a checkpoint of about 800 KiB, a model of 400."""
+    cache = tmp_path_factory.mktemp("cache")
+    return ["--rows", "3000", "--cache-dir", cache, "--servers", "2", "--workers", "2",
+            "--embedding-dim", "4", "--layers", "8", "--timeout", "150"]
+
+
+def _one_line_naming(r, where):
+    """The full disk was said in one line naming a file under ``where``; no traceback."""
+    assert r.returncode != 0, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr and "Traceback" not in r.stdout, r.stderr[-5000:]
+    lines = [x for x in r.stderr.splitlines() if "No space left on device" in x]
+    assert any(f"cannot write {where}" in x for x in lines), r.stderr[-3000:]
+    return lines
+
+
+def _whole_lines(path):
+    if path.exists():
+        for line in path.read_text().splitlines():
+            json.loads(line)  # no torn line
+
+
+@needs_tmpfs
+def test_train_on_a_full_disk_says_so_for_job_json(tmp_path, small_job):
+    r, copy = train_on_full_disk(tmp_path, "256k", 256, *small_job)
+    lines = _one_line_naming(r, tmp_path / "disk/run/job.json")
+    assert lines == [f"pyfleet train: cannot write {tmp_path}/disk/run/job.json: "
+                     f"No space left on device"]
+    assert not (copy / "job.json").exists()  # not half-written: not there at all
+    assert not any(copy.glob("job.json*"))
+
+
+@needs_tmpfs
+def test_train_on_a_full_disk_says_so_for_logs_and_progress(tmp_path, small_job):
+    # room for job.json (a page), not for the logs and the workers' progress files
+    r, copy = train_on_full_disk(tmp_path, "1m", 1010, *small_job)
+    run = tmp_path / "disk/run"
+    lines = _one_line_naming(r, run)
+    assert any(x.startswith(("[worker.0] pyfleet worker 0: cannot write ",
+                             "[worker.1] pyfleet worker 1: cannot write "))
+               for x in lines), r.stderr[-3000:]
+    assert "pyfleet train: the job failed" in r.stderr
+    json.loads((copy / "job.json").read_text())  # written whole before the disk filled
+    _whole_lines(copy / "progress/events.jsonl")
+    _whole_lines(copy / "metrics.jsonl")
+    for f in (copy / "progress").glob("worker*.json"):
+        json.loads(f.read_text())
+    assert not (copy / "checkpoint/MANIFEST.json").exists()
+
+
+@needs_tmpfs
+def test_train_on_a_full_disk_says_so_for_a_checkpoint_the_servers_save(tmp_path, small_job):
+    r, copy = train_on_full_disk(tmp_path, "512k", 0, *small_job)
+    lines = _one_line_naming(r, tmp_path / "disk/run/checkpoint/g000001-full/")
+    # the worker that asked says it in one line: which server, which file
+    assert any(x.startswith("[worker.0] pyfleet worker 0: server ") and "refused SAVE" in x
+               for x in lines), r.stderr[-3000:]
+    # not committed (no manifest), no temporary file left
+    assert not (copy / "checkpoint/MANIFEST.json").exists()
+    assert not list((copy / "checkpoint").glob("*/*.tmp.*"))
+    assert not (copy / "model").exists()
+
+
+@needs_tmpfs
+def test_train_on_a_full_disk_says_so_for_the_inference_model(tmp_path, small_job):
+    # room for the checkpoint (about 800 KiB), not for the model after it
+    r, copy = train_on_full_disk(tmp_path, "1m", 0, *small_job)
+    lines = _one_line_naming(r, tmp_path / "disk/run/model/")
+    assert any(x.startswith("[worker.0] pyfleet worker 0: cannot write ") for x in lines)
+    assert not (copy / "model").exists()  # a failed export leaves no directory
+    manifest = checkpoint.read_manifest(str(copy / "checkpoint"))  # the pass's checkpoint
+    assert manifest is not None and manifest["meta"]["pass"] == 1
