@@ -1,10 +1,12 @@
 """Which client speaks for each worker index: :class:`Owners`.
 
-A worker's control requests (``BARRIER``, ``STOP_WORKER``) change what a
-server does for every worker: a spoofed ``STOP_WORKER`` ends the servers under
-the real workers. So a worker index belongs to the first client that acts as
-that worker (a push, a barrier or a stop carrying the index), and only that
-client's ``BARRIER`` and ``STOP_WORKER`` for that index are accepted.
+A worker's requests change what a server does for every worker: a spoofed
+``STOP_WORKER`` ends the servers under the real workers, a spoofed push
+changes the model (in sync mode it joins the worker's step). So a worker
+index belongs to the first client that acts as that worker (a push, a
+barrier or a stop carrying the index), and only that client's pushes,
+``BARRIER`` and ``STOP_WORKER`` for that index are accepted; only its
+requests count as that worker's signs of life.
 Connecting (``HEARTBEAT``) and pulling claim nothing: a tool's client that
 only reads (whose default index is 0) does not take a worker's place.
 
@@ -21,9 +23,9 @@ A restarted worker (a new process, a new prefix) takes its index over once
 the previous owner has stopped (``STOP_WORKER``) or been silent for
 ``heartbeat_timeout``. A ``HEARTBEAT`` from another client is answered (it
 is also how a client connects and learns the server's settings) but does not
-count as the worker's; a ``BARRIER`` or ``STOP_WORKER`` from another client
-is refused, naming the rule; a push from another client is applied (it
-cannot be told from a tool's) and claims nothing.
+count as the worker's; a push, ``BARRIER`` or ``STOP_WORKER`` from another
+client is refused, naming the rule (a tool that pushes while a job runs needs
+a worker index no running worker owns).
 
 Thread-safe (one lock; the socket thread and the handler threads call it).
 """
@@ -51,14 +53,19 @@ class Owners:
 
     def heard(self, worker, rid, now):
         """A request of ``worker``'s index arrived: the owner's clock moves on
-        if it is the owner's."""
+        if it is the owner's. Whether it may count as the worker's sign of
+        life (the owner's, or the index is not claimed yet)."""
         p = rid >> _PREFIX_SHIFT
         o = self._owner[worker]
-        if o is not None and (p == o or p == o + 1):
+        if o is None:
+            return True
+        if p == o or p == o + 1:
             with self._lock:
                 if self._owner[worker] == o:
                     self._owner[worker] = max(o, p)
                     self._heard[worker] = now
+            return True
+        return False
 
     def claim(self, worker, rid, now, stopped, what, refuse=True, take=True):
         """Whether the client of request ``rid`` speaks for ``worker`` (claiming

@@ -291,13 +291,13 @@ class Server:
                                     f"{self.max_message_bytes}")
             if h.status and h.status - 1 < self.worker_num:
                 now = time.monotonic()
-                self.barriers.seen(h.status - 1, now)
-                self._owners.heard(h.status - 1, h.request, now)
+                if self._owners.heard(h.status - 1, h.request, now):  # not a stranger's
+                    self.barriers.seen(h.status - 1, now)
             self._count(_OP_COUNTER[op])
             if op in _PUSH_OPS:
                 sender = h.status if h.status <= self.worker_num else 0
-                if sender:  # a push acts as the worker: the first one claims its index
-                    self._claim(sender - 1, h, op.name, refuse=False)
+                if sender:  # a push acts as the worker: only the one that owns its index
+                    self._claim(sender - 1, h, op.name)
                 if not self._recent.first(sender, h.request):
                     self._count("duplicate_pushes")  # a retry: applied once already
                     return self._data.repeat_reply(h, op, frames[1:], ident)

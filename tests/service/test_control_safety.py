@@ -3,12 +3,15 @@
 - a SAVE never writes into an existing save, a checkpoint's directory or a committed
   generation (the attack: a SAVE into the committed generation overwrote the only
   recovery point in place);
-- STOP_WORKER and BARRIER for a worker are accepted only from the client that speaks for
-  that worker, the first that pushed, waited at a barrier or stopped as it (the attack: a spoofed STOP_WORKER ended the servers under live workers);
+- pushes, STOP_WORKER and BARRIER for a worker are accepted only from the client that
+  speaks for that worker, the first that pushed, waited at a barrier or stopped as it (the
+  attack: a spoofed STOP_WORKER ended the servers under live workers; a spoofed push
+  changed the model);
 - a key directory without ``authorized_clients/`` is refused by name (it used to admit any
   client key).
 """
 
+import json
 import os
 import shutil
 import subprocess
@@ -124,6 +127,96 @@ def test_a_spoofed_stop_worker_or_barrier_is_refused_while_the_worker_runs():
             assert c.stats()[0]["stopped_workers"] == []
             c.stop_worker()                                   # the real worker's stop works
         assert g.wait(30) == [0]
+
+
+# A second client, in a process of its own (so request ids of its own), that says it is
+# worker 0 and pushes: a sparse gradient, a dense one, both far from the real worker's.
+_SPOOF = """
+import json, sys
+import numpy as np
+from pyfleet.errors import RemoteError
+from pyfleet.service.client import Client
+endpoints = json.loads(sys.argv[1])
+out = []
+with Client(endpoints, worker_index=0, timeout=20, heartbeat_interval=0) as c:
+    for push in (lambda: c.push_sparse("emb", np.arange(1, 11, dtype=np.uint64),
+                                       np.full((10, 4), 100.0, np.float32)),
+                 lambda: c.push_dense("w", np.full(8, 100.0, np.float32))):
+        try:
+            push()
+            c.flush()
+            out.append("applied")
+        except RemoteError as e:
+            out.append(str(e))
+print(json.dumps(out))
+"""
+
+DENSE = {"kind": "dense", "name": "w", "shape": [8],
+         "optimizer": {"type": "SGD", "learning_rate": 0.1},
+         "initializer": {"type": "Constant", "value": 0.0}, "seed": 0}
+
+
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_pushes_from_a_client_spoofing_worker_0_are_refused(mode, tmp_path):
+    keys = np.arange(1, 11, dtype=np.uint64)
+    with ServerGroup(2, 1, mode=mode, heartbeat_timeout=30) as g, \
+            Client(g.endpoints, timeout=20) as c:                 # the real worker 0
+        c.create_tables([SPARSE, DENSE])
+        grads = np.ones((10, 4), np.float32)
+        c.push_sparse("emb", keys, grads)                        # claims worker 0
+        c.push_dense("w", np.ones(8, np.float32))
+        if mode == "sync":
+            c.barrier()                                          # step 1 applied
+        spoof = tmp_path / "spoof.py"
+        spoof.write_text(_SPOOF)
+        r = subprocess.run([sys.executable, str(spoof), json.dumps(g.endpoints)],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr[-3000:]
+        out = json.loads(r.stdout.splitlines()[-1])
+        assert "refused PUSH_SPARSE" in out[0] and "refused PUSH_DENSE" in out[1], out
+        for text in out:
+            assert "another client speaks for worker 0" in text, text
+        if mode == "sync":  # the real worker's next step has its gradient alone
+            c.push_sparse("emb", keys, grads)
+            c.push_dense("w", np.ones(8, np.float32))
+            c.barrier()
+        steps = 2 if mode == "sync" else 1
+        # SGD from 0 with lr 0.1: -0.1 per step of gradient 1 (numpy reference)
+        want = np.full((10, 4), -0.1 * steps, np.float32)
+        np.testing.assert_allclose(c.pull_sparse("emb", keys), want, rtol=1e-6)
+        np.testing.assert_allclose(c.pull_dense("w"), np.full(8, -0.1 * steps, np.float32),
+                                   rtol=1e-6)
+        stats = c.stats()
+        assert sum(s["counters"].get("refused_requests", 0) for s in stats) >= 2
+        c.stop_worker()
+    assert g.wait(30) == [0, 0]
+
+
+def test_a_raw_push_as_another_clients_worker_is_refused_by_name():
+    with ServerGroup(1, 1, heartbeat_timeout=30) as g, \
+            Client(g.endpoints, timeout=20, heartbeat_interval=0) as c:
+        c.create_tables([SPARSE])
+        c.push_sparse("emb", np.array([1], np.uint64), np.zeros((1, 4), np.float32))
+        c.flush()
+        spoof = _raw(g.endpoints[0])
+        try:
+            rid = (0x5EED << 24) | 1
+            frames = P.request(Op.PUSH_SPARSE, rid, table=c._ids[0]["emb"],
+                               keys=np.array([1], np.uint64),
+                               values=np.full((1, 4), 9.0, np.float32), dim=4, worker=0)
+            spoof.send_multipart([bytes(f) for f in frames])
+            assert spoof.poll(10_000)
+            reply = spoof.recv_multipart()
+            h = P.unpack_header(reply[0])
+            assert h.status == P.Status.ERROR, "the spoofed push was applied"
+            body = P.parse_json(reply[-1])
+            assert body["error"].startswith("PUSH_SPARSE: PUSH_SPARSE for worker 0 refused: "
+                                            "another client speaks for worker 0"), body
+        finally:
+            spoof.close(0)
+        np.testing.assert_array_equal(c.pull_sparse("emb", np.array([1], np.uint64)),
+                                      np.zeros((1, 4), np.float32))
+        c.stop_worker()
 
 
 def test_owner_rules_with_a_fake_clock():
