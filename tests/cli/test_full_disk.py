@@ -6,7 +6,9 @@ checkpoint the servers save, the inference model): one line naming the file and
 as if complete. The disk is a real small tmpfs mounted in a private mount namespace
 (``unshare -m``, root only)."""
 
+import errno
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -164,3 +166,33 @@ def test_train_on_a_full_disk_says_so_for_the_inference_model(tmp_path, small_jo
     assert not (copy / "model").exists()  # a failed export leaves no directory
     manifest = checkpoint.read_manifest(str(copy / "checkpoint"))  # the pass's checkpoint
     assert manifest is not None and manifest["meta"]["pass"] == 1
+
+
+def test_the_train_log_reports_a_failed_write_once_in_one_line(tmp_path, capsys):
+    from pyfleet.cli.report import _LogFile
+
+    class Full:  # the log file on a full disk
+        def write(self, text):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        def flush(self):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        close = flush
+
+    path = tmp_path / "pyfleet.log"
+    handler = _LogFile(str(path))
+    handler.stream.close()
+    handler.stream = Full()
+    log = logging.getLogger("pyfleet.test-full-log")
+    log.addHandler(handler)
+    log.propagate = False
+    try:
+        for i in range(3):
+            log.warning("record %d", i)
+    finally:
+        log.removeHandler(handler)
+        handler.close()
+    err = capsys.readouterr().err
+    assert err == (f"pyfleet train: cannot write {path}: No space left on device; the job's log "
+                   f"is no longer written there\n")
