@@ -257,6 +257,10 @@ def auth_fuzz_target(tmp_path_factory):
     try:
         with cluster.client(timeout=10, heartbeat_interval=0) as c:
             c.create_tables([SPARSE, DENSE])
+            # The job's worker 0 pushes first: its index is its own (fuzzed requests
+            # carry other request ids, and their pushes for worker 0 are refused).
+            c.push_sparse("emb", np.array([1 << 63], np.uint64), np.zeros((1, 4), np.float32))
+            c.flush()
             sock = cluster.raw_socket("client")
             try:
                 yield cluster, c, sock, dict(c._ids[0])

@@ -243,6 +243,10 @@ def fuzz_target():
             c.create_tables([SPARSE, {"kind": "dense", "name": "d", "shape": [6],
                                       "optimizer": SGD(0.1).to_config()}])
             ids = c._ids[0]
+            # The job's worker 0 pushes first: its index is its own (fuzzed requests
+            # carry other request ids, and their pushes for worker 0 are refused).
+            c.push_sparse("emb", np.array([1 << 63], np.uint64), np.zeros((1, 4), np.float32))
+            c.flush()
             ctx = zmq.Context.instance()
             sock = ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
