@@ -47,6 +47,12 @@ class NoServers(Backend):
     def create_dense(self, name, initial_value, optimizer):
         pass
 
+    @property
+    def applies_regularizers(self):
+        """The connected backend's answer: a step that connected at its first
+        pull pushes through it (its servers may apply the regularizers)."""
+        return getattr(self._target, "applies_regularizers", False)
+
     def _backend(self):
         if self._target is None:
             if self._connect is None:

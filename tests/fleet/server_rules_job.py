@@ -83,6 +83,8 @@ def main():
     p.add_argument("--save")
     p.add_argument("--load")
     p.add_argument("--out", default=".")
+    p.add_argument("--no-init-worker", action="store_true",
+                   help="as sync scripts of the era that never call it")
     a = p.parse_args()
     fleet.init()
     loss, states = build()
@@ -93,7 +95,8 @@ def main():
         fleet.init_server(a.load)
         fleet.run_server()
         return
-    fleet.init_worker()
+    if not a.no_init_worker:
+        fleet.init_worker()
     exe = fluid.Executor(fluid.CPUPlace())
     exe.run(fleet.startup_program)
     w = fleet.worker_index()

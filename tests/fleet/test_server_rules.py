@@ -89,10 +89,13 @@ def _local_program():
     return main, exe, states
 
 
-@pytest.mark.parametrize(("opt", "reg"), [("momentum", "none"), ("sgd", "l2"), ("sgd", "l1"),
-                                          ("momentum", "l2")])
-def test_server_state_equals_fluid_reference(tmp_path, opt, reg):
-    _launch(tmp_path, "--optimizer", opt, "--reg", reg, "--steps", str(STEPS), "--save", "ckpt")
+@pytest.mark.parametrize(("opt", "reg", "extra"), [
+    ("momentum", "none", ()), ("sgd", "l2", ()), ("sgd", "l1", ()), ("momentum", "l2", ()),
+    ("sgd", "l2", ("--no-init-worker",)),   # the first step connects: decayed once still
+], ids=["momentum", "sgd-l2", "sgd-l1", "momentum-l2", "sgd-l2-no-init-worker"])
+def test_server_state_equals_fluid_reference(tmp_path, opt, reg, extra):
+    _launch(tmp_path, "--optimizer", opt, "--reg", reg, "--steps", str(STEPS), "--save", "ckpt",
+            *extra)
     manifest = json.loads((tmp_path / "ckpt" / "MANIFEST.json").read_text())
     cfg = {t["name"]: t for t in manifest["tables"]}
     assert cfg["emb"]["optimizer"]["type"] == ("Momentum" if opt == "momentum" else "SGD")
