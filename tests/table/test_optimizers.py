@@ -182,3 +182,33 @@ def test_rmsprop_state_of_another_layout_is_refused(tmp_path):
     u.load(tmp_path / "d.bin")
     np.testing.assert_array_equal(u.state(), d.state())
     np.testing.assert_array_equal(u.pull(), d.pull())
+
+
+@pytest.mark.parametrize("opt", [Momentum(0.1, 0.9, use_nesterov=True),
+                                 RMSProp(0.01, momentum=0.5, centered=True)], ids=repr)
+def test_momentum_and_rmsprop_state_reshards(tmp_path, opt):
+    """A file of one table loads into two shards (filter=(2, i)): every row
+    lands on the shard route() names, with its weights and optimizer state."""
+    rng = np.random.default_rng(2)
+    t = pyfleet.SparseTable(4, opt, seed=1)
+    keys = rng.integers(0, 2**64, 300, dtype=np.uint64)
+    for _ in range(3):
+        t.pull(keys)
+        t.push(keys, rng.normal(0, 1, (300, 4)).astype(np.float32))
+    t.save(tmp_path / "t.bin")
+    want = t.export(with_state=True)
+    order = np.argsort(want["keys"])
+    got_keys, got_w, got_s = [], [], []
+    for i in range(2):
+        shard = pyfleet.SparseTable(4, opt, seed=1)
+        shard.load(tmp_path / "t.bin", filter=(2, i))
+        e = shard.export(with_state=True)
+        assert np.all(pyfleet.route(e["keys"], 2) == i)
+        got_keys.append(e["keys"])
+        got_w.append(e["weights"])
+        got_s.append(e["state"])
+    k = np.concatenate(got_keys)
+    o = np.argsort(k)
+    np.testing.assert_array_equal(k[o], want["keys"][order])
+    np.testing.assert_array_equal(np.concatenate(got_w)[o], want["weights"][order])
+    np.testing.assert_array_equal(np.concatenate(got_s)[o], want["state"][order])
