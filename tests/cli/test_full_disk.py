@@ -95,7 +95,7 @@ def train_on_full_disk(tmp_path, size, fill_kb, *args, timeout=180):
 @pytest.fixture(scope="module")
 def small_job(tmp_path_factory):
     """The options of a small job (2 servers, 2 workers, 3,000 generated rows in a
-    cache outside the small disk): a checkpoint of about 800 KiB, a model of 400."""
+    cache outside the small disk): a checkpoint of about 1 MiB, a model of 290 KiB."""
     cache = tmp_path_factory.mktemp("cache")
     return ["--rows", "3000", "--cache-dir", cache, "--servers", "2", "--workers", "2",
             "--embedding-dim", "4", "--layers", "8", "--timeout", "150"]
@@ -159,8 +159,9 @@ def test_train_on_a_full_disk_says_so_for_a_checkpoint_the_servers_save(tmp_path
 
 @needs_tmpfs
 def test_train_on_a_full_disk_says_so_for_the_inference_model(tmp_path, small_job):
-    # room for the checkpoint (about 800 KiB), not for the model after it
-    r, copy = train_on_full_disk(tmp_path, "1m", 0, *small_job)
+    # room for the checkpoint and the rest (about 1.25 MiB), not for the model after it
+    # (about 290 KiB)
+    r, copy = train_on_full_disk(tmp_path, "1400k", 0, *small_job)
     lines = _one_line_naming(r, tmp_path / "disk/run/model/")
     assert any(x.startswith("[worker.0] pyfleet worker 0: cannot write ") for x in lines)
     assert not (copy / "model").exists()  # a failed export leaves no directory
