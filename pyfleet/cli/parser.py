@@ -78,10 +78,10 @@ def _train_parser(sub):
     p.add_argument("--momentum", type=float, default=None,
                    help="momentum and rmsprop (default: momentum 0.9, rmsprop 0)")
     p.add_argument("--use-nesterov", action="store_true", default=None,
-                   help="momentum only: Nesterov's update")
+                   help="momentum only: Nesterov's update (default: off)")
     p.add_argument("--rho", type=float, default=None, help="rmsprop only (default: 0.95)")
     p.add_argument("--centered", action="store_true", default=None,
-                   help="rmsprop only: normalize by the gradient's variance")
+                   help="rmsprop only: normalize by the gradient's variance (default: off)")
     p.add_argument("--rows", type=int, default=DEFAULT_ROWS,
                    help="rows of the generated data set (with no --train)")
     p.add_argument("--cache-dir", default=None, metavar="DIR",
