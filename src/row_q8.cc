@@ -114,7 +114,7 @@ namespace {
 inline uint16_t CodeBlock(const float* x, const float* u, size_t n, bool sgn, uint8_t* codes) {
   float a = 0.f;
   for (size_t i = 0; i < n; ++i) {
-    const float v = sgn ? std::fabs(x[i]) : x[i];
+    const float v = std::fabs(x[i]);  // root: x >= 0 already
     a = v > a ? v : a;
   }
   const uint16_t sc = Bf16Ceil(a);
@@ -151,10 +151,20 @@ void Q8StoreState(const RowLayout& l, const float* sf, void* s, const uint16_t* 
     const float* in = sf + j * dim;
     for (size_t b = 0; b < blocks; ++b) {
       const size_t lo = b * kQ8Block, n = std::min(dim - lo, kQ8Block);
-      for (size_t i = 0; i < n; ++i) {
-        const float v = in[lo + i];
-        x[i] = sgn ? v : std::sqrt(v > 0.f ? v : 0.f);
-        u[i] = r ? static_cast<float>(r[j * dim + lo + i]) * 0x1p-16f : 0.5f;
+      // Branch-free loops (they vectorise: sqrtps, cvtdq2ps).
+      if (sgn) {
+        for (size_t i = 0; i < n; ++i) x[i] = in[lo + i];
+      } else {
+        for (size_t i = 0; i < n; ++i) {
+          const float v = in[lo + i];
+          x[i] = std::sqrt(v > 0.f ? v : 0.f);
+        }
+      }
+      if (r) {
+        const uint16_t* rr = r + j * dim + lo;
+        for (size_t i = 0; i < n; ++i) u[i] = static_cast<float>(rr[i]) * 0x1p-16f;
+      } else {
+        for (size_t i = 0; i < n; ++i) u[i] = 0.5f;
       }
       const uint16_t sc = CodeBlock(x, u, n, sgn, buf.p + j * dim + lo);
       std::memcpy(scales + 2 * (j * blocks + b), &sc, 2);

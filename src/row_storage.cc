@@ -122,8 +122,22 @@ void NarrowElems(const float* v, const uint16_t* r, size_t n, uint16_t* out) {
   for (; i + 4 <= n; i += 4) {
     const __m128i ri = _mm_unpacklo_epi16(
         _mm_loadl_epi64(reinterpret_cast<const __m128i*>(r + i)), _mm_setzero_si128());
+    const __m128 x = _mm_loadu_ps(v + i);
+    if constexpr (S == StorageKind::kBF16) {
+      // Four finite values below the largest finite bf16's rounding range
+      // (the common case): the rule is the add and the shift alone, and no
+      // carry reaches the sign. The arithmetic shift sign-extends the kept
+      // half, so the saturating pack keeps it exactly.
+      const __m128i a = _mm_and_si128(_mm_castps_si128(x), _mm_set1_epi32(0x7fffffff));
+      if (_mm_movemask_ps(_mm_castsi128_ps(_mm_cmplt_epi32(a, _mm_set1_epi32(0x7f7f0000)))) ==
+          0xf) {
+        const __m128i b = _mm_srai_epi32(_mm_add_epi32(_mm_castps_si128(x), ri), 16);
+        _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i), _mm_packs_epi32(b, b));
+        continue;
+      }
+    }
     _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i),
-                     simd::Pack4(simd::NarrowStochastic4<S>(_mm_loadu_ps(v + i), ri)));
+                     simd::Pack4(simd::NarrowStochastic4<S>(x, ri)));
   }
 #endif
   for (; i < n; ++i) out[i] = NarrowStochastic(S, v[i], r[i]);
