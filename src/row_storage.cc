@@ -244,11 +244,13 @@ void StoreElems(const float* v, size_t n, void* p, uint64_t z, size_t e0) {
   }
 }
 
-template <StorageKind S>
-void StoreRow(const RowLayout& l, const float* wf, const float* sf, void* w, void* s,
-              uint64_t z) {
-  StoreElems<S>(wf, l.dim, w, z, 0);
-  StoreElems<S>(sf, l.state_head(), s, z, l.dim);
+// Rounds elements [e0, e0 + n) of the stream z of kind s (fp16 or bf16).
+void StoreElemsOf(StorageKind s, const float* v, size_t n, void* p, uint64_t z, size_t e0) {
+  if (s == StorageKind::kFP16) {
+    StoreElems<StorageKind::kFP16>(v, n, p, z, e0);
+  } else {
+    StoreElems<StorageKind::kBF16>(v, n, p, z, e0);
+  }
 }
 
 void StoreTail(const RowLayout& l, const float* sf, void* s) {
@@ -308,19 +310,15 @@ void LoadCompactWeights(StorageKind s, const void* w, size_t n, float* out) {
 
 void LoadCompactRow(const RowLayout& l, const void* w, const void* s, float* wf, float* sf) {
   PYFLEET_ASSERT(l.compact());
-  LoadCompactWeights(l.storage, w, l.dim, wf);
+  LoadCompactWeights(l.weight_kind(), w, l.dim, wf);
   if (l.q8()) return Q8LoadState(l, s, sf);
-  LoadCompactWeights(l.storage, s, l.state_head(), sf);
+  LoadCompactWeights(l.state_kind(), s, l.state_head(), sf);
   const char* tail = static_cast<const char*>(s) + l.tail_offset();
   for (size_t i = 0; i < l.state_tail; ++i) sf[l.state_head() + i] = Load32(tail, i);
 }
 
 void StoreCompactWeights(StorageKind s, const float* wf, size_t n, void* w, uint64_t z) {
-  if (WeightKind(s) == StorageKind::kFP16) {
-    StoreElems<StorageKind::kFP16>(wf, n, w, z, 0);
-  } else {
-    StoreElems<StorageKind::kBF16>(wf, n, w, z, 0);
-  }
+  StoreElemsOf(WeightKind(s), wf, n, w, z, 0);
 }
 
 void RoundDraws(uint64_t z, size_t e0, size_t n, uint16_t* out) {
@@ -342,11 +340,8 @@ void StoreCompactRow(const RowLayout& l, const float* wf, const float* sf, void*
     RoundDraws(z, l.dim, l.state_head(), r.data());
     return Q8StoreState(l, sf, s, r.data());
   }
-  if (l.storage == StorageKind::kFP16) {
-    StoreRow<StorageKind::kFP16>(l, wf, sf, w, s, z);
-  } else {
-    StoreRow<StorageKind::kBF16>(l, wf, sf, w, s, z);
-  }
+  StoreElemsOf(l.weight_kind(), wf, l.dim, w, z, 0);
+  StoreElemsOf(l.state_kind(), sf, l.state_head(), s, z, l.dim);
   StoreTail(l, sf, s);
 }
 
@@ -356,7 +351,8 @@ void StoreCompactRowNearest(const RowLayout& l, const float* wf, const float* sf
   const StorageKind wk = l.weight_kind();
   for (size_t i = 0; i < l.dim; ++i) Store16(w, i, NarrowNearest(wk, wf[i]));
   if (l.q8()) return Q8StoreState(l, sf, s, nullptr);
-  for (size_t i = 0; i < l.state_head(); ++i) Store16(s, i, NarrowNearest(wk, sf[i]));
+  const StorageKind sk = l.state_kind();
+  for (size_t i = 0; i < l.state_head(); ++i) Store16(s, i, NarrowNearest(sk, sf[i]));
   StoreTail(l, sf, s);
 }
 

@@ -815,7 +815,7 @@ size_t SparseTable::Save(const std::string& path, bool delta) {
     hdr.dim = static_cast<uint32_t>(dim_);
     hdr.optimizer_kind = static_cast<uint32_t>(opt_.kind);
     hdr.state_dim = static_cast<uint32_t>(state_dim_);
-    hdr.flags = delta ? kFileDelta : 0;
+    hdr.flags = (delta ? kFileDelta : 0) | kFileBf16State;
     hdr.seed = seed_;
     hdr.meta_bytes = sizeof(RowMeta);
     hdr.storage = static_cast<uint32_t>(layout_.storage);
@@ -898,8 +898,9 @@ size_t SparseTable::Load(const std::string& path, uint32_t num_servers, uint32_t
     ThrowRuntime(path, " holds rows of unknown storage kind ", h.storage);
   }
   // The file's rows as they are laid out; converted when they differ from ours.
-  const RowLayout fl = TableRowLayout(static_cast<StorageKind>(h.storage), dim_, opt_);
-  const bool convert = fl.storage != layout_.storage;
+  RowLayout fl = TableRowLayout(static_cast<StorageKind>(h.storage), dim_, opt_);
+  fl.fp16_state = fl.storage == StorageKind::kFP16 && !(h.flags & kFileBf16State);
+  const bool convert = fl.storage != layout_.storage || fl.fp16_state;
   const size_t fwb = fl.weight_bytes(), fsb = fl.state_bytes();
   std::vector<float> cw(dim_), cs(state_dim_ + 1);
   const size_t rec = sizeof(uint64_t) + sizeof(RowMeta) + fwb + fsb;

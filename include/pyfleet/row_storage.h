@@ -11,10 +11,12 @@
 // scheduling.
 //
 // A compact row keeps the last OptimizerStateTail() state floats in fp32
-// (Adam's beta powers: near 1, 16 bits would skew the bias correction):
+// (Adam's beta powers: near 1, 16 bits would skew the bias correction), and
+// the rest of its state in bf16 whether its weights are fp16 or bf16 (the
+// state needs range more than precision):
 //
-//   weights column: w[dim] (16-bit)
-//   state column:   s[state_dim - tail] (16-bit) | tail[tail] (fp32)
+//   weights column: w[dim] (fp16 or bf16)
+//   state column:   s[state_dim - tail] (bf16) | tail[tail] (fp32)
 //
 // An fp32 row is w[dim] and s[state_dim], all fp32 (tail plays no part).
 #pragma once
@@ -50,6 +52,10 @@ struct RowLayout {
   size_t state_dim = 0;   // floats of optimizer state, as optimizer.h lays them out
   size_t state_tail = 0;  // trailing state floats kept in fp32 by a compact row
   size_t q8_signed = 0;   // q8: leading state vectors coded signed-linear
+  // fp16 rows keep their state in bf16 (its range: an Adam second moment of
+  // small gradients underflows fp16); true only for files written before
+  // that, whose fp16 rows hold fp16 state (FileHeader flag kFileBf16State unset).
+  bool fp16_state = false;
 
   RowLayout() = default;
   RowLayout(StorageKind s, size_t d, size_t sd, size_t tail, size_t signed_vectors = 0)
@@ -63,6 +69,12 @@ struct RowLayout {
     return storage == StorageKind::kFP16Q8   ? StorageKind::kFP16
            : storage == StorageKind::kBF16Q8 ? StorageKind::kBF16
                                              : storage;
+  }
+  // How the state head is held: bf16 for fp16 and bf16 rows (fp16 for a
+  // file's rows with fp16_state), fp32 for fp32 rows; q8 rows: see row_q8.h.
+  StorageKind state_kind() const {
+    if (storage == StorageKind::kFP32) return storage;
+    return fp16_state ? StorageKind::kFP16 : StorageKind::kBF16;
   }
   size_t elem_bytes() const { return compact() ? 2 : 4; }
   // 16-bit (compact), 8-bit (q8) or fp32 elements of the state before the tail.

@@ -28,6 +28,9 @@ inline constexpr uint32_t kFormatVersion = 1;
 
 enum class TableKind : uint32_t { kSparse = 1, kDense = 2 };
 inline constexpr uint32_t kFileDelta = 1;  // FileHeader::flags
+// An fp16 file's state is bf16 (set by every save since; without it an fp16
+// file's state is fp16, as files written before).
+inline constexpr uint32_t kFileBf16State = 2;
 
 struct FileHeader {
   char magic[8];
@@ -36,7 +39,7 @@ struct FileHeader {
   uint32_t dim;             // sparse: floats per row; dense: 0
   uint32_t optimizer_kind;  // OptimizerKind
   uint32_t state_dim;       // floats of optimizer state per row (dense: per table)
-  uint32_t flags;           // kFileDelta
+  uint32_t flags;           // kFileDelta | kFileBf16State
   uint64_t seed;
   uint64_t dense_size;      // dense: number of weights
   uint32_t meta_bytes;      // sizeof(RowMeta) for sparse files

@@ -1,5 +1,6 @@
-"""Compact rows (storage="fp16"/"bf16") against a plain numpy reference of
-compute-in-fp32-then-round-stochastically, bit for bit; the rounding rule's
+"""Compact rows (storage="fp16"/"bf16": fp16 or bf16 weights, bf16 state)
+against a plain numpy reference of compute-in-fp32-then-round-stochastically,
+bit for bit; the rounding rule's
 unbiasedness and determinism; save/load across storage types; shrink and
 admission on compact tables."""
 
@@ -167,7 +168,7 @@ def test_compact_update_equals_numpy_reference(kind, opt, dim):
                     np.array([k], np.uint64))[0]
                 ref_w[k] = nearest(kind, raw)
                 s = init_state(opt, dim)
-                s[:s.size - nt] = nearest(kind, s[:s.size - nt])
+                s[:s.size - nt] = nearest("bf16", s[:s.size - nt])  # state: bf16
                 ref_s[k], count[k] = s, 0
             np.testing.assert_array_equal(pulled[i], ref_w[k])
         grads = rng.normal(0, 1, (n, dim)).astype(np.float32)
@@ -178,7 +179,7 @@ def test_compact_update_equals_numpy_reference(kind, opt, dim):
             head = s.size - nt
             r = round_bits(seed, k, count[k], dim + head)
             ref_w[k] = stochastic(kind, w, r[:dim])
-            s[:head] = stochastic(kind, s[:head], r[dim:])
+            s[:head] = stochastic("bf16", s[:head], r[dim:])
             ref_s[k], count[k] = s, count[k] + 1
     e = table.export(with_state=True)
     assert len(e["keys"]) == len(ref_w)
@@ -283,7 +284,8 @@ def test_load_converts_between_storage_types(tmp_path, src, dst):
     conv = (lambda x: x) if dst == "fp32" else (lambda x: nearest(dst, x))
     np.testing.assert_array_equal(b["weights"], conv(a["weights"]))
     head = a["state"].shape[1] - 2  # Adam's beta powers stay fp32
-    np.testing.assert_array_equal(b["state"][:, :head], conv(a["state"][:, :head]))
+    sconv = (lambda x: x) if dst == "fp32" else (lambda x: nearest("bf16", x))  # bf16 state
+    np.testing.assert_array_equal(b["state"][:, :head], sconv(a["state"][:, :head]))
     np.testing.assert_array_equal(b["state"][:, head:], a["state"][:, head:])
 
 
@@ -418,3 +420,29 @@ def test_fluid_programs_choose_the_storage_of_their_sparse_tables():
             {k: v for k, v in sparse[0].items() if k != "kind"}).storage == want
     with pytest.raises(ValueError, match="sparse_storage.*'int8'"):
         Fleet().distributed_optimizer(fluid.optimizer.SGD(0.1), sparse_storage="int8")
+
+
+# ---- fp16 files written when fp16 rows kept fp16 state ----
+
+def test_fp16_file_with_fp16_state_loads_with_its_meaning():
+    """tests/table/data/fp16_state_fp16.bin was saved by an fp16 table whose
+    state was fp16 (before fp16 rows kept bf16 state; its header lacks the
+    bf16-state flag), with its export beside it. Loaded into fp16 now, the
+    weights are the file's and the state is the file's rounded to bf16."""
+    from support import REPO
+
+    data = REPO / "tests" / "table" / "data"
+    want = np.load(data / "fp16_state_fp16.npz")
+    t = pyfleet.SparseTable(4, Adam(learning_rate=0.01), seed=5, storage="fp16")
+    assert t.load(data / "fp16_state_fp16.bin") == len(want["keys"])
+    got = snapshot(t)
+    np.testing.assert_array_equal(got["keys"], want["keys"])
+    np.testing.assert_array_equal(got["weights"], want["weights"])
+    np.testing.assert_array_equal(got["update_count"], want["update_count"])
+    np.testing.assert_array_equal(got["state"][:, :8], nearest("bf16", want["state"][:, :8]))
+    np.testing.assert_array_equal(got["state"][:, 8:], want["state"][:, 8:])
+    # Some of its v are fp16 subnormals or 0: the reason for bf16 state.
+    assert np.any(want["state"][:, 4:8] < 6.1e-5)
+    u = pyfleet.SparseTable(4, Adam(learning_rate=0.01), seed=5, storage="fp32")
+    u.load(data / "fp16_state_fp16.bin")  # widened exactly
+    np.testing.assert_array_equal(snapshot(u)["state"], want["state"])
