@@ -335,10 +335,11 @@ void StoreCompactRow(const RowLayout& l, const float* wf, const float* sf, void*
   PYFLEET_ASSERT(l.compact());
   if (l.q8()) {
     StoreCompactWeights(l.storage, wf, l.dim, w, z);
-    thread_local std::vector<uint16_t> r;
-    r.resize(l.state_head());
-    RoundDraws(z, l.dim, l.state_head(), r.data());
-    return Q8StoreState(l, sf, s, r.data());
+    uint16_t small[256];
+    std::vector<uint16_t> big(l.state_head() > 256 ? l.state_head() : 0);
+    uint16_t* r = big.empty() ? small : big.data();
+    RoundDraws(z, l.dim, l.state_head(), r);
+    return Q8StoreState(l, sf, s, r);
   }
   StoreElemsOf(l.weight_kind(), wf, l.dim, w, z, 0);
   StoreElemsOf(l.state_kind(), sf, l.state_head(), s, z, l.dim);

@@ -47,16 +47,21 @@ inline void StoreField(T* p, T v) {
 // Prefetches [p, p + bytes). With write = true, with intent to write: the
 // lines arrive ready to be modified, so an update's stores need no second
 // trip for ownership (x86 without PRFCHW decodes prefetchw as a no-op).
+// Every cache line the span touches: a row that is not line-aligned (a
+// state row of 36, 72 or 136 bytes) may straddle one more line than
+// bytes / 64.
 inline void PrefetchSpan(const void* p, size_t bytes, bool write = false) {
-  const char* c = static_cast<const char*>(p);
-  for (size_t off = 0; off < bytes; off += 64) {
+  const uintptr_t first = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{63};
+  const uintptr_t end = reinterpret_cast<uintptr_t>(p) + bytes;
+  for (uintptr_t at = first; at < end; at += 64) {
+    const char* line = reinterpret_cast<const char*>(at);
     if (!write) {
-      __builtin_prefetch(c + off);
+      __builtin_prefetch(line);
     } else {
 #if defined(__x86_64__)
-      asm volatile("prefetchw %0" : : "m"(c[off]));
+      asm volatile("prefetchw %0" : : "m"(*line));
 #else
-      __builtin_prefetch(c + off, 1);
+      __builtin_prefetch(line, 1);
 #endif
     }
   }
