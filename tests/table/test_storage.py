@@ -200,7 +200,7 @@ def test_compact_regularized_update_equals_numpy_reference(kind, reg):
     rng = np.random.default_rng(1)
     keys = rng.integers(0, 2**64, 6, dtype=np.uint64)
     ref_w = dict(zip(keys.tolist(), table.pull(keys).copy()))
-    ref_s = {k: nearest(kind, init_state(opt, dim)) for k in ref_w}
+    ref_s = {k: nearest("bf16", init_state(opt, dim)) for k in ref_w}  # state: bf16
     for step in range(6):
         grads = rng.normal(0, 1, (6, dim)).astype(np.float32)
         table.push(keys, grads)
@@ -208,7 +208,7 @@ def test_compact_regularized_update_equals_numpy_reference(kind, reg):
             w, st = ref_w[k].copy(), ref_s[k].copy()
             update(opt, w, st, grads[i], reg)
             r = round_bits(seed, k, step, 2 * dim)
-            ref_w[k], ref_s[k] = stochastic(kind, w, r[:dim]), stochastic(kind, st, r[dim:])
+            ref_w[k], ref_s[k] = stochastic(kind, w, r[:dim]), stochastic("bf16", st, r[dim:])
     got = table.export(keys, with_state=True)
     for i, k in enumerate(got["keys"].tolist()):
         np.testing.assert_array_equal(got["weights"][i], ref_w[k])
