@@ -15,7 +15,7 @@ from pyfleet import initializer as _init
 from pyfleet import optimizer as _opt
 
 __all__ = ["SparseTable", "DenseTable", "route", "DEFAULT_INITIALIZER", "FORMAT_VERSION",
-           "STORAGE_TYPES"]
+           "STORAGE_TYPES", "check_spill_options"]
 
 FORMAT_VERSION = _core.FORMAT_VERSION
 # How a sparse table stores weights and optimizer state (docs/tables.md).
@@ -65,19 +65,31 @@ def route(keys, num_servers):
     return out
 
 
+def check_spill_options(memory_budget, spill_dir, what=""):
+    """Both or neither, a positive int of bytes and a path (``what`` prefixes
+    the option names in messages, e.g. "sparse_"). Touches no file."""
+    if memory_budget is None and spill_dir is None:
+        return
+    if memory_budget is None:
+        raise ValueError(f"{what}spill_dir is given without {what}memory_budget: "
+                         f"the disk tier needs both")
+    if spill_dir is None:
+        raise ValueError(f"{what}memory_budget needs {what}spill_dir, "
+                         f"the directory its rows spill to")
+    if isinstance(memory_budget, bool) or not isinstance(memory_budget, (int, np.integer)):
+        raise ValueError(f"{what}memory_budget must be an int of bytes, got {memory_budget!r}")
+    if memory_budget <= 0:
+        raise ValueError(f"{what}memory_budget must be > 0 bytes, got {memory_budget}")
+    if not isinstance(spill_dir, (str, os.PathLike)):
+        raise ValueError(f"{what}spill_dir must be a path, got {spill_dir!r}")
+
+
 def _spill_options(memory_budget, spill_dir):
     """(memory_budget, spill_dir) checked: both or neither, a positive int of
     bytes and a directory this process can write (made if missing)."""
-    if memory_budget is None and spill_dir is None:
-        return None, None
+    check_spill_options(memory_budget, spill_dir)
     if memory_budget is None:
-        raise ValueError("spill_dir is given without memory_budget: the disk tier needs both")
-    if spill_dir is None:
-        raise ValueError("memory_budget needs spill_dir, the directory its rows spill to")
-    if isinstance(memory_budget, bool) or not isinstance(memory_budget, (int, np.integer)):
-        raise ValueError(f"memory_budget must be an int of bytes, got {memory_budget!r}")
-    if memory_budget <= 0:
-        raise ValueError(f"memory_budget must be > 0 bytes, got {memory_budget}")
+        return None, None
     spill_dir = os.fspath(spill_dir)
     try:
         os.makedirs(spill_dir, exist_ok=True)

@@ -7,6 +7,20 @@ from pyfleet.cli.config import AppendOverride
 from pyfleet.launch.command import HelpFormatter
 
 DEFAULT_ROWS = 200_000
+_BYTE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def byte_count(text):
+    """``4G``, ``512M``, ``1048576``: bytes (binary units, a trailing B or iB allowed)."""
+    t = str(text).strip().upper().removesuffix("IB").removesuffix("B")
+    unit = t[-1:] if t[-1:] in _BYTE_UNITS else ""
+    try:
+        value = float(t[:len(t) - len(unit)])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a byte count: {text!r} (e.g. 4G, 512M)") from None
+    if not value > 0 or value * _BYTE_UNITS[unit] >= 1 << 63:
+        raise argparse.ArgumentTypeError(f"a byte count must be > 0, got {text!r}")
+    return int(value * _BYTE_UNITS[unit])
 
 
 def _add_parser(sub, name, help, description):
@@ -146,6 +160,13 @@ def _train_parser(sub):
                    help="how the sparse tables hold rows: fp16/bf16 halve their memory, "
                         "fp16_q8/bf16_q8 also keep Adam/Adagrad state in 8 bits; updates "
                         "rounded stochastically (docs/tables.md)")
+    p.add_argument("--memory-budget", type=byte_count, default=None, metavar="BYTES",
+                   help="each server's RAM for its sparse rows and their index (e.g. 4G, "
+                        "split evenly among the sparse tables); rows beyond it spill to "
+                        "--spill-dir, hot rows stay (docs/tables.md; default: all in RAM)")
+    p.add_argument("--spill-dir", default=None, metavar="DIR",
+                   help="the directory on the servers' machines for the rows beyond "
+                        "--memory-budget (unnamed files, nothing left after the run)")
     p.add_argument("--timeout", type=float, default=None,
                    help="stop the job after this many seconds (default: no limit)")
     p.add_argument("--checkpoint-steps", type=int, default=None, metavar="K",

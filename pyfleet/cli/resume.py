@@ -17,7 +17,8 @@ INHERITED = ARCHITECTURE + (
     "use_nesterov", "rho", "centered", "seed",
     "admission_count", "show_click", "shrink_min_score", "shrink_decay",
     "shrink_unseen_passes", "valid_fraction", "keep", "keep_best", "checkpoint_steps",
-    "checkpoint_every", "max_restarts", "restart_window", "storage")
+    "checkpoint_every", "max_restarts", "restart_window", "storage", "memory_budget",
+    "spill_dir")
 
 
 def _explicit_dests(parser, argv):

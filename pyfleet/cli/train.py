@@ -154,6 +154,9 @@ def cmd_train(args, argv):
     if args.lr is not None and (not math.isfinite(args.lr) or args.lr <= 0):
         raise SystemExit(f"pyfleet train: --lr must be a finite number > 0, got {args.lr}")
     optimizer = _optimizer_of(args)
+    if (args.memory_budget is None) != (args.spill_dir is None):
+        raise SystemExit("pyfleet train: --memory-budget and --spill-dir go together "
+                         f"(got only {'--memory-budget' if args.spill_dir is None else '--spill-dir'})")
     if args.storage.endswith("_q8") and args.optimizer not in ("adam", "adagrad"):
         raise SystemExit(f"pyfleet train: --storage {args.storage} keeps Adam's or Adagrad's "
                          f"state in 8 bits; --optimizer {args.optimizer} is not supported by it")
@@ -254,6 +257,8 @@ def cmd_train(args, argv):
            "shrink_min_score": args.shrink_min_score, "shrink_decay": args.shrink_decay,
            "shrink_unseen_passes": args.shrink_unseen_passes, "settings": settings,
            "storage": args.storage,
+           "memory_budget": args.memory_budget,
+           "spill_dir": None if args.spill_dir is None else os.path.abspath(args.spill_dir),
            "config": getattr(args, "_config", None),
            "valid_fraction": args.valid_fraction, "keep": args.keep,
            "keep_best": args.keep_best, "log_level": args.log_level,

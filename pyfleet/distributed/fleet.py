@@ -52,7 +52,7 @@ from pyfleet.service import checkpoint as _checkpoint
 from pyfleet.service.auth import client_options_from_env, server_options_from_env
 from pyfleet.service.client import Client
 from pyfleet.service.server import Server
-from pyfleet.table import STORAGE_TYPES
+from pyfleet.table import STORAGE_TYPES, check_spill_options
 
 __all__ = [
     "MANIFEST_NAME",
@@ -100,7 +100,8 @@ class DistributedOptimizer:
         self._fleet._set_program(loss.block.program,
                                  startup_program or default_startup_program(),
                                  self._strategy, getattr(self, "_sparse_entry", None),
-                                 getattr(self, "_sparse_storage", "fp32"))
+                                 getattr(self, "_sparse_storage", "fp32"),
+                                 getattr(self, "_sparse_spill", (None, None)))
         return result
 
 
@@ -189,7 +190,8 @@ class Fleet:
 
     # ------------------------------------------------------------- programs
     def distributed_optimizer(self, optimizer, strategy=None, sparse_entry=None,
-                              sparse_storage="fp32"):
+                              sparse_storage="fp32", sparse_memory_budget=None,
+                              sparse_spill_dir=None):
         """Wrap ``optimizer`` with a :class:`DistributeTranspilerConfig` (default one if None).
 
         ``sparse_entry`` (a pyfleet extension): an admission policy from
@@ -198,7 +200,12 @@ class Fleet:
         ``sparse_storage`` (a pyfleet extension): how every sparse table holds
         its rows, ``"fp32"``, ``"fp16"``, ``"bf16"``, or with Adam/Adagrad
         ``"fp16_q8"``/``"bf16_q8"`` (8-bit optimizer state; see
-        :class:`pyfleet.SparseTable`'s ``storage``; docs/tables.md)."""
+        :class:`pyfleet.SparseTable`'s ``storage``; docs/tables.md).
+        ``sparse_memory_budget`` (bytes) and ``sparse_spill_dir`` (pyfleet
+        extensions, both or neither): a disk tier on every server, the budget
+        split evenly among the program's sparse tables, ``sparse_spill_dir``
+        a directory on the servers' machines (docs/tables.md, "A disk tier")."""
+        check_spill_options(sparse_memory_budget, sparse_spill_dir, "sparse_")
         if sparse_storage not in STORAGE_TYPES:
             raise ValueError(f"sparse_storage must be one of {', '.join(STORAGE_TYPES)}, "
                              f"got {sparse_storage!r}")
@@ -217,9 +224,11 @@ class Fleet:
         opt = DistributedOptimizer(self, optimizer, strategy)
         opt._sparse_entry = sparse_entry
         opt._sparse_storage = sparse_storage
+        opt._sparse_spill = (sparse_memory_budget, sparse_spill_dir)
         return opt
 
-    def _set_program(self, main, startup, strategy, sparse_entry=None, sparse_storage="fp32"):
+    def _set_program(self, main, startup, strategy, sparse_entry=None, sparse_storage="fp32",
+                     sparse_spill=(None, None)):
         self.main_program, self.startup_program, self._strategy = main, startup, strategy
         if self._client is None:  # workers: the first run that needs the servers connects
             self._set_backend(NoServers(
@@ -227,7 +236,7 @@ class Fleet:
                 "fleet.init_worker() (on a worker) before running fleet.main_program",
                 connect=self._connect_on_first_use))
         self._tables, dense_shapes = table_configs(main, sparse_entry, sparse_storage,
-                                                   servers_regularize(strategy))
+                                                   servers_regularize(strategy), *sparse_spill)
         self._placement = [  # hybrid: the servers hold no dense parameter
             (b.name, b.start, b.end, b.server_index)
             for b in _config.place_dense(dense_shapes, self.server_num(), strategy)

@@ -25,19 +25,27 @@ def _regularizer(p, opt):
     return reg.to_config()
 
 
-def table_configs(program, sparse_entry=None, sparse_storage="fp32", regularizers=False):
+def table_configs(program, sparse_entry=None, sparse_storage="fp32", regularizers=False,
+                  sparse_memory_budget=None, sparse_spill_dir=None):
     """``(configs, dense_shapes)`` of a minimized program: a create_tables
     config per sparse table and dense parameter, and ``[(name, shape)]`` of the
     dense ones in program order (the order placement depends on).
     ``sparse_entry``: the admission policy of every sparse table (None: none);
     ``sparse_storage``: their storage type. ``regularizers``: the tables apply
     the parameters' regularizers (a ``"regularizer"`` key where one is set;
-    see :func:`servers_regularize`)."""
+    see :func:`servers_regularize`). ``sparse_memory_budget`` bytes
+    (each server's, split evenly among the sparse tables) and
+    ``sparse_spill_dir``: their disk tier (None: all rows in RAM)."""
     entry = None if sparse_entry is None else sparse_entry.to_config()
     opt = program._optimizer
     if opt is None:
         raise ConfigError("the program has no optimizer: call minimize(loss) first")
     configs, dense = [], []
+    n_sparse = sum(1 for p in program.all_parameters() if p.is_sparse_table)
+    spill = {}
+    if sparse_memory_budget is not None and n_sparse:
+        spill = {"memory_budget": int(sparse_memory_budget) // n_sparse,
+                 "spill_dir": str(sparse_spill_dir)}
     for p in program.all_parameters():
         popt = p.optimizer or opt
         if p.is_sparse_table:
@@ -46,7 +54,7 @@ def table_configs(program, sparse_entry=None, sparse_storage="fp32", regularizer
                                   f"state in 8 bits; sparse table {p.name!r} uses {popt.kind}")
             cfg = {"kind": "sparse", "name": p.name, "dim": p.dim,
                    "optimizer": popt.to_config(), "initializer": p.initializer.to_config(),
-                   "seed": p.seed, "entry": entry, "storage": sparse_storage}
+                   "seed": p.seed, "entry": entry, "storage": sparse_storage, **spill}
         else:
             shape = [int(s) for s in p.shape]
             cfg = {"kind": "dense", "name": p.name, "shape": shape,

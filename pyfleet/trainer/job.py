@@ -20,7 +20,7 @@ JOB_DEFAULTS = {
     "shrink_decay": 0.98, "shrink_unseen_passes": None, "optimizer": None,
     "valid_fraction": None, "keep": None, "keep_best": False, "log_level": "info",
     "checkpoint_steps": None, "checkpoint_seconds": None, "sparse_mode": None,
-    "storage": "fp32",
+    "storage": "fp32", "memory_budget": None, "spill_dir": None,
 }
 
 
@@ -79,7 +79,9 @@ def tables_of(job):
         main, startup, model = build_program(job, job["n_dense"], job["n_slots"])
         with fluid.program_guard(main, startup):
             optimizer_of(job).minimize(model.avg_cost)
-    return table_configs(main, entry_of(job), job.get("storage") or "fp32")[0]
+    return table_configs(main, entry_of(job), job.get("storage") or "fp32",
+                         sparse_memory_budget=job.get("memory_budget"),
+                         sparse_spill_dir=job.get("spill_dir"))[0]
 
 
 def strategy_of(job):

@@ -38,7 +38,9 @@ def distributed_optimizer(fleet, job):
         return fleet.distributed_optimizer(optimizer_of(job), DistributedStrategy())
     return fleet.distributed_optimizer(optimizer_of(job), strategy_of(job),
                                        sparse_entry=entry_of(job),
-                                       sparse_storage=job.get("storage") or "fp32")
+                                       sparse_storage=job.get("storage") or "fp32",
+                                       sparse_memory_budget=job.get("memory_budget"),
+                                       sparse_spill_dir=job.get("spill_dir"))
 
 
 def load_replicas(fleet, exe, job, where):

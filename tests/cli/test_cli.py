@@ -162,3 +162,35 @@ def test_train_refuses_an_unknown_storage(tmp_path):
     r = pyfleet("train", "--storage", "bf16_q8", "--optimizer", "ftrl", "--rows", "2000",
                 cwd=tmp_path, timeout=60)
     assert r.returncode != 0 and "--storage bf16_q8" in r.stderr and "ftrl" in r.stderr
+
+
+def test_train_with_a_disk_tier_matches_all_in_ram(tmp_path):
+    """--memory-budget/--spill-dir: a sync run of one worker with nearly every
+    row beyond the budget reaches the same test AUC and logloss as the
+    all-in-RAM run (the disk tier moves rows, never changes them); the
+    servers got the options (the manifest's config) and left no file."""
+    runs = {}
+    spill = tmp_path / "spill"
+    for name, extra in (("ram", []), ("disk", ["--memory-budget", "300K", "--spill-dir",
+                                                str(spill)])):
+        run = tmp_path / name
+        r = pyfleet("train", "--rows", "6000", "--workers", "1", "--mode", "sync", *extra,
+                    "--run-dir", str(run), "--json", cwd=tmp_path, timeout=300)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        runs[name] = json.loads(r.stdout.strip().splitlines()[-1])
+    for key in ("test_auc", "test_logloss", "table_rows"):
+        assert runs["disk"][key] == runs["ram"][key], key
+    manifest = json.loads((tmp_path / "disk" / "checkpoint" / "MANIFEST.json").read_text())
+    (sparse,) = [t for t in manifest["tables"] if t["kind"] == "sparse"]
+    assert sparse["memory_budget"] == 300 << 10 and sparse["spill_dir"] == str(spill)
+    rows = runs["disk"]["table_rows"][sparse["name"]]
+    assert rows * sparse["dim"] * 4 > 2 * (300 << 10)  # the weights alone exceed it
+    assert os.listdir(spill) == []
+
+
+def test_train_refuses_half_a_disk_tier(tmp_path):
+    r = pyfleet("train", "--memory-budget", "1G", "--rows", "2000", cwd=tmp_path, timeout=60)
+    assert r.returncode != 0 and "--spill-dir" in r.stderr
+    r = pyfleet("train", "--memory-budget", "lots", "--spill-dir", "x", "--rows", "2000",
+                cwd=tmp_path, timeout=60)
+    assert r.returncode != 0 and "--memory-budget" in r.stderr and "lots" in r.stderr

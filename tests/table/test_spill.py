@@ -225,3 +225,28 @@ def test_concurrent_pulls_and_pushes_while_rows_move(tmp_path):
     steps = (t.initial_values(keys) - t.pull(keys, create=False)) / 0.01
     assert np.allclose(steps, np.round(steps), atol=1e-2) and steps.max() >= 1
     assert np.all(t.export(keys)["update_count"] >= 1)
+
+
+def test_fluid_programs_give_their_sparse_tables_a_disk_tier(tmp_path):
+    """fleet.distributed_optimizer(..., sparse_memory_budget=, sparse_spill_dir=)
+    reaches every sparse table's config, the budget split evenly among them;
+    half of it is refused by name."""
+    from pyfleet import fluid, models
+    from pyfleet.distributed.fleet import Fleet
+    from pyfleet.role_maker import Role, UserDefinedRoleMaker
+
+    f = Fleet()
+    f.init(UserDefinedRoleMaker(current_id=0, role=Role.WORKER, worker_num=1,
+                                server_endpoints=["127.0.0.1:1"]))
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        m = models.build("lr", num_dense=2, num_slots=2, embedding_dim=2)
+        f.distributed_optimizer(fluid.optimizer.SGD(0.1), sparse_memory_budget=8 << 20,
+                                sparse_spill_dir=str(tmp_path)).minimize(m.avg_cost)
+    sparse = [c for c in f._tables if c["kind"] == "sparse"]
+    assert sparse and all(c["spill_dir"] == str(tmp_path) for c in sparse)
+    assert sum(c["memory_budget"] for c in sparse) == (8 << 20) // len(sparse) * len(sparse)
+    t = pyfleet.SparseTable.from_config({k: v for k, v in sparse[0].items() if k != "kind"})
+    assert t.memory_budget == sparse[0]["memory_budget"]
+    with pytest.raises(ValueError, match="sparse_memory_budget needs sparse_spill_dir"):
+        Fleet().distributed_optimizer(fluid.optimizer.SGD(0.1), sparse_memory_budget=1 << 30)
