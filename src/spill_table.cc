@@ -1,9 +1,9 @@
 // SparseTable's disk tier: a memory budget, eviction to the spill file and
 // bringing rows back (declared in sparse_table.h, the store in spill_store.h).
 //
-// A shard holds at most its share of the budget in rows: budget / kShards
-// minus its index's bytes, divided by a row's bytes (weights, state, meta and
-// one second-chance byte). Calls that add rows (a pull or push of new or
+// A shard holds at most its share of the budget in rows: (budget - the
+// index arrays and the spill file's free list) / kShards, divided by a row's
+// bytes (weights, state, meta and one second-chance byte). Calls that add rows (a pull or push of new or
 // spilled keys, a load) evict after their work, under the shard's exclusive
 // lock, so a shard may hold one call's rows beyond its share for that moment.
 // The victims are chosen by a second-chance clock whose hand walks the
@@ -74,10 +74,15 @@ void SparseTable::ReleaseSpill() {
 }
 
 size_t SparseTable::ShardRowCap(const KeyIndex& index, const ShardSpill&) const {
-  const size_t share = budget_ / kShards;
-  const size_t index_bytes = index.capacity() * sizeof(IndexSlot);
-  const size_t rows = share > index_bytes ? (share - index_bytes) / (spill_slot_bytes() + 1) : 0;
-  return std::max(rows, kMinShardRows);
+  // What is not rows comes off the budget first: the index arrays in the
+  // shared arena (all shards'), this shard's own array times the shards
+  // (they grow alike), both twice, as an index doubles when it grows and row
+  // memory once touched stays with the table; and the spill file's free
+  // list. The rest is rows.
+  const size_t other = 2 * (index_arena_.MemoryBytes() + kShards * index.MemoryBytes()) +
+                       spill_file_->MemoryBytes();
+  const size_t share = budget_ > other ? (budget_ - other) / kShards : 0;
+  return std::max(share / (spill_slot_bytes() + 1), kMinShardRows);
 }
 
 void SparseTable::MarkUsed(uint32_t row) const {

@@ -2,8 +2,9 @@
 //   cmake -S . -B build/tsan -DPYFLEET_SANITIZE=thread -DPYFLEET_BUILD_STRESS=ON
 //   cmake --build build/tsan --target pyfleet_stress && build/tsan/pyfleet_stress
 // Threads pull and push overlapping and disjoint keys while another thread
-// shrinks and saves; afterwards every key is present once and every value is
-// finite. Exits non-zero on a failed check (sanitizers report on their own).
+// shrinks and saves (one table with a disk tier at its smallest budget, so
+// rows move between RAM and its spill file throughout); afterwards every key
+// is present once and every value is finite. Exits non-zero on a failed check (sanitizers report on their own).
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -39,6 +40,10 @@ int main(int argc, char** argv) {
   SparseTable half(8, opt, init, 1, entry, StorageKind::kFP16);
   // And 8-bit state: Adam's moments in words of codes and scales.
   SparseTable q8(8, opt, init, 1, entry, StorageKind::kBF16Q8);
+  // And a disk tier at its smallest budget: rows move between RAM and the
+  // spill file under every call.
+  SparseTable spilled(8, opt, init, 1, entry);
+  spilled.EnableSpill(spilled.MinMemoryBudget(), dir);
 
   std::atomic<bool> stop{false};
   std::vector<std::thread> threads;
@@ -60,6 +65,11 @@ int main(int argc, char** argv) {
         half.Push(keys.data(), keys.size(), grads.data());
         q8.Pull(keys.data(), keys.size(), out.data());
         q8.Push(keys.data(), keys.size(), grads.data());
+        spilled.Pull(keys.data(), keys.size(), out.data());
+        spilled.Push(keys.data(), keys.size(), grads.data());
+        spilled.Pull(keys.data(), keys.size() / 4, out.data(), false);
+        std::vector<float> shows(keys.size(), 1.f);
+        spilled.AddShowClick(keys.data(), keys.size(), shows.data(), shows.data());
       }
     });
   }
@@ -85,6 +95,11 @@ int main(int argc, char** argv) {
       table.Save(dir + "/pyfleet_stress.bin", s % 2 == 1);
       table.Stats();
       table.Keys();
+      spilled.Shrink(3, 0, -INFINITY, 0.9f);
+      spilled.Save(dir + "/pyfleet_stress_spilled.bin", s % 2 == 1);
+      const std::vector<uint64_t> sk = spilled.Keys();
+      spilled.Export(sk.data(), sk.size() / 8, true);
+      if (s == 5) spilled.Load(dir + "/pyfleet_stress_spilled.bin", 0, 0);
     }
   });
   for (auto& th : threads) th.join();
@@ -115,6 +130,20 @@ int main(int argc, char** argv) {
   q8.Save(dir + "/pyfleet_stress_q8_full.bin", false);
   q8_copy.Load(dir + "/pyfleet_stress_q8_full.bin", 0, 0);
   if (q8_copy.Size() != q8.Size()) return Fail("q8 reload size");
+  const std::vector<uint64_t> skeys = spilled.Keys();
+  if (std::set<uint64_t>(skeys.begin(), skeys.end()).size() != skeys.size()) {
+    return Fail("duplicate spilled key");
+  }
+  // (the last shrinks may drop every row once the pushes are over)
+  if (spilled.Stats().spill_writes == 0) return Fail("nothing spilled");
+  RowExport se = spilled.Export(skeys.data(), skeys.size(), true);
+  if (se.keys.size() != skeys.size()) return Fail("spilled export size");
+  for (float v : se.weights) if (!std::isfinite(v)) return Fail("non-finite spilled weight");
+  for (float v : se.state) if (!std::isfinite(v)) return Fail("non-finite spilled state");
+  SparseTable spilled_copy(8, opt, init, 1, entry);
+  spilled.Save(dir + "/pyfleet_stress_spilled_full.bin", false);
+  spilled_copy.Load(dir + "/pyfleet_stress_spilled_full.bin", 0, 0);
+  if (spilled_copy.Size() != spilled.Size()) return Fail("spilled reload size");
   std::printf("stress: ok, %zu rows, %zu filtered rows\n", table.Size(), filtered.Size());
   return 0;
 }

@@ -1,0 +1,132 @@
+"""The disk tier: a table holding 4x its memory budget in rows against the
+all-in-RAM table, pulled and pushed with Zipf(1.1) ids, measured in one run.
+
+    python benchmarks/bench_capacity.py [--rows 2000000] [--dim 16] [--ratio 4]
+                                        [--batch 100000] [--steps 30] [--spill-dir DIR]
+
+Each table lives in its own child process (so RSS is its own): the all-in-RAM
+table first, whose memory_bytes() / --ratio becomes the budget of the
+spilling table. Each child creates --rows rows (Adam, fp32), then runs
+--steps batches of --batch keys drawn from Zipf(1.1) over the rows (ranks
+1..rows, P(r) ~ r^-1.1; rank r -> key (r-1) * 0x9E3779B97F4A7C15, so hot
+keys spread over the shards): one pull
+and one push of the batch per step. Reported: keys/s of pull+push steps by
+wall clock and by the process's CPU time, the peak RSS of the process
+(VmHWM) and of the table (peak minus the RSS before the table existed).
+Targets (issue 17): the spilling table >= 0.5x the RAM table's throughput,
+its RSS <= budget + 10%. The spill file goes through the page cache: on a
+machine with free RAM its reads are memory copies, not device reads.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def status_bytes(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(field)
+
+
+def child(args):
+    import pyfleet
+    from pyfleet.optimizer import Adam
+
+    rng = np.random.default_rng(7)
+    batches = []
+    for _ in range(args.steps):
+        z = rng.zipf(1.1, args.batch)
+        while (far := z > args.rows).any():  # Zipf over the rows: ranks 1..rows
+            z[far] = rng.zipf(1.1, int(far.sum()))
+        batches.append((z - 1).astype(np.uint64) * GOLDEN)
+    grads = rng.normal(0, 0.1, (args.batch, args.dim)).astype(np.float32)
+    fill = np.arange(args.rows, dtype=np.uint64) * GOLDEN
+    out = np.empty((args.batch, args.dim), np.float32)
+    out[:] = 0
+    rss0 = status_bytes("VmRSS")
+    kw = {} if args.budget is None else {"memory_budget": args.budget,
+                                         "spill_dir": args.spill_dir}
+    table = pyfleet.SparseTable(args.dim, Adam(learning_rate=0.001), seed=1, **kw)
+    t0 = time.perf_counter()
+    for s in range(0, args.rows, 1 << 18):
+        table.pull(fill[s:s + (1 << 18)])
+    fill_s = time.perf_counter() - t0
+    del fill
+    for k in batches[:2]:  # warm: the hot rows come to RAM
+        table.pull(k, out=out)
+        table.push(k, grads)
+    w0, c0 = time.perf_counter(), time.process_time()
+    for k in batches:
+        table.pull(k, out=out)
+        table.push(k, grads)
+    wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+    st = table.stats()
+    keys = args.steps * args.batch
+    print(json.dumps({
+        "rows": len(table), "fill_s": fill_s, "wall_keys_s": keys / wall,
+        "cpu_keys_s": keys / cpu, "memory_bytes": table.memory_bytes(),
+        "peak_rss": status_bytes("VmHWM"), "table_rss": status_bytes("VmHWM") - rss0,
+        "rss_before": rss0, "spilled_rows": st.get("spilled_rows", 0),
+        "spill_reads": st.get("spill_reads", 0), "spill_writes": st.get("spill_writes", 0)}))
+
+
+def run_child(args, budget):
+    cmd = [sys.executable, __file__, "--child", "--rows", str(args.rows), "--dim", str(args.dim),
+           "--batch", str(args.batch), "--steps", str(args.steps), "--spill-dir", args.spill_dir]
+    if budget is not None:
+        cmd += ["--budget", str(budget)]
+    r = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=2_000_000)
+    ap.add_argument("--dim", type=int, default=16)
+    ap.add_argument("--ratio", type=float, default=4.0,
+                    help="the RAM table's memory_bytes / the spilling table's budget")
+    ap.add_argument("--batch", type=int, default=100_000)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--spill-dir", default=None, help="default: a temporary directory")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--budget", type=int, default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        return child(args)
+    with tempfile.TemporaryDirectory(dir=args.spill_dir) as d:
+        args.spill_dir = d
+        ram = run_child(args, None)
+        budget = int(ram["memory_bytes"] / args.ratio)
+        disk = run_child(args, budget)
+        left = os.listdir(d)
+    mib = 1 << 20
+    print(f"{args.rows:,} rows of dim {args.dim}, Adam fp32; Zipf(1.1) batches of "
+          f"{args.batch:,} keys, {args.steps} pull+push steps; budget {budget / mib:.0f} MiB "
+          f"(RAM table's memory_bytes {ram['memory_bytes'] / mib:.0f} MiB / {args.ratio:g})")
+    print(f"{'table':<10} {'keys/s wall':>12} {'keys/s cpu':>12} {'table RSS MiB':>14} "
+          f"{'peak RSS MiB':>13} {'spilled rows':>13} {'rows read':>11}")
+    for name, r in (("in RAM", ram), ("spilling", disk)):
+        print(f"{name:<10} {r['wall_keys_s']:>12,.0f} {r['cpu_keys_s']:>12,.0f} "
+              f"{r['table_rss'] / mib:>14.0f} {r['peak_rss'] / mib:>13.0f} "
+              f"{r['spilled_rows']:>13,} {r['spill_reads']:>11,}")
+    print(f"throughput ratio spilling/RAM: wall {disk['wall_keys_s'] / ram['wall_keys_s']:.2f}, "
+          f"cpu {disk['cpu_keys_s'] / ram['cpu_keys_s']:.2f} (target >= 0.5)")
+    print(f"spilling table's RSS / budget: {disk['table_rss'] / budget:.2f} "
+          f"(process peak incl. Python and the benchmark's id batches: "
+          f"{disk['peak_rss'] / budget:.2f}; target <= 1.1)")
+    print(f"files left in the spill directory: {len(left)}")
+
+
+if __name__ == "__main__":
+    main()
