@@ -74,12 +74,19 @@ void SparseTable::ReleaseSpill() {
 }
 
 size_t SparseTable::ShardRowCap(const KeyIndex& index, const ShardSpill&) const {
-  // What is not rows comes off the budget first: the index arrays in the
-  // shared arena (all shards'), this shard's own array times the shards
-  // (they grow alike), both twice, as an index doubles when it grows and row
-  // memory once touched stays with the table; and the spill file's free
-  // list. The rest is rows.
-  const size_t other = 2 * (index_arena_.MemoryBytes() + kShards * index.MemoryBytes()) +
+  // What is not rows comes off the budget first: the index arrays (the
+  // arena's slabs, or this shard's array times the shards: they grow alike)
+  // and the spill file's free list; the rest is rows. An index doubles at a
+  // load of 3/4 (to 3/8), and row memory once touched stays with the table,
+  // so the index counts with its next doubling phased in as its load rises
+  // from 3/8 to 3/4: continuous across a doubling, and the rows' share only
+  // shrinks as keys are added, never dropping below memory already touched.
+  const size_t cap = index.capacity();
+  const size_t arrays = std::max(index_arena_.MemoryBytes() + kShards * index.MemoryBytes(),
+                                 kShards * cap * sizeof(IndexSlot));
+  const double load = static_cast<double>(index.size()) / static_cast<double>(cap);
+  const double growth = std::clamp((load - 0.375) / 0.375, 0.0, 1.0);
+  const size_t other = static_cast<size_t>(static_cast<double>(arrays) * (1.0 + growth)) +
                        spill_file_->MemoryBytes();
   const size_t share = budget_ > other ? (budget_ - other) / kShards : 0;
   return std::max(share / (spill_slot_bytes() + 1), kMinShardRows);
