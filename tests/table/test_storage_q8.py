@@ -271,3 +271,24 @@ def test_fluid_programs_take_q8_with_adam_and_refuse_it_with_sgd():
     assert sparse and all(c["storage"] == "bf16_q8" for c in sparse)
     with pytest.raises(ConfigError, match="bf16_q8.*SGD"):
         tables(fluid.optimizer.SGD(0.1))
+
+
+@pytest.mark.parametrize("storage", Q8)
+def test_q8_file_reshards(tmp_path, storage):
+    """load(filter=(S, i)) of a q8 file: each of S tables gets its keys, their
+    rows (weights, decoded state, counts) exactly as the saving table's."""
+    opt = Adam(0.01)
+    t, ks = trained(storage, opt)
+    t.save(tmp_path / "t.bin")
+    parts = [pyfleet.SparseTable(20, opt, seed=3, storage=storage) for _ in range(3)]
+    assert sum(p.load(tmp_path / "t.bin", filter=(3, i)) for i, p in enumerate(parts)) == len(t)
+    whole = snapshot(t)
+    got = {}
+    for p in parts:
+        e = p.export(with_state=True)
+        for i, k in enumerate(e["keys"].tolist()):
+            got[k] = (e["weights"][i], e["state"][i], e["update_count"][i])
+    for i, k in enumerate(whole["keys"].tolist()):
+        np.testing.assert_array_equal(got[k][0], whole["weights"][i])
+        np.testing.assert_array_equal(got[k][1], whole["state"][i])
+        assert got[k][2] == whole["update_count"][i]
