@@ -308,7 +308,9 @@ void SparseTable::Pull(const uint64_t* keys, size_t n, float* out, bool create) 
   if (n == 0) return;
   thread_local Batch b;
   b.misses.clear();
-  {
+  if (budget_ != 0) {
+    PullFoundByShard(keys, n, out, b);
+  } else {
     // Every shard is held shared for the call. Writers take one shard at a
     // time and readers take them in the same order: no cycle.
     for (const auto& sp : shards_) sp->mu.lock_shared();
@@ -417,6 +419,33 @@ void SparseTable::PullFound(const uint64_t* keys, size_t n, float* out, Batch& b
     } else {
       const float* r = reinterpret_cast<const float*>(row);
       for (size_t c = 0; c < dim; ++c) dst[c] = LoadRelaxed(r + c);
+    }
+  }
+}
+
+void SparseTable::PullFoundByShard(const uint64_t* keys, size_t n, float* out, Batch& b) {
+  // With a disk tier a shard may be held exclusively for a while (its rows
+  // read from or written to the spill file): one shard at a time here, so a
+  // pull waits only for the shards it has keys in, holding no other shard.
+  GroupByShard(keys, n, b, nullptr);
+  for (size_t s = 0; s < kShards; ++s) {
+    if (b.starts[s] == b.starts[s + 1]) continue;
+    std::shared_lock lock(shards_[s]->mu);
+    const KeyIndex& index = shards_[s]->index;
+    for (size_t j = b.starts[s]; j < b.starts[s + 1]; ++j) {
+      if (j + kPrefetch < b.starts[s + 1]) index.Prefetch(b.h[j + kPrefetch]);
+      const uint32_t row = index.Find(b.keys[j], b.h[j]);
+      if (row >= spill_floor_) {
+        b.misses.push_back({b.h[j], b.pos[j]});
+        continue;
+      }
+      MarkUsed(row);
+      float* dst = out + static_cast<size_t>(b.pos[j]) * dim_;
+      if (layout_.compact()) {
+        LoadCompactWeights(layout_.storage, rows_.WeightBytes(row), dim_, dst);
+      } else {
+        ReadRow(row, dst, nullptr);
+      }
     }
   }
 }

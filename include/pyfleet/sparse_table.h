@@ -142,6 +142,9 @@ class SparseTable {
   template <size_t D, StorageKind S>
   void PullFound(const uint64_t* keys, size_t n, float* out, Batch& b) const;
   void PullMisses(const uint64_t* keys, Batch& b, float* out);
+  // Pull's lookups and copies with a disk tier: shard by shard under each
+  // one's shared lock (misses and spilled rows to b.misses).
+  void PullFoundByShard(const uint64_t* keys, size_t n, float* out, Batch& b);
   void PushShard(Shard& s, Batch& b, size_t lo, size_t hi, const float* grads,
                  bool add_delta);
   // Under the exclusive lock: the row of key, creating it if the entry policy

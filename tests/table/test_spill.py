@@ -13,13 +13,15 @@ import pytest
 
 import pyfleet
 from pyfleet.entry import CountFilterEntry
-from pyfleet.optimizer import FTRL, SGD, Adagrad, Adam
+from pyfleet.optimizer import FTRL, SGD, Adagrad, Adam, Momentum, RMSProp
 
 OPTIMIZERS = [
     SGD(learning_rate=0.1),
     Adagrad(learning_rate=0.05, epsilon=1e-6, initial_accumulator_value=0.1),
     Adam(learning_rate=0.01, beta1=0.9, beta2=0.999, epsilon=1e-8),
     FTRL(learning_rate=0.05, l1=0.01, l2=0.1, lr_power=-0.5),
+    Momentum(learning_rate=0.05, momentum=0.9, use_nesterov=True),
+    RMSProp(learning_rate=0.01, rho=0.9, momentum=0.5, centered=True),
 ]
 TINY = 1 << 20
 
