@@ -100,10 +100,18 @@ def main():
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--spill-dir", default=None, help="default: a temporary directory")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--budget", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--budget", type=int, default=None,
+                    help="only the spilling table, with this budget in bytes (for sizes "
+                         "whose all-in-RAM table would not fit)")
     args = ap.parse_args()
     if args.child:
         return child(args)
+    if args.budget is not None:
+        with tempfile.TemporaryDirectory(dir=args.spill_dir) as d:
+            args.spill_dir = d
+            r = run_child(args, args.budget)
+        print(json.dumps({"rows": args.rows, "dim": args.dim, "budget": args.budget, **r}))
+        return None
     with tempfile.TemporaryDirectory(dir=args.spill_dir) as d:
         args.spill_dir = d
         ram = run_child(args, None)
