@@ -23,6 +23,11 @@ with the 13 dense features, fc 256-128-64 relu, batch 512, Adam 0.001) for
 - ``hybridSxW``: S servers (``python -m pyfleet.server``, sparse table only, in
   mode M) and W worker ranks under ``mpirun`` all-reducing the dense parameters.
 
+Every process of every row (the single process, each role, each server, each
+rank) runs in a session of its own, as ``pyfleet train`` starts its roles:
+with Linux's autogroup scheduler (``/proc/sys/kernel/sched_autogroup_enabled``)
+a loaded machine's CPU is shared between sessions, not processes.
+
 Each row prints the training examples/s (all workers together, over the
 slowest worker's training time), its ratio to ``single``, and the test AUC
 of the trained model (every worker's test predictions together). The line
@@ -56,6 +61,7 @@ Run each configuration on an otherwise idle machine when comparing changes.
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -97,8 +103,11 @@ def _last_json(out):
 def run_single(data, epochs, timeout, batch_size=512):
     job = {"train": data["train"], "test": data["test"], "format": "criteo",
            "epochs": epochs, "n_dense": 13, "n_slots": 26, "batch_size": batch_size}
+    # every process of every row in a session of its own, as pyfleet train starts its
+    # roles: Linux's autogroup scheduler shares a loaded machine between sessions
     p = subprocess.run([sys.executable, "-c", _SINGLE, json.dumps(job)], env=_role_env(),
-                       capture_output=True, text=True, timeout=timeout, check=False)
+                       capture_output=True, text=True, timeout=timeout, check=False,
+                       start_new_session=True)
     if p.returncode:
         raise RuntimeError(f"single-process run failed:\n{p.stderr[-2000:]}")
     return _last_json(p.stdout)
@@ -178,7 +187,8 @@ def _start_server(index, num, workers, mode):
     p = subprocess.Popen([sys.executable, "-m", "pyfleet.server", "--endpoint", "127.0.0.1:0",
                           "--index", str(index), "--num-servers", str(num), "--workers",
                           str(workers), "--mode", mode, "--log-level", "ERROR"],
-                         stdout=subprocess.PIPE, text=True, env=_role_env())
+                         stdout=subprocess.PIPE, text=True, env=_role_env(),
+                         start_new_session=True)   # as run_single
     line = p.stdout.readline()
     if not line.startswith("pyfleet.server ready on "):
         p.kill()
@@ -201,9 +211,17 @@ def run_mpi(kind, data, servers, workers, mode, epochs, timeout):
                 eps.append(ep)
             extra = {"PYFLEET_ROLE": "worker", "PYFLEET_SERVER_ENDPOINTS": ",".join(eps),
                      "PYFLEET_WORKER_NUM": str(workers)}
+        # Each rank a session of its own (util-linux ``setsid -w``; the ranks are
+        # process group leaders, so they cannot call setsid() themselves), as
+        # pyfleet train starts every parameter-server role: Linux's autogroup
+        # scheduler shares a loaded machine equally between sessions, so ranks
+        # left in one session would share one part where each role of a
+        # parameter-server row gets a part of its own.
+        own = ["setsid", "-w"] if shutil.which("setsid") else []
         cmd = ["mpirun", "-np", str(workers), "--oversubscribe", "--allow-run-as-root",
-               sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                            "bench_mpi_train.py"), kind, json.dumps(job)]
+               *own, sys.executable,
+               os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_mpi_train.py"),
+               kind, json.dumps(job)]
         p = subprocess.run(cmd, env=_mpi_env(extra), capture_output=True, text=True,
                            timeout=timeout, check=False)
         if p.returncode:
