@@ -42,9 +42,26 @@ from pyfleet import _core
 from pyfleet.fluid.backend import LocalBackend
 from pyfleet.service.registry import Entry, Registry
 
-__all__ = ["CollectiveBackend", "FusedDense", "checkpoint_registry"]
+__all__ = ["CollectiveBackend", "FusedDense", "checkpoint_registry", "count_halves",
+           "counts_of_halves"]
 
 _HALF = 22  # a count travels as (count >> 22, count & (2**22 - 1)): float32-exact halves
+
+
+def count_halves(counts, out):
+    """Write int64 ``counts`` into float32 ``out[0]`` (high part) and ``out[1]`` (the
+    low 22 bits): each half is exact in float32 for counts below 2**46, and stays
+    exact when summed with the other ranks' zeros."""
+    counts = np.asarray(counts, dtype=np.int64)
+    if counts.size and (counts.min() < 0 or counts.max() >= 1 << (24 + _HALF)):
+        raise ValueError(f"sparse id counts must be in [0, 2**46), got {counts}")
+    out[0] = counts >> _HALF
+    out[1] = counts & ((1 << _HALF) - 1)
+
+
+def counts_of_halves(halves):
+    """The int64 counts that :func:`count_halves` wrote (``halves[0]``, ``halves[1]``)."""
+    return (halves[0].astype(np.int64) << _HALF) + halves[1].astype(np.int64)
 
 
 class FusedDense:
@@ -185,10 +202,9 @@ class CollectiveBackend(FusedDense, LocalBackend):
         counts = np.array([0 if m is None else m[0].shape[0] for m in mine], dtype=np.int64)
         tail = buf[int(offsets[-1]) + len(names):].reshape(2, self.group.size, len(tables))
         tail.fill(0.0)   # the other ranks' slots: their counts arrive by the sum
-        tail[0, self.group.rank] = counts >> _HALF
-        tail[1, self.group.rank] = counts & ((1 << _HALF) - 1)
+        count_halves(counts, tail[:, self.group.rank])
         self.group.allreduce_sum(buf, "the dense all-reduce")
-        all_counts = (tail[0].astype(np.int64) << _HALF) + tail[1].astype(np.int64)
+        all_counts = counts_of_halves(tail)
         pending = self._start_sparse(tables, mine, all_counts) if all_counts.any() else None
         try:
             if names:
