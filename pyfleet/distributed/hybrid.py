@@ -73,9 +73,15 @@ class HybridBackend(FusedDense, RemoteBackend):
     ``config.sparse_mode``), dense parameters local and all-reduced over ``group``."""
 
     broadcast_dense = True
-    # The worker regularizes (its dense replicas are local; the servers'
-    # sparse tables get no regularizer: tables.servers_regularize).
-    applies_regularizers = False
+
+    @property
+    def applies_regularizers(self):
+        """The servers decay the sparse rows a push touches (sync and async,
+        as in a parameter-server job); the worker decays its dense replicas'
+        gradients before the all-reduce, which averages W equal decays into
+        one (the replicas are bit-identical). Geo: the worker decays both.
+        Must agree with ``pyfleet.distributed.tables.servers_regularize``."""
+        return frozenset() if self.mode == "geo" else frozenset({"sparse"})
 
     def __init__(self, client, config, group):
         RemoteBackend.__init__(self, client, config.sparse_mode, config.geo_k_steps)

@@ -113,12 +113,13 @@ class RemoteBackend(Backend):
 
     @property
     def applies_regularizers(self):
-        """Sync and async: the servers' tables apply the regularizers to the
-        rows a push touches (on the step's merged gradient in sync mode), as
-        Fluid's servers do, so the worker adds none (it still clips). Geo:
-        the worker's local copy trains, so the worker regularizes. Must agree
+        """The kinds of table whose regularizers the servers apply. Sync and
+        async: every kind; the servers' tables add the decay to the rows a
+        push touches (on the step's merged gradient in sync mode), as Fluid's
+        servers do, so the worker adds none (it still clips). Geo: none; the
+        worker's local copy trains, so the worker regularizes. Must agree
         with ``pyfleet.distributed.tables.servers_regularize``."""
-        return self.mode != "geo"
+        return frozenset() if self.mode == "geo" else frozenset({"sparse", "dense"})
 
     def __init__(self, client, mode, geo_k_steps=100, fleet=None, tables=None):
         self.client = client

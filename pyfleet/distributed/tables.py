@@ -10,11 +10,15 @@ __all__ = ["server_table_configs", "servers_regularize", "table_configs"]
 
 
 def servers_regularize(strategy):
-    """Whether the servers apply the regularizers (sync and async parameter
-    servers: Fluid's pserver optimize blocks decay the rows a push touches,
-    on the merged gradient), rather than the worker before the push (geo
-    mode, whose workers train a local copy, and hybrid jobs)."""
-    return not strategy.hybrid and strategy.sparse_mode != "geo"
+    """The kinds of table (``"sparse"``, ``"dense"``) whose regularizers the
+    servers apply: sync and async servers, as Fluid's pserver optimize blocks,
+    decay the rows a push touches (on the merged gradient in sync mode). In a
+    hybrid job they do so for the sparse tables only (the workers decay their
+    dense replicas' gradients before the averaging all-reduce: one decay); in
+    geo mode, whose workers train a local copy, for none (the worker decays)."""
+    if strategy.sparse_mode == "geo":
+        return frozenset()
+    return frozenset({"sparse"} if strategy.hybrid else {"sparse", "dense"})
 
 
 def _regularizer(p, opt):
@@ -25,15 +29,16 @@ def _regularizer(p, opt):
     return reg.to_config()
 
 
-def table_configs(program, sparse_entry=None, sparse_storage="fp32", regularizers=False,
+def table_configs(program, sparse_entry=None, sparse_storage="fp32", regularizers=(),
                   sparse_memory_budget=None, sparse_spill_dir=None):
     """``(configs, dense_shapes)`` of a minimized program: a create_tables
     config per sparse table and dense parameter, and ``[(name, shape)]`` of the
     dense ones in program order (the order placement depends on).
     ``sparse_entry``: the admission policy of every sparse table (None: none);
-    ``sparse_storage``: their storage type. ``regularizers``: the tables apply
-    the parameters' regularizers (a ``"regularizer"`` key where one is set;
-    see :func:`servers_regularize`). ``sparse_memory_budget`` bytes
+    ``sparse_storage``: their storage type. ``regularizers``: the kinds of
+    table (``"sparse"``, ``"dense"``) that apply their parameters'
+    regularizers (a ``"regularizer"`` key where one is set; see
+    :func:`servers_regularize`). ``sparse_memory_budget`` bytes
     (each server's, split evenly among the sparse tables) and
     ``sparse_spill_dir``: their disk tier (None: all rows in RAM)."""
     entry = None if sparse_entry is None else sparse_entry.to_config()
@@ -61,7 +66,7 @@ def table_configs(program, sparse_entry=None, sparse_storage="fp32", regularizer
                    "optimizer": popt.to_config(), "initial": p.initializer.to_config(),
                    "seed": p.seed}
             dense.append((p.name, shape))
-        reg = _regularizer(p, opt) if regularizers else None
+        reg = _regularizer(p, opt) if cfg["kind"] in regularizers else None
         if reg is not None:
             cfg["regularizer"] = reg
         configs.append(cfg)

@@ -156,7 +156,9 @@ def _clip_rule(param, optimizer):
 
 def apply_gradient_rules(entries, optimizer, regularize=True):
     """Clip, then regularize, ``entries`` (a list of :class:`GradEntry`) in
-    place, as Fluid's ``apply_gradients`` does; see the module doc."""
+    place, as Fluid's ``apply_gradients`` does; see the module doc.
+    ``regularize``: a bool, or a function of the parameter saying whether to
+    add its decay here (False where the backend applies it)."""
     entries = sorted(entries, key=lambda e: e.param.name)
     groups = {}
     for e in entries:
@@ -183,6 +185,8 @@ def apply_gradient_rules(entries, optimizer, regularize=True):
         return entries
     default = optimizer.regularization if optimizer is not None else None
     for e in entries:
+        if callable(regularize) and not regularize(e.param):
+            continue
         reg = getattr(e.param, "regularizer", None) or default
         if not isinstance(reg, WeightDecayRegularizer) or reg.regularization_coeff == 0.0:
             continue

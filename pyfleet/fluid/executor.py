@@ -240,7 +240,14 @@ class Executor:
         entries = [GradEntry(block.vars[n], g, s.env[n], row_sparse.get(n))
                    for n, g in dense.items()]
         entries += [GradEntry(block.vars[n], part[1], part[2]) for n, part in merged.items()]
-        regularize = not getattr(backend, "applies_regularizers", False)
+        # The kinds of table ("sparse", "dense") whose decay the backend adds
+        # itself (True: every kind); the worker adds the others'.
+        done = getattr(backend, "applies_regularizers", False)
+        if isinstance(done, bool):
+            regularize = not done
+        else:
+            def regularize(p):
+                return ("sparse" if p.is_sparse_table else "dense") not in done
         for e in apply_gradient_rules(entries, program._optimizer, regularize):
             name = e.param.name
             if name in dense:

@@ -16,6 +16,7 @@ import sys
 import numpy as np
 import pytest
 from support import REPO
+from support.mpi import MPI_MARKS, mpi_env
 
 import pyfleet
 from pyfleet import fluid
@@ -27,13 +28,17 @@ spec.loader.exec_module(job)
 STEPS = 6
 
 
-def _launch(cwd, *args):
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PYFLEET_", "PADDLE_", "TRAINING_ROLE"))}
-    env["OMP_NUM_THREADS"] = env["OPENBLAS_NUM_THREADS"] = "1"
-    r = subprocess.run([sys.executable, "-m", "pyfleet.launch", "--servers", "1", "--workers",
-                        "2", "--timeout", "120", str(SCRIPT), *args], cwd=cwd, env=env,
-                       capture_output=True, text=True, timeout=180, check=False)
+def _launch(cwd, *args, mode="sync"):
+    """The job under the launcher; ``mode="hybrid"``: its workers as one MPI job."""
+    if mode == "hybrid":
+        env = mpi_env()
+    else:
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("PYFLEET_", "PADDLE_", "TRAINING_ROLE"))}
+        env["OMP_NUM_THREADS"] = env["OPENBLAS_NUM_THREADS"] = "1"
+    r = subprocess.run([sys.executable, "-m", "pyfleet.launch", "--mode", mode, "--servers", "1",
+                        "--workers", "2", "--timeout", "120", str(SCRIPT), *args], cwd=cwd,
+                       env=env, capture_output=True, text=True, timeout=180, check=False)
     assert r.returncode == 0, f"{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
 
 
@@ -89,18 +94,27 @@ def _local_program():
     return main, exe, states
 
 
-@pytest.mark.parametrize(("opt", "reg", "extra"), [
-    ("momentum", "none", ()), ("sgd", "l2", ()), ("sgd", "l1", ()), ("momentum", "l2", ()),
-    ("sgd", "l2", ("--no-init-worker",)),   # the first step connects: decayed once still
-], ids=["momentum", "sgd-l2", "sgd-l1", "momentum-l2", "sgd-l2-no-init-worker"])
-def test_server_state_equals_fluid_reference(tmp_path, opt, reg, extra):
+@pytest.mark.parametrize(("opt", "reg", "extra", "mode"), [
+    ("momentum", "none", (), "sync"), ("sgd", "l2", (), "sync"), ("sgd", "l1", (), "sync"),
+    ("momentum", "l2", (), "sync"),
+    ("sgd", "l2", ("--no-init-worker",), "sync"),   # the first step connects: decayed once still
+    # Hybrid, sync sparse side: the server decays the sparse rows once a step, each
+    # worker its dense replica's gradient before the averaging all-reduce (one decay).
+    pytest.param("sgd", "l2", (), "hybrid", marks=MPI_MARKS),
+    pytest.param("momentum", "l1", (), "hybrid", marks=MPI_MARKS),
+], ids=["momentum", "sgd-l2", "sgd-l1", "momentum-l2", "sgd-l2-no-init-worker",
+        "hybrid-sgd-l2", "hybrid-momentum-l1"])
+def test_server_state_equals_fluid_reference(tmp_path, opt, reg, extra, mode):
     _launch(tmp_path, "--optimizer", opt, "--reg", reg, "--steps", str(STEPS), "--save", "ckpt",
-            *extra)
+            *extra, mode=mode)
     manifest = json.loads((tmp_path / "ckpt" / "MANIFEST.json").read_text())
     cfg = {t["name"]: t for t in manifest["tables"]}
     assert cfg["emb"]["optimizer"]["type"] == ("Momentum" if opt == "momentum" else "SGD")
-    assert cfg["emb"].get("regularizer") == (None if job.REG[reg] is None else {
-        "type": job.REG[reg][0], "regularization_coeff": job.REG[reg][1]})
+    want_reg = None if job.REG[reg] is None else {
+        "type": job.REG[reg][0], "regularization_coeff": job.REG[reg][1]}
+    assert cfg["emb"].get("regularizer") == want_reg
+    # A hybrid job's dense replicas live on the workers, which decay them.
+    assert cfg["bias"].get("regularizer") == (None if mode == "hybrid" else want_reg)
     ids = [set(job.batch(w)[0].tolist()) for w in (0, 1)]
     assert ids[0] & ids[1] and ids[0] - ids[1] and ids[1] - ids[0]   # shared and own rows
     keys = np.array(sorted(ids[0] | ids[1]), dtype=np.uint64)
