@@ -230,6 +230,7 @@ class Fleet:
     def _set_program(self, main, startup, strategy, sparse_entry=None, sparse_storage="fp32",
                      sparse_spill=(None, None)):
         self.main_program, self.startup_program, self._strategy = main, startup, strategy
+        startup._after_run = [self._restore_scope_state]
         if self._client is None:  # workers: the first run that needs the servers connects
             self._set_backend(NoServers(
                 "this fleet program's parameters live on the servers: call "
@@ -453,7 +454,8 @@ class Fleet:
                                               placement, parent, meta)
         # This worker's persistable scope state (auc counters), as Fluid's
         # save_persistables on a trainer writes it: beside the manifest.
-        save_scope_state(path, main_program or self.main_program)
+        if save_scope_state(path, main_program or self.main_program):
+            manifest["state_worker"] = self.worker_index()   # whose counters they are
         _checkpoint.commit(path, manifest)
         self._last_save = (path, manifest["id"])
         return manifest
@@ -487,6 +489,17 @@ class Fleet:
         return self._require_worker("shrink").shrink(
             max_unseen_passes=max_unseen_passes, min_update_count=min_update_count,
             min_score=min_score, decay=decay)
+
+    def _restore_scope_state(self):
+        """After the startup program, on the worker whose auc counters the
+        checkpoint of a restarted job (``PYFLEET_RESTORE_DIR``) holds: those
+        counters, so its running AUC goes on as if undisturbed."""
+        restore = os.environ.get("PYFLEET_RESTORE_DIR")
+        if not restore or not self._role_maker().is_worker():
+            return
+        m = _checkpoint.read_manifest(restore)
+        if m is not None and m.get("state_worker") == self.worker_index():
+            load_scope_state(restore, self.main_program)
 
     def load_persistables(self, executor=None, dirname=None, main_program=None):
         """A worker's part of loading checkpoint ``dirname`` (relative to the

@@ -231,6 +231,10 @@ class Executor:
             scope._register_parameter(p.name, backend, p.is_sparse_table)
         for name, value in startup._init_states:
             scope.vars[name] = np.array(value, copy=True)
+        # What must follow the initial values (a restarted Fleet worker's
+        # saved auc counters: Fleet sets these).
+        for hook in getattr(startup, "_after_run", ()):
+            hook()
 
     @staticmethod
     def _apply_gradient_rules(program, s, backend, dense, merged, row_sparse):

@@ -11,11 +11,19 @@ first worker saves the checkpoint (fleet.save_persistables) and writes its
 auc counters to ``<out>/auc_saved.npz``; with ``--load`` the servers load the
 checkpoint (init_server) and every worker calls fleet.load_persistables and
 writes its auc counters, before any step, to ``<out>/auc_loaded<i>.npz``.
+
+``--save-at K`` saves after step K instead (``meta={"step": K}``, then a
+worker barrier) and trains on; with ``--die-after-save`` worker 1 of the
+job's first attempt is SIGKILLed there, so that a launcher with
+``--max-restarts`` restarts the job from the checkpoint: the restarted
+workers start at the saved step. Every worker writes its auc counters and
+its running AUC after the last step to ``<out>/final<i>.npz``.
 """
 
 import argparse
 import json
 import os
+import signal
 
 import numpy as np
 
@@ -48,7 +56,7 @@ def optimizer(name, reg):
 
 
 def build():
-    """``(loss, auc_states)`` in the current program."""
+    """``(loss, auc_states, auc)`` in the current program."""
     ids = L.data(name="ids", shape=[1], dtype="int64", lod_level=1)
     label = L.data(name="label", shape=[1], dtype="int64")
     emb = L.embedding(ids, [VOCAB, DIM], is_distributed=True, param_attr=fluid.ParamAttr(
@@ -59,8 +67,8 @@ def build():
                               bias)
     loss = L.mean(L.sigmoid_cross_entropy_with_logits(logit, L.cast(label, "float32")))
     prob = L.sigmoid(logit)
-    _, _, states = L.auc(L.concat([1 - prob, prob], axis=1), label)
-    return loss, states
+    auc, _, states = L.auc(L.concat([1 - prob, prob], axis=1), label)
+    return loss, states, auc
 
 
 def feed(worker):
@@ -83,11 +91,13 @@ def main():
     p.add_argument("--save")
     p.add_argument("--load")
     p.add_argument("--out", default=".")
+    p.add_argument("--save-at", type=int)
+    p.add_argument("--die-after-save", action="store_true")
     p.add_argument("--no-init-worker", action="store_true",
                    help="as sync scripts of the era that never call it")
     a = p.parse_args()
     fleet.init()
-    loss, states = build()
+    loss, states, auc = build()
     config = fluid.DistributeTranspilerConfig()
     config.sync_mode = True
     fleet.distributed_optimizer(optimizer(a.optimizer, a.reg), config).minimize(loss)
@@ -103,13 +113,26 @@ def main():
     if a.load:
         fleet.load_persistables(exe, a.load)
         np.savez(os.path.join(a.out, f"auc_loaded{w}.npz"), **auc_state(states))
-    losses = []
-    for _ in range(a.steps):
-        (value,) = exe.run(fleet.main_program, feed=feed(w), fetch_list=[loss])
+    restore = os.environ.get("PYFLEET_RESTORE_DIR")
+    first = 0
+    if restore and os.path.exists(os.path.join(restore, "MANIFEST.json")):
+        with open(os.path.join(restore, "MANIFEST.json")) as f:
+            first = json.load(f)["meta"]["step"]
+    losses, value_auc = [], None
+    for step in range(first, a.steps):
+        value, value_auc = exe.run(fleet.main_program, feed=feed(w), fetch_list=[loss, auc])
         losses.append(float(value))
+        if a.save_at == step + 1:
+            if fleet.is_first_worker():
+                fleet.save_persistables(exe, a.save, meta={"step": step + 1})
+            fleet.barrier_worker()
+            if a.die_after_save and w == 1 and os.environ.get("PYFLEET_RESTART_COUNT", "0") == "0":
+                os.kill(os.getpid(), signal.SIGKILL)
     with open(os.path.join(a.out, f"worker{w}.json"), "w") as f:
         json.dump(losses, f)
-    if a.save and fleet.is_first_worker():
+    np.savez(os.path.join(a.out, f"final{w}.npz"), auc=np.float64(value_auc),
+             **auc_state(states))
+    if a.save and a.save_at is None and fleet.is_first_worker():
         fleet.save_persistables(exe, a.save)
         np.savez(os.path.join(a.out, "auc_saved.npz"), **auc_state(states))
     fleet.stop_worker()

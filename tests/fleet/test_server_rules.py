@@ -28,7 +28,7 @@ spec.loader.exec_module(job)
 STEPS = 6
 
 
-def _launch(cwd, *args, mode="sync"):
+def _launch(cwd, *args, mode="sync", launcher=()):
     """The job under the launcher; ``mode="hybrid"``: its workers as one MPI job."""
     if mode == "hybrid":
         env = mpi_env()
@@ -36,10 +36,13 @@ def _launch(cwd, *args, mode="sync"):
         env = {k: v for k, v in os.environ.items()
                if not k.startswith(("PYFLEET_", "PADDLE_", "TRAINING_ROLE"))}
         env["OMP_NUM_THREADS"] = env["OPENBLAS_NUM_THREADS"] = "1"
+    env["PYFLEET_CHECKPOINT_DIR"] = str(cwd)
     r = subprocess.run([sys.executable, "-m", "pyfleet.launch", "--mode", mode, "--servers", "1",
-                        "--workers", "2", "--timeout", "120", str(SCRIPT), *args], cwd=cwd,
-                       env=env, capture_output=True, text=True, timeout=180, check=False)
+                        "--workers", "2", "--timeout", "120", *launcher, str(SCRIPT), *args],
+                       cwd=cwd, env=env, capture_output=True, text=True, timeout=180,
+                       check=False)
     assert r.returncode == 0, f"{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    return r
 
 
 def _decay(reg, w):
@@ -88,7 +91,7 @@ def _reference(opt, reg, emb0, steps):
 def _local_program():
     main, startup = fluid.Program(), fluid.Program()
     with fluid.program_guard(main, startup), fluid.unique_name.guard():
-        _, states = job.build()
+        _, states, _ = job.build()
     exe = fluid.Executor(fluid.CPUPlace())
     exe.run(startup)
     return main, exe, states
@@ -160,3 +163,29 @@ def test_fleet_load_persistables_restores_the_workers_auc_counters(tmp_path):
         assert sorted(loaded.files) == sorted(saved.files)
         for n in saved.files:
             np.testing.assert_array_equal(loaded[n], saved[n])
+
+
+def test_a_restarted_job_goes_on_with_the_saving_workers_auc_counters(tmp_path):
+    # The undisturbed job saves after step 3 of 6 and trains on; the other is killed
+    # there (worker 1) and restarted by the launcher from that checkpoint. The
+    # saving worker's auc counters come back after its startup program, so its
+    # running AUC after the last step is the undisturbed job's (sync: bit-identical).
+    calm, healed = tmp_path / "calm", tmp_path / "healed"
+    calm.mkdir(), healed.mkdir()
+    _launch(calm, "--steps", "6", "--save", "ckpt", "--save-at", "3")
+    r = _launch(healed, "--steps", "6", "--save", "ckpt", "--save-at", "3",
+                "--die-after-save", launcher=("--max-restarts", "1", "--restore-dir", "ckpt"))
+    assert "worker.1 was killed by SIGKILL; restarting the whole job" in r.stderr
+    assert json.loads((healed / "ckpt" / "MANIFEST.json").read_text())["state_worker"] == 0
+    # the restarted workers trained steps 4..6 only
+    assert len(json.loads((healed / "worker0.json").read_text())) == 3
+    want, got = np.load(calm / "final0.npz"), np.load(healed / "final0.npz")
+    assert sorted(got.files) == sorted(want.files) and len(want.files) == 5  # auc, 4 states
+    for n in want.files:
+        np.testing.assert_array_equal(got[n], want[n])
+    assert float(got["auc"]) > 0.5
+    # Worker 1's counters are in no checkpoint (Fluid saves one trainer's): its AUC
+    # counts the restarted steps only.
+    one, whole = np.load(healed / "final1.npz"), np.load(calm / "final1.npz")
+    states = [n for n in one.files if n != "auc"]
+    assert sum(int(one[n].sum()) for n in states) < sum(int(whole[n].sum()) for n in states)
