@@ -28,7 +28,7 @@ from pyfleet.trainer.job import (
 )
 from pyfleet.trainer.keeper import _Keeper
 from pyfleet.trainer.progress import _Events, _Progress
-from pyfleet.trainer.rounds import Rounds, restore_position
+from pyfleet.trainer.rounds import Rounds, counters, restore_counters, restore_position
 
 log = logging.getLogger("pyfleet.trainer")
 
@@ -109,6 +109,7 @@ def run_role(job):
     # checkpoint's position, maybe inside a pass (pyfleet.trainer.rounds).
     last = int(job["first_pass"]) + int(job["epochs"]) - 1
     first, position = restore_position(job, wi, wn)
+    auc_names = [v.name for v in model.auc_states]
     rounds = Rounds(run_dir, wi, wn, job.get("checkpoint_steps"),
                     job.get("checkpoint_seconds"), job["mode"] == "sync",
                     job["barrier_timeout"])
@@ -117,7 +118,10 @@ def run_role(job):
         progress.loss_sum = position["loss_sum"]
         train_seconds = position["train_seconds"]
         history, evaluations = position["history"], position.get("evaluations", [])
-    if position is not None:
+    if position is not None:  # the running AUC: the layer's states; a restart's statistics
+        stats = restore_counters(position)
+        if stats is not None and position["restart"]:
+            progress.stats = stats
         log.info("worker %d: restored at pass %d batch %d (%d examples of the pass, %d in "
                  "all)", wi, first, position["batches"], position["pass_examples"],
                  position["examples"])
@@ -152,13 +156,15 @@ def run_role(job):
         # Late-bound on purpose (B023): the position at the moment a round asks for it.
         def state():
             running = clock[0]  # noqa: B023
+            progress.drain()
             return {"batches": batches,  # noqa: B023
                     "examples": progress.examples,
                     "pass_examples": progress.examples - progress.pass_start,
                     "steps": progress.steps, "loss_sum": progress.loss_sum,
                     "train_seconds": train_seconds + (  # noqa: B023
                         0.0 if running is None else time.perf_counter() - running),
-                    "history": history, "evaluations": evaluations}
+                    "history": history, "evaluations": evaluations,
+                    **counters(progress.stats, auc_names)}
 
         def save(meta, mode):
             fleet.save_persistables(exe, os.path.join(run_dir, "checkpoint"), meta=meta,

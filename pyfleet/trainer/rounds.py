@@ -22,7 +22,12 @@ so a restarted job never reads a dead attempt's files.
 The manifest's ``meta`` of a round: ``{"pass": <last whole pass>, "position": {"pass": p,
 "round": r, "workers": {"0": {...}, "1": {...}}}}``; each worker's entry holds ``batches``
 (of pass p, trained and saved), ``pass_examples``, ``examples`` (since the job's first pass),
-``steps``, ``loss_sum``, ``train_seconds``, ``history`` and (worker 0) ``evaluations``.
+``steps``, ``loss_sum``, ``train_seconds``, ``history``, (worker 0) ``evaluations``, and
+its running AUC counters (:func:`counters`): ``train_stats`` (the statistics ``pyfleet
+train`` reports as the train AUC and logloss) and ``auc_states`` (the auc layer's states in
+its scope), bucket counts stored sparse (most are zero). A restart restores both, so the
+running AUC goes on as if undisturbed; ``--resume`` (a new run, whose counts start at zero)
+restores the auc layer's states, as Fluid's ``load_persistables`` would.
 """
 
 import json
@@ -30,7 +35,11 @@ import logging
 import os
 import time
 
+import numpy as np
+
 from pyfleet._atomic import write_json
+from pyfleet.fluid import global_scope
+from pyfleet.metrics import MetricStats
 from pyfleet.service import checkpoint as _checkpoint
 
 log = logging.getLogger("pyfleet.trainer")
@@ -49,6 +58,53 @@ def _read(path):
             return json.load(f)
     except FileNotFoundError:
         return None
+
+
+def _sparse(a):
+    """``a`` as JSON: its nonzero entries (``at``, ``v``) while fewer than half are
+    nonzero (bucket counts mostly are), else every entry (``v``)."""
+    a = np.asarray(a)
+    flat = a.reshape(-1)
+    at = np.flatnonzero(flat)
+    d = {"shape": list(a.shape), "dtype": str(a.dtype)}
+    if 2 * at.size < flat.size:
+        return {**d, "at": at.tolist(), "v": flat[at].tolist()}
+    return {**d, "v": flat.tolist()}
+
+
+def _dense(d):
+    out = np.zeros(int(np.prod(d["shape"], dtype=np.int64)), dtype=d["dtype"])
+    if "at" in d:
+        out[np.asarray(d["at"], dtype=np.int64)] = d["v"]
+    else:
+        out[:] = d["v"]
+    return out.reshape(d["shape"])
+
+
+def counters(stats, names):
+    """This worker's running AUC counters, for its position: ``stats`` (a
+    :class:`MetricStats`) and the scope's values of the auc states ``names``."""
+    d = json.loads(stats.to_json())
+    d["pos"], d["neg"] = _sparse(stats.pos), _sparse(stats.neg)
+    scope = global_scope().vars
+    return {"train_stats": d, "auc_states": {n: _sparse(scope[n]) for n in names if n in scope}}
+
+
+def restore_counters(position):
+    """Put the auc states of ``position`` (see :func:`counters`) back into the
+    scope; returns its train statistics (None when it holds none)."""
+    scope = global_scope().vars
+    for name, d in (position.get("auc_states") or {}).items():
+        value = _dense(d)
+        if name in scope and np.shape(scope[name]) != value.shape:
+            raise ValueError(f"the checkpoint's auc state {name!r} has shape {value.shape}, "
+                             f"this model's {np.shape(scope[name])}: another model")
+        scope[name] = value
+    d = position.get("train_stats")
+    if d is None:
+        return None
+    return MetricStats.from_json(json.dumps({**d, "pos": _dense(d["pos"]).tolist(),
+                                             "neg": _dense(d["neg"]).tolist()}))
 
 
 def restore_position(job, wi, wn):

@@ -10,8 +10,10 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
+from pyfleet.metrics import MetricStats
 from pyfleet.service import checkpoint as _checkpoint
 
 DEADLINE = 400
@@ -238,6 +240,18 @@ def test_resume_of_a_checkpoint_inside_a_pass_trains_the_rest_of_it(tmp_path):
     assert json.loads(again.stdout)["train_examples"] == 54000 - held
     assert f"resuming inside pass 1 (checkpoint round {pos['round']}) of {run}: passes " \
            f"1..1" in again.stderr
+    # Worker 0's auc layer states went on from its position's: its whole counters (the
+    # two largest sums: positives and negatives) count the examples the checkpoint held,
+    # those the resumed run trained and its share of the pass-end test (the test
+    # program shares the states, as in Fluid).
+    ckpt = os.path.join(run, "checkpoint")
+    sums = sorted(int(np.load(os.path.join(ckpt, n)).sum()) for n in os.listdir(ckpt)
+                  if n.endswith(".state.npy"))
+    with open(os.path.join(run, "worker0.json")) as f:
+        w0 = json.load(f)
+    tested = MetricStats.from_json(w0["test_stats"]).count
+    assert len(sums) == 4 and 0 < w0["examples"] < 54000 and tested > 0
+    assert sums[-1] + sums[-2] == pos["workers"]["0"]["pass_examples"] + w0["examples"] + tested
 
 
 def test_the_printed_summary_names_the_restarts_and_the_checkpoint_pauses():
@@ -283,3 +297,15 @@ def test_a_healed_sync_job_ends_with_the_model_of_an_undisturbed_one(tmp_path):
     assert healed["train_examples"] == calm["train_examples"] == 54000
     assert healed["test_auc"] == calm["test_auc"]
     assert healed["test_logloss"] == calm["test_logloss"]
+    # The running AUC went on from the checkpoint's counters: the train AUC (bucket
+    # counts of every worker) and worker 0's auc layer states at the last save are
+    # the undisturbed run's (the logloss sum is a float summed in other chunks).
+    assert healed["train_auc"] == calm["train_auc"]
+    assert healed["train_logloss"] == pytest.approx(calm["train_logloss"], rel=1e-9)
+    names = sorted(n for n in os.listdir(tmp_path / "calm" / "checkpoint")
+                   if n.endswith(".state.npy"))
+    assert len(names) == 4
+    for n in names:
+        want = np.load(tmp_path / "calm" / "checkpoint" / n)
+        assert want.sum() > 0
+        np.testing.assert_array_equal(np.load(tmp_path / "run" / "checkpoint" / n), want)
