@@ -259,7 +259,7 @@ uint32_t SparseTable::InsertLocked(Shard& s, uint64_t key, uint64_t h) {
   }
   *rows_.Meta(row) = RowMeta{0, 0, kRowDirty, 0.f, 0.f};
   s.index.Insert(key, h, row);
-  ResidentAdded(s.spill.get(), row);
+  ResidentAdded(s.spill.get(), row, key);
   inserted_rows_.fetch_add(1, std::memory_order_relaxed);
   return row;
 }
@@ -756,7 +756,8 @@ size_t SparseTable::MemoryBytes() const {
                  (spill_file_ ? spill_file_->MemoryBytes() : 0);
   for (const auto& sp : shards_) {
     std::shared_lock lock(sp->mu);
-    bytes += sizeof(Shard) + sp->index.MemoryBytes() +
+    bytes += sizeof(Shard) + (sp->spill ? sp->spill->ring.size() * sizeof(uint64_t) : 0) +
+             sp->index.MemoryBytes() +
              sp->candidates.MemoryBytes() + sp->dropped.capacity() * sizeof(uint64_t);
   }
   return bytes;
@@ -960,12 +961,12 @@ size_t SparseTable::Load(const std::string& path, uint32_t num_servers, uint32_t
         row = rows_.Allocate();
         s.index.Insert(key, hk, row);
         s.candidates.Erase(key, hk);
-        ResidentAdded(s.spill.get(), row);
+        ResidentAdded(s.spill.get(), row, key);
       } else if (Spilled(row)) {  // replaced: the new row is made in RAM
         FreeValueLocked(s.spill.get(), row);
         row = rows_.Allocate();
         *s.index.FindValue(key, hk) = row;
-        ResidentAdded(s.spill.get(), row);
+        ResidentAdded(s.spill.get(), row, key);
       }
       RowMeta* m = rows_.Meta(row);
       std::memcpy(m, p + 8, sizeof(RowMeta));

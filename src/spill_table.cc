@@ -6,10 +6,11 @@
 // bytes (weights, state, meta and one second-chance byte). Calls that add rows (a pull or push of new or
 // spilled keys, a load) evict after their work, under the shard's exclusive
 // lock, so a shard may hold one call's rows beyond its share for that moment.
-// The victims are chosen by a second-chance clock whose hand walks the
-// shard's index slots: a resident row whose byte in used_ is set (a pull or
-// push touched it since the hand last passed) is spared and its byte
-// cleared, the first one found clear is evicted. Rows that are used stay.
+// The victims are chosen by second chance (CLOCK as a queue): the shard's
+// keys in RAM wait in a FIFO queue; at its front, a row whose byte in used_
+// is set (a pull or push touched it since it last passed) is spared, its
+// byte cleared and its key queued again; the first one found clear is
+// evicted. Rows that are used stay.
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -89,18 +90,22 @@ size_t SparseTable::ShardRowCap(const KeyIndex& index, const ShardSpill&) const 
   const size_t other = static_cast<size_t>(static_cast<double>(arrays) * (1.0 + growth)) +
                        spill_file_->MemoryBytes();
   const size_t share = budget_ > other ? (budget_ - other) / kShards : 0;
-  return std::max(share / (spill_slot_bytes() + 1), kMinShardRows);
+  // A row in RAM: its bytes, its second-chance byte and its key in the ring.
+  return std::max(share / (spill_slot_bytes() + 1 + sizeof(uint64_t)), kMinShardRows);
 }
 
 void SparseTable::MarkUsed(uint32_t row) const {
   if (used_ != nullptr && LoadUsed(used_ + row) != 1) StoreUsed(used_ + row, 1);
 }
 
-void SparseTable::ResidentAdded(ShardSpill* sp, uint32_t row) {
+void SparseTable::ResidentAdded(ShardSpill* sp, uint32_t row, uint64_t key, bool used) {
   if (sp == nullptr) return;
   if (row >= kSpilledBit) ThrowRuntime("a table with a disk tier holds at most 2^31 rows in RAM");
   ++sp->resident;
-  StoreUsed(used_ + row, 1);
+  sp->ring.push_back(key);
+  // A new row starts unused: it stays for one pass of the queue, and a second
+  // use in that time earns it a second chance (keys seen once go first).
+  StoreUsed(used_ + row, used ? 1 : 0);
 }
 
 void SparseTable::FreeValueLocked(ShardSpill* sp, uint32_t v) {
@@ -138,20 +143,27 @@ void SparseTable::ReadRecord(const char* rec, float* w, float* state) const {
 
 void SparseTable::ReloadLocked(KeyIndex& index, ShardSpill& sp, const uint64_t* keys,
                                const uint64_t* h, size_t n, size_t stride) {
-  thread_local std::vector<std::pair<uint32_t*, uint32_t>> found;  // (index value, slot)
+  struct Found {
+    uint32_t* value;  // the key's index value
+    uint32_t slot;
+    uint64_t key;
+  };
+  thread_local std::vector<Found> found;
   thread_local std::vector<uint32_t> slots;
   thread_local std::vector<char> buf;
   found.clear();
   for (size_t i = 0; i < n; ++i) {
     uint32_t* v = index.FindValue(keys[i * stride], h[i * stride]);
-    if (v != nullptr && Spilled(*v)) found.emplace_back(v, *v & ~kSpilledBit);
+    if (v != nullptr && Spilled(*v)) found.push_back({v, *v & ~kSpilledBit, keys[i * stride]});
   }
   if (found.empty()) return;
-  std::sort(found.begin(), found.end());
-  found.erase(std::unique(found.begin(), found.end()), found.end());
+  std::sort(found.begin(), found.end(), [](const Found& a, const Found& b) { return a.value < b.value; });
+  found.erase(std::unique(found.begin(), found.end(),
+                          [](const Found& a, const Found& b) { return a.value == b.value; }),
+              found.end());
   const size_t rec = spill_slot_bytes(), wb = layout_.weight_bytes(), sb = layout_.state_bytes();
   slots.resize(found.size());
-  for (size_t i = 0; i < found.size(); ++i) slots[i] = found[i].second;
+  for (size_t i = 0; i < found.size(); ++i) slots[i] = found[i].slot;
   buf.resize(found.size() * rec);
   sp.file->Read(slots.data(), buf.data(), found.size());
   for (size_t i = 0; i < found.size(); ++i) {
@@ -160,42 +172,63 @@ void SparseTable::ReloadLocked(KeyIndex& index, ShardSpill& sp, const uint64_t* 
     std::memcpy(rows_.Meta(row), p, sizeof(RowMeta));
     std::memcpy(rows_.WeightBytes(row), p + sizeof(RowMeta), wb);
     std::memcpy(rows_.StateBytes(row), p + sizeof(RowMeta) + wb, sb);
-    *found[i].first = row;
-    sp.file->Free(found[i].second);
-    ResidentAdded(&sp, row);
+    *found[i].value = row;
+    sp.file->Free(found[i].slot);
+    ResidentAdded(&sp, row, found[i].key, true);
   }
 }
 
 void SparseTable::EvictLocked(KeyIndex& index, ShardSpill& sp, size_t slack) {
+  if (sp.ring.size() > 2 * sp.resident + 1024) {
+    // Keys erased (shrink, load) stay in the queue until they reach its
+    // front; a shard that has not evicted for a while drops them here, in
+    // order, and duplicates (a key erased and added again meanwhile) if the
+    // queue is still large after that.
+    std::erase_if(sp.ring, [&](uint64_t key) {
+      const uint32_t v = index.Find(key, Mix64(key));
+      return v == KeyIndex::kEmpty || Spilled(v);
+    });
+    if (sp.ring.size() > 2 * sp.resident + 1024) {
+      std::sort(sp.ring.begin(), sp.ring.end());
+      sp.ring.erase(std::unique(sp.ring.begin(), sp.ring.end()), sp.ring.end());
+    }
+  }
   const size_t cap = ShardRowCap(index, sp);
   if (sp.resident <= cap + slack) return;
-  const size_t k = sp.resident - cap;
-  thread_local std::vector<size_t> victims;
+  size_t k = sp.resident - cap;
+  thread_local std::vector<uint32_t*> victims;  // their index values
+  thread_local std::vector<uint64_t> victim_keys;
   thread_local std::vector<uint32_t> slots;
   thread_local std::vector<char> buf;
   victims.clear();
-  IndexSlot* sl = index.slots();
-  const size_t n = index.capacity();
-  // Every resident row's byte is cleared within one turn, so two turns
-  // always find k victims (k < resident).
-  while (victims.size() < k) {
-    const size_t i = sp.hand++ % n;
-    const uint32_t v = sl[i].value;
-    if (v == KeyIndex::kEmpty || Spilled(v)) continue;
-    const uint8_t u = LoadUsed(used_ + v);
-    if (u == kChosen) continue;
+  victim_keys.clear();
+  // Second chance: the key at the front of the queue of keys in RAM leaves
+  // it; if its row was used since it last passed, its byte is cleared and
+  // it goes to the back; else it is a victim. Keys evicted or erased since
+  // they were queued are dropped. Every byte is cleared within one pass of
+  // the queue, so two passes find k (< resident) victims.
+  for (size_t steps = 3 * sp.ring.size(); victims.size() < k && steps > 0; --steps) {
+    const uint64_t key = sp.ring.front();
+    sp.ring.pop_front();
+    uint32_t* v = index.FindValue(key, Mix64(key));
+    if (v == nullptr || Spilled(*v)) continue;
+    const uint8_t u = LoadUsed(used_ + *v);
+    if (u == kChosen) continue;  // a second entry of a victim
     if (u != 0) {
-      StoreUsed(used_ + v, 0);
+      StoreUsed(used_ + *v, 0);
+      sp.ring.push_back(key);
       continue;
     }
-    StoreUsed(used_ + v, kChosen);
-    victims.push_back(i);
+    StoreUsed(used_ + *v, kChosen);
+    victims.push_back(v);
+    victim_keys.push_back(key);
   }
+  k = victims.size();
   const size_t rec = spill_slot_bytes(), wb = layout_.weight_bytes(), sb = layout_.state_bytes();
   buf.resize(k * rec);
   slots.resize(k);
   for (size_t j = 0; j < k; ++j) {
-    const uint32_t row = sl[victims[j]].value;
+    const uint32_t row = *victims[j];
     char* p = buf.data() + j * rec;
     std::memcpy(p, rows_.Meta(row), sizeof(RowMeta));
     std::memcpy(p + sizeof(RowMeta), rows_.WeightBytes(row), wb);
@@ -208,13 +241,14 @@ void SparseTable::EvictLocked(KeyIndex& index, ShardSpill& sp, size_t slack) {
     // The rows stay in RAM, over budget; the caller sees the I/O error.
     for (size_t j = 0; j < k; ++j) {
       sp.file->Free(slots[j]);
-      StoreUsed(used_ + sl[victims[j]].value, 0);
+      StoreUsed(used_ + *victims[j], 0);
+      sp.ring.push_back(victim_keys[j]);
     }
     throw;
   }
   for (size_t j = 0; j < k; ++j) {
-    const uint32_t row = sl[victims[j]].value;
-    sl[victims[j]].value = kSpilledBit | slots[j];
+    const uint32_t row = *victims[j];
+    *victims[j] = kSpilledBit | slots[j];
     StoreUsed(used_ + row, 0);
     rows_.Free(row);
   }

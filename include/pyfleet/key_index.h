@@ -90,9 +90,6 @@ class KeyIndex {
 
   size_t size() const { return size_; }
   size_t capacity() const { return mask_ + 1; }
-  // The slot array (capacity() slots), for a sweep that rewrites values in
-  // place (the disk tier's eviction clock); valid until the next insert or erase.
-  IndexSlot* slots() { return slots_; }
   // As mapped: a slot array of 2 MiB or more sits on whole huge pages. An
   // array in the arena counts 0 here (the arena counts its slabs).
   size_t MemoryBytes() const;

@@ -168,7 +168,9 @@ class SparseTable {
   void ReadSpilled(const ShardSpill& sp, uint32_t v, char* rec) const;
   void ReadRecord(const char* rec, float* w, float* state) const;  // state may be null
   void MarkUsed(uint32_t row) const;
-  void ResidentAdded(ShardSpill* sp, uint32_t row);
+  // A row now in RAM joins the back of its shard's queue; used: a row read
+  // back for a call (a second use), not a new or loaded one.
+  void ResidentAdded(ShardSpill* sp, uint32_t row, uint64_t key, bool used = false);
   // Frees key's row or spilled slot after its index entry was erased.
   void FreeValueLocked(ShardSpill* sp, uint32_t v);
   // f(key, meta, record) for each spilled row of the shard; the records for

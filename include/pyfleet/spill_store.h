@@ -28,6 +28,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -90,7 +91,9 @@ struct ShardSpill {
   explicit ShardSpill(SpillFile* f) : file(f) {}
   SpillFile* file;      // the table's, shared by its shards
   size_t resident = 0;  // rows of the shard in RAM
-  size_t hand = 0;      // the second-chance clock: an index slot position
+  // Second chance: the keys of the shard's rows in RAM in a FIFO queue (and
+  // keys erased or spilled since they were queued, dropped at the front).
+  std::deque<uint64_t> ring;
 };
 
 }  // namespace pyfleet
