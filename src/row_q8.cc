@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "pyfleet/error.h"
+#include "row_simd.h"
 
 namespace pyfleet {
 
@@ -75,6 +76,35 @@ RowLayout TableRowLayout(StorageKind storage, size_t dim, const OptimizerConfig&
   return RowLayout();
 }
 
+#ifdef PYFLEET_ROW_SIMD
+namespace {
+
+// A full block of 16 codes decoded four lanes at a time: the scalar loop's
+// conversion and multiplies (no other operation, so the same bits).
+inline void DecodeBlock16(const uint8_t* c, float scale, bool sgn, float* o) {
+  const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(c));
+  const __m128i lo16 = _mm_unpacklo_epi8(x, x), hi16 = _mm_unpackhi_epi8(x, x);
+  const __m128i q[4] = {_mm_unpacklo_epi16(lo16, lo16), _mm_unpackhi_epi16(lo16, lo16),
+                        _mm_unpacklo_epi16(hi16, hi16), _mm_unpackhi_epi16(hi16, hi16)};
+  // Each 32-bit lane holds its byte four times: shifted down by 24 it is the
+  // byte sign-extended (signed codes) or zero-extended (root codes).
+  if (sgn) {
+    const __m128 step = _mm_set1_ps(scale / 127.f);
+    for (int k = 0; k < 4; ++k) {
+      _mm_storeu_ps(o + 4 * k, _mm_mul_ps(_mm_cvtepi32_ps(_mm_srai_epi32(q[k], 24)), step));
+    }
+  } else {
+    const __m128 step = _mm_set1_ps(scale / 255.f);
+    for (int k = 0; k < 4; ++k) {
+      const __m128 v = _mm_mul_ps(_mm_cvtepi32_ps(_mm_srli_epi32(q[k], 24)), step);
+      _mm_storeu_ps(o + 4 * k, _mm_mul_ps(v, v));
+    }
+  }
+}
+
+}  // namespace
+#endif
+
 void Q8LoadState(const RowLayout& l, const void* s, float* sf) {
   const size_t bytes = l.state_bytes();
   if (bytes == 0) return;
@@ -91,6 +121,12 @@ void Q8LoadState(const RowLayout& l, const void* s, float* sf) {
       const size_t lo = b * kQ8Block, n = std::min(dim - lo, kQ8Block);
       const uint8_t* c = codes + lo;
       float* o = out + lo;
+#ifdef PYFLEET_ROW_SIMD
+      if (n == kQ8Block) {
+        DecodeBlock16(c, scale, sgn, o);
+        continue;
+      }
+#endif
       if (sgn) {
         const float step = scale / 127.f;
         for (size_t i = 0; i < n; ++i) o[i] = static_cast<float>(static_cast<int8_t>(c[i])) * step;
@@ -136,6 +172,57 @@ inline uint16_t CodeBlock(const float* x, const float* u, size_t n, bool sgn, ui
   return sc;
 }
 
+#ifdef PYFLEET_ROW_SIMD
+// CodeBlock for a full block of 16, four lanes at a time, in the same fp32
+// operations and order (SSE2 only, so nothing is contracted into an FMA):
+// the elements (signed: in; root: sqrt(max(in, 0)), NaN -> 0 as the scalar
+// select), their largest |x| (max over lanes equals the running max: NaN
+// never wins either), y = x * inv + (u + bias) clamped with the scalar's
+// comparisons (a NaN y passes both, as there), truncated, minus bias, low
+// byte. r null: u = 1/2.
+inline uint16_t CodeBlock16(const float* in, const uint16_t* r, bool sgn, uint8_t* codes) {
+  __m128 x[4];
+  __m128 a = _mm_setzero_ps();
+  const __m128 abs_mask = _mm_castsi128_ps(_mm_set1_epi32(0x7fffffff));
+  for (int k = 0; k < 4; ++k) {
+    const __m128 v = _mm_loadu_ps(in + 4 * k);
+    x[k] = sgn ? v : _mm_sqrt_ps(_mm_max_ps(v, _mm_setzero_ps()));
+    a = _mm_max_ps(_mm_and_ps(x[k], abs_mask), a);  // |x| > a ? |x| : a
+  }
+  a = _mm_max_ps(a, _mm_movehl_ps(a, a));
+  a = _mm_max_ps(a, _mm_shuffle_ps(a, a, 1));
+  const uint16_t sc = Bf16Ceil(_mm_cvtss_f32(a));
+  const float scale = Bf16ToFloat(sc);
+  if (scale == 0.f) {
+    std::memset(codes, 0, kQ8Block);
+    return sc;
+  }
+  const __m128 inv = _mm_set1_ps((sgn ? 127.f : 255.f) / scale);
+  const __m128 bias = _mm_set1_ps(sgn ? 128.f : 0.f);
+  const __m128 lo = _mm_set1_ps(sgn ? 1.f : 0.f), hi = _mm_set1_ps(255.f);
+  const __m128i ibias = _mm_set1_epi32(sgn ? 128 : 0), low_byte = _mm_set1_epi32(0xff);
+  __m128i c[4];
+  for (int k = 0; k < 4; ++k) {
+    __m128 u;
+    if (r) {
+      const __m128i ri = _mm_unpacklo_epi16(
+          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(r + 4 * k)), _mm_setzero_si128());
+      u = _mm_mul_ps(_mm_cvtepi32_ps(ri), _mm_set1_ps(0x1p-16f));
+    } else {
+      u = _mm_set1_ps(0.5f);
+    }
+    __m128 y = _mm_add_ps(_mm_mul_ps(x[k], inv), _mm_add_ps(u, bias));
+    y = _mm_max_ps(lo, y);  // lo > y ? lo : y, i.e. y < lo ? lo : y
+    y = _mm_min_ps(hi, y);  // hi < y ? hi : y, i.e. y > hi ? hi : y
+    c[k] = _mm_and_si128(_mm_sub_epi32(_mm_cvttps_epi32(y), ibias), low_byte);
+  }
+  const __m128i packed =
+      _mm_packus_epi16(_mm_packs_epi32(c[0], c[1]), _mm_packs_epi32(c[2], c[3]));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(codes), packed);
+  return sc;
+}
+#endif
+
 }  // namespace
 
 void Q8StoreState(const RowLayout& l, const float* sf, void* s, const uint16_t* r) {
@@ -151,6 +238,14 @@ void Q8StoreState(const RowLayout& l, const float* sf, void* s, const uint16_t* 
     const float* in = sf + j * dim;
     for (size_t b = 0; b < blocks; ++b) {
       const size_t lo = b * kQ8Block, n = std::min(dim - lo, kQ8Block);
+#ifdef PYFLEET_ROW_SIMD
+      if (n == kQ8Block) {
+        const uint16_t sc =
+            CodeBlock16(in + lo, r ? r + j * dim + lo : nullptr, sgn, buf.p + j * dim + lo);
+        std::memcpy(scales + 2 * (j * blocks + b), &sc, 2);
+        continue;
+      }
+#endif
       // Branch-free loops (they vectorise: sqrtps, cvtdq2ps).
       if (sgn) {
         for (size_t i = 0; i < n; ++i) x[i] = in[lo + i];
