@@ -269,7 +269,16 @@ void Q8StoreState(const RowLayout& l, const float* sf, void* s, const uint16_t* 
   for (size_t k = 0; k < l.q8_signed && l.q8_signed + k < l.q8_vectors(); ++k) {
     uint8_t* m = buf.p + k * dim;
     const uint8_t* v = buf.p + (l.q8_signed + k) * dim;
-    for (size_t i = 0; i < dim; ++i) m[i] = v[i] == 0 ? 0 : m[i];
+    size_t i = 0;
+#ifdef PYFLEET_ROW_SIMD
+    for (; i + 16 <= dim; i += 16) {
+      const __m128i vz = _mm_cmpeq_epi8(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(v + i)), _mm_setzero_si128());
+      __m128i* mi = reinterpret_cast<__m128i*>(m + i);
+      _mm_storeu_si128(mi, _mm_andnot_si128(vz, _mm_loadu_si128(mi)));
+    }
+#endif
+    for (; i < dim; ++i) m[i] = v[i] == 0 ? 0 : m[i];
   }
   StoreWords(s, buf.p, bytes);
 }
