@@ -50,13 +50,13 @@ bool HasF16C() {
   return has;
 }
 
-__attribute__((target("f16c"))) void NarrowHalvesF16C(const float* v, const uint16_t* r,
-                                                       size_t n, uint16_t* out) {
-  size_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    const __m128 x = _mm_loadu_ps(v + i);
+// Four halves of v[0, 4) with the draws r[0, 4), in the low 64 bits.
+__attribute__((target("f16c"))) inline __m128i NarrowHalves4F16C(const float* v,
+                                                                  const uint16_t* r) {
+  {
+    const __m128 x = _mm_loadu_ps(v);
     const __m128i ri = _mm_unpacklo_epi16(
-        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(r + i)), _mm_setzero_si128());
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(r)), _mm_setzero_si128());
     const __m128i a = _mm_and_si128(_mm_castps_si128(x), _mm_set1_epi32(0x7fffffff));
     const __m128i normal = _mm_andnot_si128(_mm_cmpgt_epi32(a, _mm_set1_epi32(0x7f7fffff)),
                                             _mm_cmpgt_epi32(a, _mm_set1_epi32(0x387fffff)));
@@ -67,7 +67,15 @@ __attribute__((target("f16c"))) void NarrowHalvesF16C(const float* v, const uint
     } else {
       h = simd::Pack4(simd::NarrowStochastic4<StorageKind::kFP16>(x, ri));
     }
-    _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i), h);
+    return h;
+  }
+}
+
+__attribute__((target("f16c"))) void NarrowHalvesF16C(const float* v, const uint16_t* r,
+                                                       size_t n, uint16_t* out) {
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i), NarrowHalves4F16C(v + i, r + i));
   }
   for (; i < n; ++i) out[i] = HalfRound(v[i], r[i], false);
 }
@@ -112,17 +120,15 @@ void WidenElems(const uint16_t* h, size_t n, float* out) {
   for (; i < n; ++i) out[i] = WidenElem(S, h[i]);
 }
 
-template <StorageKind S>
-void NarrowElems(const float* v, const uint16_t* r, size_t n, uint16_t* out) {
-  size_t i = 0;
 #ifdef PYFLEET_ROW_SIMD
-  if constexpr (S == StorageKind::kFP16) {
-    if (HasF16C()) return NarrowHalvesF16C(v, r, n, out);
-  }
-  for (; i + 4 <= n; i += 4) {
+// Four 16-bit results of v[0, 4) with the draws r[0, 4) (SSE2), in the low
+// 64 bits.
+template <StorageKind S>
+inline __m128i Narrow4(const float* v, const uint16_t* r) {
+  {
     const __m128i ri = _mm_unpacklo_epi16(
-        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(r + i)), _mm_setzero_si128());
-    const __m128 x = _mm_loadu_ps(v + i);
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(r)), _mm_setzero_si128());
+    const __m128 x = _mm_loadu_ps(v);
     if constexpr (S == StorageKind::kBF16) {
       // Four finite values below the largest finite bf16's rounding range
       // (the common case): the rule is the add and the shift alone, and no
@@ -132,16 +138,28 @@ void NarrowElems(const float* v, const uint16_t* r, size_t n, uint16_t* out) {
       if (_mm_movemask_ps(_mm_castsi128_ps(_mm_cmplt_epi32(a, _mm_set1_epi32(0x7f7f0000)))) ==
           0xf) {
         const __m128i b = _mm_srai_epi32(_mm_add_epi32(_mm_castps_si128(x), ri), 16);
-        _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i), _mm_packs_epi32(b, b));
-        continue;
+        return _mm_packs_epi32(b, b);
       }
     }
-    _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i),
-                     simd::Pack4(simd::NarrowStochastic4<S>(x, ri)));
+    return simd::Pack4(simd::NarrowStochastic4<S>(x, ri));
+  }
+}
+#endif
+
+template <StorageKind S>
+void NarrowElems(const float* v, const uint16_t* r, size_t n, uint16_t* out) {
+  size_t i = 0;
+#ifdef PYFLEET_ROW_SIMD
+  if constexpr (S == StorageKind::kFP16) {
+    if (HasF16C()) return NarrowHalvesF16C(v, r, n, out);
+  }
+  for (; i + 4 <= n; i += 4) {
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i), Narrow4<S>(v + i, r + i));
   }
 #endif
   for (; i < n; ++i) out[i] = NarrowStochastic(S, v[i], r[i]);
 }
+
 
 // out[0, n) = the 16-bit elements at p, each read whole. On x86-64 the
 // 8-byte-aligned groups of four are one 8-byte load in asm (opaque to the
@@ -286,15 +304,60 @@ inline const uint16_t* Draws(uint64_t z, size_t e0, size_t n, uint16_t* buf) {
   return buf + e0 % 8;
 }
 
+#ifdef PYFLEET_VECTOR_ROW_COPY
+// q[0, n) = the rounded v[0, n) with the draws r, without the round trip
+// through a buffer on the stack: elements up to an 8-byte boundary one by
+// one, then four rounded in a register per asm 8-byte store (as Store16s),
+// the rest one by one. The same rule on the same draws, so the same bits.
+template <StorageKind S>
+inline void StoreNarrowedTail(const float* v, const uint16_t* r, size_t i, size_t n,
+                              uint16_t* q) {
+  for (; i < n; ++i) Store16(q, i, NarrowStochastic(S, v[i], r[i]));
+}
+template <StorageKind S>
+inline size_t StoreNarrowedHead(const float* v, const uint16_t* r, size_t n, uint16_t* q) {
+  size_t i = 0;
+  for (; i < n && reinterpret_cast<uintptr_t>(q + i) % 8 != 0; ++i) {
+    Store16(q, i, NarrowStochastic(S, v[i], r[i]));
+  }
+  return i;
+}
+inline void Store4Relaxed(uint16_t* q, __m128i h) {
+  asm volatile("movq %1, %0" : "=m"(*reinterpret_cast<uint64_t*>(q)) : "x"(h));
+}
+
+__attribute__((target("f16c"))) void StoreHalvesF16C(const float* v, const uint16_t* r,
+                                                      size_t n, uint16_t* q) {
+  size_t i = StoreNarrowedHead<StorageKind::kFP16>(v, r, n, q);
+  for (; i + 4 <= n; i += 4) Store4Relaxed(q + i, NarrowHalves4F16C(v + i, r + i));
+  StoreNarrowedTail<StorageKind::kFP16>(v, r, i, n, q);
+}
+
+template <StorageKind S>
+void StoreNarrowed(const float* v, const uint16_t* r, size_t n, uint16_t* q) {
+  if constexpr (S == StorageKind::kFP16) {
+    if (HasF16C()) return StoreHalvesF16C(v, r, n, q);
+  }
+  size_t i = StoreNarrowedHead<S>(v, r, n, q);
+  for (; i + 4 <= n; i += 4) Store4Relaxed(q + i, Narrow4<S>(v + i, r + i));
+  StoreNarrowedTail<S>(v, r, i, n, q);
+}
+#endif
+
 // Rounds elements [e0, e0 + n) of the row's stream into p.
 template <StorageKind S>
 void StoreElems(const float* v, size_t n, void* p, uint64_t z, size_t e0) {
-  uint16_t buf[kChunk + 16], h[kChunk];
+  uint16_t buf[kChunk + 16];
   for (size_t c = 0; c < n; c += kChunk) {
     const size_t len = std::min(kChunk, n - c);
     const uint16_t* r = Draws(z, e0 + c, len, buf);
+#ifdef PYFLEET_VECTOR_ROW_COPY
+    StoreNarrowed<S>(v + c, r, len, static_cast<uint16_t*>(p) + c);
+#else
+    uint16_t h[kChunk];
     NarrowElems<S>(v + c, r, len, h);
     Store16s(static_cast<uint16_t*>(p) + c, h, len);
+#endif
   }
 }
 
