@@ -166,7 +166,8 @@ def _train_parser(sub):
                         "--spill-dir, hot rows stay (docs/tables.md; default: all in RAM)")
     p.add_argument("--spill-dir", default=None, metavar="DIR",
                    help="the directory on the servers' machines for the rows beyond "
-                        "--memory-budget (unnamed files, nothing left after the run)")
+                        "--memory-budget (unnamed files, nothing left after the run; "
+                        "default: none, required with --memory-budget)")
     p.add_argument("--timeout", type=float, default=None,
                    help="stop the job after this many seconds (default: no limit)")
     p.add_argument("--checkpoint-steps", type=int, default=None, metavar="K",
