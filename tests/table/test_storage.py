@@ -16,6 +16,7 @@ from support.rounding import (
     summed_like_core,
     widen,
 )
+from support.tables import snapshot, trained_table
 
 import pyfleet
 from pyfleet import _core
@@ -230,22 +231,9 @@ def test_add_delta_rounds_with_the_same_rule(kind):
 # ---- persistence, conversion, policies ----
 
 def trained(kind, opt=None, dim=6, n=2000, seed=0):
-    opt = opt or Adam(learning_rate=0.01)
-    rng = np.random.default_rng(seed)
-    t = pyfleet.SparseTable(dim, opt, seed=seed, storage=kind)
-    ks = np.concatenate([np.array([0, 2**64 - 1], np.uint64),
-                         rng.integers(0, 2**64, n, dtype=np.uint64)])
-    for _ in range(3):
-        t.pull(ks)
-        t.push(ks, rng.normal(0, 1, (len(ks), dim)).astype(np.float32))
+    t, ks = trained_table(opt, dim, n, seed, storage=kind)
     t.add_show_click(ks, np.ones(len(ks), np.float32), np.zeros(len(ks), np.float32))
     return t, ks
-
-
-def snapshot(t):
-    e = t.export(with_state=True)
-    order = np.argsort(e["keys"])
-    return {k: v[order] for k, v in e.items()}
 
 
 @pytest.mark.parametrize("kind", ["fp32"] + COMPACT)

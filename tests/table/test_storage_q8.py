@@ -14,6 +14,7 @@ from support.rounding import (
     stochastic,
     summed_like_core,
 )
+from support.tables import snapshot, trained_table
 
 import pyfleet
 from pyfleet.entry import CountFilterEntry
@@ -150,20 +151,7 @@ def test_q8_refuses_rules_it_does_not_code(opt, storage):
 
 
 def trained(storage, opt, dim=20, n=500, seed=3):
-    rng = np.random.default_rng(seed)
-    t = pyfleet.SparseTable(dim, opt, seed=seed, storage=storage)
-    ks = np.concatenate([np.array([0, 2**64 - 1], np.uint64),
-                         rng.integers(0, 2**64, n, dtype=np.uint64)])
-    for _ in range(3):
-        t.pull(ks)
-        t.push(ks, rng.normal(0, 1, (len(ks), dim)).astype(np.float32))
-    return t, ks
-
-
-def snapshot(t):
-    e = t.export(with_state=True)
-    order = np.argsort(e["keys"])
-    return {k: v[order] for k, v in e.items()}
+    return trained_table(opt, dim, n, seed, storage=storage)
 
 
 @pytest.mark.parametrize("storage", Q8)

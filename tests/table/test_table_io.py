@@ -4,27 +4,10 @@ import os
 
 import numpy as np
 import pytest
+from support.tables import snapshot, trained_table
 
 import pyfleet
 from pyfleet.optimizer import FTRL, SGD, Adagrad, Adam
-
-
-def trained_table(opt=None, dim=6, n=3000, seed=0):
-    opt = opt or Adam(learning_rate=0.01)
-    rng = np.random.default_rng(seed)
-    t = pyfleet.SparseTable(dim, opt, seed=seed)
-    edge = np.array([0, 2**64 - 1], dtype=np.uint64)
-    ks = np.concatenate([edge, rng.integers(0, 2**64, n, dtype=np.uint64)])
-    for _ in range(3):
-        t.pull(ks)
-        t.push(ks, rng.normal(0, 1, (len(ks), dim)).astype(np.float32))
-    return t, ks
-
-
-def snapshot(t):
-    e = t.export(with_state=True)
-    order = np.argsort(e["keys"])
-    return {k: v[order] for k, v in e.items()}
 
 
 def assert_same(a, b):
