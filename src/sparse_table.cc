@@ -859,6 +859,17 @@ size_t SparseTable::Save(const std::string& path, bool delta) {
     for (const auto& sp : shards_) {
       Shard& s = *sp;
       buf.clear();
+      // One record: key, meta (its dirty flag cleared), then the payload the
+      // caller copies to the returned address (weights, then state).
+      auto append = [&](uint64_t key, RowMeta* m) {
+        m->flags &= static_cast<uint16_t>(~kRowDirty);
+        const size_t at = buf.size();
+        buf.resize(at + rec);
+        char* p = buf.data() + at;
+        std::memcpy(p, &key, sizeof(key));
+        std::memcpy(p + 8, m, sizeof(RowMeta));
+        return p + 8 + sizeof(RowMeta);
+      };
       {
         // Exclusive: no push is half-way through a row while it is copied.
         std::unique_lock lock(s.mu);
@@ -866,14 +877,9 @@ size_t SparseTable::Save(const std::string& path, bool delta) {
           if (Spilled(row)) return;
           RowMeta* m = rows_.Meta(row);
           if (delta && !(m->flags & kRowDirty)) return;
-          m->flags &= static_cast<uint16_t>(~kRowDirty);
-          const size_t at = buf.size();
-          buf.resize(at + rec);
-          char* p = buf.data() + at;
-          std::memcpy(p, &key, sizeof(key));
-          std::memcpy(p + 8, m, sizeof(RowMeta));
-          std::memcpy(p + 8 + sizeof(RowMeta), rows_.WeightBytes(row), wb);
-          std::memcpy(p + 8 + sizeof(RowMeta) + wb, rows_.StateBytes(row), sb);
+          char* payload = append(key, m);
+          std::memcpy(payload, rows_.WeightBytes(row), wb);
+          std::memcpy(payload + wb, rows_.StateBytes(row), sb);
         });
         if (s.spill) {
           // Spilled rows go to the file in pieces, still under the lock, so
@@ -881,13 +887,7 @@ size_t SparseTable::Save(const std::string& path, bool delta) {
           ForEachSpilledLocked(s.index, *s.spill, [&](uint64_t key, RowMeta* m, const char* r) {
             const bool dirty = m->flags & kRowDirty;
             if (delta && !dirty) return false;
-            m->flags &= static_cast<uint16_t>(~kRowDirty);
-            const size_t at = buf.size();
-            buf.resize(at + rec);
-            char* p = buf.data() + at;
-            std::memcpy(p, &key, sizeof(key));
-            std::memcpy(p + 8, m, sizeof(RowMeta));
-            std::memcpy(p + 8 + sizeof(RowMeta), r + sizeof(RowMeta), wb + sb);
+            std::memcpy(append(key, m), r + sizeof(RowMeta), wb + sb);
             if (buf.size() >= (size_t{8} << 20)) {
               out.Write(buf.data(), buf.size());
               rows += buf.size() / rec;
