@@ -77,6 +77,19 @@ def _kill_when(proc, run_dir, role, ready):
     raise AssertionError(f"{role} was never killed")
 
 
+def _run_killing(proc, run_dir, *kills):
+    """SIGKILL each ``(role, ready)`` of ``kills`` in turn, then wait for the job:
+    its ``(stdout, stderr)``. A job still running when this leaves is killed."""
+    try:
+        for role, ready in kills:
+            _kill_when(proc, run_dir, role, ready)
+        return proc.communicate(timeout=DEADLINE)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
 def _rounds_of(run_dir, attempt):
     d = os.path.join(run_dir, "progress", "rounds")
     return [n for n in os.listdir(d) if n.startswith(f"a{attempt}.") and n.endswith(".done")] \
@@ -90,16 +103,12 @@ def test_a_killed_server_and_a_killed_worker_heal_and_train_every_example_once(t
     run = str(tmp_path / "run")
     proc = _train(tmp_path, "run", "--epochs", "2", "--checkpoint-steps", "20",
                   "--max-restarts", "2", "--mode", mode)
-    try:
+    out, err = _run_killing(
+        proc, run,
         # 1. a server, once a checkpoint inside pass 1 was committed by attempt 0
-        _kill_when(proc, run, "server.1", lambda: len(_rounds_of(run, 0)) >= 2)
+        ("server.1", lambda: len(_rounds_of(run, 0)) >= 2),
         # 2. a worker, once the restarted job committed a checkpoint of its own
-        _kill_when(proc, run, "worker.0", lambda: len(_rounds_of(run, 1)) >= 2)
-        out, err = proc.communicate(timeout=DEADLINE)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        ("worker.0", lambda: len(_rounds_of(run, 1)) >= 2))
     assert proc.returncode == 0, err
     summary = json.loads(out)
     assert [(r["role"], r["description"], r["attempt"]) for r in summary["restarts"]] == [
@@ -141,25 +150,19 @@ def test_a_role_that_keeps_dying_fails_the_job_after_n_restarts(tmp_path):
     # refuse the damaged checkpoint and exit 1.
     run = str(tmp_path / "run")
     proc = _train(tmp_path, "run", "--checkpoint-steps", "10", "--max-restarts", "2")
-    try:
-        def damaged():
-            if len(_rounds_of(run, 0)) < 1:
-                return False
-            m = _checkpoint.read_manifest(os.path.join(run, "checkpoint"))
-            gen = m["chain"][0]["dir"]
-            files = sorted(os.listdir(os.path.join(run, "checkpoint", gen)))
-            path = os.path.join(run, "checkpoint", gen, [f for f in files
-                                                         if f.endswith(".bin")][0])
-            with open(path, "r+b") as f:
-                f.seek(40)
-                f.write(b"\xff\xff\xff\xff")
-            return True
-        _kill_when(proc, run, "server.0", damaged)
-        out, err = proc.communicate(timeout=DEADLINE)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    def damaged():
+        if len(_rounds_of(run, 0)) < 1:
+            return False
+        m = _checkpoint.read_manifest(os.path.join(run, "checkpoint"))
+        gen = m["chain"][0]["dir"]
+        files = sorted(os.listdir(os.path.join(run, "checkpoint", gen)))
+        path = os.path.join(run, "checkpoint", gen, [f for f in files
+                                                     if f.endswith(".bin")][0])
+        with open(path, "r+b") as f:
+            f.seek(40)
+            f.write(b"\xff\xff\xff\xff")
+        return True
+    out, err = _run_killing(proc, run, ("server.0", damaged))
     assert proc.returncode != 0
     assert "3 role death(s); more than 2 restart(s) within 3600 s, so the job fails" in err
     history = [line.split("UTC  ")[1] for line in err.splitlines() if " UTC  attempt " in line]
@@ -197,13 +200,7 @@ def test_a_restart_from_a_pass_end_checkpoint_keeps_every_workers_counts(tmp_pat
     def pass_one_saved():
         pos = _round_position(run)
         return pos is not None and pos["pass"] == 2
-    try:
-        _kill_when(proc, run, "worker.1", pass_one_saved)
-        out, err = proc.communicate(timeout=DEADLINE)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    out, err = _run_killing(proc, run, ("worker.1", pass_one_saved))
     assert proc.returncode == 0, err
     summary = json.loads(out)
     assert [r["role"] for r in summary["restarts"]] == ["worker.1"]
@@ -220,13 +217,7 @@ def test_resume_of_a_checkpoint_inside_a_pass_trains_the_rest_of_it(tmp_path):
     # position: it trains exactly the examples the checkpoint does not hold yet.
     run = str(tmp_path / "run")
     proc = _train(tmp_path, "run", "--checkpoint-steps", "20")
-    try:
-        _kill_when(proc, run, "worker.1", lambda: len(_rounds_of(run, 0)) >= 2)
-        _, err = proc.communicate(timeout=DEADLINE)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    _, err = _run_killing(proc, run, ("worker.1", lambda: len(_rounds_of(run, 0)) >= 2))
     assert proc.returncode != 0
     pos = _round_position(run)
     assert pos["pass"] == 1 and pos["round"] >= 2
@@ -284,13 +275,7 @@ def test_a_healed_sync_job_ends_with_the_model_of_an_undisturbed_one(tmp_path):
     calm = json.loads(out)
     run = str(tmp_path / "run")
     proc = _train(tmp_path, "run", *flags, "--max-restarts", "1")
-    try:
-        _kill_when(proc, run, "server.0", lambda: len(_rounds_of(run, 0)) >= 3)
-        out, err = proc.communicate(timeout=DEADLINE)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    out, err = _run_killing(proc, run, ("server.0", lambda: len(_rounds_of(run, 0)) >= 3))
     assert proc.returncode == 0, err
     healed = json.loads(out)
     assert [r["role"] for r in healed["restarts"]] == ["server.0"]
