@@ -10,6 +10,7 @@ import threading
 
 import numpy as np
 import pytest
+from support.tables import fleet_table_configs
 
 import pyfleet
 from pyfleet.entry import CountFilterEntry
@@ -233,19 +234,11 @@ def test_fluid_programs_give_their_sparse_tables_a_disk_tier(tmp_path):
     """fleet.distributed_optimizer(..., sparse_memory_budget=, sparse_spill_dir=)
     reaches every sparse table's config, the budget split evenly among them;
     half of it is refused by name."""
-    from pyfleet import fluid, models
+    from pyfleet import fluid
     from pyfleet.distributed.fleet import Fleet
-    from pyfleet.role_maker import Role, UserDefinedRoleMaker
 
-    f = Fleet()
-    f.init(UserDefinedRoleMaker(current_id=0, role=Role.WORKER, worker_num=1,
-                                server_endpoints=["127.0.0.1:1"]))
-    main, startup = fluid.Program(), fluid.Program()
-    with fluid.program_guard(main, startup), fluid.unique_name.guard():
-        m = models.build("lr", num_dense=2, num_slots=2, embedding_dim=2)
-        f.distributed_optimizer(fluid.optimizer.SGD(0.1), sparse_memory_budget=8 << 20,
-                                sparse_spill_dir=str(tmp_path)).minimize(m.avg_cost)
-    sparse = [c for c in f._tables if c["kind"] == "sparse"]
+    cfgs = fleet_table_configs(sparse_memory_budget=8 << 20, sparse_spill_dir=str(tmp_path))
+    sparse = [c for c in cfgs if c["kind"] == "sparse"]
     assert sparse and all(c["spill_dir"] == str(tmp_path) for c in sparse)
     assert sum(c["memory_budget"] for c in sparse) == (8 << 20) // len(sparse) * len(sparse)
     t = pyfleet.SparseTable.from_config({k: v for k, v in sparse[0].items() if k != "kind"})

@@ -16,7 +16,7 @@ from support.rounding import (
     summed_like_core,
     widen,
 )
-from support.tables import snapshot, trained_table
+from support.tables import fleet_table_configs, snapshot, trained_table
 
 import pyfleet
 from pyfleet import _core
@@ -385,22 +385,11 @@ def test_fluid_programs_choose_the_storage_of_their_sparse_tables():
     """fleet.distributed_optimizer(..., sparse_storage=) reaches every sparse
     table's config (what servers build and checkpoints record); dense
     parameters have no storage; an unknown one is refused by name."""
-    from pyfleet import fluid, models
+    from pyfleet import fluid
     from pyfleet.distributed.fleet import Fleet
-    from pyfleet.role_maker import Role, UserDefinedRoleMaker
-
-    def tables(**kw):
-        f = Fleet()
-        f.init(UserDefinedRoleMaker(current_id=0, role=Role.WORKER, worker_num=1,
-                                    server_endpoints=["127.0.0.1:1"]))
-        main, startup = fluid.Program(), fluid.Program()
-        with fluid.program_guard(main, startup), fluid.unique_name.guard():
-            m = models.build("lr", num_dense=2, num_slots=2, embedding_dim=2)
-            f.distributed_optimizer(fluid.optimizer.SGD(0.1), **kw).minimize(m.avg_cost)
-        return f._tables
 
     for kw, want in (({}, "fp32"), ({"sparse_storage": "bf16"}, "bf16")):
-        cfgs = tables(**kw)
+        cfgs = fleet_table_configs(**kw)
         sparse = [c for c in cfgs if c["kind"] == "sparse"]
         assert sparse and all(c["storage"] == want for c in sparse)
         assert all("storage" not in c for c in cfgs if c["kind"] == "dense")
