@@ -168,6 +168,10 @@ def _train_parser(sub):
                    help="the directory on the servers' machines for the rows beyond "
                         "--memory-budget (unnamed files, nothing left after the run; "
                         "default: none, required with --memory-budget)")
+    p.add_argument("--no-model", action="store_true",
+                   help="do not export the inference model to RUN_DIR/model at the end "
+                        "(it holds every embedding row: as large as the table's weights; "
+                        "default: export it)")
     p.add_argument("--timeout", type=float, default=None,
                    help="stop the job after this many seconds (default: no limit)")
     p.add_argument("--checkpoint-steps", type=int, default=None, metavar="K",

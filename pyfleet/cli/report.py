@@ -33,8 +33,13 @@ def _format_summary(s):
                      f"{c['pause_seconds_max']:.2f} s)"))
     for name, n in sorted(s.get("table_rows", {}).items()):
         rows.append((f"rows in {name}", f"{n:,}"))
+    peaks = s.get("server_peak_rss_bytes", [])
+    spilled = s.get("server_spilled_rows", [])
     for i, rss in enumerate(s.get("server_rss_bytes", [])):
-        rows.append((f"server {i} memory (RSS)", f"{rss / 2**20:,.1f} MiB"))
+        peak = f", peak {peaks[i] / 2**20:,.1f} MiB" if i < len(peaks) and peaks[i] > 0 else ""
+        rows.append((f"server {i} memory (RSS)", f"{rss / 2**20:,.1f} MiB{peak}"))
+        if i < len(spilled) and spilled[i]:
+            rows.append((f"server {i} rows on disk", f"{spilled[i]:,}"))
     rows += [("model", s["model"]), ("cluster", f"{s['servers']} server(s), "
                                                f"{s['workers']} worker(s), {s['mode']}"),
              ("run directory", s["run_dir"]),

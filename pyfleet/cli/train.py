@@ -256,7 +256,7 @@ def cmd_train(args, argv):
            "admission_count": args.admission_count, "show_click": args.show_click,
            "shrink_min_score": args.shrink_min_score, "shrink_decay": args.shrink_decay,
            "shrink_unseen_passes": args.shrink_unseen_passes, "settings": settings,
-           "storage": args.storage,
+           "storage": args.storage, "save_model": not args.no_model,
            "memory_budget": args.memory_budget,
            "spill_dir": None if args.spill_dir is None else os.path.abspath(args.spill_dir),
            "config": getattr(args, "_config", None),
@@ -373,7 +373,7 @@ def cmd_train(args, argv):
     summary.update({"model": args.model, "servers": args.servers, "workers": args.workers,
                     "mode": args.mode, "run_dir": run_dir, "wall_seconds": time.time() - started,
                     "checkpoint": os.path.join(run_dir, "checkpoint"),
-                    "inference_model": os.path.join(run_dir, "model"),
+                    "inference_model": None if args.no_model else os.path.join(run_dir, "model"),
                     "restarts": restarts})
     if truth is not None:
         summary["truth_auc_test"] = truth["truth_auc_test"]

@@ -463,7 +463,8 @@ class Server:
                     "endpoint": self.endpoint, "mode": self.mode, "counters": counters,
                     "tables": self.registry.table_stats(),
                     "stopped_workers": sorted(self.barriers.stopped),
-                    "barriers": self.barriers.count, "rss_bytes": _rss_bytes()}
+                    "barriers": self.barriers.count, "rss_bytes": _rss_bytes(),
+                    "peak_rss_bytes": _peak_rss_bytes()}
 
     def create_tables(self, configs):
         """Create tables from JSON configs; see
@@ -491,6 +492,18 @@ def _rss_bytes():
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return -1
+
+
+def _peak_rss_bytes():
+    """The process's peak resident memory so far (Linux's VmHWM); -1 where unknown."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return -1
 
 
 def main(argv=None):

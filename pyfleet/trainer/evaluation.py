@@ -120,4 +120,11 @@ def summarize(run_dir, workers):
                 rows[name] = rows.get(name, 0) + int(t["rows"])
     summary["table_rows"] = rows
     summary["server_rss_bytes"] = [int(s.get("rss_bytes", 0)) for s in servers]
+    summary["server_peak_rss_bytes"] = [int(s.get("peak_rss_bytes", -1)) for s in servers]
+    # each server's sparse tables at the end: RAM (rows, index, counters) and rows on disk
+    sparse = [[t for t in s.get("tables", {}).values() if "rows" in t] for s in servers]
+    summary["server_table_bytes"] = [sum(int(t.get("memory_bytes", 0)) for t in ts)
+                                     for ts in sparse]
+    summary["server_spilled_rows"] = [sum(int(t.get("spilled_rows", 0)) for t in ts)
+                                      for ts in sparse]
     return summary

@@ -168,11 +168,13 @@ def test_train_with_a_disk_tier_matches_all_in_ram(tmp_path):
     """--memory-budget/--spill-dir: a sync run of one worker with nearly every
     row beyond the budget reaches the same test AUC and logloss as the
     all-in-RAM run (the disk tier moves rows, never changes them); the
-    servers got the options (the manifest's config) and left no file."""
+    servers got the options (the manifest's config) and left no file. The
+    summary reports each server's rows on disk, table RAM and peak RSS;
+    --no-model leaves the inference model out."""
     runs = {}
     spill = tmp_path / "spill"
     for name, extra in (("ram", []), ("disk", ["--memory-budget", "300K", "--spill-dir",
-                                                str(spill)])):
+                                                str(spill), "--no-model"])):
         run = tmp_path / name
         r = pyfleet("train", "--rows", "6000", "--workers", "1", "--mode", "sync", *extra,
                     "--run-dir", str(run), "--json", cwd=tmp_path, timeout=300)
@@ -186,6 +188,13 @@ def test_train_with_a_disk_tier_matches_all_in_ram(tmp_path):
     rows = runs["disk"]["table_rows"][sparse["name"]]
     assert rows * sparse["dim"] * 4 > 2 * (300 << 10)  # the weights alone exceed it
     assert os.listdir(spill) == []
+    ram, disk = runs["ram"], runs["disk"]
+    assert ram["server_spilled_rows"] == [0] and 0 < disk["server_spilled_rows"][0] < rows
+    assert 0 < disk["server_table_bytes"][0] < ram["server_table_bytes"][0]
+    for s in (ram, disk):  # VmHWM, read after the RSS: never below it
+        assert s["server_peak_rss_bytes"][0] >= s["server_rss_bytes"][0] > 0
+    assert (tmp_path / "ram" / "model").is_dir() and ram["inference_model"]
+    assert not (tmp_path / "disk" / "model").exists() and disk["inference_model"] is None
 
 
 def test_train_refuses_half_a_disk_tier(tmp_path):
