@@ -4,6 +4,7 @@
                                      [--clusters single 1x1 1x2 2x2 collective2w hybrid1x2]
                                      [--modes async sync]
                                      [--storages fp32 fp16 bf16 fp16_q8 bf16_q8]
+                                     [--budget-ratios 4]
                                      [--timeout 1800] [--json results.json]
 
 Generates ``--rows`` synthetic Criteo rows once (``pyfleet.data.synthetic``,
@@ -53,6 +54,18 @@ line gives each one's test AUC minus fp32's in the same configuration and
 mode (target: within 0.0005). The runs share the data, the seed and, in sync
 mode with one worker, the order of every update, so the difference is the
 storage's.
+
+``--budget-ratios`` (issue 17's disk tier): after each SxW configuration (and
+storage), the same job again with ``--memory-budget`` = the RAM of the
+all-in-RAM run's sparse table per server at its end (each server's
+``memory_bytes()``: rows, index, counters; ``pyfleet train``'s summary) / RATIO,
+its ``--spill-dir`` in the temporary directory; rows named ``1x1 /4``. A line
+per such row gives the rows on disk at the end, its test AUC minus the
+all-in-RAM run's (a disk tier moves rows, never changes them: in sync mode with
+one worker, where every update comes in the same order, the AUC must be the
+same), its examples/s over the all-in-RAM run's and both runs' server peak RSS
+(VmHWM). Give ``--rows`` enough distinct ids for the ratio to be real (1M rows:
+about NNN ids).
 
 The machine's load changes the absolute figures; the ratios much less.
 Run each configuration on an otherwise idle machine when comparing changes.
@@ -138,11 +151,14 @@ def _role_cpu(run_dir, seen):
             continue
 
 
-def run_cluster(data, servers, workers, mode, epochs, timeout, run_dir, storage="fp32"):
+def run_cluster(data, servers, workers, mode, epochs, timeout, run_dir, storage="fp32",
+                budget=None):
     cmd = [sys.executable, "-m", "pyfleet.cli", "train", "--train", data["train"],
            "--test", data["test"], "--servers", str(servers), "--workers", str(workers),
            "--mode", mode, "--epochs", str(epochs), "--run-dir", run_dir, "--json",
            "--timeout", str(timeout), "--storage", storage]
+    if budget is not None:  # each server's sparse table in RAM; the rest in run_dir-spill
+        cmd += ["--memory-budget", str(budget), "--spill-dir", run_dir + "-spill"]
     seen = {}
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         p = subprocess.Popen(cmd, env=_role_env(), stdout=out, stderr=err, text=True)
@@ -253,9 +269,46 @@ def _reap_cpu(p, timeout=30.0):
     return 0.0
 
 
+def _print_budget(r, ref):
+    """The line comparing a disk-tier row with its all-in-RAM run ``ref``."""
+    mib = 2**20
+    peak, ref_peak = max(r["server_peak_rss"] or [0]), max(ref["server_peak_rss"] or [0])
+    print(f"{r['cluster']} {r['mode']}: budget {r['memory_budget'] / mib:,.1f} MiB/server "
+          f"(all-in-RAM table {max(ref['table_bytes']) / mib:,.1f} MiB); rows on disk "
+          f"{r['spilled_rows']:,} of {r['table_rows']:,}; test AUC "
+          f"{r['test_auc'] - ref['test_auc']:+.4f} vs all-in-RAM (target: the same); "
+          f"examples/s {r['examples_per_sec'] / ref['examples_per_sec']:.2f}x; server peak "
+          f"RSS {peak / mib:,.0f} MiB vs {ref_peak / mib:,.0f} MiB")
+
+
 def _queued_share(r):
     ran, queued = r.get("main_thread_ran_seconds"), r.get("main_thread_queued_seconds")
     return queued / (ran + queued) if ran and queued is not None else None
+
+
+def _row(r, name, srv, wrk, mode, storage, t, budget=None):
+    """One result row of the summary ``r`` of a run started at ``t`` (printed)."""
+    batches = r["train_examples"] / 512
+    row = {"cluster": name, "servers": srv, "workers": wrk, "mode": mode,
+           "storage": storage,
+           "examples_per_sec": r["train_examples_per_sec"],
+           "test_auc": r.get("test_auc"), "train_examples": r["train_examples"],
+           "wall_seconds": time.perf_counter() - t,
+           "worker_ms_per_batch": (r["train_cpu_seconds"] / batches * 1e3
+                                   if "train_cpu_seconds" in r else None),
+           "server_ms_per_batch": (r["server_cpu_seconds"] / batches * 1e3
+                                   if "server_cpu_seconds" in r else None),
+           "server_cpu_share": (r["server_cpu_seconds"] / r["all_cpu_seconds"]
+                                if r.get("all_cpu_seconds") else None),
+           "queued_share": _queued_share(r),
+           # the servers' sparse tables at the end (pyfleet train's summary)
+           "memory_budget": budget, "table_rows": sum(r.get("table_rows", {}).values()),
+           "table_bytes": r.get("server_table_bytes"),
+           "spilled_rows": sum(r.get("server_spilled_rows", [])),
+           "server_peak_rss": r.get("server_peak_rss_bytes")}
+    print(f"  {name:>14} {mode:>5}: {row['examples_per_sec']:>10,.0f} examples/s  "
+          f"test AUC {row['test_auc']:.4f}", flush=True)
+    return row
 
 
 def main(argv=None):
@@ -271,9 +324,16 @@ def main(argv=None):
     ap.add_argument("--storages", nargs="+", default=["fp32"],
                     choices=["fp32", "fp16", "bf16", "fp16_q8", "bf16_q8"],
                     help="sparse storage types each SxW configuration is trained with")
+    ap.add_argument("--budget-ratios", nargs="+", type=float, default=[],
+                    help="after each SxW configuration, train it again with a disk tier: "
+                         "--memory-budget = the all-in-RAM run's table RAM per server / "
+                         "RATIO (e.g. 4)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args(argv)
+    if any(r <= 1 for r in args.budget_ratios):
+        ap.error(f"--budget-ratios must be > 1 (a budget below the table), got "
+                 f"{args.budget_ratios}")
     clusters = []
     for c in args.clusters:
         if c == "single":
@@ -328,22 +388,17 @@ def main(argv=None):
                     r = run_cluster(data, c[0], c[1], mode, args.epochs, args.timeout,
                                     os.path.join(tmp, f"run-{name}-{mode}".replace(" ", "-")),
                                     storage)
-                batches = r["train_examples"] / 512
-                row = {"cluster": name, "servers": srv, "workers": wrk, "mode": mode,
-                       "storage": storage,
-                       "examples_per_sec": r["train_examples_per_sec"],
-                       "test_auc": r.get("test_auc"), "train_examples": r["train_examples"],
-                       "wall_seconds": time.perf_counter() - t,
-                       "worker_ms_per_batch": (r["train_cpu_seconds"] / batches * 1e3
-                                               if "train_cpu_seconds" in r else None),
-                       "server_ms_per_batch": (r["server_cpu_seconds"] / batches * 1e3
-                                               if "server_cpu_seconds" in r else None),
-                       "server_cpu_share": (r["server_cpu_seconds"] / r["all_cpu_seconds"]
-                                            if r.get("all_cpu_seconds") else None),
-                       "queued_share": _queued_share(r)}
-                results.append(row)
-                print(f"  {name:>14} {mode:>5}: {row['examples_per_sec']:>10,.0f} examples/s  "
-                      f"test AUC {row['test_auc']:.4f}", flush=True)
+                results.append(_row(r, name, srv, wrk, mode, storage, t))
+                for ratio in args.budget_ratios if ps else []:
+                    # the same job again, each server's table given 1/ratio of the RAM
+                    # the all-in-RAM run's held at its end
+                    budget = int(sum(r["server_table_bytes"]) / c[0] / ratio)
+                    t = time.perf_counter()
+                    b = run_cluster(data, c[0], c[1], mode, args.epochs, args.timeout,
+                                    os.path.join(tmp, f"run-{name}-{mode}-b{ratio:g}"
+                                                 .replace(" ", "-")), storage, budget)
+                    results.append(_row(b, f"{name} /{ratio:g}", srv, wrk, mode, storage, t,
+                                        budget))
         load = os.getloadavg()[0]
 
     base = next((r["examples_per_sec"] for r in results if r["cluster"] == "single"), None)
@@ -385,7 +440,9 @@ def main(argv=None):
         print(f"hybrid 1s+2w async: {hyb['examples_per_sec'] / two:.2f}x 1x2 async "
               f"(target >= 1.1)")
     for r in results:
-        if r["storage"] != "fp32":
+        if r["memory_budget"] is not None:
+            _print_budget(r, by.get((r["cluster"].rsplit(" ", 1)[0], r["mode"])))
+        elif r["storage"] != "fp32":
             ref = by.get((r["cluster"].split(" ")[0], r["mode"]))
             if ref:
                 print(f"{r['cluster']} {r['mode']}: test AUC {r['test_auc'] - ref['test_auc']:+.4f}"
