@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
@@ -26,6 +27,19 @@ constexpr size_t kMaxIov = IOV_MAX;
 constexpr size_t kMaxIov = 1024;
 #endif
 
+// Drops done bytes from the front of iov[0..cnt).
+void Skip(iovec*& iov, int& cnt, size_t done) {
+  while (cnt > 0 && done >= iov->iov_len) {
+    done -= iov->iov_len;
+    ++iov;
+    --cnt;
+  }
+  if (cnt > 0) {
+    iov->iov_base = static_cast<char*>(iov->iov_base) + done;
+    iov->iov_len -= done;
+  }
+}
+
 // Runs the whole request: preadv/pwritev may transfer less than asked.
 void FullTransfer(int fd, iovec* iov, int cnt, off_t off, bool write, const std::string& dir) {
   while (cnt > 0) {
@@ -36,25 +50,45 @@ void FullTransfer(int fd, iovec* iov, int cnt, off_t off, bool write, const std:
                    std::strerror(errno));
     }
     if (r == 0) ThrowRuntime("spill file in ", dir, ": read past its end");
-    size_t done = static_cast<size_t>(r);
     off += r;
-    while (cnt > 0 && done >= iov->iov_len) {
-      done -= iov->iov_len;
-      ++iov;
-      --cnt;
-    }
-    if (cnt > 0) {
-      iov->iov_base = static_cast<char*>(iov->iov_base) + done;
-      iov->iov_len -= done;
-    }
+    Skip(iov, cnt, static_cast<size_t>(r));
   }
+}
+
+// RWF_NOWAIT reads, until the kernel says it has none for this file.
+std::atomic<bool> g_nowait{true};
+
+// Reads what the page cache holds of the run without blocking; the rest is
+// left in iov/cnt/off.
+void TryReadCached(int fd, iovec*& iov, int& cnt, off_t& off) {
+#ifdef RWF_NOWAIT
+  while (cnt > 0 && g_nowait.load(std::memory_order_relaxed)) {
+    const ssize_t r = preadv2(fd, iov, cnt, off, RWF_NOWAIT);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EOPNOTSUPP || errno == EINVAL || errno == ENOSYS) {
+        g_nowait.store(false, std::memory_order_relaxed);
+      }
+      return;  // EAGAIN (would block), or an error the blocking read reports
+    }
+    if (r == 0) return;
+    off += r;
+    Skip(iov, cnt, static_cast<size_t>(r));
+  }
+#else
+  (void)fd, (void)iov, (void)cnt, (void)off;
+#endif
 }
 
 }  // namespace
 
 SpillFile::SpillFile(const std::string& dir, size_t slot_bytes)
-    : dir_(dir), slot_bytes_(slot_bytes) {
+    : dir_(dir),
+      slot_bytes_(slot_bytes),
+      extent_slots_(static_cast<uint32_t>(std::max<size_t>(1, kExtentBytes / slot_bytes))) {
   PYFLEET_ASSERT(slot_bytes > 0);
+  const size_t max_extents = (size_t{kMaxSlots} + 1) / extent_slots_;
+  chunks_.resize((max_extents + kChunk - 1) / kChunk);
   std::string name = dir + "/" + kPrefix + std::to_string(getpid()) + "-XXXXXX";
   fd_ = mkostemp(name.data(), O_CLOEXEC);
   if (fd_ < 0) {
@@ -68,70 +102,95 @@ SpillFile::~SpillFile() {
   if (fd_ >= 0) close(fd_);
 }
 
-uint32_t SpillFile::Allocate() {
+uint32_t SpillFile::AllocateExtent() {
   std::lock_guard lock(mu_);
+  uint32_t e;
   if (!free_.empty()) {
-    const uint32_t s = free_.back();
+    e = free_.back();
     free_.pop_back();
-    return s;
+  } else {
+    if ((size_t{next_} + 1) * extent_slots_ > kMaxSlots) {
+      ThrowRuntime("spill file in ", dir_, ": more than 2^31 rows spilled");
+    }
+    e = next_++;
+    auto& chunk = chunks_[e / kChunk];
+    if (!chunk) chunk = std::make_unique<uint32_t[]>(kChunk);  // zeroed
   }
-  if (next_ >= kMaxSlots) ThrowRuntime("spill file in ", dir_, ": more than 2^31 rows spilled");
-  return next_++;
+  ExtentLive(e) = 0;
+  return e;
 }
 
-void SpillFile::Free(uint32_t slot) {
+void SpillFile::FreeExtent(uint32_t extent) {
   std::lock_guard lock(mu_);
-  PYFLEET_ASSERT(slot < next_);
-  free_.push_back(slot);
-}
-
-size_t SpillFile::used() const {
-  std::lock_guard lock(mu_);
-  return next_ - free_.size();
+  PYFLEET_ASSERT(extent < next_);
+  free_.push_back(extent);
 }
 
 size_t SpillFile::file_bytes() const {
   std::lock_guard lock(mu_);
-  return size_t{next_} * slot_bytes_;
+  return size_t{next_} * extent_slots_ * slot_bytes_;
+}
+
+size_t SpillFile::extents_in_use() const {
+  std::lock_guard lock(mu_);
+  return next_ - free_.size();
 }
 
 size_t SpillFile::MemoryBytes() const {
   std::lock_guard lock(mu_);
-  return sizeof(*this) + free_.capacity() * sizeof(uint32_t);
+  const size_t made = (size_t{next_} + kChunk - 1) / kChunk;
+  return sizeof(*this) + free_.capacity() * sizeof(uint32_t) +
+         chunks_.capacity() * sizeof(chunks_[0]) + made * kChunk * sizeof(uint32_t);
 }
 
 void SpillFile::Transfer(const uint32_t* slots, char* data, size_t n, bool write) const {
   if (n == 0) return;
+  struct Run {
+    size_t iov;  // first iovec
+    int cnt;
+    off_t off;
+  };
   thread_local std::vector<uint32_t> order;
   thread_local std::vector<iovec> iov;
+  thread_local std::vector<Run> runs;
   order.resize(n);
   for (size_t i = 0; i < n; ++i) order[i] = static_cast<uint32_t>(i);
   std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return slots[a] < slots[b]; });
-  if (!write && n > 1) {
-    // Every run asked for before any is waited on: the device sees the
-    // batch's reads together (a no-op for runs already in the page cache).
-    for (size_t i = 0; i < n;) {
-      size_t j = i + 1;
-      while (j < n && slots[order[j]] == slots[order[j - 1]] + 1) ++j;
-      if (j - i < n) {
-        posix_fadvise(fd_, static_cast<off_t>(slots[order[i]]) * slot_bytes_,
-                      static_cast<off_t>((j - i) * slot_bytes_), POSIX_FADV_WILLNEED);
-      }
-      i = j;
-    }
-  }
+  iov.resize(n);
+  runs.clear();
   for (size_t i = 0; i < n;) {
     size_t j = i + 1;
     while (j < n && j - i < kMaxIov && slots[order[j]] == slots[order[j - 1]] + 1) ++j;
-    iov.resize(j - i);
     for (size_t k = i; k < j; ++k) {
-      iov[k - i] = {data + static_cast<size_t>(order[k]) * slot_bytes_, slot_bytes_};
+      iov[k] = {data + static_cast<size_t>(order[k]) * slot_bytes_, slot_bytes_};
     }
-    FullTransfer(fd_, iov.data(), static_cast<int>(j - i),
-                 static_cast<off_t>(slots[order[i]]) * slot_bytes_, write, dir_);
+    runs.push_back({i, static_cast<int>(j - i), static_cast<off_t>(slots[order[i]]) * slot_bytes_});
     i = j;
   }
-  (write ? writes_ : reads_).fetch_add(n, std::memory_order_relaxed);
+  if (write) {
+    for (const Run& r : runs) FullTransfer(fd_, iov.data() + r.iov, r.cnt, r.off, true, dir_);
+    writes_.fetch_add(n, std::memory_order_relaxed);
+    return;
+  }
+  // What the page cache holds is copied without blocking; the runs left are
+  // all asked for before any is waited on, so the device sees them together.
+  size_t left = 0;
+  for (Run& r : runs) {
+    iovec* v = iov.data() + r.iov;
+    TryReadCached(fd_, v, r.cnt, r.off);
+    r.iov = static_cast<size_t>(v - iov.data());
+    if (r.cnt > 0) runs[left++] = r;
+  }
+  runs.resize(left);
+  if (runs.size() > 1) {
+    for (const Run& r : runs) {
+      size_t bytes = 0;
+      for (int k = 0; k < r.cnt; ++k) bytes += iov[r.iov + k].iov_len;
+      posix_fadvise(fd_, r.off, static_cast<off_t>(bytes), POSIX_FADV_WILLNEED);
+    }
+  }
+  for (const Run& r : runs) FullTransfer(fd_, iov.data() + r.iov, r.cnt, r.off, false, dir_);
+  reads_.fetch_add(n, std::memory_order_relaxed);
 }
 
 void SpillFile::Write(const uint32_t* slots, const char* data, size_t n) {
@@ -140,6 +199,18 @@ void SpillFile::Write(const uint32_t* slots, const char* data, size_t n) {
 
 void SpillFile::Read(const uint32_t* slots, char* data, size_t n) const {
   Transfer(slots, data, n, false);
+}
+
+void SpillFile::WriteRun(uint32_t first, const char* data, size_t n) {
+  iovec v{const_cast<char*>(data), n * slot_bytes_};
+  FullTransfer(fd_, &v, 1, static_cast<off_t>(first) * slot_bytes_, true, dir_);
+  writes_.fetch_add(n, std::memory_order_relaxed);
+}
+
+void SpillFile::ReadRun(uint32_t first, char* data, size_t n) const {
+  iovec v{data, n * slot_bytes_};
+  FullTransfer(fd_, &v, 1, static_cast<off_t>(first) * slot_bytes_, false, dir_);
+  reads_.fetch_add(n, std::memory_order_relaxed);
 }
 
 void SpillFile::ReadPart(uint32_t slot, size_t offset, void* out, size_t bytes) const {
@@ -154,6 +225,78 @@ void SpillFile::WritePart(uint32_t slot, size_t offset, const void* in, size_t b
   iovec v{const_cast<void*>(in), bytes};
   FullTransfer(fd_, &v, 1, static_cast<off_t>(slot) * slot_bytes_ + offset, true, dir_);
   writes_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void ShardLog::Append(const char* data, size_t n, uint32_t* slots) {
+  const uint32_t per = file_->extent_slots();
+  const size_t sb = file_->slot_bytes();
+  // Written extent by extent, then made live: a failure leaves no slot taken
+  // (what was written before it is garbage past fill_, overwritten later).
+  const uint32_t open0 = open_, fill0 = fill_;
+  const size_t owned0 = extents_.size();
+  try {
+    for (size_t done = 0; done < n;) {
+      if (open_ == kNone || fill_ == per) {
+        open_ = file_->AllocateExtent();
+        extents_.push_back(open_);
+        fill_ = 0;
+      }
+      const size_t got = std::min<size_t>(n - done, per - fill_);
+      const uint32_t first = open_ * per + fill_;
+      file_->WriteRun(first, data + done * sb, got);
+      for (size_t i = 0; i < got; ++i) slots[done + i] = first + static_cast<uint32_t>(i);
+      fill_ += static_cast<uint32_t>(got);
+      done += got;
+    }
+  } catch (...) {
+    // Extents opened by this batch go back; the open one is as it was.
+    for (size_t i = owned0; i < extents_.size(); ++i) file_->FreeExtent(extents_[i]);
+    extents_.resize(owned0);
+    open_ = open0;
+    fill_ = fill0;
+    throw;
+  }
+  for (size_t i = 0; i < n; ++i) ++file_->ExtentLive(slots[i] / per);
+  live_ += n;
+  file_->AddLive(static_cast<ptrdiff_t>(n));
+  // Extents closed with no live slot (all read back while open) go back.
+  if (open0 != kNone && open0 != open_ && file_->ExtentLive(open0) == 0) Release(open0);
+}
+
+void ShardLog::Free(uint32_t slot) {
+  const uint32_t e = slot / file_->extent_slots();
+  uint32_t& live = file_->ExtentLive(e);
+  PYFLEET_ASSERT(live > 0 && live_ > 0);
+  --live;
+  --live_;
+  file_->AddLive(-1);
+  if (live == 0 && e != open_) Release(e);
+}
+
+void ShardLog::Release(uint32_t extent) {
+  const auto it = std::find(extents_.begin(), extents_.end(), extent);
+  PYFLEET_ASSERT(it != extents_.end());
+  *it = extents_.back();
+  extents_.pop_back();
+  file_->FreeExtent(extent);
+}
+
+bool ShardLog::NeedsCleaning() const {
+  const uint32_t per = file_->extent_slots();
+  const size_t closed = extents_.size() - (open_ != kNone ? 1 : 0);
+  const size_t open_live = open_ != kNone ? file_->ExtentLive(open_) : 0;
+  const size_t garbage = closed * per - (live_ - open_live);
+  return garbage >= per && static_cast<double>(garbage) > kGarbageRatio * static_cast<double>(live_);
+}
+
+uint32_t ShardLog::EmptiestExtent() const {
+  uint32_t best = kNone, best_live = 0xFFFFFFFFu;
+  for (uint32_t e : extents_) {
+    if (e == open_) continue;
+    const uint32_t l = file_->ExtentLive(e);
+    if (l < best_live) best = e, best_live = l;
+  }
+  return best;
 }
 
 void RemoveStaleSpillFiles(const std::string& dir) {

@@ -58,7 +58,8 @@ void SparseTable::EnableSpill(size_t memory_budget, const std::string& spill_dir
                  spill_slot_bytes(), " bytes in ", kShards, " shards), got ", memory_budget);
   }
   RemoveStaleSpillFiles(spill_dir);
-  auto file = std::make_unique<SpillFile>(spill_dir, spill_slot_bytes());
+  // A slot on disk: the row's record, then its key (for the cleaner).
+  auto file = std::make_unique<SpillFile>(spill_dir, spill_slot_bytes() + sizeof(uint64_t));
   void* used = mmap(nullptr, kUsedBytes, PROT_READ | PROT_WRITE,
                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (used == MAP_FAILED) throw std::bad_alloc();
@@ -110,7 +111,7 @@ void SparseTable::ResidentAdded(ShardSpill* sp, uint32_t row, uint64_t key, bool
 
 void SparseTable::FreeValueLocked(ShardSpill* sp, uint32_t v) {
   if (Spilled(v)) {
-    sp->file->Free(v & ~kSpilledBit);
+    sp->log.Free(v & ~kSpilledBit);
     return;
   }
   rows_.Free(v);
@@ -118,8 +119,7 @@ void SparseTable::FreeValueLocked(ShardSpill* sp, uint32_t v) {
 }
 
 void SparseTable::ReadSpilled(const ShardSpill& sp, uint32_t v, char* rec) const {
-  const uint32_t slot = v & ~kSpilledBit;
-  sp.file->Read(&slot, rec, 1);
+  sp.file->ReadPart(v & ~kSpilledBit, 0, rec, spill_slot_bytes());
 }
 
 void SparseTable::ReadRecord(const char* rec, float* w, float* state) const {
@@ -161,7 +161,7 @@ void SparseTable::ReloadLocked(KeyIndex& index, ShardSpill& sp, const uint64_t* 
   found.erase(std::unique(found.begin(), found.end(),
                           [](const Found& a, const Found& b) { return a.value == b.value; }),
               found.end());
-  const size_t rec = spill_slot_bytes(), wb = layout_.weight_bytes(), sb = layout_.state_bytes();
+  const size_t rec = sp.file->slot_bytes(), wb = layout_.weight_bytes(), sb = layout_.state_bytes();
   slots.resize(found.size());
   for (size_t i = 0; i < found.size(); ++i) slots[i] = found[i].slot;
   buf.resize(found.size() * rec);
@@ -173,7 +173,7 @@ void SparseTable::ReloadLocked(KeyIndex& index, ShardSpill& sp, const uint64_t* 
     std::memcpy(rows_.WeightBytes(row), p + sizeof(RowMeta), wb);
     std::memcpy(rows_.StateBytes(row), p + sizeof(RowMeta) + wb, sb);
     *found[i].value = row;
-    sp.file->Free(found[i].slot);
+    sp.log.Free(found[i].slot);
     ResidentAdded(&sp, row, found[i].key, true);
   }
 }
@@ -224,7 +224,7 @@ void SparseTable::EvictLocked(KeyIndex& index, ShardSpill& sp, size_t slack) {
     victim_keys.push_back(key);
   }
   k = victims.size();
-  const size_t rec = spill_slot_bytes(), wb = layout_.weight_bytes(), sb = layout_.state_bytes();
+  const size_t rec = sp.file->slot_bytes(), wb = layout_.weight_bytes(), sb = layout_.state_bytes();
   buf.resize(k * rec);
   slots.resize(k);
   for (size_t j = 0; j < k; ++j) {
@@ -233,14 +233,14 @@ void SparseTable::EvictLocked(KeyIndex& index, ShardSpill& sp, size_t slack) {
     std::memcpy(p, rows_.Meta(row), sizeof(RowMeta));
     std::memcpy(p + sizeof(RowMeta), rows_.WeightBytes(row), wb);
     std::memcpy(p + sizeof(RowMeta) + wb, rows_.StateBytes(row), sb);
-    slots[j] = sp.file->Allocate();
+    std::memcpy(p + sizeof(RowMeta) + wb + sb, &victim_keys[j], sizeof(uint64_t));
   }
   try {
-    sp.file->Write(slots.data(), buf.data(), k);
+    // Appended to the shard's open extent: one write of consecutive slots.
+    sp.log.Append(buf.data(), k, slots.data());
   } catch (...) {
     // The rows stay in RAM, over budget; the caller sees the I/O error.
     for (size_t j = 0; j < k; ++j) {
-      sp.file->Free(slots[j]);
       StoreUsed(used_ + *victims[j], 0);
       sp.ring.push_back(victim_keys[j]);
     }
@@ -253,6 +253,47 @@ void SparseTable::EvictLocked(KeyIndex& index, ShardSpill& sp, size_t slack) {
     rows_.Free(row);
   }
   sp.resident -= k;
+  CleanLocked(index, sp);
+}
+
+void SparseTable::CleanLocked(KeyIndex& index, ShardSpill& sp) {
+  // Greedy: while the shard's garbage passes the ratio, its full extent
+  // with the fewest live slots is read in one call, its live records (those
+  // whose key's index value still names their slot) are appended to the
+  // open extent, and the extent, empty, goes back to the file.
+  thread_local std::vector<char> ext, moved;
+  thread_local std::vector<uint32_t*> values;
+  thread_local std::vector<uint32_t> old_slots, new_slots;
+  const size_t rec = sp.file->slot_bytes(), key_at = spill_slot_bytes();
+  const uint32_t per = sp.file->extent_slots();
+  while (sp.log.NeedsCleaning()) {
+    const uint32_t e = sp.log.EmptiestExtent();
+    if (e == ShardLog::kNone) return;
+    const uint32_t first = e * per;
+    ext.resize(per * rec);
+    sp.file->ReadRun(first, ext.data(), per);
+    moved.clear();
+    values.clear();
+    old_slots.clear();
+    for (uint32_t i = 0; i < per; ++i) {
+      const char* p = ext.data() + i * rec;
+      uint64_t key;
+      std::memcpy(&key, p + key_at, sizeof(key));
+      uint32_t* v = index.FindValue(key, Mix64(key));
+      if (v == nullptr || *v != (kSpilledBit | (first + i))) continue;  // garbage
+      values.push_back(v);
+      old_slots.push_back(first + i);
+      moved.insert(moved.end(), p, p + rec);
+    }
+    // Its live count said it had garbage and live slots: the index agrees.
+    PYFLEET_ASSERT(!values.empty() && values.size() == sp.file->ExtentLive(e));
+    new_slots.resize(values.size());
+    sp.log.Append(moved.data(), values.size(), new_slots.data());
+    for (size_t j = 0; j < values.size(); ++j) {
+      *values[j] = kSpilledBit | new_slots[j];
+      sp.log.Free(old_slots[j]);  // the last one gives the extent back
+    }
+  }
 }
 
 void SparseTable::ForEachSpilledLocked(
@@ -266,7 +307,7 @@ void SparseTable::ForEachSpilledLocked(
     keys.push_back(key);
     slots.push_back(v & ~kSpilledBit);
   });
-  const size_t rec = spill_slot_bytes();
+  const size_t rec = sp.file->slot_bytes();
   std::vector<char> buf;
   std::vector<uint32_t> changed_slots;
   std::vector<char> changed;

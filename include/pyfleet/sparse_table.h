@@ -163,6 +163,8 @@ class SparseTable {
   // Evicts rows (second chance) while the shard holds more than its share
   // of the budget plus slack rows.
   void EvictLocked(KeyIndex& index, ShardSpill& sp, size_t slack = 0);
+  // Moves live records out of the shard's emptiest extents (spill_store.h).
+  void CleanLocked(KeyIndex& index, ShardSpill& sp);
   size_t ShardRowCap(const KeyIndex& index, const ShardSpill& sp) const;
   // A spilled row's slot: [RowMeta | weights | state] (the shard held shared).
   void ReadSpilled(const ShardSpill& sp, uint32_t v, char* rec) const;

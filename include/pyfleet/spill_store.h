@@ -1,16 +1,27 @@
-// SpillFile: a file of fixed-size slots that holds a table shard's rows
-// evicted from RAM (the disk tier of a SparseTable with a memory budget).
+// SpillFile: a file of fixed-size slots that holds a table's rows evicted
+// from RAM (the disk tier of a SparseTable with a memory budget).
 //
-// A slot holds one row's bytes as the row store lays them out, opaque here:
+// A slot holds one row's bytes as the row store lays them out, opaque here,
+// followed by the row's key (so that a cleaner can find a record's index
+// entry; the key costs disk, not RAM):
 //
-//   slot k at offset k * slot_bytes:  [ RowMeta | weight bytes | state bytes ]
+//   slot k at offset k * slot_bytes:  [ RowMeta | weight bytes | state bytes | key ]
 //
-// Freed slots go on a free list and are reused before the file grows, so the
-// file is as large as the most rows ever spilled at once. Batches are read
-// and written with preadv/pwritev: the slots are sorted, runs of adjacent
-// slots become one call, and before a read of several runs the kernel is
-// asked to fetch all of them at once (POSIX_FADV_WILLNEED), so a pull's cold
-// rows are in flight together instead of one after the other.
+// The file is cut into extents of extent_slots() consecutive slots. An
+// extent belongs to one shard at a time (ShardLog): a shard appends its
+// evicted rows to its open extent, so a batch of victims is one pwrite of a
+// contiguous buffer instead of one write per scattered free slot. A slot
+// freed by a reload or an erase is garbage in its extent; an extent with no
+// live slot goes back to the file, and a shard whose garbage passes
+// kGarbageRatio x its live rows moves the live records of its emptiest
+// extents to its open one (the cleaner, in spill_table.cc). So the file holds
+// at most (1 + kGarbageRatio) x the live rows' slots plus about two extents
+// a shard, and the most extents in use at once is its size.
+//
+// Reads: the slots are sorted, runs of adjacent slots become one call, each
+// run is first read with preadv2(RWF_NOWAIT) (served from the page cache,
+// no blocking); only the runs that would block are then announced together
+// (POSIX_FADV_WILLNEED, so the device sees them at once) and read.
 //
 // The file is unlinked as soon as it is created: it has no name while the
 // table lives, a crashed process leaves nothing behind in spill_dir (the
@@ -19,16 +30,17 @@
 // ".pyfleet-spill-<pid>-XXXXXX"; RemoveStaleSpillFiles deletes such names of
 // processes that no longer exist.
 //
-// One file per table, shared by its shards: Allocate and Free take a small
-// mutex (no I/O under it); reads and writes of distinct slots run
-// concurrently (pread/pwrite have no cursor). A slot belongs to one shard,
-// whose lock guards its contents.
+// One file (one fd) per table, shared by its shards: allocating and freeing
+// extents take a small mutex (no I/O under it); reads and writes of distinct
+// slots run concurrently (pread/pwrite have no cursor). A slot belongs to one
+// shard, whose lock guards its contents and its ShardLog.
 #pragma once
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -38,6 +50,7 @@ namespace pyfleet {
 class SpillFile {
  public:
   static constexpr uint32_t kMaxSlots = 0x7FFFFFFEu;  // slot ids fit 31 bits
+  static constexpr size_t kExtentBytes = 256 << 10;    // about; a whole number of slots
 
   // Creates an unlinked file in dir; std::invalid_argument naming dir if it
   // cannot be created there.
@@ -46,21 +59,32 @@ class SpillFile {
   SpillFile(const SpillFile&) = delete;
   SpillFile& operator=(const SpillFile&) = delete;
 
-  uint32_t Allocate();
-  void Free(uint32_t slot);
+  uint32_t extent_slots() const { return extent_slots_; }
+  uint32_t AllocateExtent();  // an extent id; its first slot is id * extent_slots()
+  void FreeExtent(uint32_t extent);
+  // Live slots of an extent: read and written by its owner (under its lock).
+  uint32_t& ExtentLive(uint32_t extent) const {
+    return chunks_[extent / kChunk][extent % kChunk];
+  }
 
   // Slot slots[i] <- data + i * slot_bytes (write) or -> (read), i < n.
   // I/O errors (a full disk) throw std::runtime_error; a failed write leaves
   // the caller's rows where they were.
   void Write(const uint32_t* slots, const char* data, size_t n);
   void Read(const uint32_t* slots, char* data, size_t n) const;
+  // n consecutive slots from first: one call.
+  void WriteRun(uint32_t first, const char* data, size_t n);
+  void ReadRun(uint32_t first, char* data, size_t n) const;
   // bytes at offset within one slot.
   void ReadPart(uint32_t slot, size_t offset, void* out, size_t bytes) const;
   void WritePart(uint32_t slot, size_t offset, const void* in, size_t bytes);
 
   size_t slot_bytes() const { return slot_bytes_; }
-  size_t used() const;
+  // Live slots (rows on disk), kept by the shards' logs.
+  size_t used() const { return live_.load(std::memory_order_relaxed); }
+  void AddLive(ptrdiff_t d) { live_.fetch_add(static_cast<size_t>(d), std::memory_order_relaxed); }
   size_t file_bytes() const;
+  size_t extents_in_use() const;
   size_t MemoryBytes() const;
   uint64_t reads() const { return reads_.load(std::memory_order_relaxed); }
   uint64_t writes() const { return writes_.load(std::memory_order_relaxed); }
@@ -72,9 +96,13 @@ class SpillFile {
   int fd_ = -1;
   std::string dir_;
   size_t slot_bytes_;
-  mutable std::mutex mu_;  // guards next_ and free_
-  uint32_t next_ = 0;
+  uint32_t extent_slots_;
+  static constexpr size_t kChunk = 4096;  // extents' live counts by chunks that never move
+  mutable std::mutex mu_;  // guards next_, free_ and making chunks
+  uint32_t next_ = 0;      // extents ever made
   std::vector<uint32_t> free_;
+  std::vector<std::unique_ptr<uint32_t[]>> chunks_;  // sized once: never reallocated
+  std::atomic<size_t> live_{0};
   mutable std::atomic<uint64_t> reads_{0}, writes_{0};  // slots transferred (stats)
 };
 
@@ -82,14 +110,47 @@ class SpillFile {
 // crash in the instant between creating and unlinking a SpillFile).
 void RemoveStaleSpillFiles(const std::string& dir);
 
-}  // namespace pyfleet
+// A shard's extents of the spill file: where its next evicted rows go and
+// how many live slots each extent holds (its shard's lock guards it).
+class ShardLog {
+ public:
+  static constexpr double kGarbageRatio = 1.0;  // garbage slots per live slot, at most
+  static constexpr uint32_t kNone = 0xFFFFFFFFu;
 
-namespace pyfleet {
+  explicit ShardLog(SpillFile* f) : file_(f) {}
+  ShardLog(const ShardLog&) = delete;
+  ShardLog& operator=(const ShardLog&) = delete;
+
+  // Appends n records (data, slot_bytes apart) to the open extent (and the
+  // next ones): one write per extent touched; slots[i] is where record i
+  // went, live from then on. A failed write throws with no slot taken.
+  void Append(const char* data, size_t n, uint32_t* slots);
+  // A live slot's row left it (read back or erased).
+  void Free(uint32_t slot);
+  // Garbage in the full extents beyond the ratio and at least an extent of
+  // it: worth cleaning.
+  bool NeedsCleaning() const;
+  // The full extent with the fewest live slots (kNone if none), to clean.
+  uint32_t EmptiestExtent() const;
+  size_t live() const { return live_; }
+  size_t extents() const { return extents_.size(); }
+  size_t MemoryBytes() const { return sizeof(*this) + extents_.capacity() * sizeof(uint32_t); }
+
+ private:
+  void Release(uint32_t extent);  // an extent with no live slot back to the file
+
+  SpillFile* file_;
+  std::vector<uint32_t> extents_;  // the shard's extents (the open one too)
+  uint32_t open_ = kNone;            // the extent being appended to
+  uint32_t fill_ = 0;                // its slots written
+  size_t live_ = 0;
+};
 
 // A shard's part of a table's disk tier (its lock guards it).
 struct ShardSpill {
-  explicit ShardSpill(SpillFile* f) : file(f) {}
+  explicit ShardSpill(SpillFile* f) : file(f), log(f) {}
   SpillFile* file;      // the table's, shared by its shards
+  ShardLog log;         // the shard's extents in it
   size_t resident = 0;  // rows of the shard in RAM
   // Second chance: the keys of the shard's rows in RAM in a FIFO queue (and
   // keys erased or spilled since they were queued, dropped at the front).
