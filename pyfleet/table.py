@@ -260,7 +260,8 @@ class SparseTable:
     def stats(self):
         """Counters: rows, pulls, pushes, inserts, admissions, rejections, shrinks, memory;
         with a disk tier also ``memory_budget``, ``spilled_rows``,
-        ``spill_file_bytes``, ``spill_reads`` and ``spill_writes`` (rows)."""
+        ``spill_file_bytes``, ``spill_reads`` and ``spill_writes`` (rows),
+        ``spill_slot_bytes`` (a row on disk) and ``spill_extent_bytes``."""
         s = dict(self._t.stats())
         s["name"] = self.name
         return s

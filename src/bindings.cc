@@ -247,6 +247,8 @@ PYBIND11_MODULE(_core, m) {
           d["spill_file_bytes"] = s.spill_file_bytes;
           d["spill_reads"] = s.spill_reads;
           d["spill_writes"] = s.spill_writes;
+          d["spill_slot_bytes"] = s.spill_slot_bytes;
+          d["spill_extent_bytes"] = s.spill_extent_bytes;
         }
         d["dim"] = t.dim();
         d["state_dim"] = t.state_dim();

@@ -308,12 +308,17 @@ void SparseTable::Pull(const uint64_t* keys, size_t n, float* out, bool create) 
   if (n == 0) return;
   thread_local Batch b;
   b.misses.clear();
-  if (budget_ != 0) {
+  if (budget_ != 0 && !TryLockAllShared()) {
+    // A shard is held for its disk I/O: shard by shard, so that this pull
+    // waits only for the shards it has keys in.
     PullFoundByShard(keys, n, out, b);
   } else {
     // Every shard is held shared for the call. Writers take one shard at a
-    // time and readers take them in the same order: no cycle.
-    for (const auto& sp : shards_) sp->mu.lock_shared();
+    // time and readers take them in the same order: no cycle. With a disk
+    // tier they were taken without waiting (no shard was busy).
+    if (budget_ == 0) {
+      for (const auto& sp : shards_) sp->mu.lock_shared();
+    }
     // A copy loop of known length is unrolled: at dims the models use the
     // pipeline costs about half the instructions per key (the copy was most).
     switch (layout_.weight_kind()) {
@@ -421,6 +426,16 @@ void SparseTable::PullFound(const uint64_t* keys, size_t n, float* out, Batch& b
       for (size_t c = 0; c < dim; ++c) dst[c] = LoadRelaxed(r + c);
     }
   }
+}
+
+bool SparseTable::TryLockAllShared() const {
+  for (size_t s = 0; s < kShards; ++s) {
+    if (!shards_[s]->mu.try_lock_shared()) {
+      while (s > 0) shards_[--s]->mu.unlock_shared();
+      return false;
+    }
+  }
+  return true;
 }
 
 void SparseTable::PullFoundByShard(const uint64_t* keys, size_t n, float* out, Batch& b) {
@@ -786,6 +801,8 @@ SparseTableStats SparseTable::Stats() const {
     st.spill_file_bytes = spill_file_->file_bytes();
     st.spill_reads = spill_file_->reads();
     st.spill_writes = spill_file_->writes();
+    st.spill_slot_bytes = spill_file_->slot_bytes();
+    st.spill_extent_bytes = spill_file_->slot_bytes() * spill_file_->extent_slots();
   }
   return st;
 }

@@ -82,10 +82,11 @@ void TryReadCached(int fd, iovec*& iov, int& cnt, off_t& off) {
 
 }  // namespace
 
-SpillFile::SpillFile(const std::string& dir, size_t slot_bytes)
+SpillFile::SpillFile(const std::string& dir, size_t slot_bytes, size_t extent_bytes)
     : dir_(dir),
       slot_bytes_(slot_bytes),
-      extent_slots_(static_cast<uint32_t>(std::max<size_t>(1, kExtentBytes / slot_bytes))) {
+      extent_slots_(static_cast<uint32_t>(
+          std::max<size_t>(1, std::min(extent_bytes, kMaxExtentBytes) / slot_bytes))) {
   PYFLEET_ASSERT(slot_bytes > 0);
   const size_t max_extents = (size_t{kMaxSlots} + 1) / extent_slots_;
   chunks_.resize((max_extents + kChunk - 1) / kChunk);

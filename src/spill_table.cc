@@ -58,8 +58,11 @@ void SparseTable::EnableSpill(size_t memory_budget, const std::string& spill_dir
                  spill_slot_bytes(), " bytes in ", kShards, " shards), got ", memory_budget);
   }
   RemoveStaleSpillFiles(spill_dir);
-  // A slot on disk: the row's record, then its key (for the cleaner).
-  auto file = std::make_unique<SpillFile>(spill_dir, spill_slot_bytes() + sizeof(uint64_t));
+  // A slot on disk: the row's record, then its key (for the cleaner). Two
+  // extents a shard (the open one and the one being cleaned) come to at
+  // most a quarter of the budget: extents of budget / 512, up to 256 KiB.
+  auto file = std::make_unique<SpillFile>(spill_dir, spill_slot_bytes() + sizeof(uint64_t),
+                                          memory_budget / (8 * kShards));
   void* used = mmap(nullptr, kUsedBytes, PROT_READ | PROT_WRITE,
                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (used == MAP_FAILED) throw std::bad_alloc();

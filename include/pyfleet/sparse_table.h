@@ -48,6 +48,7 @@ struct SparseTableStats {
   uint64_t spilled_rows = 0;        // rows in the spill files, not in RAM
   uint64_t spill_file_bytes = 0;    // size of the spill files (slots used and free)
   uint64_t spill_reads = 0, spill_writes = 0;  // rows read from / written to them
+  uint64_t spill_slot_bytes = 0, spill_extent_bytes = 0;  // a row's slot on disk, an extent
 };
 
 // One row's contents, as export() copies them.
@@ -145,6 +146,8 @@ class SparseTable {
   // Pull's lookups and copies with a disk tier: shard by shard under each
   // one's shared lock (misses and spilled rows to b.misses).
   void PullFoundByShard(const uint64_t* keys, size_t n, float* out, Batch& b);
+  // Every shard's shared lock if none is held exclusively now, else none.
+  bool TryLockAllShared() const;
   void PushShard(Shard& s, Batch& b, size_t lo, size_t hi, const float* grads,
                  bool add_delta);
   // Under the exclusive lock: the row of key, creating it if the entry policy

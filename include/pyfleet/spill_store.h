@@ -50,11 +50,12 @@ namespace pyfleet {
 class SpillFile {
  public:
   static constexpr uint32_t kMaxSlots = 0x7FFFFFFEu;  // slot ids fit 31 bits
-  static constexpr size_t kExtentBytes = 256 << 10;    // about; a whole number of slots
+  static constexpr size_t kMaxExtentBytes = 256 << 10;  // about; a whole number of slots
 
   // Creates an unlinked file in dir; std::invalid_argument naming dir if it
-  // cannot be created there.
-  SpillFile(const std::string& dir, size_t slot_bytes);
+  // cannot be created there. Extents of about extent_bytes (at least a slot,
+  // at most kMaxExtentBytes).
+  SpillFile(const std::string& dir, size_t slot_bytes, size_t extent_bytes);
   ~SpillFile();
   SpillFile(const SpillFile&) = delete;
   SpillFile& operator=(const SpillFile&) = delete;

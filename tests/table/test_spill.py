@@ -112,6 +112,33 @@ def test_evicted_rows_come_back_bit_identical(tmp_path):
     assert_same_rows(spill, ram)
 
 
+def test_spill_file_stays_within_a_multiple_of_the_rows_on_disk(tmp_path):
+    """Rows read back and evicted again leave garbage in the spill file's
+    extents; the cleaner keeps the file within (1 + 1) x the rows on disk
+    plus two extents a shard (docs/tables.md, "The store"), where appending
+    without it grows the file by every eviction. The rows stay exact."""
+    spill, ram = pair(tmp_path, dim=8, opt=SGD(learning_rate=0.1), budget=4 << 20)
+    rng = np.random.default_rng(3)
+    keys = np.arange(200000, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    for t in (spill, ram):
+        t.pull(keys)
+    writes = []
+    for _ in range(30):
+        k = rng.choice(keys, 20000)
+        g = rng.normal(0, 1, (len(k), 8)).astype(np.float32)
+        spill.push(k, g)
+        ram.push(k, g)
+        st = spill.stats()
+        bound = 2 * st["spilled_rows"] * st["spill_slot_bytes"] + 2 * 64 * st["spill_extent_bytes"]
+        assert st["spill_file_bytes"] <= bound, st
+        writes.append(st["spill_writes"])
+    # Without reuse the file would hold every row ever written; extents of
+    # many slots, so freed slots are reused by cleaning, not one by one.
+    assert writes[-1] * st["spill_slot_bytes"] > 2 * bound
+    assert st["spilled_rows"] > 100000 and st["spill_extent_bytes"] >= 64 * st["spill_slot_bytes"]
+    assert_same_rows(spill, ram)
+
+
 def test_hot_keys_stay_in_ram(tmp_path):
     spill, _ = pair(tmp_path, dim=8, opt=SGD(0.1), budget=4 << 20)
     hot = np.arange(64 * 40, dtype=np.uint64)  # well inside every shard's share
