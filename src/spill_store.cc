@@ -97,6 +97,10 @@ SpillFile::SpillFile(const std::string& dir, size_t slot_bytes, size_t extent_by
                  std::strerror(errno));
   }
   unlink(name.c_str());
+  // Reads need not update the access time (a cost per read call); a
+  // filesystem that refuses the flag keeps it.
+  const int fl = fcntl(fd_, F_GETFL);
+  if (fl >= 0) fcntl(fd_, F_SETFL, fl | O_NOATIME);
 }
 
 SpillFile::~SpillFile() {
