@@ -399,7 +399,10 @@ void SparseTable::PullFound(const uint64_t* keys, size_t n, float* out, Batch& b
     } else {
       src[j % W] = rows_.WeightBytesOf<D * kElem>(row);
       PrefetchSpan(src[j % W], row_bytes);
-      if (used != nullptr && LoadField(used + row) != 1) StoreField<uint8_t>(used + row, 1);
+      if (used != nullptr) {
+        const uint8_t u = LoadField(used + row);
+        if (u < kMaxUse) StoreField<uint8_t>(used + row, u + 1);
+      }
     }
   };
   for (size_t i = 0; i < std::min(n, A + B); ++i) hash(i);

@@ -6,11 +6,11 @@
 // bytes (weights, state, meta and one second-chance byte). Calls that add rows (a pull or push of new or
 // spilled keys, a load) evict after their work, under the shard's exclusive
 // lock, so a shard may hold one call's rows beyond its share for that moment.
-// The victims are chosen by second chance (CLOCK as a queue): the shard's
-// keys in RAM wait in a FIFO queue; at its front, a row whose byte in used_
-// is set (a pull or push touched it since it last passed) is spared, its
-// byte cleared and its key queued again; the first one found clear is
-// evicted. Rows that are used stay.
+// The victims are chosen by CLOCK with a use count (as a queue): the
+// shard's keys in RAM wait in a FIFO queue; at its front, a row whose count
+// in used_ is not zero (pulls and pushes add one, up to kMaxUse) is spared,
+// its count decreased and its key queued again; the first one found at zero
+// is evicted. Rows that are used stay.
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -28,7 +28,7 @@ namespace {
 
 constexpr uint32_t kSpilledBit = 0x80000000u;
 constexpr size_t kUsedBytes = kSpilledBit;  // one byte per possible row id, mapped lazily
-constexpr uint8_t kChosen = 2;             // used_ value of a victim being evicted
+constexpr uint8_t kChosen = 0xFF;          // used_ value of a victim being evicted
 constexpr size_t kMinShardRows = 1;
 
 inline uint8_t LoadUsed(const uint8_t* p) {
@@ -99,7 +99,10 @@ size_t SparseTable::ShardRowCap(const KeyIndex& index, const ShardSpill&) const 
 }
 
 void SparseTable::MarkUsed(uint32_t row) const {
-  if (used_ != nullptr && LoadUsed(used_ + row) != 1) StoreUsed(used_ + row, 1);
+  if (used_ != nullptr) {
+    const uint8_t u = LoadUsed(used_ + row);
+    if (u < kMaxUse) StoreUsed(used_ + row, u + 1);
+  }
 }
 
 void SparseTable::ResidentAdded(ShardSpill* sp, uint32_t row, uint64_t key, bool used) {
@@ -205,12 +208,14 @@ void SparseTable::EvictLocked(KeyIndex& index, ShardSpill& sp, size_t slack) {
   thread_local std::vector<char> buf;
   victims.clear();
   victim_keys.clear();
-  // Second chance: the key at the front of the queue of keys in RAM leaves
-  // it; if its row was used since it last passed, its byte is cleared and
-  // it goes to the back; else it is a victim. Keys evicted or erased since
-  // they were queued are dropped. Every byte is cleared within one pass of
-  // the queue, so two passes find k (< resident) victims.
-  for (size_t steps = 3 * sp.ring.size(); victims.size() < k && steps > 0; --steps) {
+  // The key at the front of the queue of keys in RAM leaves it; if its
+  // row's use count is not zero, the count is decreased and the key goes to
+  // the back; else it is a victim. Keys evicted or erased since
+  // they were queued are dropped. Every count reaches 0 within kMaxUse
+  // passes of the queue, so kMaxUse + 1 passes find k (< resident) victims.
+  constexpr size_t kAhead = 8;  // index slots of keys further on prefetched
+  for (size_t steps = (kMaxUse + 2) * sp.ring.size(); victims.size() < k && steps > 0; --steps) {
+    if (sp.ring.size() > kAhead) index.Prefetch(Mix64(sp.ring[kAhead]));
     const uint64_t key = sp.ring.front();
     sp.ring.pop_front();
     uint32_t* v = index.FindValue(key, Mix64(key));
@@ -218,7 +223,7 @@ void SparseTable::EvictLocked(KeyIndex& index, ShardSpill& sp, size_t slack) {
     const uint8_t u = LoadUsed(used_ + *v);
     if (u == kChosen) continue;  // a second entry of a victim
     if (u != 0) {
-      StoreUsed(used_ + *v, 0);
+      StoreUsed(used_ + *v, u - 1);
       sp.ring.push_back(key);
       continue;
     }

@@ -205,7 +205,8 @@ class SparseTable {
   std::atomic<bool> delta_invalid_{false};
   size_t budget_ = 0;                       // 0: no disk tier
   uint32_t spill_floor_ = KeyIndex::kEmpty;
-  uint8_t* used_ = nullptr;  // second-chance bits by row id (with a disk tier)
+  uint8_t* used_ = nullptr;  // second-chance counts by row id (with a disk tier)
+  static constexpr uint8_t kMaxUse = 3;  // a row's count: uses, up to this
   std::unique_ptr<SpillFile> spill_file_;  // every shard's spilled rows  // a save failed: a delta would miss rows
 
   mutable std::atomic<uint64_t> pull_calls_{0}, pull_keys_{0}, push_calls_{0}, push_keys_{0},
