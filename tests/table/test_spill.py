@@ -387,3 +387,66 @@ def test_rss_stays_bounded(tmp_path):
     budget = 32 << 20
     ram, spilled = growth(0), growth(budget)
     assert spilled < 2 * budget and spilled < 0.6 * ram, (spilled, ram)
+
+
+FSIZE_CHILD = r"""
+import resource, signal, sys
+import numpy as np, pyfleet
+from pyfleet.optimizer import Adam
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+ram = pyfleet.SparseTable(8, Adam(0.01), seed=11)
+t = pyfleet.SparseTable(8, Adam(0.01), seed=11, memory_budget=4 << 20, spill_dir=sys.argv[1])
+keys = np.arange(300000, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+old, new = keys[:150000], keys[150000:]
+rng = np.random.default_rng(2)
+for s in range(0, len(old), 10000):  # trained rows, most of them on disk
+    g = rng.normal(0, 1, (10000, 8)).astype(np.float32)
+    for x in (t, ram):
+        x.pull(old[s:s + 10000])
+        x.push(old[s:s + 10000], g)
+soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+limit = t.stats()["spill_file_bytes"]
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))  # the spill file may not grow
+errors = []
+for s in range(0, len(new), 10000):
+    try:
+        t.pull(new[s:s + 10000])
+    except RuntimeError as e:
+        errors.append(str(e))
+stuck = t.stats()
+resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+for s in range(0, len(new), 10000):  # a failed pull stopped at the shard whose write failed
+    assert np.array_equal(t.pull(new[s:s + 10000]), ram.pull(new[s:s + 10000]))
+for _ in range(6):
+    k = rng.choice(keys, 20000)
+    g = rng.normal(0, 1, (len(k), 8)).astype(np.float32)
+    assert np.array_equal(t.pull(k), ram.pull(k))
+    t.push(k, g)
+    ram.push(k, g)
+a, b = t.export(with_state=True), ram.export(with_state=True)
+oa, ob = np.argsort(a["keys"]), np.argsort(b["keys"])
+same = all(np.array_equal(a[f][oa], b[f][ob]) for f in b)
+print(len(errors), errors[0] if errors else "", stuck["memory_bytes"] - stuck["memory_budget"],
+      limit, len(t) == len(ram) == len(keys), same, t.stats()["spill_file_bytes"], sep="\n")
+"""
+
+
+def test_a_full_disk_keeps_every_row(tmp_path):
+    """150k trained rows, most on disk; then the spill file may not grow
+    (RLIMIT_FSIZE: the kernel fails the write, here EFBIG, as a full disk
+    fails it with ENOSPC) while 150k new keys are pulled: those pulls raise
+    an error naming the spill file's write, the rows that could not be
+    written stay in RAM (over budget), and once the file may grow again the
+    table gives bit for bit the all-in-RAM table's rows, trained ones too."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", FSIZE_CHILD, str(tmp_path)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    n_err, msg, over, limit, all_rows, same, file_after = r.stdout.split("\n")[:7]
+    assert int(n_err) > 0 and "spill file" in msg and "write failed" in msg, msg
+    assert int(over) > 0  # rows that could not leave RAM
+    assert all_rows == "True" and same == "True"
+    # The disk tier works again: the file grew past the limit.
+    assert int(file_after) > int(limit)
