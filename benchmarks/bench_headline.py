@@ -129,7 +129,8 @@ def run(args, train):
            "--workers", str(args.workers), "--mode", args.mode, "--embedding-dim", "16",
            "--optimizer", "adam", "--storage", "fp32", "--memory-budget", str(args.budget),
            "--spill-dir", spill, "--run-dir", run_dir, "--overwrite", "--no-model",
-           "--json", "--quiet", "--log-interval", "10", "--timeout", str(args.timeout)]
+           "--json", "--quiet", "--log-interval", "10", "--timeout", str(args.timeout),
+           "--request-timeout", str(args.request_timeout)]
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
     samples = []   # (time, VmRSS, VmHWM, free bytes, load average)
     pid = None
@@ -150,6 +151,11 @@ def run(args, train):
     with open(out_path) as f:
         text = f.read()
     if p.returncode:
+        # what was measured before it failed
+        ph = _phase_times(run_dir)
+        print(f"FAILED; phases {ph}; server VmHWM sampled "
+              f"{max((x[2] for x in samples), default=0) / 2**30:.2f} GiB; wall {wall:.0f} s",
+              flush=True)
         with open(os.path.join(args.dir, "train.err")) as f:
             raise RuntimeError(f"pyfleet train failed ({p.returncode}):\n{text[-2000:]}\n"
                                f"{f.read()[-3000:]}")
@@ -170,6 +176,9 @@ def main(argv=None):
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--mode", default="async", choices=["async", "sync"])
     ap.add_argument("--timeout", type=float, default=7200.0)
+    ap.add_argument("--request-timeout", type=float, default=600.0,
+                    help="pyfleet train's --request-timeout: the pass-end checkpoint of "
+                         "100M rows may take 10x that (default 600: 100 minutes)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args(argv)

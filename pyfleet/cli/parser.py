@@ -168,6 +168,10 @@ def _train_parser(sub):
                    help="the directory on the servers' machines for the rows beyond "
                         "--memory-budget (unnamed files, nothing left after the run; "
                         "default: none, required with --memory-budget)")
+    p.add_argument("--request-timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="how long a worker waits for a server's answer before calling the "
+                        "job failed; a checkpoint save may take 10 times this (raise it for "
+                        "tables of tens of GB; default: 60)")
     p.add_argument("--no-model", action="store_true",
                    help="do not export the inference model to RUN_DIR/model at the end "
                         "(it holds every embedding row: as large as the table's weights; "

@@ -153,6 +153,9 @@ def cmd_train(args, argv):
             raise SystemExit(f"pyfleet train: {flag} must be >= 1, got {value}")
     if args.lr is not None and (not math.isfinite(args.lr) or args.lr <= 0):
         raise SystemExit(f"pyfleet train: --lr must be a finite number > 0, got {args.lr}")
+    if not (math.isfinite(args.request_timeout) and args.request_timeout > 0):
+        raise SystemExit(f"pyfleet train: --request-timeout must be a finite number > 0, "
+                         f"got {args.request_timeout}")
     optimizer = _optimizer_of(args)
     if (args.memory_budget is None) != (args.spill_dir is None):
         raise SystemExit("pyfleet train: --memory-budget and --spill-dir go together "
@@ -257,6 +260,7 @@ def cmd_train(args, argv):
            "shrink_min_score": args.shrink_min_score, "shrink_decay": args.shrink_decay,
            "shrink_unseen_passes": args.shrink_unseen_passes, "settings": settings,
            "storage": args.storage, "save_model": not args.no_model,
+           "request_timeout": args.request_timeout,
            "memory_budget": args.memory_budget,
            "spill_dir": None if args.spill_dir is None else os.path.abspath(args.spill_dir),
            "config": getattr(args, "_config", None),

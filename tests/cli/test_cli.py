@@ -170,11 +170,12 @@ def test_train_with_a_disk_tier_matches_all_in_ram(tmp_path):
     all-in-RAM run (the disk tier moves rows, never changes them); the
     servers got the options (the manifest's config) and left no file. The
     summary reports each server's rows on disk, table RAM and peak RSS;
-    --no-model leaves the inference model out."""
+    --no-model leaves the inference model out; --request-timeout reaches the job."""
     runs = {}
     spill = tmp_path / "spill"
     for name, extra in (("ram", []), ("disk", ["--memory-budget", "300K", "--spill-dir",
-                                                str(spill), "--no-model"])):
+                                                str(spill), "--no-model",
+                                                "--request-timeout", "90"])):
         run = tmp_path / name
         r = pyfleet("train", "--rows", "6000", "--workers", "1", "--mode", "sync", *extra,
                     "--run-dir", str(run), "--json", cwd=tmp_path, timeout=300)
@@ -195,6 +196,15 @@ def test_train_with_a_disk_tier_matches_all_in_ram(tmp_path):
         assert s["server_peak_rss_bytes"][0] >= s["server_rss_bytes"][0] > 0
     assert (tmp_path / "ram" / "model").is_dir() and ram["inference_model"]
     assert not (tmp_path / "disk" / "model").exists() and disk["inference_model"] is None
+    jobs = {n: json.loads((tmp_path / n / "job.json").read_text()) for n in ("ram", "disk")}
+    assert jobs["ram"]["request_timeout"] == 60.0 and jobs["disk"]["request_timeout"] == 90.0
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "nan"])
+def test_train_refuses_a_bad_request_timeout(tmp_path, value):
+    r = pyfleet("train", "--request-timeout", value, "--rows", "2000", cwd=tmp_path,
+                timeout=60)
+    assert r.returncode != 0 and "--request-timeout" in r.stderr and value in r.stderr
 
 
 def test_train_refuses_half_a_disk_tier(tmp_path):
