@@ -3,11 +3,16 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
 #include "pyfleet/error.h"
 #include "row_simd.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 namespace pyfleet {
 
@@ -15,21 +20,46 @@ namespace {
 
 // A q8 state row is read and written as whole 4-byte words (relaxed
 // atomics; rows are 4-byte aligned): a concurrent push may mix words of two
-// updates, never tear one.
+// updates, never tear one. On x86-64 (not under ThreadSanitizer) the
+// 8-byte-aligned pairs of words are one 8-byte access written in asm (opaque
+// to the compiler, so no C++ data race is formed; an aligned 8-byte access
+// is single-copy atomic, so no word is split), as row_storage.cc's Load16s.
 inline void LoadWords(const void* p, size_t bytes, uint8_t* out) {
   auto* w = const_cast<uint32_t*>(static_cast<const uint32_t*>(p));
-  for (size_t i = 0; i < bytes / 4; ++i) {
-    const uint32_t v = std::atomic_ref<uint32_t>(w[i]).load(std::memory_order_relaxed);
-    std::memcpy(out + 4 * i, &v, 4);
+  const size_t n = bytes / 4;
+  size_t i = 0;
+  auto one = [&](size_t k) {
+    const uint32_t v = std::atomic_ref<uint32_t>(w[k]).load(std::memory_order_relaxed);
+    std::memcpy(out + 4 * k, &v, 4);
+  };
+#ifdef PYFLEET_VECTOR_ROW_COPY
+  if (n != 0 && reinterpret_cast<uintptr_t>(w) % 8 != 0) one(i++);
+  for (; i + 2 <= n; i += 2) {
+    uint64_t v;
+    asm volatile("movq %1, %0" : "=r"(v) : "m"(*reinterpret_cast<const uint64_t*>(w + i)));
+    std::memcpy(out + 4 * i, &v, 8);
   }
+#endif
+  for (; i < n; ++i) one(i);
 }
 inline void StoreWords(void* p, const uint8_t* in, size_t bytes) {
   auto* w = static_cast<uint32_t*>(p);
-  for (size_t i = 0; i < bytes / 4; ++i) {
+  const size_t n = bytes / 4;
+  size_t i = 0;
+  auto one = [&](size_t k) {
     uint32_t v;
-    std::memcpy(&v, in + 4 * i, 4);
-    std::atomic_ref<uint32_t>(w[i]).store(v, std::memory_order_relaxed);
+    std::memcpy(&v, in + 4 * k, 4);
+    std::atomic_ref<uint32_t>(w[k]).store(v, std::memory_order_relaxed);
+  };
+#ifdef PYFLEET_VECTOR_ROW_COPY
+  if (n != 0 && reinterpret_cast<uintptr_t>(w) % 8 != 0) one(i++);
+  for (; i + 2 <= n; i += 2) {
+    uint64_t v;
+    std::memcpy(&v, in + 4 * i, 8);
+    asm volatile("movq %1, %0" : "=m"(*reinterpret_cast<uint64_t*>(w + i)) : "r"(v));
   }
+#endif
+  for (; i < n; ++i) one(i);
 }
 
 // The row's bytes on the stack for rows up to kStack bytes, else on the heap.
@@ -102,12 +132,76 @@ inline void DecodeBlock16(const uint8_t* c, float scale, bool sgn, float* o) {
   }
 }
 
+
+// Whether the AVX2 forms of the full-block codec run: the CPU has AVX2
+// (checked at run time; the build assumes x86-64's SSE2 only) and
+// PYFLEET_NO_AVX2 is unset or "0" (the tests run the SSE2 forms with it).
+bool HasAvx2() {
+  static const bool has = [] {
+    const char* off = std::getenv("PYFLEET_NO_AVX2");
+    return __builtin_cpu_supports("avx2") && !(off && *off && std::strcmp(off, "0") != 0);
+  }();
+  return has;
+}
+
+// Eight codes (in the low 64 bits of x) decoded, the same conversion and
+// multiplies as DecodeBlock16 eight lanes at a time. No FMA in the target:
+// q * q stays a separate multiply, nothing is contracted.
+__attribute__((target("avx2"))) inline void Decode8Avx2(__m128i x, __m256 step, bool sgn,
+                                                        float* o) {
+  if (sgn) {
+    _mm256_storeu_ps(o, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(x)), step));
+  } else {
+    const __m256 q = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(x)), step);
+    _mm256_storeu_ps(o, _mm256_mul_ps(q, q));
+  }
+}
+
+// A q8 state head of nv vectors of full blocks: codes c[nv * dim] (block
+// after block), then their bf16 scales in the same order, decoded into sf.
+void DecodeFull(const uint8_t* c, const uint8_t* scales, size_t nv, size_t ns, size_t dim,
+                float* sf) {
+  const size_t blocks = dim / kQ8Block;
+  for (size_t j = 0; j < nv; ++j) {
+    const bool sgn = j < ns;
+    for (size_t b = 0; b < blocks; ++b, c += kQ8Block, sf += kQ8Block, scales += 2) {
+      DecodeBlock16(c, Bf16ToFloat(LoadScale(scales)), sgn, sf);
+    }
+  }
+}
+
+__attribute__((target("avx2"))) void DecodeFullAvx2(const uint8_t* c, const uint8_t* scales,
+                                                    size_t nv, size_t ns, size_t dim,
+                                                    float* sf) {
+  const size_t blocks = dim / kQ8Block;
+  for (size_t j = 0; j < nv; ++j) {
+    const bool sgn = j < ns;
+    for (size_t b = 0; b < blocks; ++b, c += kQ8Block, sf += kQ8Block, scales += 2) {
+      const float scale = Bf16ToFloat(LoadScale(scales));
+      const __m256 step = _mm256_set1_ps(sgn ? scale / 127.f : scale / 255.f);
+      const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(c));
+      Decode8Avx2(x, step, sgn, sf);
+      Decode8Avx2(_mm_unpackhi_epi64(x, x), step, sgn, sf + 8);
+    }
+  }
+}
+
 }  // namespace
 #endif
 
 void Q8LoadState(const RowLayout& l, const void* s, float* sf) {
   const size_t bytes = l.state_bytes();
   if (bytes == 0) return;
+#ifdef PYFLEET_ROW_SIMD
+  if (l.dim % kQ8Block == 0 && bytes <= kStack) {
+    alignas(16) uint8_t row[kStack];
+    LoadWords(s, bytes, row);
+    const size_t nv = l.q8_vectors();
+    const uint8_t* scales = row + nv * l.dim;
+    if (HasAvx2()) return DecodeFullAvx2(row, scales, nv, l.q8_signed, l.dim, sf);
+    return DecodeFull(row, scales, nv, l.q8_signed, l.dim, sf);
+  }
+#endif
   RowBuf buf(bytes);
   LoadWords(s, bytes, buf.p);
   const size_t dim = l.dim, blocks = l.q8_blocks();
@@ -223,11 +317,135 @@ inline uint16_t CodeBlock16(const float* in, const uint16_t* r, bool sgn, uint8_
 }
 #endif
 
+
+#ifdef PYFLEET_ROW_SIMD
+// CodeBlock16 eight lanes at a time, the same fp32 operations in the same
+// order (no FMA in the target, so no multiply-add is contracted), the
+// lanes' maximum taken in the same operand order (a NaN |x| never wins).
+__attribute__((target("avx2"))) inline __m256i Code8Avx2(__m256 x, __m256 u, __m256 inv,
+                                                         __m256 bias, __m256 lo, __m256 hi,
+                                                         __m256i ibias) {
+  __m256 y = _mm256_add_ps(_mm256_mul_ps(x, inv), _mm256_add_ps(u, bias));
+  y = _mm256_min_ps(hi, _mm256_max_ps(lo, y));  // as CodeBlock16's clamp
+  return _mm256_and_si256(_mm256_sub_epi32(_mm256_cvttps_epi32(y), ibias),
+                          _mm256_set1_epi32(0xff));
+}
+
+__attribute__((target("avx2"))) inline uint16_t CodeBlock16Avx2(const float* in,
+                                                                const uint16_t* r, bool sgn,
+                                                                uint8_t* codes) {
+  const __m256 zero = _mm256_setzero_ps();
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 x0 = _mm256_loadu_ps(in), x1 = _mm256_loadu_ps(in + 8);
+  if (!sgn) {
+    x0 = _mm256_sqrt_ps(_mm256_max_ps(x0, zero));
+    x1 = _mm256_sqrt_ps(_mm256_max_ps(x1, zero));
+  }
+  const __m256 a8 = _mm256_max_ps(_mm256_and_ps(x1, abs_mask),
+                                  _mm256_max_ps(_mm256_and_ps(x0, abs_mask), zero));
+  __m128 a = _mm_max_ps(_mm256_castps256_ps128(a8), _mm256_extractf128_ps(a8, 1));
+  a = _mm_max_ps(a, _mm_movehl_ps(a, a));
+  a = _mm_max_ps(a, _mm_shuffle_ps(a, a, 1));
+  const uint16_t sc = Bf16Ceil(_mm_cvtss_f32(a));
+  const float scale = Bf16ToFloat(sc);
+  if (scale == 0.f) {
+    std::memset(codes, 0, kQ8Block);
+    return sc;
+  }
+  const __m256 inv = _mm256_set1_ps((sgn ? 127.f : 255.f) / scale);
+  const __m256 bias = _mm256_set1_ps(sgn ? 128.f : 0.f);
+  const __m256 lo = _mm256_set1_ps(sgn ? 1.f : 0.f), hi = _mm256_set1_ps(255.f);
+  const __m256i ibias = _mm256_set1_epi32(sgn ? 128 : 0);
+  __m256 ub0 = _mm256_set1_ps(0.5f), ub1 = ub0;
+  if (r) {
+    const __m256 k16 = _mm256_set1_ps(0x1p-16f);
+    ub0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu16_epi32(
+                            _mm_loadu_si128(reinterpret_cast<const __m128i*>(r)))), k16);
+    ub1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu16_epi32(
+                            _mm_loadu_si128(reinterpret_cast<const __m128i*>(r + 8)))), k16);
+  }
+  const __m256i c0 = Code8Avx2(x0, ub0, inv, bias, lo, hi, ibias);
+  const __m256i c1 = Code8Avx2(x1, ub1, inv, bias, lo, hi, ibias);
+  // packs works within 128-bit halves: [c0 0-3, c1 0-3 | c0 4-7, c1 4-7];
+  // the permute puts c0's eight before c1's.
+  const __m256i p = _mm256_permute4x64_epi64(_mm256_packs_epi32(c0, c1), 0xd8);
+  const __m128i packed =
+      _mm_packus_epi16(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(codes), packed);
+  return sc;
+}
+
+// Codes nv vectors of full blocks of sf (the draws r, or to nearest when r
+// is null) into c[nv * dim] and their scales, block after block.
+void EncodeFull(const float* sf, const uint16_t* r, size_t nv, size_t ns, size_t dim,
+                uint8_t* c, uint8_t* scales) {
+  const size_t blocks = dim / kQ8Block;
+  for (size_t j = 0; j < nv; ++j) {
+    const bool sgn = j < ns;
+    for (size_t b = 0; b < blocks; ++b, c += kQ8Block, sf += kQ8Block, scales += 2) {
+      const uint16_t sc = CodeBlock16(sf, r, sgn, c);
+      std::memcpy(scales, &sc, 2);
+      if (r) r += kQ8Block;
+    }
+  }
+}
+
+__attribute__((target("avx2"))) void EncodeFullAvx2(const float* sf, const uint16_t* r,
+                                                    size_t nv, size_t ns, size_t dim,
+                                                    uint8_t* c, uint8_t* scales) {
+  const size_t blocks = dim / kQ8Block;
+  for (size_t j = 0; j < nv; ++j) {
+    const bool sgn = j < ns;
+    for (size_t b = 0; b < blocks; ++b, c += kQ8Block, sf += kQ8Block, scales += 2) {
+      const uint16_t sc = CodeBlock16Avx2(sf, r, sgn, c);
+      std::memcpy(scales, &sc, 2);
+      if (r) r += kQ8Block;
+    }
+  }
+}
+#endif
+
+// Adam: no m where v is 0 (signed vector k pairs with root vector ns + k)
+// in a state head of nv vectors of dim codes.
+void ClearSignedWhereRootZero(uint8_t* codes, size_t nv, size_t ns, size_t dim) {
+  for (size_t k = 0; k < ns && ns + k < nv; ++k) {
+    uint8_t* m = codes + k * dim;
+    const uint8_t* v = codes + (ns + k) * dim;
+    size_t i = 0;
+#ifdef PYFLEET_ROW_SIMD
+    for (; i + 16 <= dim; i += 16) {
+      const __m128i vz = _mm_cmpeq_epi8(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(v + i)), _mm_setzero_si128());
+      __m128i* mi = reinterpret_cast<__m128i*>(m + i);
+      _mm_storeu_si128(mi, _mm_andnot_si128(vz, _mm_loadu_si128(mi)));
+    }
+#endif
+    for (; i < dim; ++i) m[i] = v[i] == 0 ? 0 : m[i];
+  }
+}
+
 }  // namespace
 
 void Q8StoreState(const RowLayout& l, const float* sf, void* s, const uint16_t* r) {
   const size_t bytes = l.state_bytes();
   if (bytes == 0) return;
+#ifdef PYFLEET_ROW_SIMD
+  if (l.dim % kQ8Block == 0 && bytes <= kStack) {
+    alignas(16) uint8_t row[kStack];
+    const size_t nv = l.q8_vectors(), head = nv * l.dim;
+    uint8_t* scales = row + head;
+    // The last word's padding after the scales (0 to 3 bytes).
+    for (size_t i = head + 2 * nv * (l.dim / kQ8Block); i < bytes; ++i) row[i] = 0;
+    if (HasAvx2()) {
+      EncodeFullAvx2(sf, r, nv, l.q8_signed, l.dim, row, scales);
+    } else {
+      EncodeFull(sf, r, nv, l.q8_signed, l.dim, row, scales);
+    }
+    ClearSignedWhereRootZero(row, nv, l.q8_signed, l.dim);
+    StoreWords(s, row, bytes);
+    return;
+  }
+#endif
   RowBuf buf(bytes);
   std::memset(buf.p + l.state_head(), 0, bytes - l.state_head());
   const size_t dim = l.dim, blocks = l.q8_blocks();
@@ -265,21 +483,7 @@ void Q8StoreState(const RowLayout& l, const float* sf, void* s, const uint16_t* 
       std::memcpy(scales + 2 * (j * blocks + b), &sc, 2);
     }
   }
-  // Adam: no m where v is 0 (signed vector k pairs with root vector q8_signed + k).
-  for (size_t k = 0; k < l.q8_signed && l.q8_signed + k < l.q8_vectors(); ++k) {
-    uint8_t* m = buf.p + k * dim;
-    const uint8_t* v = buf.p + (l.q8_signed + k) * dim;
-    size_t i = 0;
-#ifdef PYFLEET_ROW_SIMD
-    for (; i + 16 <= dim; i += 16) {
-      const __m128i vz = _mm_cmpeq_epi8(
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(v + i)), _mm_setzero_si128());
-      __m128i* mi = reinterpret_cast<__m128i*>(m + i);
-      _mm_storeu_si128(mi, _mm_andnot_si128(vz, _mm_loadu_si128(mi)));
-    }
-#endif
-    for (; i < dim; ++i) m[i] = v[i] == 0 ? 0 : m[i];
-  }
+  ClearSignedWhereRootZero(buf.p, l.q8_vectors(), l.q8_signed, dim);
   StoreWords(s, buf.p, bytes);
 }
 

@@ -344,20 +344,33 @@ void StoreNarrowed(const float* v, const uint16_t* r, size_t n, uint16_t* q) {
 }
 #endif
 
+// Rounds v[0, n) with the draws r[0, n) (n <= kChunk) into p.
+template <StorageKind S>
+void StoreDrawn(const float* v, const uint16_t* r, size_t n, void* p) {
+#ifdef PYFLEET_VECTOR_ROW_COPY
+  StoreNarrowed<S>(v, r, n, static_cast<uint16_t*>(p));
+#else
+  uint16_t h[kChunk];
+  NarrowElems<S>(v, r, n, h);
+  Store16s(p, h, n);
+#endif
+}
+
+void StoreDrawnOf(StorageKind s, const float* v, const uint16_t* r, size_t n, void* p) {
+  if (s == StorageKind::kFP16) {
+    StoreDrawn<StorageKind::kFP16>(v, r, n, p);
+  } else {
+    StoreDrawn<StorageKind::kBF16>(v, r, n, p);
+  }
+}
+
 // Rounds elements [e0, e0 + n) of the row's stream into p.
 template <StorageKind S>
 void StoreElems(const float* v, size_t n, void* p, uint64_t z, size_t e0) {
   uint16_t buf[kChunk + 16];
   for (size_t c = 0; c < n; c += kChunk) {
     const size_t len = std::min(kChunk, n - c);
-    const uint16_t* r = Draws(z, e0 + c, len, buf);
-#ifdef PYFLEET_VECTOR_ROW_COPY
-    StoreNarrowed<S>(v + c, r, len, static_cast<uint16_t*>(p) + c);
-#else
-    uint16_t h[kChunk];
-    NarrowElems<S>(v + c, r, len, h);
-    Store16s(static_cast<uint16_t*>(p) + c, h, len);
-#endif
+    StoreDrawn<S>(v + c, Draws(z, e0 + c, len, buf), len, static_cast<uint16_t*>(p) + c);
   }
 }
 
@@ -450,13 +463,21 @@ void RoundDraws(uint64_t z, size_t e0, size_t n, uint16_t* out) {
 void StoreCompactRow(const RowLayout& l, const float* wf, const float* sf, void* w, void* s,
                      uint64_t z) {
   PYFLEET_ASSERT(l.compact());
+  const size_t n = l.rounded_elems();
+  if (n <= kChunk) {
+    // The row's draws in one pass of the generator (weights', then state's).
+    uint16_t buf[kChunk + 16];
+    const uint16_t* r = Draws(z, 0, n, buf);
+    StoreDrawnOf(l.weight_kind(), wf, r, l.dim, w);
+    if (l.q8()) return Q8StoreState(l, sf, s, r + l.dim);
+    StoreDrawnOf(l.state_kind(), sf, r + l.dim, l.state_head(), s);
+    return StoreTail(l, sf, s);
+  }
   if (l.q8()) {
     StoreCompactWeights(l.storage, wf, l.dim, w, z);
-    uint16_t small[256];
-    std::vector<uint16_t> big(l.state_head() > 256 ? l.state_head() : 0);
-    uint16_t* r = big.empty() ? small : big.data();
-    RoundDraws(z, l.dim, l.state_head(), r);
-    return Q8StoreState(l, sf, s, r);
+    std::vector<uint16_t> r(l.state_head());
+    RoundDraws(z, l.dim, l.state_head(), r.data());
+    return Q8StoreState(l, sf, s, r.data());
   }
   StoreElemsOf(l.weight_kind(), wf, l.dim, w, z, 0);
   StoreElemsOf(l.state_kind(), sf, l.state_head(), s, z, l.dim);

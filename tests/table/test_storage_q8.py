@@ -3,6 +3,10 @@ row_q8.h) against a plain numpy reference of its rule, bit for bit: Adam and
 Adagrad through pushes, deltas, save/load and conversion to and from every
 other storage; refusal of the rules it does not code; rows per byte."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from support.reference import init_state, update
@@ -93,9 +97,11 @@ class Reference:
 
 @pytest.mark.parametrize("storage", Q8)
 @pytest.mark.parametrize("opt", Q8_OPTIMIZERS, ids=repr)
-@pytest.mark.parametrize("dim", [1, 8, 16, 19, 40])
+@pytest.mark.parametrize("dim", [1, 8, 16, 19, 32, 40, 48])
 def test_q8_update_equals_numpy_reference(storage, opt, dim):
-    """Blocks of 16 (dim 19 and 40: a short last block), pushes with equal
+    """Blocks of 16 (dim 19 and 40: a short last block; 16, 32 and 48: full
+    blocks only, the vector codec, a row's draws in one pass of the
+    generator up to 64 elements and in chunks past it), pushes with equal
     keys summed, gradients spanning magnitudes so that codes hit 0 and the
     clamps, and geo deltas that leave the state's codes as they are."""
     rng = np.random.default_rng(dim)
@@ -280,3 +286,36 @@ def test_q8_file_reshards(tmp_path, storage):
         np.testing.assert_array_equal(got[k][0], whole["weights"][i])
         np.testing.assert_array_equal(got[k][1], whole["state"][i])
         assert got[k][2] == whole["update_count"][i]
+
+
+_TRAIN_Q8 = """
+import sys, numpy as np, pyfleet
+from pyfleet.optimizer import Adagrad, Adam
+opt = eval(sys.argv[2])
+rng = np.random.default_rng(5)
+t = pyfleet.SparseTable(32, opt, seed=5, storage=sys.argv[1])
+ks = rng.integers(0, 2**64, 300, dtype=np.uint64)
+for step in range(4):
+    t.pull(ks)
+    g = rng.normal(0, 1, (len(ks), 32)) * 10.0 ** rng.uniform(-6, 1, (len(ks), 1))
+    g[:, ::3] *= 1e-4
+    t.push(ks, g.astype(np.float32))
+e = t.export(with_state=True)
+o = np.argsort(e["keys"])
+sys.stdout.buffer.write(e["weights"][o].tobytes() + e["state"][o].tobytes())
+"""
+
+
+@pytest.mark.parametrize("storage", Q8)
+@pytest.mark.parametrize("opt", Q8_OPTIMIZERS, ids=repr)
+def test_q8_portable_codec_equals_the_vector_one(storage, opt):
+    """PYFLEET_NO_AVX2=1 runs the SSE2 codec of full blocks; without it the
+    AVX2 one runs where the CPU has it: the same rows, bit for bit."""
+    runs = []
+    for off in ("1", "0"):
+        env = dict(os.environ, PYFLEET_NO_AVX2=off)
+        out = subprocess.run([sys.executable, "-c", _TRAIN_Q8, storage, repr(opt)], env=env,
+                             capture_output=True, timeout=120, check=True)
+        runs.append(out.stdout)
+    assert len(runs[0]) > 300 * 32 * 4
+    assert runs[0] == runs[1]
