@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -133,17 +132,6 @@ inline void DecodeBlock16(const uint8_t* c, float scale, bool sgn, float* o) {
 }
 
 
-// Whether the AVX2 forms of the full-block codec run: the CPU has AVX2
-// (checked at run time; the build assumes x86-64's SSE2 only) and
-// PYFLEET_NO_AVX2 is unset or "0" (the tests run the SSE2 forms with it).
-bool HasAvx2() {
-  static const bool has = [] {
-    const char* off = std::getenv("PYFLEET_NO_AVX2");
-    return __builtin_cpu_supports("avx2") && !(off && *off && std::strcmp(off, "0") != 0);
-  }();
-  return has;
-}
-
 // Eight codes (in the low 64 bits of x) decoded, the same conversion and
 // multiplies as DecodeBlock16 eight lanes at a time. No FMA in the target:
 // q * q stays a separate multiply, nothing is contracted.
@@ -198,7 +186,7 @@ void Q8LoadState(const RowLayout& l, const void* s, float* sf) {
     LoadWords(s, bytes, row);
     const size_t nv = l.q8_vectors();
     const uint8_t* scales = row + nv * l.dim;
-    if (HasAvx2()) return DecodeFullAvx2(row, scales, nv, l.q8_signed, l.dim, sf);
+    if (RowAvx2()) return DecodeFullAvx2(row, scales, nv, l.q8_signed, l.dim, sf);
     return DecodeFull(row, scales, nv, l.q8_signed, l.dim, sf);
   }
 #endif
@@ -436,7 +424,7 @@ void Q8StoreState(const RowLayout& l, const float* sf, void* s, const uint16_t* 
     uint8_t* scales = row + head;
     // The last word's padding after the scales (0 to 3 bytes).
     for (size_t i = head + 2 * nv * (l.dim / kQ8Block); i < bytes; ++i) row[i] = 0;
-    if (HasAvx2()) {
+    if (RowAvx2()) {
       EncodeFullAvx2(sf, r, nv, l.q8_signed, l.dim, row, scales);
     } else {
       EncodeFull(sf, r, nv, l.q8_signed, l.dim, row, scales);

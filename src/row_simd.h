@@ -27,6 +27,16 @@
 #include "pyfleet/row_storage.h"
 
 namespace pyfleet {
+
+// Whether the AVX2 forms of the row codecs run (row_storage.cc's 16-bit
+// loads and stores, row_q8.cc's blocks): the CPU has AVX2 and F16C (checked
+// at run time; the build assumes x86-64's SSE2 only) and the environment
+// variable PYFLEET_NO_AVX2 is unset, empty or "0" (the tests set it to run
+// the SSE2 forms, which compute the same bits).
+// Set when the library is loaded; hidden, so read without a GOT lookup.
+extern const bool kRowAvx2 __attribute__((visibility("hidden")));
+inline bool RowAvx2() { return kRowAvx2; }
+
 namespace simd {
 
 inline __m128i Select(__m128i mask, __m128i yes, __m128i no) {

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <bit>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -16,6 +17,17 @@
 #endif
 
 namespace pyfleet {
+
+#ifdef PYFLEET_ROW_SIMD
+namespace {
+bool DetectRowAvx2() {
+  const char* off = std::getenv("PYFLEET_NO_AVX2");
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") &&
+         !(off && *off && std::strcmp(off, "0") != 0);
+}
+}  // namespace
+const bool kRowAvx2 = DetectRowAvx2();
+#endif
 
 namespace {
 
@@ -233,9 +245,52 @@ __attribute__((target("f16c"))) void LoadHalvesF16C(const uint16_t* q, size_t n,
   for (; i < n; ++i) out[i] = HalfToFloat(Load16(q, i));
 }
 
+// Eight 16-bit elements at q (8-byte aligned) in two 8-byte loads written
+// in asm (VEX forms: no SSE/AVX transition in the AVX2 loops).
+__attribute__((target("avx2"))) inline __m128i Load8Relaxed(const uint16_t* q) {
+  __m128i x;
+  asm volatile("vmovq %1, %0\n\tvmovhps %2, %0, %0"
+               : "=&x"(x)
+               : "m"(*reinterpret_cast<const uint64_t*>(q)),
+                 "m"(*reinterpret_cast<const uint64_t*>(q + 4)));
+  return x;
+}
+
+// LoadElems eight lanes at a time with AVX2 (and F16C for fp16; NaN groups
+// take the SSE2 form as LoadHalvesF16C): the same loads, the same bits.
+template <StorageKind S>
+__attribute__((target("avx2,f16c"))) void LoadElemsAvx2(const uint16_t* q, size_t n,
+                                                       float* out) {
+  size_t i = LoadHead<S>(q, n, out);
+  for (; i + 8 <= n; i += 8) {
+    const __m128i x = Load8Relaxed(q + i);
+    if constexpr (S == StorageKind::kBF16) {
+      _mm256_storeu_ps(out + i,
+                       _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(x), 16)));
+    } else {
+      const __m128i nan = _mm_cmpgt_epi16(_mm_and_si128(x, _mm_set1_epi16(0x7fff)),
+                                          _mm_set1_epi16(0x7c00));
+      if (_mm_movemask_epi8(nan) == 0) {
+        _mm256_storeu_ps(out + i, _mm256_cvtph_ps(x));
+      } else {
+        const __m128i z = _mm_setzero_si128();
+        _mm_storeu_ps(out + i, simd::Widen4<S>(_mm_unpacklo_epi16(x, z)));
+        _mm_storeu_ps(out + i + 4, simd::Widen4<S>(_mm_unpackhi_epi16(x, z)));
+      }
+    }
+  }
+  if (i + 4 <= n) {
+    const __m128i x = _mm_unpacklo_epi16(Load4Relaxed(q + i), _mm_setzero_si128());
+    _mm_storeu_ps(out + i, simd::Widen4<S>(x));
+    i += 4;
+  }
+  for (; i < n; ++i) out[i] = WidenElem(S, Load16(q, i));
+}
+
 template <StorageKind S>
 void LoadElems(const void* p, size_t n, float* out) {
   const auto* q = static_cast<const uint16_t*>(p);
+  if (RowAvx2()) return LoadElemsAvx2<S>(q, n, out);
   if constexpr (S == StorageKind::kFP16) {
     if (HasF16C()) return LoadHalvesF16C(q, n, out);
   }
@@ -333,8 +388,67 @@ __attribute__((target("f16c"))) void StoreHalvesF16C(const float* v, const uint1
   StoreNarrowedTail<StorageKind::kFP16>(v, r, i, n, q);
 }
 
+// Eight 16-bit results in x stored at q (8-byte aligned) in two 8-byte
+// stores written in asm (VEX forms), as Store4Relaxed.
+__attribute__((target("avx2"))) inline void Store8Relaxed(uint16_t* q, __m128i x) {
+  asm volatile("vmovq %2, %0\n\tvmovhps %2, %1"
+               : "=m"(*reinterpret_cast<uint64_t*>(q)),
+                 "=m"(*reinterpret_cast<uint64_t*>(q + 4))
+               : "x"(x));
+}
+
+// StoreNarrowed eight lanes at a time with AVX2 (F16C for fp16): a group of
+// eight normal values (fp16), or of eight finite values below the largest
+// bf16's rounding range (bf16), is the rule in one add and one conversion
+// or shift; any other group takes the four-lane forms. The same bits.
+template <StorageKind S>
+__attribute__((target("avx2,f16c"))) void StoreNarrowedAvx2(const float* v, const uint16_t* r,
+                                                           size_t n, uint16_t* q) {
+  size_t i = StoreNarrowedHead<S>(v, r, n, q);
+  for (; i + 8 <= n; i += 8) {
+    const __m256i x = _mm256_castps_si256(_mm256_loadu_ps(v + i));
+    const __m256i ri =
+        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r + i)));
+    const __m256i a = _mm256_and_si256(x, _mm256_set1_epi32(0x7fffffff));
+    __m128i h;
+    if constexpr (S == StorageKind::kBF16) {
+      const __m256i fast = _mm256_cmpgt_epi32(_mm256_set1_epi32(0x7f7f0000), a);
+      if (_mm256_movemask_ps(_mm256_castsi256_ps(fast)) == 0xff) {
+        const __m256i b = _mm256_srai_epi32(_mm256_add_epi32(x, ri), 16);
+        // packs works within 128-bit halves; the permute joins the halves.
+        const __m256i p = _mm256_permute4x64_epi64(_mm256_packs_epi32(b, b), 0x08);
+        h = _mm256_castsi256_si128(p);
+      } else {
+        h = _mm_unpacklo_epi64(Narrow4<S>(v + i, r + i), Narrow4<S>(v + i + 4, r + i + 4));
+      }
+    } else {
+      const __m256i normal =
+          _mm256_andnot_si256(_mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x7f7fffff)),
+                              _mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x387fffff)));
+      if (_mm256_movemask_ps(_mm256_castsi256_ps(normal)) == 0xff) {
+        const __m256i added = _mm256_add_epi32(x, _mm256_srli_epi32(ri, 3));
+        h = _mm256_cvtps_ph(_mm256_castsi256_ps(added), _MM_FROUND_TO_ZERO);
+      } else {
+        h = _mm_unpacklo_epi64(NarrowHalves4F16C(v + i, r + i),
+                               NarrowHalves4F16C(v + i + 4, r + i + 4));
+      }
+    }
+    Store8Relaxed(q + i, h);
+  }
+  if (i + 4 <= n) {
+    if constexpr (S == StorageKind::kFP16) {
+      Store4Relaxed(q + i, NarrowHalves4F16C(v + i, r + i));
+    } else {
+      Store4Relaxed(q + i, Narrow4<S>(v + i, r + i));
+    }
+    i += 4;
+  }
+  StoreNarrowedTail<S>(v, r, i, n, q);
+}
+
 template <StorageKind S>
 void StoreNarrowed(const float* v, const uint16_t* r, size_t n, uint16_t* q) {
+  if (RowAvx2()) return StoreNarrowedAvx2<S>(v, r, n, q);
   if constexpr (S == StorageKind::kFP16) {
     if (HasF16C()) return StoreHalvesF16C(v, r, n, q);
   }

@@ -306,11 +306,12 @@ sys.stdout.buffer.write(e["weights"][o].tobytes() + e["state"][o].tobytes())
 """
 
 
-@pytest.mark.parametrize("storage", Q8)
+@pytest.mark.parametrize("storage", ["fp16", "bf16"] + Q8)
 @pytest.mark.parametrize("opt", Q8_OPTIMIZERS, ids=repr)
-def test_q8_portable_codec_equals_the_vector_one(storage, opt):
-    """PYFLEET_NO_AVX2=1 runs the SSE2 codec of full blocks; without it the
-    AVX2 one runs where the CPU has it: the same rows, bit for bit."""
+def test_portable_row_codecs_equal_the_avx2_ones(storage, opt):
+    """PYFLEET_NO_AVX2=1 runs the SSE2 forms of the 16-bit loads and stores
+    and of the q8 blocks; without it the AVX2 forms run where the CPU has
+    them: the same rows, bit for bit."""
     runs = []
     for off in ("1", "0"):
         env = dict(os.environ, PYFLEET_NO_AVX2=off)
