@@ -477,8 +477,18 @@ void Q8StoreState(const RowLayout& l, const float* sf, void* s, const uint16_t* 
 
 void Q8DerivedTail(const OptimizerConfig& opt, uint32_t count, float* tail) {
   if (opt.kind != OptimizerKind::kAdam) return;
-  tail[0] = PowCount(opt.beta1, uint64_t{count} + 1);
-  tail[1] = PowCount(opt.beta2, uint64_t{count} + 1);
+  // PowCount of both betas in one loop: each takes the same steps.
+  float r1 = 1.f, r2 = 1.f, b1 = opt.beta1, b2 = opt.beta2;
+  for (uint64_t n = uint64_t{count} + 1; n != 0; n >>= 1) {
+    if (n & 1) {
+      r1 *= b1;
+      r2 *= b2;
+    }
+    b1 *= b1;
+    b2 *= b2;
+  }
+  tail[0] = r1;
+  tail[1] = r2;
 }
 
 }  // namespace pyfleet

@@ -82,7 +82,11 @@ struct RowLayout {
   size_t weight_bytes() const { return dim * elem_bytes(); }
   size_t tail_offset() const { return state_head() * elem_bytes(); }
   // q8: vectors of dim codes in the state head, and bf16 scales per vector.
-  size_t q8_vectors() const { return dim ? state_head() / dim : 0; }
+  size_t q8_vectors() const {
+    // 1 (Adagrad) or 2 (Adam) without a 64-bit division on every push.
+    const size_t h = state_head();
+    return dim == 0 ? 0 : h == dim ? 1 : h == 2 * dim ? 2 : h / dim;
+  }
   size_t q8_blocks() const { return (dim + kQ8Block - 1) / kQ8Block; }
   size_t state_bytes() const {
     if (q8()) {
