@@ -39,7 +39,7 @@ int main(int argc, char** argv) {
   // Compact rows: the same Hogwild update through 16-bit loads and stores.
   SparseTable half(8, opt, init, 1, entry, StorageKind::kFP16);
   // And 8-bit state: Adam's moments in words of codes and scales.
-  SparseTable q8(8, opt, init, 1, entry, StorageKind::kBF16Q8);
+  SparseTable q8(16, opt, init, 1, entry, StorageKind::kBF16Q8);  // full blocks
   // And a disk tier at its smallest budget: rows move between RAM and the
   // spill file under every call.
   SparseTable spilled(8, opt, init, 1, entry);
@@ -51,7 +51,7 @@ int main(int argc, char** argv) {
     threads.emplace_back([&, t] {
       std::mt19937_64 rng(t);
       std::vector<uint64_t> keys(256);
-      std::vector<float> out(256 * 8), grads(256 * 8);
+      std::vector<float> out(256 * 16), grads(256 * 16);  // q8 rows: dim 16
       for (int s = 0; s < steps; ++s) {
         for (size_t i = 0; i < keys.size(); ++i) {
           keys[i] = (i % 2 == 0) ? rng() % 1000 : 1000000 * (t + 1) + rng() % 5000;
@@ -126,7 +126,7 @@ int main(int argc, char** argv) {
   RowExport qe = q8.Export(qkeys.data(), qkeys.size(), true);
   for (float v : qe.weights) if (!std::isfinite(v)) return Fail("non-finite q8 weight");
   for (float v : qe.state) if (!std::isfinite(v)) return Fail("non-finite q8 state");
-  SparseTable q8_copy(8, opt, init, 1, entry, StorageKind::kBF16Q8);
+  SparseTable q8_copy(16, opt, init, 1, entry, StorageKind::kBF16Q8);
   q8.Save(dir + "/pyfleet_stress_q8_full.bin", false);
   q8_copy.Load(dir + "/pyfleet_stress_q8_full.bin", 0, 0);
   if (q8_copy.Size() != q8.Size()) return Fail("q8 reload size");
