@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <new>
@@ -91,13 +92,39 @@ void RowStore::FreeChunk(const Chunk& c) {
 
 uint32_t RowStore::Allocate() {
   std::lock_guard lock(mu_);
-  if (!free_rows_.empty()) {
-    const uint32_t row = free_rows_.back();
-    free_rows_.pop_back();
-    return row;
+  const uint32_t row = LowestFreeLocked();
+  if (row == top_) GrowLocked();
+  SetLive(row, true);
+  return row;
+}
+
+uint32_t RowStore::AllocateBelowLimit() {
+  std::lock_guard lock(mu_);
+  const uint32_t row = LowestFreeLocked();
+  if (row >= limit_) return kNone;
+  if (row == top_) GrowLocked();
+  SetLive(row, true);
+  return row;
+}
+
+uint32_t RowStore::LowestFreeLocked() {
+  if (live_rows_ == top_) return top_;  // no hole: the next new id
+  // hint_ <= the lowest free id; words before it are all live.
+  for (size_t w = hint_ / 64; w * 64 < top_; ++w) {
+    uint64_t holes = ~live_[w];
+    if (w == hint_ / 64) holes &= ~uint64_t{0} << (hint_ % 64);
+    if (holes == 0) continue;
+    const uint32_t row = static_cast<uint32_t>(w * 64 + static_cast<size_t>(__builtin_ctzll(holes)));
+    hint_ = std::min(row, top_);
+    return hint_;
   }
-  if (next_row_ == 0xFFFFFFFEu) ThrowRuntime("a table is full (2^32 - 2 rows on one server)");
-  const Where at = Locate(next_row_);
+  hint_ = top_;
+  return top_;
+}
+
+void RowStore::GrowLocked() {
+  if (top_ == 0xFFFFFFFEu) ThrowRuntime("a table is full (2^32 - 2 rows on one server)");
+  const Where at = Locate(top_);
   if (at.chunk == num_chunks_) {
     Chunk c;
     c.rows = at.capacity;
@@ -110,8 +137,65 @@ uint32_t RowStore::Allocate() {
     chunks_[num_chunks_] = c;
     ++num_chunks_;
   }
-  CollapseFilledPages(at.chunk, at.offset);
-  return next_row_++;
+  if (top_ / 64 >= live_.size()) live_.resize(live_.size() + RowStore::kChunkRows / 64, 0);
+  if (top_ >= touched_) {
+    CollapseFilledPages(at.chunk, at.offset);
+    touched_ = top_ + 1;
+  }
+  ++top_;
+}
+
+void RowStore::SetLive(uint32_t row, bool live) {
+  uint64_t& w = live_[row / 64];
+  const uint64_t bit = uint64_t{1} << (row % 64);
+  if (live) {
+    w |= bit;
+    ++live_rows_;
+  } else {
+    w &= ~bit;
+    --live_rows_;
+  }
+}
+
+bool RowStore::InUseAboveLimit() const {
+  std::lock_guard lock(mu_);
+  return top_ > limit_;  // top_ - 1 is in use (Free lowers top_ past free ids)
+}
+
+void RowStore::SetLimit(uint32_t limit) {
+  std::lock_guard lock(mu_);
+  if (limit == limit_) return;
+  if (limit < limit_) limit_epoch_.fetch_add(1);
+  limit_ = limit;
+  MaybeRelease();
+}
+
+void RowStore::MaybeRelease() {
+  // Only with a limit (a table with a memory budget), and in steps of
+  // 1/64 of it, so that rows freed and made again near the top do not
+  // cost a system call each.
+  const uint32_t limit = limit_;
+  if (limit == kNone || touched_ <= top_ || touched_ - top_ < std::max<uint32_t>(limit / 64, 64)) {
+    return;
+  }
+  // No row at or above top_ is in use: no shard reads them.
+  const Where at = Locate(top_);
+  const size_t keep = at.chunk + (at.offset > 0 ? 1 : 0);
+  for (size_t k = keep; k < num_chunks_; ++k) FreeChunk(chunks_[k]);
+  num_chunks_ = keep;
+  if (at.offset > 0) {
+    const Chunk& c = chunks_[at.chunk];
+    auto drop = [&](void* base, size_t row_bytes) {
+      const size_t from = RoundUp(at.offset * row_bytes), size = RoundUp(c.rows * row_bytes);
+      if (base != nullptr && from < size) {
+        madvise(static_cast<char*>(base) + from, size - from, MADV_DONTNEED);
+      }
+    };
+    drop(c.weights, weight_bytes_);
+    drop(c.state, state_bytes_);
+    drop(c.meta, sizeof(RowMeta));
+  }
+  touched_ = top_;
 }
 
 void RowStore::CollapseFilledPages(size_t k, size_t offset) {
@@ -131,18 +215,28 @@ void RowStore::CollapseFilledPages(size_t k, size_t offset) {
 
 void RowStore::Free(uint32_t row) {
   std::lock_guard lock(mu_);
-  free_rows_.push_back(row);
+  SetLive(row, false);
+  hint_ = std::min(hint_, row);
+  if (row + 1 != top_) return;
+  while (top_ > 0 && (live_[(top_ - 1) / 64] >> ((top_ - 1) % 64) & 1) == 0) {
+    if ((top_ - 1) % 64 == 63 && live_[(top_ - 1) / 64] == 0) {
+      top_ -= 64;  // a whole free word
+    } else {
+      --top_;
+    }
+  }
+  hint_ = std::min(hint_, top_);
+  MaybeRelease();
 }
 
 size_t RowStore::MemoryBytes() const {
   std::lock_guard lock(mu_);
-  size_t bytes = free_rows_.capacity() * sizeof(uint32_t) +
-                 RoundUp((num_chunks_ + 1) * sizeof(Chunk));
+  size_t bytes = live_.capacity() * sizeof(uint64_t) + RoundUp((num_chunks_ + 1) * sizeof(Chunk));
   for (size_t k = 0; k < num_chunks_; ++k) {
     // Pages are touched as rows are allocated: the last chunk counts its
     // allocated rows only.
     const Chunk& c = chunks_[k];
-    const size_t rows = k + 1 < num_chunks_ ? c.rows : Locate(next_row_ - 1).offset + 1;
+    const size_t rows = k + 1 < num_chunks_ ? c.rows : Locate(touched_ - 1).offset + 1;
     bytes += RoundUp(rows * weight_bytes_) + RoundUp(rows * sizeof(RowMeta)) +
              (state_bytes_ ? RoundUp(rows * state_bytes_) : 0);
   }

@@ -1,5 +1,9 @@
 #include "pyfleet/slab_arena.h"
 
+#include <sys/mman.h>
+
+#include <cstdint>
+
 #include "pyfleet/error.h"
 #include "pyfleet/row_store.h"
 
@@ -8,8 +12,16 @@ namespace pyfleet {
 namespace {
 constexpr size_t kHuge = kHugePageBytes;
 constexpr size_t kMinSlices = 8;
+constexpr uintptr_t kPage = 4096;
 inline size_t RoundUpHuge(size_t b) { return (b + kHuge - 1) / kHuge * kHuge; }
 }  // namespace
+
+void SlabArena::Inside(const Slab& s, size_t k, char** begin, size_t* bytes) {
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(s.base + k * s.slice);
+  const uintptr_t a = (lo + kPage - 1) & ~(kPage - 1), b = (lo + s.slice) & ~(kPage - 1);
+  *begin = reinterpret_cast<char*>(a);
+  *bytes = b > a ? b - a : 0;
+}
 
 SlabArena::~SlabArena() {
   for (const Slab& s : slabs_) PageFree(s.base, s.bytes, true);
@@ -24,6 +36,13 @@ void* SlabArena::Allocate(size_t bytes) {
     if (!s.free.empty()) {
       k = s.free.back();
       s.free.pop_back();
+      if (release_freed_) {
+        char* p;
+        size_t n;
+        Inside(s, k, &p, &n);
+        if (n > 0) madvise(p, n, MADV_HUGEPAGE);
+        s.released -= n;
+      }
     } else if ((s.handed + 1) * bytes <= s.bytes) {
       k = s.handed++;
     } else {
@@ -54,7 +73,20 @@ void SlabArena::Free(void* p, size_t bytes) {
       slabs_.pop_back();
       return;
     }
-    s.free.push_back(static_cast<uint32_t>((c - s.base) / bytes));
+    const size_t k = static_cast<size_t>(c - s.base) / bytes;
+    s.free.push_back(static_cast<uint32_t>(k));
+    if (release_freed_) {
+      char* p;
+      size_t n;
+      Inside(s, k, &p, &n);
+      if (n > 0) {
+        // Not huge first: else khugepaged (which fills a 2 MiB range with
+        // as few as one page present) could bring the range back.
+        madvise(p, n, MADV_NOHUGEPAGE);
+        madvise(p, n, MADV_DONTNEED);
+        s.released += n;
+      }
+    }
     return;
   }
   PYFLEET_ASSERT(false);
@@ -63,7 +95,7 @@ void SlabArena::Free(void* p, size_t bytes) {
 size_t SlabArena::MemoryBytes() const {
   std::lock_guard lock(mu_);
   size_t total = 0;
-  for (const Slab& s : slabs_) total += RoundUpHuge(s.handed * s.slice);
+  for (const Slab& s : slabs_) total += RoundUpHuge(s.handed * s.slice) - s.released;
   return total;
 }
 

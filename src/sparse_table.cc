@@ -1,5 +1,7 @@
 #include "pyfleet/sparse_table.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -155,6 +157,37 @@ struct SparseTable::Batch {
   std::vector<float> grads;       // push: gradients regrouped like keys
   std::vector<float> w, s, g;     // one row's private copy
   size_t starts[kShards + 1];
+  size_t noted = 0;  // Bytes() after the last Note
+
+  size_t Bytes() const {
+    return (keys.capacity() + h.capacity()) * sizeof(uint64_t) +
+           (pos.capacity() + rows.capacity() + dup_next.capacity() + table.capacity()) *
+               sizeof(uint32_t) +
+           is_dup.capacity() + misses.capacity() * sizeof(PullMiss) +
+           (grads.capacity() + w.capacity() + s.capacity() + g.capacity()) * sizeof(float);
+  }
+  // The working memory of a call (a thread's batches live as long as it
+  // does), stored in *bytes: a memory budget pays for its table's last pull
+  // and push. A call to a table with a budget first gives back what an
+  // earlier, larger call left (capacity over twice what this call holds).
+  void Note(std::atomic<size_t>* bytes) {
+    bool shrunk = false;
+    auto fit = [&](auto& v) {
+      if (v.capacity() > 2 * v.size() + 4096) {
+        v.shrink_to_fit();
+        shrunk = true;
+      }
+    };
+    fit(keys), fit(h), fit(pos), fit(rows), fit(dup_next), fit(is_dup), fit(table);
+    fit(misses), fit(grads);
+    const size_t now = Bytes();
+    // A buffer that grew or shrank left a block in the heap, where malloc
+    // keeps it: its pages go back to the kernel (rare: calls of one size
+    // neither grow nor shrink them).
+    if (now > noted || shrunk) malloc_trim(0);
+    bytes->store(now, std::memory_order_relaxed);
+    noted = now;
+  }
 };
 
 SparseTable::SparseTable(size_t dim, const OptimizerConfig& opt, const InitializerConfig& init,
@@ -188,6 +221,8 @@ SparseTable::SparseTable(size_t dim, const OptimizerConfig& opt, const Initializ
 }
 
 SparseTable::~SparseTable() { ReleaseSpill(); }
+
+size_t SparseTable::ShardBytes() { return sizeof(Shard); }
 
 void SparseTable::InstallShardSpills() {
   for (auto& sp : shards_) {
@@ -312,6 +347,7 @@ void SparseTable::Pull(const uint64_t* keys, size_t n, float* out, bool create) 
     // A shard is held for its disk I/O: shard by shard, so that this pull
     // waits only for the shards it has keys in.
     PullFoundByShard(keys, n, out, b);
+    b.Note(&pull_bytes_);
   } else {
     // Every shard is held shared for the call. Writers take one shard at a
     // time and readers take them in the same order: no cycle. With a disk
@@ -529,6 +565,7 @@ void SparseTable::Push(const uint64_t* keys, size_t n, const float* grads, bool 
   b.w.resize(dim_);
   b.s.resize(state_dim_ + 1);
   b.g.resize(dim_);
+  if (budget_ != 0) b.Note(&push_bytes_);
   for (size_t s = 0; s < kShards; ++s) {
     if (b.starts[s] < b.starts[s + 1]) {
       PushShard(*shards_[s], b, b.starts[s], b.starts[s + 1], b.grads.data(), add_delta);

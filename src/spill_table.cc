@@ -1,11 +1,17 @@
 // SparseTable's disk tier: a memory budget, eviction to the spill file and
 // bringing rows back (declared in sparse_table.h, the store in spill_store.h).
 //
-// A shard holds at most its share of the budget in rows: (budget - the
-// index arrays and the spill file's free list) / kShards, divided by a row's
-// bytes (weights, state, meta and one second-chance byte). Calls that add rows (a pull or push of new or
+// The budget covers the table's memory as measured now: the index arrays
+// (with the next doubling phased in), the spill file's free list, the
+// queues, and rows in RAM at RowBytesInRam() each; what is left is split
+// evenly between the shards, less two reserves (a call's rows over a cap, the
+// steps of the row limit). Calls that add rows (a pull or push of new or
 // spilled keys, a load) evict after their work, under the shard's exclusive
 // lock, so a shard may hold one call's rows beyond its share for that moment.
+// Row memory follows the budget down: the row store hands out the lowest
+// free ids, and as the index grows and the row limit (the rows the budget
+// buys) drops, each shard moves its rows above the limit below it
+// (RelocateLocked); the memory above the highest id in use goes back.
 // The victims are chosen by CLOCK with a use count (as a queue): the
 // shard's keys in RAM wait in a FIFO queue; at its front, a row whose count
 // in used_ is not zero (pulls and pushes add one, up to kMaxUse) is spared,
@@ -30,6 +36,7 @@ constexpr uint32_t kSpilledBit = 0x80000000u;
 constexpr size_t kUsedBytes = kSpilledBit;  // one byte per possible row id, mapped lazily
 constexpr uint8_t kChosen = 0xFF;          // used_ value of a victim being evicted
 constexpr size_t kMinShardRows = 1;
+constexpr size_t kCallSlackRows = 64;      // a shard's rows over its cap within a call, reserved
 
 inline uint8_t LoadUsed(const uint8_t* p) {
   return std::atomic_ref<uint8_t>(*const_cast<uint8_t*>(p)).load(std::memory_order_relaxed);
@@ -67,6 +74,8 @@ void SparseTable::EnableSpill(size_t memory_budget, const std::string& spill_dir
                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (used == MAP_FAILED) throw std::bad_alloc();
   used_ = static_cast<uint8_t*>(used);
+  madvise(used_, kUsedBytes, MADV_NOHUGEPAGE);  // one byte a row: 4 KiB pages, not 2 MiB
+  index_arena_.ReleaseFreedArrays();
   spill_file_ = std::move(file);
   InstallShardSpills();
   budget_ = memory_budget;
@@ -78,24 +87,93 @@ void SparseTable::ReleaseSpill() {
   used_ = nullptr;
 }
 
-size_t SparseTable::ShardRowCap(const KeyIndex& index, const ShardSpill&) const {
-  // What is not rows comes off the budget first: the index arrays (the
-  // arena's slabs, or this shard's array times the shards: they grow alike)
-  // and the spill file's free list; the rest is rows. An index doubles at a
-  // load of 3/4 (to 3/8), and row memory once touched stays with the table,
-  // so the index counts with its next doubling phased in as its load rises
-  // from 3/8 to 3/4: continuous across a doubling, and the rows' share only
-  // shrinks as keys are added, never dropping below memory already touched.
-  const size_t cap = index.capacity();
-  const size_t arrays = std::max(index_arena_.MemoryBytes() + kShards * index.MemoryBytes(),
-                                 kShards * cap * sizeof(IndexSlot));
-  const double load = static_cast<double>(index.size()) / static_cast<double>(cap);
-  const double growth = std::clamp((load - 0.375) / 0.375, 0.0, 1.0);
-  const size_t other = static_cast<size_t>(static_cast<double>(arrays) * (1.0 + growth)) +
-                       spill_file_->MemoryBytes();
-  const size_t share = budget_ > other ? (budget_ - other) / kShards : 0;
-  // A row in RAM: its bytes, its second-chance byte and its key in the ring.
-  return std::max(share / (spill_slot_bytes() + 1 + sizeof(uint64_t)), kMinShardRows);
+size_t SparseTable::RowBytesInRam() const {
+  // Its bytes, its second-chance byte, its key in the queue, its id on the
+  // row store's free list once it leaves.
+  return spill_slot_bytes() + 1 + sizeof(uint64_t) + sizeof(uint32_t);
+}
+
+void SparseTable::UpdateShardOwnLocked(const KeyIndex& index, ShardSpill& sp) {
+  // An index doubles at a load of 3/4 (to 3/8); the array it grows into is
+  // paid for in advance, phased in as the load rises from 3/8 to 3/4, so
+  // that the rows make room before the new array is touched (the old one
+  // goes back to the kernel right after, see SlabArena::Free). Also the
+  // shard's list of spill file extents and its queue's stale keys.
+  const size_t slots = index.capacity();
+  const double load = static_cast<double>(index.size()) / static_cast<double>(slots);
+  const double phase = std::clamp((load - 0.375) / 0.375, 0.0, 1.0);
+  const size_t stale = sp.ring.size() > sp.resident ? sp.ring.size() - sp.resident : 0;
+  const size_t own = index.MemoryBytes() + sp.log.MemoryBytes() +
+                     static_cast<size_t>(phase * static_cast<double>(slots * sizeof(IndexSlot))) +
+                     stale * sizeof(uint64_t);
+  spill_own_.fetch_add(own - sp.own, std::memory_order_relaxed);  // modular: own may shrink
+  sp.own = own;
+}
+
+size_t SparseTable::RowBudget() const {
+  // What is not rows comes off the budget first, as measured now: the
+  // table and its shards, the arena's slabs (every index array of 64 KiB or
+  // more, on whole huge pages), each shard's own bytes (see
+  // UpdateShardOwnLocked), the spill file's free list, and the working
+  // memory of the last pull and push (about 40 bytes a key of a pull,
+  // 30 + 4 * dim of a push, kept by the calling thread for its next call;
+  // threads calling at once each hold their own, which is not counted).
+  const size_t other = sizeof(*this) + kShards * (ShardBytes() + sizeof(ShardSpill)) +
+                       index_arena_.MemoryBytes() +
+                       spill_own_.load(std::memory_order_relaxed) + spill_file_->MemoryBytes() +
+                       pull_bytes_.load(std::memory_order_relaxed) +
+                       push_bytes_.load(std::memory_order_relaxed);
+  return budget_ > other ? (budget_ - other) / RowBytesInRam() : 0;
+}
+
+size_t SparseTable::ShardRowCap(size_t total) const {
+  // The rows are split evenly (keys are spread evenly over the shards),
+  // after two reserves: kCallSlackRows a shard (a call adds its rows before
+  // it evicts) and 1/32 (the row store's limit moves in steps, see
+  // UpdateRowLimit: the rows between the caps and the limit).
+  const size_t share = (total - total / 32) / kShards;
+  return share > kMinShardRows + kCallSlackRows ? share - kCallSlackRows : kMinShardRows;
+}
+
+void SparseTable::UpdateRowLimit(size_t total) {
+  // The row store hands out ids below total - 1/64 first (the caps and
+  // their reserve sum to total - 1/32): lowered when the budget's rows drop
+  // under it, raised when they rise 1/32 above it, so that the shards move
+  // their rows (a pass over their queues) once per 1/64 of the rows, not
+  // at every call.
+  const size_t q = total / 32;
+  const size_t floor = kShards * (kMinShardRows + kCallSlackRows);
+  const size_t limit = rows_.limit();
+  if (limit != RowStore::kNone && limit <= total && limit + q >= total) return;
+  const size_t want = std::max(total - q / 2, floor);
+  rows_.SetLimit(static_cast<uint32_t>(std::min<size_t>(want, RowStore::kNone - 1)));
+}
+
+void SparseTable::RelocateLocked(KeyIndex& index, ShardSpill& sp) {
+  const uint64_t epoch = rows_.limit_epoch();
+  if (sp.epoch_seen == epoch && sp.above == 0) return;
+  sp.epoch_seen = epoch;
+  sp.above = 0;
+  if (!rows_.InUseAboveLimit()) return;
+  const uint32_t limit = rows_.limit();
+  const size_t wb = layout_.weight_bytes(), sb = layout_.state_bytes();
+  for (const uint64_t key : sp.ring) {
+    uint32_t* v = index.FindValue(key, Mix64(key));
+    if (v == nullptr || Spilled(*v) || *v < limit) continue;
+    const uint32_t row = rows_.AllocateBelowLimit();
+    if (row == RowStore::kNone) {  // other shards are over their caps for now: next time
+      ++sp.above;
+      continue;
+    }
+    const uint32_t from = *v;
+    std::memcpy(rows_.Meta(row), rows_.Meta(from), sizeof(RowMeta));
+    std::memcpy(rows_.WeightBytes(row), rows_.WeightBytes(from), wb);
+    std::memcpy(rows_.StateBytes(row), rows_.StateBytes(from), sb);
+    StoreUsed(used_ + row, LoadUsed(used_ + from));
+    StoreUsed(used_ + from, 0);
+    *v = row;
+    rows_.Free(from);  // the last row above the limit freed: their memory goes back
+  }
 }
 
 void SparseTable::MarkUsed(uint32_t row) const {
@@ -110,6 +188,7 @@ void SparseTable::ResidentAdded(ShardSpill* sp, uint32_t row, uint64_t key, bool
   if (row >= kSpilledBit) ThrowRuntime("a table with a disk tier holds at most 2^31 rows in RAM");
   ++sp->resident;
   sp->ring.push_back(key);
+  if (row >= rows_.limit()) ++sp->above;  // to move below it at the next EvictLocked
   // A new row starts unused: it stays for one pass of the queue, and a second
   // use in that time earns it a second chance (keys seen once go first).
   StoreUsed(used_ + row, used ? 1 : 0);
@@ -199,8 +278,14 @@ void SparseTable::EvictLocked(KeyIndex& index, ShardSpill& sp, size_t slack) {
       sp.ring.erase(std::unique(sp.ring.begin(), sp.ring.end()), sp.ring.end());
     }
   }
-  const size_t cap = ShardRowCap(index, sp);
-  if (sp.resident <= cap + slack) return;
+  UpdateShardOwnLocked(index, sp);
+  const size_t total = RowBudget();
+  UpdateRowLimit(total);
+  const size_t cap = ShardRowCap(total);
+  if (sp.resident <= cap + slack) {
+    RelocateLocked(index, sp);
+    return;
+  }
   size_t k = sp.resident - cap;
   thread_local std::vector<uint32_t*> victims;  // their index values
   thread_local std::vector<uint64_t> victim_keys;
@@ -262,6 +347,7 @@ void SparseTable::EvictLocked(KeyIndex& index, ShardSpill& sp, size_t slack) {
   }
   sp.resident -= k;
   CleanLocked(index, sp);
+  RelocateLocked(index, sp);
 }
 
 void SparseTable::CleanLocked(KeyIndex& index, ShardSpill& sp) {

@@ -21,6 +21,13 @@
 // column stays small, and no huge page holds memory for rows that do not
 // exist. Chunks of 2^17 rows make even the 16-byte meta column fill pages.
 //
+// Row ids are handed out lowest first (a bit map of ids in use). A table
+// with a memory budget sets a row limit (the rows its budget buys); as its
+// index grows the limit drops, the shards move their rows above it below it
+// (RelocateLocked in spill_table.cc), and the memory of ids above the
+// highest one in use goes back to the kernel: the row memory a table holds
+// follows its budget down instead of staying at its high water.
+//
 //   RowMeta (16 bytes):
 //   +--------------+---------------+-------+------+-------+
 //   | update_count | unseen_passes | flags | show | click |
@@ -28,6 +35,7 @@
 //   +--------------+---------------+-------+------+-------+
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
@@ -63,6 +71,19 @@ class RowStore {
   // mutex); the caller publishes the row through its shard's index.
   uint32_t Allocate();
   void Free(uint32_t row);
+
+  static constexpr uint32_t kNone = 0xFFFFFFFFu;
+  // Allocate hands out the lowest free id, so rows gather at low ids. A
+  // limit (kNone: none) is the row count a memory budget buys: lowering it
+  // bumps limit_epoch(), telling the shards to move their rows above it
+  // below it.
+  void SetLimit(uint32_t limit);
+  uint32_t limit() const { return limit_; }
+  uint64_t limit_epoch() const { return limit_epoch_; }
+  // Rows at or above the limit in use (to move below it).
+  bool InUseAboveLimit() const;
+  // The lowest free row id if it is below the limit, else kNone.
+  uint32_t AllocateBelowLimit();
 
   // The row's weight bytes; as float*: for fp32 rows.
   float* Weights(uint32_t row) const { return reinterpret_cast<float*>(WeightBytes(row)); }
@@ -110,6 +131,13 @@ class RowStore {
     size_t rows;
   };
   void FreeChunk(const Chunk& c);
+  // With a limit: the memory of rows from top_ to touched_ back to the
+  // kernel (whole chunks unmapped, the tail pages of the one holding top_
+  // dropped), once it is 1/64 of the limit or more. Under mu_.
+  void MaybeRelease();
+  uint32_t LowestFreeLocked();  // the lowest free id, or top_ (under mu_)
+  void GrowLocked();            // top_ + 1, mapping its chunk if new (under mu_)
+  void SetLive(uint32_t row, bool live);
   // Collapses the 2 MiB pages of chunk k's columns that row `offset` (just
   // allocated, the chunk's highest so far) completes.
   void CollapseFilledPages(size_t k, size_t offset);
@@ -120,8 +148,15 @@ class RowStore {
   mutable std::mutex mu_;  // guards the fields below, not the rows
   Chunk* chunks_;          // kMaxChunks entries, mapped once (pages touched as used)
   size_t num_chunks_ = 0;
-  uint32_t next_row_ = 0;
-  std::vector<uint32_t> free_rows_;
+  uint32_t top_ = 0;          // 1 + the highest row id in use
+  uint32_t touched_ = 0;      // row ids whose memory is (or was) touched
+  uint32_t hint_ = 0;         // <= the lowest free id
+  size_t live_rows_ = 0;
+  std::vector<uint64_t> live_;  // a bit per row id: in use
+  // Written under mu_; read without it by the shards (a stale value only
+  // delays a move).
+  std::atomic<uint32_t> limit_{kNone};
+  std::atomic<uint64_t> limit_epoch_{0};
 };
 
 inline constexpr size_t kHugePageBytes = size_t{2} << 20;  // a transparent huge page

@@ -34,8 +34,13 @@ class SlabArena {
   void* Allocate(size_t bytes);
   // Returns an array from Allocate(bytes).
   void Free(void* p, size_t bytes);
-  // Bytes the slabs hold in touched huge pages.
+  // Bytes the slabs hold in touched huge pages (less what was given back).
   size_t MemoryBytes() const;
+  // From now on a freed array's pages go back to the kernel at once (the
+  // pages wholly inside it; excluded from huge pages until it is handed out
+  // again), not when its whole slab is free: a table with a memory budget
+  // must not hold an index's old arrays while its shards grow one by one.
+  void ReleaseFreedArrays() { release_freed_ = true; }
 
  private:
   struct Slab {
@@ -45,7 +50,11 @@ class SlabArena {
     size_t handed = 0;   // slices handed out at least once (they are touched)
     size_t live = 0;     // slices in use
     std::vector<uint32_t> free;  // freed slice numbers
+    size_t released = 0;         // bytes of freed slices given back
   };
+  // The page-aligned inside of slice k of s: [*begin, *begin + *bytes).
+  static void Inside(const Slab& s, size_t k, char** begin, size_t* bytes);
+  bool release_freed_ = false;
   mutable std::mutex mu_;
   std::vector<Slab> slabs_;
 };

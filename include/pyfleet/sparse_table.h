@@ -168,7 +168,19 @@ class SparseTable {
   void EvictLocked(KeyIndex& index, ShardSpill& sp, size_t slack = 0);
   // Moves live records out of the shard's emptiest extents (spill_store.h).
   void CleanLocked(KeyIndex& index, ShardSpill& sp);
-  size_t ShardRowCap(const KeyIndex& index, const ShardSpill& sp) const;
+  // A shard's rows in RAM out of RowBudget()'s total; the row store's limit.
+  size_t ShardRowCap(size_t total) const;
+  void UpdateRowLimit(size_t total);
+  // Adds the shard's bytes besides rows (its array outside the arena, its
+  // next doubling phased in, stale queue keys) to spill_own_.
+  void UpdateShardOwnLocked(const KeyIndex& index, ShardSpill& sp);
+  // Rows in RAM the budget buys table-wide (before the reserves), and the
+  // bytes one costs.
+  size_t RowBudget() const;
+  size_t RowBytesInRam() const;
+  static size_t ShardBytes();  // sizeof(Shard), which only sparse_table.cc sees
+  // Moves the shard's rows at or above the row store's limit below it.
+  void RelocateLocked(KeyIndex& index, ShardSpill& sp);
   // A spilled row's slot: [RowMeta | weights | state] (the shard held shared).
   void ReadSpilled(const ShardSpill& sp, uint32_t v, char* rec) const;
   void ReadRecord(const char* rec, float* w, float* state) const;  // state may be null
@@ -207,6 +219,10 @@ class SparseTable {
   uint32_t spill_floor_ = KeyIndex::kEmpty;
   uint8_t* used_ = nullptr;  // second-chance counts by row id (with a disk tier)
   static constexpr uint8_t kMaxUse = 3;  // a row's count: uses, up to this
+  std::atomic<size_t> spill_own_{0};  // the shards' ShardSpill::own, summed
+  // The working memory of the last pull and push (Batch::Note in
+  // sparse_table.cc), which a memory budget pays for.
+  std::atomic<size_t> pull_bytes_{0}, push_bytes_{0};
   std::unique_ptr<SpillFile> spill_file_;  // every shard's spilled rows  // a save failed: a delta would miss rows
 
   mutable std::atomic<uint64_t> pull_calls_{0}, pull_keys_{0}, push_calls_{0}, push_keys_{0},

@@ -156,6 +156,13 @@ struct ShardSpill {
   // Second chance: the keys of the shard's rows in RAM in a FIFO queue (and
   // keys erased or spilled since they were queued, dropped at the front).
   std::deque<uint64_t> ring;
+  // The budget's bookkeeping (spill_table.cc): this shard's bytes besides
+  // its rows, as last added to the table's sum; the row store's limit epoch
+  // it last moved its rows under; rows it was given at or above the limit
+  // since then.
+  size_t own = 0;
+  uint64_t epoch_seen = 0;
+  size_t above = 0;
 };
 
 }  // namespace pyfleet
