@@ -138,7 +138,7 @@ def main():
               f"{r['spilled_rows']:>13,} {r['spill_reads']:>11,}")
     print(f"throughput ratio spilling/RAM: wall {disk['wall_keys_s'] / ram['wall_keys_s']:.2f}, "
           f"cpu {disk['cpu_keys_s'] / ram['cpu_keys_s']:.2f} (target >= 0.5)")
-    print(f"spilling table's RSS over time, MiB (after the fill, then every 5 steps): "
+    print("spilling table's RSS over time, MiB (after the fill, then every 5 steps): "
           + " ".join(f"{b / mib:.0f}" for b in disk["rss_over_time"]))
     print(f"spilling table's memory_bytes / budget: {disk['memory_bytes'] / budget:.2f}")
     print(f"spilling table's RSS / budget: {disk['table_rss'] / budget:.2f} "

@@ -88,9 +88,9 @@ void SparseTable::ReleaseSpill() {
 }
 
 size_t SparseTable::RowBytesInRam() const {
-  // Its bytes, its second-chance byte, its key in the queue, its id on the
-  // row store's free list once it leaves.
-  return spill_slot_bytes() + 1 + sizeof(uint64_t) + sizeof(uint32_t);
+  // Its bytes, its second-chance byte, its key in the queue, its bit in the
+  // row store's map (rounded up to a byte).
+  return spill_slot_bytes() + 1 + sizeof(uint64_t) + 1;
 }
 
 void SparseTable::UpdateShardOwnLocked(const KeyIndex& index, ShardSpill& sp) {
@@ -113,13 +113,15 @@ void SparseTable::UpdateShardOwnLocked(const KeyIndex& index, ShardSpill& sp) {
 size_t SparseTable::RowBudget() const {
   // What is not rows comes off the budget first, as measured now: the
   // table and its shards, the arena's slabs (every index array of 64 KiB or
-  // more, on whole huge pages), each shard's own bytes (see
+  // more, on whole huge pages, and the next huge page a growing array will
+  // touch), each shard's own bytes (see
   // UpdateShardOwnLocked), the spill file's free list, and the working
   // memory of the last pull and push (about 40 bytes a key of a pull,
   // 30 + 4 * dim of a push, kept by the calling thread for its next call;
   // threads calling at once each hold their own, which is not counted).
-  const size_t other = sizeof(*this) + kShards * (ShardBytes() + sizeof(ShardSpill)) +
-                       index_arena_.MemoryBytes() +
+  const size_t arena = index_arena_.MemoryBytes();
+  const size_t other = sizeof(*this) + kShards * (ShardBytes() + sizeof(ShardSpill)) + arena +
+                       (arena != 0 ? kHugePageBytes : 0) +
                        spill_own_.load(std::memory_order_relaxed) + spill_file_->MemoryBytes() +
                        pull_bytes_.load(std::memory_order_relaxed) +
                        push_bytes_.load(std::memory_order_relaxed);
@@ -129,23 +131,25 @@ size_t SparseTable::RowBudget() const {
 size_t SparseTable::ShardRowCap(size_t total) const {
   // The rows are split evenly (keys are spread evenly over the shards),
   // after two reserves: kCallSlackRows a shard (a call adds its rows before
-  // it evicts) and 1/32 (the row store's limit moves in steps, see
-  // UpdateRowLimit: the rows between the caps and the limit).
+  // it evicts) and 1/32 (the row store's limit moves in steps and its
+  // memory is given back in steps, see UpdateRowLimit).
   const size_t share = (total - total / 32) / kShards;
   return share > kMinShardRows + kCallSlackRows ? share - kCallSlackRows : kMinShardRows;
 }
 
 void SparseTable::UpdateRowLimit(size_t total) {
-  // The row store hands out ids below total - 1/64 first (the caps and
-  // their reserve sum to total - 1/32): lowered when the budget's rows drop
-  // under it, raised when they rise 1/32 above it, so that the shards move
-  // their rows (a pass over their queues) once per 1/64 of the rows, not
-  // at every call.
+  // With q = total / 32, the limit stays in [total - q, total - q/2]: the
+  // caps and their call reserve sum to total - q (ShardRowCap), and the row
+  // store keeps up to limit / 64 <= q/2 rows of touched memory above the
+  // highest id in use (RowStore::MaybeRelease), so row memory stays within
+  // total. Moved (to total - 3q/4) only when it leaves that band, so that
+  // the shards move their rows (a pass over their queues) once per 1/128 of
+  // the rows, not at every call.
   const size_t q = total / 32;
   const size_t floor = kShards * (kMinShardRows + kCallSlackRows);
   const size_t limit = rows_.limit();
-  if (limit != RowStore::kNone && limit <= total && limit + q >= total) return;
-  const size_t want = std::max(total - q / 2, floor);
+  if (limit != RowStore::kNone && limit + q >= total && limit + q / 2 <= total) return;
+  const size_t want = std::max(total - q + q / 4, floor);
   rows_.SetLimit(static_cast<uint32_t>(std::min<size_t>(want, RowStore::kNone - 1)));
 }
 
