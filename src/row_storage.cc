@@ -256,6 +256,15 @@ __attribute__((target("avx2"))) inline __m128i Load8Relaxed(const uint16_t* q) {
   return x;
 }
 
+// Eight elements (one a NaN) by the SSE2 form. Out of line: its constants
+// stay out of the common loop.
+template <StorageKind S>
+__attribute__((noinline)) void Widen8Rare(__m128i x, float* out) {
+  const __m128i z = _mm_setzero_si128();
+  _mm_storeu_ps(out, simd::Widen4<S>(_mm_unpacklo_epi16(x, z)));
+  _mm_storeu_ps(out + 4, simd::Widen4<S>(_mm_unpackhi_epi16(x, z)));
+}
+
 // LoadElems eight lanes at a time with AVX2 (and F16C for fp16; NaN groups
 // take the SSE2 form as LoadHalvesF16C): the same loads, the same bits.
 template <StorageKind S>
@@ -273,9 +282,7 @@ __attribute__((target("avx2,f16c"))) void LoadElemsAvx2(const uint16_t* q, size_
       if (_mm_movemask_epi8(nan) == 0) {
         _mm256_storeu_ps(out + i, _mm256_cvtph_ps(x));
       } else {
-        const __m128i z = _mm_setzero_si128();
-        _mm_storeu_ps(out + i, simd::Widen4<S>(_mm_unpacklo_epi16(x, z)));
-        _mm_storeu_ps(out + i + 4, simd::Widen4<S>(_mm_unpackhi_epi16(x, z)));
+        Widen8Rare<S>(x, out + i);
       }
     }
   }
@@ -397,6 +404,17 @@ __attribute__((target("avx2"))) inline void Store8Relaxed(uint16_t* q, __m128i x
                : "x"(x));
 }
 
+// Eight results of a group with a lane off the fast path, by the four-lane
+// forms. Out of line: their constants stay out of the common loop.
+template <StorageKind S>
+__attribute__((noinline)) __m128i Narrow8Rare(const float* v, const uint16_t* r) {
+  if constexpr (S == StorageKind::kFP16) {
+    return _mm_unpacklo_epi64(NarrowHalves4F16C(v, r), NarrowHalves4F16C(v + 4, r + 4));
+  } else {
+    return _mm_unpacklo_epi64(Narrow4<S>(v, r), Narrow4<S>(v + 4, r + 4));
+  }
+}
+
 // StoreNarrowed eight lanes at a time with AVX2 (F16C for fp16): a group of
 // eight normal values (fp16), or of eight finite values below the largest
 // bf16's rounding range (bf16), is the rule in one add and one conversion
@@ -419,7 +437,7 @@ __attribute__((target("avx2,f16c"))) void StoreNarrowedAvx2(const float* v, cons
         const __m256i p = _mm256_permute4x64_epi64(_mm256_packs_epi32(b, b), 0x08);
         h = _mm256_castsi256_si128(p);
       } else {
-        h = _mm_unpacklo_epi64(Narrow4<S>(v + i, r + i), Narrow4<S>(v + i + 4, r + i + 4));
+        h = Narrow8Rare<S>(v + i, r + i);
       }
     } else {
       const __m256i normal =
@@ -429,8 +447,7 @@ __attribute__((target("avx2,f16c"))) void StoreNarrowedAvx2(const float* v, cons
         const __m256i added = _mm256_add_epi32(x, _mm256_srli_epi32(ri, 3));
         h = _mm256_cvtps_ph(_mm256_castsi256_ps(added), _MM_FROUND_TO_ZERO);
       } else {
-        h = _mm_unpacklo_epi64(NarrowHalves4F16C(v + i, r + i),
-                               NarrowHalves4F16C(v + i + 4, r + i + 4));
+        h = Narrow8Rare<S>(v + i, r + i);
       }
     }
     Store8Relaxed(q + i, h);

@@ -228,6 +228,28 @@ def test_add_delta_rounds_with_the_same_rule(kind):
     np.testing.assert_array_equal(t.pull(keys)[0], ref)
 
 
+@pytest.mark.parametrize("kind", COMPACT)
+def test_row_rounding_off_the_fast_lanes_equals_numpy_rule(kind):
+    """Rows of 16 whose groups of eight hold a zero, fp16 subnormals or values
+    past fp16's range (the groups the vector forms hand to the four-lane
+    rule) round through a row as the rule says, and widen back exactly."""
+    seed, dim = 4, 16
+    t = pyfleet.SparseTable(dim, SGD(0.1), seed=seed, storage=kind)
+    keys = np.arange(1, 9, dtype=np.uint64)
+    w = t.pull(keys).copy()
+    goal = w.copy()
+    specials = np.array([0.0, 3e-6, -5e-8, 1e-9, 6.0e-5, 65519.0, 1e5, -7e-7], np.float32)
+    for i in range(len(keys)):
+        goal[i, (3 * i) % dim] = specials[i]
+        goal[i, (3 * i + 9) % dim] = specials[(i + 3) % len(specials)]
+    d = goal - w
+    t.add(keys, d)
+    got = t.pull(keys)
+    for i, k in enumerate(keys.tolist()):
+        ref = stochastic(kind, w[i] + d[i], round_bits(seed, k, 0, dim))
+        np.testing.assert_array_equal(got[i].view(np.uint32), ref.view(np.uint32))
+
+
 # ---- persistence, conversion, policies ----
 
 def trained(kind, opt=None, dim=6, n=2000, seed=0):
