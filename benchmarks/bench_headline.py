@@ -142,7 +142,7 @@ def run(args, train):
             if pid is None:
                 pid = _server_pid(run_dir)
             st = _status(pid) if pid else None
-            if st:
+            if st and None not in st:  # (a zombie has no VmRSS)
                 fs = os.statvfs(args.dir)
                 samples.append((time.time(), *st, fs.f_bavail * fs.f_frsize,
                                 os.getloadavg()[0]))
