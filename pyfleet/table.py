@@ -261,7 +261,9 @@ class SparseTable:
         """Counters: rows, pulls, pushes, inserts, admissions, rejections, shrinks, memory;
         with a disk tier also ``memory_budget``, ``spilled_rows``,
         ``spill_file_bytes``, ``spill_reads`` and ``spill_writes`` (rows),
-        ``spill_slot_bytes`` (a row on disk) and ``spill_extent_bytes``."""
+        ``spill_slot_bytes`` (a row on disk), ``spill_extent_bytes`` and
+        ``relocated_rows`` (rows moved to lower row ids as the budget's share
+        for rows shrank, so that the memory above goes back)."""
         s = dict(self._t.stats())
         s["name"] = self.name
         return s

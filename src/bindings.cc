@@ -249,6 +249,7 @@ PYBIND11_MODULE(_core, m) {
           d["spill_writes"] = s.spill_writes;
           d["spill_slot_bytes"] = s.spill_slot_bytes;
           d["spill_extent_bytes"] = s.spill_extent_bytes;
+          d["relocated_rows"] = s.relocated_rows;
         }
         d["dim"] = t.dim();
         d["state_dim"] = t.state_dim();

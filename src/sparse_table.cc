@@ -847,6 +847,7 @@ SparseTableStats SparseTable::Stats() const {
     st.spill_writes = spill_file_->writes();
     st.spill_slot_bytes = spill_file_->slot_bytes();
     st.spill_extent_bytes = spill_file_->slot_bytes() * spill_file_->extent_slots();
+    st.relocated_rows = get(relocated_rows_);
   }
   return st;
 }

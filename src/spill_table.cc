@@ -177,6 +177,7 @@ void SparseTable::RelocateLocked(KeyIndex& index, ShardSpill& sp) {
     StoreUsed(used_ + from, 0);
     *v = row;
     rows_.Free(from);  // the last row above the limit freed: their memory goes back
+    relocated_rows_.fetch_add(1, std::memory_order_relaxed);
   }
 }
 

@@ -49,6 +49,7 @@ struct SparseTableStats {
   uint64_t spill_file_bytes = 0;    // size of the spill files (slots used and free)
   uint64_t spill_reads = 0, spill_writes = 0;  // rows read from / written to them
   uint64_t spill_slot_bytes = 0, spill_extent_bytes = 0;  // a row's slot on disk, an extent
+  uint64_t relocated_rows = 0;      // rows moved below the row limit as the budget's rows shrank
 };
 
 // One row's contents, as export() copies them.
@@ -223,6 +224,7 @@ class SparseTable {
   // The working memory of the last pull and push (Batch::Note in
   // sparse_table.cc), which a memory budget pays for.
   std::atomic<size_t> pull_bytes_{0}, push_bytes_{0};
+  std::atomic<uint64_t> relocated_rows_{0};  // RelocateLocked's moves (stats)
   std::unique_ptr<SpillFile> spill_file_;  // every shard's spilled rows  // a save failed: a delta would miss rows
 
   mutable std::atomic<uint64_t> pull_calls_{0}, pull_keys_{0}, push_calls_{0}, push_keys_{0},

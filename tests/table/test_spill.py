@@ -139,7 +139,27 @@ def test_spill_file_stays_within_a_multiple_of_the_rows_on_disk(tmp_path):
     assert_same_rows(spill, ram)
 
 
-def test_hot_keys_stay_in_ram(tmp_path):
+
+def test_rows_moved_under_the_row_limit_stay_exact(tmp_path):
+    """A fill of new keys shrinks the rows' share of the budget as the index
+    grows: the row store's limit drops and the shards move their rows above
+    it to lower ids (so that the memory above goes back). Moved rows, pushed
+    and pulled on, stay bit for bit the all-in-RAM table's."""
+    spill, ram = pair(tmp_path, dim=16, opt=Adam(0.01), budget=16 << 20)
+    keys = np.arange(240000, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    rng = np.random.default_rng(4)
+    for s in range(0, len(keys), 20000):
+        k = keys[s:s + 20000]
+        g = rng.normal(0, 1, (len(k), 16)).astype(np.float32)
+        hot = keys[rng.integers(0, s + 1, 4000)]  # rows made earlier, brought back
+        assert np.array_equal(spill.pull(k), ram.pull(k))
+        for t in (spill, ram):
+            t.push(k, g)
+            t.push(hot, g[:4000])
+    assert spill.stats()["relocated_rows"] > 1000
+    assert spill.memory_bytes() <= 16 << 20
+    assert np.array_equal(spill.pull(keys), ram.pull(keys))
+    assert_same_rows(spill, ram)
     spill, _ = pair(tmp_path, dim=8, opt=SGD(0.1), budget=4 << 20)
     hot = np.arange(64 * 40, dtype=np.uint64)  # well inside every shard's share
     spill.pull(hot)
