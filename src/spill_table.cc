@@ -23,6 +23,7 @@
 #include <atomic>
 #include <cstring>
 #include <new>
+#include <utility>
 
 #include "pyfleet/error.h"
 #include "pyfleet/row_q8.h"
@@ -399,30 +400,35 @@ void SparseTable::ForEachSpilledLocked(
     const KeyIndex& index, ShardSpill& sp,
     const std::function<bool(uint64_t, RowMeta*, const char*)>& f) {
   constexpr size_t kBatch = 4096;
-  std::vector<uint64_t> keys;
-  std::vector<uint32_t> slots;
+  // In the file's order: a save or shrink of a shard then sweeps its
+  // extents front to back (runs of adjacent slots, one call each, read ahead
+  // by the kernel) instead of reading its rows at random, which on a table
+  // larger than the page cache is a device seek per row.
+  std::vector<std::pair<uint32_t, uint64_t>> order;  // (slot, key)
   index.ForEach([&](uint64_t key, uint32_t v) {
-    if (!Spilled(v)) return;
-    keys.push_back(key);
-    slots.push_back(v & ~kSpilledBit);
+    if (Spilled(v)) order.emplace_back(v & ~kSpilledBit, key);
   });
+  std::sort(order.begin(), order.end());
   const size_t rec = sp.file->slot_bytes();
+  std::vector<uint32_t> slots;
   std::vector<char> buf;
   std::vector<uint32_t> changed_slots;
   std::vector<char> changed;
-  for (size_t lo = 0; lo < keys.size(); lo += kBatch) {
-    const size_t m = std::min(kBatch, keys.size() - lo);
+  for (size_t lo = 0; lo < order.size(); lo += kBatch) {
+    const size_t m = std::min(kBatch, order.size() - lo);
+    slots.resize(m);
+    for (size_t i = 0; i < m; ++i) slots[i] = order[lo + i].first;
     buf.resize(m * rec);
-    sp.file->Read(slots.data() + lo, buf.data(), m);
+    sp.file->Read(slots.data(), buf.data(), m);
     changed_slots.clear();
     changed.clear();
     for (size_t i = 0; i < m; ++i) {
       char* p = buf.data() + i * rec;
       RowMeta meta;
       std::memcpy(&meta, p, sizeof(meta));
-      if (f(keys[lo + i], &meta, p)) {
+      if (f(order[lo + i].second, &meta, p)) {
         std::memcpy(p, &meta, sizeof(meta));
-        changed_slots.push_back(slots[lo + i]);
+        changed_slots.push_back(slots[i]);
         changed.insert(changed.end(), p, p + rec);
       }
     }
