@@ -511,6 +511,7 @@ void SparseTable::PullMisses(const uint64_t* keys, Batch& b, float* out) {
     const size_t sx = ShardOf(x.h), sy = ShardOf(y.h);
     return sx != sy ? sx < sy : keys[x.pos] < keys[y.pos];
   });
+  if (budget_ != 0) RaisePendingSpillError();
   const uint64_t salt = draw_counter_.fetch_add(1, std::memory_order_relaxed);
   thread_local std::vector<uint64_t> reload_keys, reload_h;
   for (size_t m = 0; m < b.misses.size();) {
@@ -566,10 +567,60 @@ void SparseTable::Push(const uint64_t* keys, size_t n, const float* grads, bool 
   b.s.resize(state_dim_ + 1);
   b.g.resize(dim_);
   if (budget_ != 0) b.Note(&push_bytes_);
+  // A push is applied whole or not at all: its spilled rows are read back
+  // before any shard is updated (a read error changes no row), and its
+  // evictions never throw (EvictForPush).
+  thread_local std::vector<uint8_t> reloaded;
+  reloaded.assign(kShards, 0);
+  if (budget_ != 0) ReloadForPush(b.keys.data(), b.h.data(), b.starts, reloaded);
   for (size_t s = 0; s < kShards; ++s) {
     if (b.starts[s] < b.starts[s + 1]) {
       PushShard(*shards_[s], b, b.starts[s], b.starts[s + 1], b.grads.data(), add_delta);
     }
+  }
+  for (size_t s = 0; s < kShards; ++s) {
+    if (!reloaded[s]) continue;  // back down to the shard's share
+    std::unique_lock lock(shards_[s]->mu);
+    EvictForPush(shards_[s]->index, *shards_[s]->spill);
+  }
+}
+
+void SparseTable::RaisePendingSpillError() {
+  if (!spill_error_set_.load(std::memory_order_acquire)) return;
+  // Each shard over its share evicts now; the first failure is thrown with
+  // the error remembered again (no row changed: the victims stay in RAM).
+  spill_error_set_.store(false, std::memory_order_relaxed);
+  for (const auto& s : shards_) {
+    std::unique_lock lock(s->mu);
+    try {
+      EvictLocked(s->index, *s->spill);
+    } catch (const std::exception& e) {
+      std::lock_guard g(spill_error_mu_);
+      spill_error_ = e.what();
+      spill_error_set_.store(true, std::memory_order_release);
+      ThrowRuntime("the disk tier cannot take the rows beyond its memory budget (",
+                   spill_error_, "); nothing was changed");
+    }
+  }
+}
+
+void SparseTable::ReloadForPush(const uint64_t* keys, const uint64_t* h, const size_t* starts,
+                                std::vector<uint8_t>& reloaded) {
+  for (size_t s = 0; s < kShards; ++s) {
+    const size_t lo = starts[s], hi = starts[s + 1];
+    if (lo == hi) continue;
+    Shard& sh = *shards_[s];
+    bool spilled = false;
+    {
+      std::shared_lock lock(sh.mu);
+      for (size_t j = lo; j < hi && !spilled; ++j) spilled = Spilled(sh.index.Find(keys[j], h[j]));
+    }
+    if (!spilled) continue;
+    std::unique_lock lock(sh.mu);
+    reloaded[s] = 1;
+    // A read error throws with no row changed; the rows already read back
+    // stay in RAM (still exact), over the budget until the shard's next eviction.
+    ReloadLocked(sh.index, *sh.spill, keys + lo, h + lo, hi - lo);
   }
 }
 
@@ -703,7 +754,7 @@ void SparseTable::PushShard(Shard& s, Batch& b, size_t lo, size_t hi, const floa
     }
   }
   apply();
-  if (s.spill) EvictLocked(s.index, *s.spill);
+  if (s.spill) EvictForPush(s.index, *s.spill);
 }
 
 void SparseTable::AddShowClick(const uint64_t* keys, size_t n, const float* shows,
@@ -994,6 +1045,7 @@ size_t SparseTable::Load(const std::string& path, uint32_t num_servers, uint32_t
   if (h.storage > kMaxStorageKind) {
     ThrowRuntime(path, " holds rows of unknown storage kind ", h.storage);
   }
+  if (budget_ != 0) RaisePendingSpillError();
   // The file's rows as they are laid out; converted when they differ from ours.
   RowLayout fl = TableRowLayout(static_cast<StorageKind>(h.storage), dim_, opt_);
   fl.fp16_state = fl.storage == StorageKind::kFP16 && !(h.flags & kFileBf16State);

@@ -23,6 +23,7 @@
 #include <atomic>
 #include <cstring>
 #include <new>
+#include <stdexcept>
 #include <utility>
 
 #include "pyfleet/error.h"
@@ -354,6 +355,18 @@ void SparseTable::EvictLocked(KeyIndex& index, ShardSpill& sp, size_t slack) {
   sp.resident -= k;
   CleanLocked(index, sp);
   RelocateLocked(index, sp);
+}
+
+void SparseTable::EvictForPush(KeyIndex& index, ShardSpill& sp) noexcept {
+  // A push has changed its rows when it evicts: throwing now would leave
+  // the push's other shards unchanged, and a retry would apply it twice here.
+  try {
+    EvictLocked(index, sp);
+  } catch (const std::exception& e) {
+    std::lock_guard g(spill_error_mu_);
+    spill_error_ = e.what();
+    spill_error_set_.store(true, std::memory_order_release);
+  }
 }
 
 void SparseTable::CleanLocked(KeyIndex& index, ShardSpill& sp) {

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <shared_mutex>
 #include <string>
 #include <vector>
@@ -167,6 +168,17 @@ class SparseTable {
   // Evicts rows (second chance) while the shard holds more than its share
   // of the budget plus slack rows.
   void EvictLocked(KeyIndex& index, ShardSpill& sp, size_t slack = 0);
+  // A push's eviction: never throws; a failed write leaves the rows in RAM
+  // and is remembered for RaisePendingSpillError.
+  void EvictForPush(KeyIndex& index, ShardSpill& sp) noexcept;
+  // Before a call that adds rows to RAM changes anything: the evictions a
+  // push held back are retried, their error thrown if the write still fails.
+  void RaisePendingSpillError();
+  // A push's spilled rows, every shard's, back in RAM before any is updated.
+  // keys, h grouped by shard: shard s's are [starts[s], starts[s + 1]);
+  // reloaded[s] = 1 for the shards that read rows back (to evict after).
+  void ReloadForPush(const uint64_t* keys, const uint64_t* h, const size_t* starts,
+                     std::vector<uint8_t>& reloaded);
   // Moves live records out of the shard's emptiest extents (spill_store.h).
   void CleanLocked(KeyIndex& index, ShardSpill& sp);
   // A shard's rows in RAM out of RowBudget()'s total; the row store's limit.
@@ -225,7 +237,10 @@ class SparseTable {
   // sparse_table.cc), which a memory budget pays for.
   std::atomic<size_t> pull_bytes_{0}, push_bytes_{0};
   std::atomic<uint64_t> relocated_rows_{0};  // RelocateLocked's moves (stats)
-  std::unique_ptr<SpillFile> spill_file_;  // every shard's spilled rows  // a save failed: a delta would miss rows
+  std::unique_ptr<SpillFile> spill_file_;  // every shard's spilled rows
+  std::atomic<bool> spill_error_set_{false};  // a push's eviction failed (spill_error_)
+  std::mutex spill_error_mu_;
+  std::string spill_error_;
 
   mutable std::atomic<uint64_t> pull_calls_{0}, pull_keys_{0}, push_calls_{0}, push_keys_{0},
       inserted_rows_{0}, candidate_pulls_{0}, dropped_push_keys_{0}, rejected_pushes_{0},

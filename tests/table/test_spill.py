@@ -453,12 +453,23 @@ for s in range(0, len(old), 10000):  # trained rows, most of them on disk
 soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
 limit = t.stats()["spill_file_bytes"]
 resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))  # the spill file may not grow
+# Pushes while the file may not grow: trained rows read back, new rows
+# made; a push never raises an eviction error, each is applied exactly once.
+for s in range(0, 60000, 10000):
+    k = np.concatenate([old[s:s + 10000], old[-s - 5000:][:5000], new[-s - 3000:][:3000]])
+    g = rng.normal(0, 1, (len(k), 8)).astype(np.float32)
+    t.push(k, g)
+    ram.push(k, g)
+pushed = t.stats()
+n_before, first_unchanged = len(t), False
 errors = []
 for s in range(0, len(new), 10000):
     try:
         t.pull(new[s:s + 10000])
     except RuntimeError as e:
         errors.append(str(e))
+        if len(errors) == 1:
+            first_unchanged = len(t) == n_before
 stuck = t.stats()
 resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
 for s in range(0, len(new), 10000):  # a failed pull stopped at the shard whose write failed
@@ -473,15 +484,18 @@ a, b = t.export(with_state=True), ram.export(with_state=True)
 oa, ob = np.argsort(a["keys"]), np.argsort(b["keys"])
 same = all(np.array_equal(a[f][oa], b[f][ob]) for f in b)
 print(len(errors), errors[0] if errors else "", stuck["memory_bytes"] - stuck["memory_budget"],
-      limit, len(t) == len(ram) == len(keys), same, t.stats()["spill_file_bytes"], sep="\n")
+      limit, len(t) == len(ram) == len(keys), same, t.stats()["spill_file_bytes"],
+      pushed["memory_bytes"] - pushed["memory_budget"], first_unchanged, sep="\n")
 """
 
 
 def test_a_full_disk_keeps_every_row(tmp_path):
     """150k trained rows, most on disk; then the spill file may not grow
     (RLIMIT_FSIZE: the kernel fails the write, here EFBIG, as a full disk
-    fails it with ENOSPC) while 150k new keys are pulled: those pulls raise
-    an error naming the spill file's write, the rows that could not be
+    fails it with ENOSPC) while pushes of trained and new keys run (none
+    raises: each is applied exactly once) and then 150k new keys are
+    pulled: those pulls raise an error naming the spill file's write (the
+    first before changing anything), the rows that could not be
     written stay in RAM (over budget), and once the file may grow again the
     table gives bit for bit the all-in-RAM table's rows, trained ones too."""
     import subprocess
@@ -490,8 +504,15 @@ def test_a_full_disk_keeps_every_row(tmp_path):
     r = subprocess.run([sys.executable, "-c", FSIZE_CHILD, str(tmp_path)],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    n_err, msg, over, limit, all_rows, same, file_after = r.stdout.split("\n")[:7]
+    n_err, msg, over, limit, all_rows, same, file_after, push_over, unchanged = \
+        r.stdout.split("\n")[:9]
     assert int(n_err) > 0 and "spill file" in msg and "write failed" in msg, msg
+    assert str(tmp_path) in msg  # names the spill file's directory
+    # The pushes raised nothing (the child would have failed) and left rows
+    # in RAM over the budget; the first pull that would add rows raised
+    # before changing anything.
+    assert int(push_over) > 0
+    assert unchanged == "True"
     assert int(over) > 0  # rows that could not leave RAM
     assert all_rows == "True" and same == "True"
     # The disk tier works again: the file grew past the limit.
