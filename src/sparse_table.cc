@@ -570,18 +570,11 @@ void SparseTable::Push(const uint64_t* keys, size_t n, const float* grads, bool 
   // A push is applied whole or not at all: its spilled rows are read back
   // before any shard is updated (a read error changes no row), and its
   // evictions never throw (EvictForPush).
-  thread_local std::vector<uint8_t> reloaded;
-  reloaded.assign(kShards, 0);
-  if (budget_ != 0) ReloadForPush(b.keys.data(), b.h.data(), b.starts, reloaded);
+  if (budget_ != 0) ReloadForPush(b.keys.data(), b.h.data(), b.starts);
   for (size_t s = 0; s < kShards; ++s) {
     if (b.starts[s] < b.starts[s + 1]) {
       PushShard(*shards_[s], b, b.starts[s], b.starts[s + 1], b.grads.data(), add_delta);
     }
-  }
-  for (size_t s = 0; s < kShards; ++s) {
-    if (!reloaded[s]) continue;  // back down to the shard's share
-    std::unique_lock lock(shards_[s]->mu);
-    EvictForPush(shards_[s]->index, *shards_[s]->spill);
   }
 }
 
@@ -604,8 +597,7 @@ void SparseTable::RaisePendingSpillError() {
   }
 }
 
-void SparseTable::ReloadForPush(const uint64_t* keys, const uint64_t* h, const size_t* starts,
-                                std::vector<uint8_t>& reloaded) {
+void SparseTable::ReloadForPush(const uint64_t* keys, const uint64_t* h, const size_t* starts) {
   for (size_t s = 0; s < kShards; ++s) {
     const size_t lo = starts[s], hi = starts[s + 1];
     if (lo == hi) continue;
@@ -617,10 +609,11 @@ void SparseTable::ReloadForPush(const uint64_t* keys, const uint64_t* h, const s
     }
     if (!spilled) continue;
     std::unique_lock lock(sh.mu);
-    reloaded[s] = 1;
     // A read error throws with no row changed; the rows already read back
-    // stay in RAM (still exact), over the budget until the shard's next eviction.
+    // stay in RAM (still exact). The shard then evicts down to its share:
+    // the rows read back count as used, so others go first.
     ReloadLocked(sh.index, *sh.spill, keys + lo, h + lo, hi - lo);
+    EvictForPush(sh.index, *sh.spill);
   }
 }
 

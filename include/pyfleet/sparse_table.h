@@ -175,10 +175,8 @@ class SparseTable {
   // push held back are retried, their error thrown if the write still fails.
   void RaisePendingSpillError();
   // A push's spilled rows, every shard's, back in RAM before any is updated.
-  // keys, h grouped by shard: shard s's are [starts[s], starts[s + 1]);
-  // reloaded[s] = 1 for the shards that read rows back (to evict after).
-  void ReloadForPush(const uint64_t* keys, const uint64_t* h, const size_t* starts,
-                     std::vector<uint8_t>& reloaded);
+  // keys, h grouped by shard: shard s's are [starts[s], starts[s + 1]).
+  void ReloadForPush(const uint64_t* keys, const uint64_t* h, const size_t* starts);
   // Moves live records out of the shard's emptiest extents (spill_store.h).
   void CleanLocked(KeyIndex& index, ShardSpill& sp);
   // A shard's rows in RAM out of RowBudget()'s total; the row store's limit.
