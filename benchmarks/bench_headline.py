@@ -78,21 +78,10 @@ def write_data(path, ids, unique_slots, seed=0):
 
 
 def _server_pid(run_dir):
-    """The pid of the job's server (``pyfleet.trainer RUN_DIR/...``, TRAINING_ROLE=PSERVER)."""
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read()
-            if b"pyfleet.trainer" not in cmd or run_dir.encode() not in cmd:
-                continue
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if b"TRAINING_ROLE=PSERVER" in f.read().split(b"\0"):
-                    return int(pid)
-        except OSError:
-            continue
-    return None
+    """The pid of the job's server, or None."""
+    from bench_train import job_roles  # beside this file (run as a script)
+
+    return next((pid for pid, role in job_roles(run_dir) if role == "server"), None)
 
 
 def _status(pid):

@@ -83,7 +83,7 @@ import sys
 import tempfile
 import time
 
-__all__ = ["main"]
+__all__ = ["job_roles", "main"]
 
 _SINGLE = """
 import json, sys
@@ -129,11 +129,10 @@ def run_single(data, epochs, timeout, batch_size=512):
     return _last_json(p.stdout)
 
 
-def _role_cpu(run_dir, seen):
-    """Record in ``seen`` {pid: (role, cpu seconds, main thread's (seconds on a core,
-    seconds runnable but queued))} every live process of the job in ``run_dir``
-    (its roles run ``pyfleet.trainer RUN_DIR/job.json``)."""
-    tick = os.sysconf("SC_CLK_TCK")
+def job_roles(run_dir):
+    """(pid, "server" or "worker") of every live process of the job in ``run_dir``
+    (its roles run ``pyfleet.trainer RUN_DIR/job.json``; servers have
+    TRAINING_ROLE=PSERVER)."""
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
@@ -144,14 +143,24 @@ def _role_cpu(run_dir, seen):
                 continue
             with open(f"/proc/{pid}/environ", "rb") as f:
                 env = f.read().split(b"\0")
-            role = "server" if b"TRAINING_ROLE=PSERVER" in env else "worker"
+        except OSError:   # gone, or not ours to read
+            continue
+        yield int(pid), "server" if b"TRAINING_ROLE=PSERVER" in env else "worker"
+
+
+def _role_cpu(run_dir, seen):
+    """Record in ``seen`` {pid: (role, cpu seconds, main thread's (seconds on a core,
+    seconds runnable but queued))} every live process of the job in ``run_dir``."""
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid, role in job_roles(run_dir):
+        try:
             with open(f"/proc/{pid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
             with open(f"/proc/{pid}/schedstat") as f:
                 sched = tuple(int(x) / 1e9 for x in f.read().split()[:2])
-            seen[pid] = (role, (int(fields[11]) + int(fields[12])) / tick, sched)
-        except OSError:   # gone, or not ours to read
+        except OSError:   # gone meanwhile
             continue
+        seen[pid] = (role, (int(fields[11]) + int(fields[12])) / tick, sched)
 
 
 def run_cluster(data, servers, workers, mode, epochs, timeout, run_dir, storage="fp32",

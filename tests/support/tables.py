@@ -27,9 +27,9 @@ def snapshot(t):
     return {k: v[order] for k, v in e.items()}
 
 
-def fleet_table_configs(**distributed_optimizer_kwargs):
+def fleet_table_configs(optimizer=None, **distributed_optimizer_kwargs):
     """The table configs a Fleet worker derives from the zoo's LR program with
-    ``fleet.distributed_optimizer(SGD(0.1), **distributed_optimizer_kwargs)``."""
+    ``fleet.distributed_optimizer(optimizer or SGD(0.1), **distributed_optimizer_kwargs)``."""
     from pyfleet import fluid, models
     from pyfleet.distributed.fleet import Fleet
     from pyfleet.role_maker import Role, UserDefinedRoleMaker
@@ -40,6 +40,6 @@ def fleet_table_configs(**distributed_optimizer_kwargs):
     main, startup = fluid.Program(), fluid.Program()
     with fluid.program_guard(main, startup), fluid.unique_name.guard():
         m = models.build("lr", num_dense=2, num_slots=2, embedding_dim=2)
-        f.distributed_optimizer(fluid.optimizer.SGD(0.1),
+        f.distributed_optimizer(optimizer or fluid.optimizer.SGD(0.1),
                                 **distributed_optimizer_kwargs).minimize(m.avg_cost)
     return f._tables

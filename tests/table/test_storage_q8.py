@@ -18,7 +18,7 @@ from support.rounding import (
     stochastic,
     summed_like_core,
 )
-from support.tables import snapshot, trained_table
+from support.tables import fleet_table_configs, snapshot, trained_table
 
 import pyfleet
 from pyfleet.entry import CountFilterEntry
@@ -246,20 +246,12 @@ def test_q8_rows_are_smaller():
 
 
 def test_fluid_programs_take_q8_with_adam_and_refuse_it_with_sgd():
-    from pyfleet import fluid, models
-    from pyfleet.distributed.fleet import Fleet
+    from pyfleet import fluid
     from pyfleet.errors import ConfigError
-    from pyfleet.role_maker import Role, UserDefinedRoleMaker
 
     def tables(opt):
-        f = Fleet()
-        f.init(UserDefinedRoleMaker(current_id=0, role=Role.WORKER, worker_num=1,
-                                    server_endpoints=["127.0.0.1:1"]))
-        main, startup = fluid.Program(), fluid.Program()
-        with fluid.program_guard(main, startup), fluid.unique_name.guard():
-            m = models.build("lr", num_dense=2, num_slots=2, embedding_dim=2)
-            f.distributed_optimizer(opt, sparse_storage="bf16_q8").minimize(m.avg_cost)
-        return [c for c in f._tables if c["kind"] == "sparse"]
+        return [c for c in fleet_table_configs(opt, sparse_storage="bf16_q8")
+                if c["kind"] == "sparse"]
 
     sparse = tables(fluid.optimizer.Adam(0.01))
     assert sparse and all(c["storage"] == "bf16_q8" for c in sparse)
