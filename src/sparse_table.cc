@@ -347,7 +347,6 @@ void SparseTable::Pull(const uint64_t* keys, size_t n, float* out, bool create) 
     // A shard is held for its disk I/O: shard by shard, so that this pull
     // waits only for the shards it has keys in.
     PullFoundByShard(keys, n, out, b);
-    b.Note(&pull_bytes_);
   } else {
     // Every shard is held shared for the call. Writers take one shard at a
     // time and readers take them in the same order: no cycle. With a disk
@@ -364,6 +363,9 @@ void SparseTable::Pull(const uint64_t* keys, size_t n, float* out, bool create) 
     }
     for (const auto& sp : shards_) sp->mu.unlock_shared();
   }
+  // Either path: the budget pays for this pull's working memory (its misses
+  // too, which the pipelined path gathers).
+  if (budget_ != 0) b.Note(&pull_bytes_);
   if (b.misses.empty()) return;
   if (create) {
     PullMisses(keys, b, out);
