@@ -425,6 +425,7 @@ void SparseTable::PullFound(const uint64_t* keys, size_t n, float* out, Batch& b
   const char* src[W];
   const uint32_t floor = spill_floor_;  // kEmpty, or the first spilled value
   uint8_t* const used = used_;
+  const uint8_t epoch = UseEpoch();
   auto hash = [&](size_t i) {
     const uint64_t x = h[i % W] = Mix64(keys[i]);
     index[ShardOf(x)].PrefetchRun(x);
@@ -437,10 +438,7 @@ void SparseTable::PullFound(const uint64_t* keys, size_t n, float* out, Batch& b
     } else {
       src[j % W] = rows_.WeightBytesOf<D * kElem>(row);
       PrefetchSpan(src[j % W], row_bytes);
-      if (used != nullptr) {
-        const uint8_t u = LoadField(used + row);
-        if (u < kMaxUse) StoreField<uint8_t>(used + row, u + 1);
-      }
+      if (used != nullptr) CountUse(used + row, epoch);
     }
   };
   for (size_t i = 0; i < std::min(n, A + B); ++i) hash(i);
@@ -613,7 +611,7 @@ void SparseTable::ReloadForPush(const uint64_t* keys, const uint64_t* h, const s
     std::unique_lock lock(sh.mu);
     // A read error throws with no row changed; the rows already read back
     // stay in RAM (still exact). The shard then evicts down to its share:
-    // the rows read back count as used, so others go first.
+    // the rows read back are at the back of its queue, so others go first.
     ReloadLocked(sh.index, *sh.spill, keys + lo, h + lo, hi - lo);
     EvictForPush(sh.index, *sh.spill);
   }

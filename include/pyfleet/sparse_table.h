@@ -195,10 +195,11 @@ class SparseTable {
   // A spilled row's slot: [RowMeta | weights | state] (the shard held shared).
   void ReadSpilled(const ShardSpill& sp, uint32_t v, char* rec) const;
   void ReadRecord(const char* rec, float* w, float* state) const;  // state may be null
+  // A pull or push used a row in RAM (the shard held shared or exclusive).
   void MarkUsed(uint32_t row) const;
-  // A row now in RAM joins the back of its shard's queue; used: a row read
-  // back for a call (a second use), not a new or loaded one.
-  void ResidentAdded(ShardSpill* sp, uint32_t row, uint64_t key, bool used = false);
+  // A row now in RAM (new, read back or loaded) joins the back of its
+  // shard's queue with no use counted.
+  void ResidentAdded(ShardSpill* sp, uint32_t row, uint64_t key);
   // Frees key's row or spilled slot after its index entry was erased.
   void FreeValueLocked(ShardSpill* sp, uint32_t v);
   // f(key, meta, record) for each spilled row of the shard; the records for
@@ -228,8 +229,34 @@ class SparseTable {
   std::atomic<bool> delta_invalid_{false};
   size_t budget_ = 0;                       // 0: no disk tier
   uint32_t spill_floor_ = KeyIndex::kEmpty;
-  uint8_t* used_ = nullptr;  // second-chance counts by row id (with a disk tier)
-  static constexpr uint8_t kMaxUse = 3;  // a row's count: uses, up to this
+  // A byte by row id (with a disk tier): the row's use count in bits 0-2
+  // (up to kMaxUse; 7 never, so 0xFF is free to mark a victim) and, in bits
+  // 3-7, the call epoch (UseEpoch) it came to RAM at.
+  uint8_t* used_ = nullptr;
+  static constexpr uint8_t kMaxUse = 3;
+  static constexpr uint8_t kCountMask = 7, kEpochMask = 31;
+  static constexpr int kEpochShift = 3;
+  // Pulls and pushes so far, mod 32.
+  uint8_t UseEpoch() const {
+    return static_cast<uint8_t>((pull_calls_.load(std::memory_order_relaxed) +
+                                 push_calls_.load(std::memory_order_relaxed)) & kEpochMask);
+  }
+  // Whether a row of count 0 came to RAM in this step: its epoch is this
+  // call's or the one before (the pull whose push this is). After 32 calls
+  // epochs repeat: such a row then looks new for two calls in 32.
+  static bool CameInThisStep(uint8_t u, uint8_t epoch) {
+    return (u & kCountMask) == 0 && ((epoch - (u >> kEpochShift)) & kEpochMask) <= 1;
+  }
+  // A use of the row whose byte is *u in a call of the given epoch, the
+  // step that brought the row to RAM not counted: relaxed (concurrent uses
+  // may lose one), and written only when the count rises, so the bytes of
+  // hot rows, saturated, are read and not written.
+  static void CountUse(uint8_t* u, uint8_t epoch) {
+    std::atomic_ref<uint8_t> a(*u);
+    const uint8_t v = a.load(std::memory_order_relaxed);
+    if ((v & kCountMask) >= kMaxUse || CameInThisStep(v, epoch)) return;
+    a.store(static_cast<uint8_t>(v + 1), std::memory_order_relaxed);  // its epoch kept
+  }
   std::atomic<size_t> spill_own_{0};  // the shards' ShardSpill::own, summed
   // The working memory of the last pull and push (Batch::Note in
   // sparse_table.cc), which a memory budget pays for.
