@@ -1,0 +1,369 @@
+"""Rows a disk tier reads back per step under eviction policies, simulated on
+bench_capacity.py's ids (no table is built: which rows are in RAM only).
+
+    python benchmarks/eviction_sim.py [--rows 2000000] [--batch 100000] [--steps 30]
+                                      [--in-ram 223000 300000 400000]
+                                      [--policies old new ...] [--shift-at STEP] [--uniform]
+
+The trace is bench_capacity.py's: the same generator and seed, Zipf(1.1) ranks
+over --rows rows, key = rank x 0x9E3779B97F4A7C15 and its shard the table's
+(the top 6 bits of Mix64(key)); the fill makes the rows in rank order in
+chunks of 2^18, then 2 warm steps and --steps steps. With --shift-at S every
+rank moves to another key (rank + rows/2) from step S on: a hot set that
+moves at once; with --uniform the ids are uniform (nothing worth keeping). Each step, per shard, like the table: the pull counts its hits
+(per occurrence), reads back its misses and evicts down to the shard's share
+(--in-ram / 64 rows); the push reads back what the pull's eviction sent out,
+counts its keys once and evicts. Printed: rows read back per step over all
+steps and over the last 40 (the steady state of a long run).
+
+Policies (spill_table.cc's is `new`; `old` the one before it):
+  old     CLOCK, a row read back at 1, every pull and push +1, up to 3
+  new     CLOCK, every row in at 0, pulls and pushes +1 up to 3 but not in
+          the step that brought the row in; an eviction's first pass
+          spares the rows of this step
+  at0     old, but a row read back at 0
+  cap7    old, counts up to 7
+  once    at 0, one count a step at most (its own step not counted)
+  wtlfu   W-TinyLFU: a 20% LRU window, a segmented-LRU main part (80%
+          protected), admission from the window by a count-min sketch
+          (4 rows of 4-bit counters, halved every 5 x the shard's rows
+          added) with a doorkeeper
+  static  the --in-ram most frequent ranks always in RAM (not reachable:
+          it knows the ranks and skips the warm-up)
+  opt     clairvoyant (evicts the rows used furthest ahead), from the RAM
+          the fill leaves under `old` (its last rows): a floor for any
+          policy on this trace
+Simulation only: a few minutes for the defaults and every policy.
+"""
+
+import argparse
+import collections
+import heapq
+
+import numpy as np
+
+GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+SHARD_BITS = 6
+SHARDS = 1 << SHARD_BITS
+FILL_CHUNK = 1 << 18
+
+
+def mix64(x):
+    x = x.copy()
+    x ^= x >> np.uint64(30)
+    x *= np.uint64(0xBF58476D1CE4E5B9)
+    x ^= x >> np.uint64(27)
+    x *= np.uint64(0x94D049BB133111EB)
+    x ^= x >> np.uint64(31)
+    return x
+
+
+def trace(args):
+    """[(ranks, occurrences)] per step, in bench_capacity.py's order."""
+    rng = np.random.default_rng(7)
+    batches = []
+    for _ in range(args.steps):
+        if args.uniform:
+            batches.append(rng.integers(0, args.rows, args.batch))
+            continue
+        z = rng.zipf(1.1, args.batch)
+        while (far := z > args.rows).any():
+            z[far] = rng.zipf(1.1, int(far.sum()))
+        batches.append(z - 1)
+    out = []
+    for i, b in enumerate(batches[:2] + batches):
+        if args.shift_at is not None and i >= args.shift_at:
+            b = (b + args.rows // 2) % args.rows
+        out.append(np.unique(b, return_counts=True))
+    return out
+
+
+class Clock:
+    """CLOCK with use counts as a queue per shard (spill_table.cc)."""
+
+    def __init__(self, n, cap, enter=0, max_use=3, own_step=True, per_step=False,
+                 spare_fresh=False):
+        self.cap, self.enter, self.max_use = cap, enter, max_use
+        self.own_step, self.per_step, self.spare_fresh = own_step, per_step, spare_fresh
+        self.used = bytearray(n)
+        self.res = bytearray(n)
+        self.came = np.full(n, -1, np.int64)     # step the row came to RAM
+        self.counted = np.full(n, -1, np.int64)  # step of its last count
+        self.rings = [collections.deque() for _ in range(SHARDS)]
+        self.size = [0] * SHARDS
+        self.step = -1
+
+    def resident(self, r):
+        return self.res[r]
+
+    def use(self, r, k, push=False):
+        if not self.own_step and self.came[r] == self.step:
+            return
+        if self.per_step:
+            if self.counted[r] == self.step:
+                return
+            self.counted[r], k = self.step, 1
+        self.used[r] = min(self.max_use, self.used[r] + k)
+
+    def load(self, s, r, reload):
+        self.res[r] = 1
+        self.size[s] += 1
+        self.rings[s].append(r)
+        self.used[r] = self.enter if reload else 0
+        self.came[r] = self.step
+
+    def evict(self, s):
+        ring, used = self.rings[s], self.used
+        first = len(ring)
+        seen = 0
+        while self.size[s] > self.cap:
+            r = ring.popleft()
+            seen += 1
+            if used[r]:
+                used[r] -= 1
+                ring.append(r)
+            elif self.spare_fresh and seen <= first and self.came[r] == self.step:
+                ring.append(r)
+            else:
+                self.res[r] = 0
+                self.size[s] -= 1
+
+
+class WTinyLFU:
+    """Window LRU + segmented-LRU main part, sketch admission, per shard."""
+
+    def __init__(self, n, cap, window=0.2, sample=5):
+        self.cap, self.wcap = cap, max(1, int(cap * window))
+        self.pcap = int((cap - self.wcap) * 0.8)
+        self.res = bytearray(n)
+        self.win = [collections.OrderedDict() for _ in range(SHARDS)]
+        self.prob = [collections.OrderedDict() for _ in range(SHARDS)]
+        self.prot = [collections.OrderedDict() for _ in range(SHARDS)]
+        self.w = max(64, cap)
+        ranks = np.arange(n, dtype=np.uint64)
+        # Each rank's 4 counters and 2 doorkeeper bits, all shards alike.
+        self.cells = np.stack([mix64(ranks * GOLDEN + np.uint64(i * 0x1234567 + 1)) % np.uint64(self.w)
+                               for i in range(4)], 1).astype(np.int64)
+        dk = mix64(ranks * np.uint64(7919) + np.uint64(3))
+        self.dk = np.stack([dk % np.uint64(8 * self.w), (dk >> np.uint64(32)) % np.uint64(8 * self.w)],
+                           1).astype(np.int64)
+        self.counts = [np.zeros((4, self.w), np.uint8) for _ in range(SHARDS)]
+        self.door = [np.zeros(8 * self.w, np.bool_) for _ in range(SHARDS)]
+        self.added = [0] * SHARDS
+        self.sample = sample * cap
+        self.shard = None  # set by the caller before each shard's accesses
+
+    def resident(self, r):
+        return self.res[r]
+
+    def add(self, s, r):
+        door, a, b = self.door[s], self.dk[r, 0], self.dk[r, 1]
+        if not (door[a] and door[b]):
+            door[a] = door[b] = True
+        else:
+            c = self.counts[s]
+            for i in range(4):
+                j = self.cells[r, i]
+                if c[i, j] < 15:
+                    c[i, j] += 1
+        self.added[s] += 1
+        if self.added[s] >= self.sample:
+            self.added[s] = 0
+            self.counts[s] >>= 1
+            self.door[s][:] = False
+
+    def estimate(self, s, r):
+        c = self.counts[s]
+        e = min(int(c[i, self.cells[r, i]]) for i in range(4))
+        return e + int(self.door[s][self.dk[r, 0]] and self.door[s][self.dk[r, 1]])
+
+    def touch(self, s, r):
+        if r in self.win[s]:
+            self.win[s].move_to_end(r)
+        elif r in self.prob[s]:
+            del self.prob[s][r]
+            self.prot[s][r] = None
+            while len(self.prot[s]) > self.pcap:
+                d, _ = self.prot[s].popitem(last=False)
+                self.prob[s][d] = None
+        elif r in self.prot[s]:
+            self.prot[s].move_to_end(r)
+
+    def use(self, r, k, push=False):
+        if not push:  # the sketch counts a step's pull once; a push adds nothing
+            self.add(self.shard, r)
+        self.touch(self.shard, r)
+
+    def load(self, s, r, reload):
+        self.add(s, r)
+        self.res[r] = 1
+        self.win[s][r] = None
+
+    def evict(self, s):
+        win, prob, prot = self.win[s], self.prob[s], self.prot[s]
+        while len(win) + len(prob) + len(prot) > self.cap:
+            if len(win) > self.wcap:
+                c, _ = win.popitem(last=False)
+                if len(prob) + len(prot) < self.cap - self.wcap:
+                    prob[c] = None
+                    continue
+                q = prob if prob else prot
+                v = next(iter(q))
+                if self.estimate(s, c) > self.estimate(s, v):
+                    del q[v]
+                    self.res[v] = 0
+                    prob[c] = None
+                else:
+                    self.res[c] = 0
+            else:
+                q = prob if prob else (prot if prot else win)
+                v, _ = q.popitem(last=False)
+                self.res[v] = 0
+
+
+POLICIES = {
+    "old": lambda n, cap: Clock(n, cap, enter=1),
+    "new": lambda n, cap: Clock(n, cap, own_step=False, spare_fresh=True),
+    "at0": lambda n, cap: Clock(n, cap),
+    "cap7": lambda n, cap: Clock(n, cap, enter=1, max_use=7),
+    "once": lambda n, cap: Clock(n, cap, own_step=False, per_step=True),
+    "wtlfu": lambda n, cap: WTinyLFU(n, cap),
+}
+
+
+def by_shard(shard, ranks, occ):
+    order = np.argsort(shard[ranks], kind="stable")
+    starts = np.searchsorted(shard[ranks][order], np.arange(SHARDS + 1))
+    r, o = ranks[order].tolist(), occ[order].tolist()
+    return [(r[starts[s]:starts[s + 1]], o[starts[s]:starts[s + 1]]) for s in range(SHARDS)]
+
+
+def fill_order(args, shard):
+    """Per fill chunk, per shard, its ranks in key order (as a pull sorts its misses)."""
+    keys = np.arange(args.rows, dtype=np.uint64) * GOLDEN
+    out = []
+    for lo in range(0, args.rows, FILL_CHUNK):
+        r = np.arange(lo, min(args.rows, lo + FILL_CHUNK))
+        r = r[np.lexsort((keys[r], shard[r]))]
+        starts = np.searchsorted(shard[r], np.arange(SHARDS + 1))
+        out.append([r[starts[s]:starts[s + 1]].tolist() for s in range(SHARDS)])
+    return out
+
+
+def simulate(p, steps, shard, fill):
+    for chunk in fill:
+        for s in range(SHARDS):
+            for r in chunk[s]:
+                p.load(s, r, False)
+            p.evict(s)
+    reads = []
+    for t, (ranks, occ) in enumerate(steps):
+        p.step = t
+        m = 0
+        for s, (rs, os_) in enumerate(by_shard(shard, ranks, occ)):
+            p.shard = s
+            miss = []
+            for r, o in zip(rs, os_):
+                if p.resident(r):
+                    p.use(r, o)
+                else:
+                    miss.append(r)
+            for r in miss:
+                p.load(s, r, True)
+            p.evict(s)
+            for r in rs:  # the push: rows the pull's eviction sent out come back
+                if not p.resident(r):
+                    p.load(s, r, True)
+                    m += 1
+            for r in rs:
+                p.use(r, 1, push=True)
+            p.evict(s)
+            m += len(miss)
+        reads.append(m)
+    return reads
+
+
+def opt(steps, shard, rows, cap):
+    """Belady per shard: after each step evict the rows used furthest ahead."""
+    never = len(steps) + 1
+    nxt = np.full(rows, never, np.int64)
+    nexts = [None] * len(steps)
+    for t in range(len(steps) - 1, -1, -1):
+        r = steps[t][0]
+        nexts[t] = nxt[r].copy()
+        nxt[r] = t
+    res = np.zeros(rows, np.bool_)
+    heaps = [[] for _ in range(SHARDS)]  # (-next use, -rank), stale entries skipped
+    cur = np.full(rows, -1, np.int64)
+    counts = np.zeros(SHARDS, np.int64)
+    for r in range(rows - 1, -1, -1):  # the fill's last rows stay, cap a shard
+        s = shard[r]
+        if counts[s] < cap:
+            counts[s] += 1
+            res[r] = True
+            cur[r] = nxt[r]
+            heaps[s].append((-nxt[r], -r))
+    for h in heaps:
+        heapq.heapify(h)
+    reads = []
+    for t, (ranks, _) in enumerate(steps):
+        reads.append(int((~res[ranks]).sum()))
+        for r, nu in zip(ranks.tolist(), nexts[t].tolist()):
+            s = shard[r]
+            if not res[r]:
+                res[r] = True
+                counts[s] += 1
+            cur[r] = nu
+            heapq.heappush(heaps[s], (-nu, -r))
+        for s in set(shard[ranks].tolist()):
+            h = heaps[s]
+            while counts[s] > cap:
+                nu, r = heapq.heappop(h)
+                r = -r
+                if res[r] and cur[r] == -nu:
+                    res[r] = False
+                    counts[s] -= 1
+    return reads
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=2_000_000)
+    ap.add_argument("--batch", type=int, default=100_000)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--in-ram", type=int, nargs="+", default=[223_000, 300_000, 400_000])
+    ap.add_argument("--policies", nargs="+", default=list(POLICIES) + ["static", "opt"],
+                    choices=list(POLICIES) + ["static", "opt"])
+    ap.add_argument("--shift-at", type=int, default=None)
+    ap.add_argument("--uniform", action="store_true", help="uniform ids instead of Zipf(1.1)")
+    args = ap.parse_args()
+    if args.shift_at is not None and not 0 <= args.shift_at < args.steps + 2:
+        ap.error(f"--shift-at must be a step in [0, {args.steps + 2}), got {args.shift_at}")
+    steps = trace(args)
+    shard = (mix64(np.arange(args.rows, dtype=np.uint64) * GOLDEN) >> np.uint64(64 - SHARD_BITS)
+             ).astype(np.int64)
+    fill = fill_order(args, shard)
+    tail = min(40, len(steps))
+    distinct = len(np.unique(np.concatenate([r for r, _ in steps])))
+    print(f"{len(steps)} steps (2 warm + {args.steps}) of {args.batch:,} "
+          f"{'uniform' if args.uniform else 'Zipf(1.1)'} ids over "
+          f"{args.rows:,} rows: {np.mean([len(r) for r, _ in steps]):,.0f} distinct a step, "
+          f"{distinct:,} in all ({distinct / len(steps):,.0f} a step)")
+    print(f"{'policy':<8} {'rows in RAM':>12} {'read/step':>10} {f'last {tail}':>10}")
+    for c in args.in_ram:
+        cap = c // SHARDS
+        for name in args.policies:
+            if name == "static":
+                shifted = [(r - args.rows // 2) % args.rows if args.shift_at is not None and t >= args.shift_at
+                           else r for t, (r, _) in enumerate(steps)]
+                reads = [int((r >= c).sum()) for r in shifted]
+            elif name == "opt":
+                reads = opt(steps, shard, args.rows, cap)
+            else:
+                reads = simulate(POLICIES[name](args.rows, cap), steps, shard, fill)
+            print(f"{name:<8} {c:>12,} {np.mean(reads):>10,.0f} {np.mean(reads[-tail:]):>10,.0f}",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
