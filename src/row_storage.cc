@@ -582,6 +582,16 @@ void StoreCompactWeights(StorageKind s, const float* wf, size_t n, void* w, uint
   StoreElemsOf(WeightKind(s), wf, n, w, z, 0);
 }
 
+void StoreCompactWeightsDrawn(StorageKind s, const float* wf, const uint16_t* r, size_t n,
+                              void* w) {
+  for (size_t c = 0; c < n; c += kChunk) {
+    StoreDrawnOf(WeightKind(s), wf + c, r + c, std::min(kChunk, n - c),
+                 static_cast<uint16_t*>(w) + c);
+  }
+}
+
+void RowDraws(uint64_t z, size_t n, uint16_t* out) { Draws(z, 0, n, out); }
+
 void RoundDraws(uint64_t z, size_t e0, size_t n, uint16_t* out) {
   uint16_t buf[kChunk + 16];
   for (size_t c = 0; c < n; c += kChunk) {

@@ -298,6 +298,46 @@ sys.stdout.buffer.write(e["weights"][o].tobytes() + e["state"][o].tobytes())
 """
 
 
+_PUSH_EDGES_Q8 = """
+import sys, numpy as np, pyfleet
+from pyfleet.optimizer import Adagrad, Adam
+opt, dim = eval(sys.argv[2]), int(sys.argv[3])
+rng = np.random.default_rng(dim)
+t = pyfleet.SparseTable(dim, opt, seed=7, storage=sys.argv[1])
+ks = np.arange(64, dtype=np.uint64)
+for step in range(40):
+    t.pull(ks)
+    g = rng.normal(0, 1, (len(ks), dim)) * 10.0 ** rng.uniform(-8, 2, (len(ks), 1))
+    g[::4, :16] = 0.0        # a block of zeros: scale 0 (codes 0) while m and v are 0
+    g[1::4, 3] = 1e18        # the largest gradient accepted: v near 1e36, clamped codes
+    g[2::4, ::2] *= 1e-12    # elements far below their block's largest: v codes 0
+    t.push(ks, g.astype(np.float32))
+e = t.export(with_state=True)
+o = np.argsort(e["keys"])
+sys.stdout.buffer.write(e["weights"][o].tobytes() + e["state"][o].tobytes())
+"""
+
+
+@pytest.mark.parametrize("storage", Q8)
+@pytest.mark.parametrize("opt", Q8_OPTIMIZERS, ids=repr)
+@pytest.mark.parametrize("dim", [16, 48, 256, 272])
+def test_fused_q8_push_equals_the_general_path(storage, opt, dim):
+    """With AVX2 a push to a row of dim 16 .. 256 (a multiple of 16) runs
+    Q8PushRow, each block decoded, updated and coded in registers;
+    PYFLEET_NO_AVX2=1 takes the general path (decode into fp32, the
+    optimizer, code). Both give the same rows, bit for bit, through zero
+    blocks, the largest gradients and v codes of 0 (dim 272: past the fused
+    form, both general)."""
+    runs = []
+    for off in ("1", "0"):
+        env = dict(os.environ, PYFLEET_NO_AVX2=off)
+        out = subprocess.run([sys.executable, "-c", _PUSH_EDGES_Q8, storage, repr(opt), str(dim)],
+                             env=env, capture_output=True, timeout=120, check=True)
+        runs.append(out.stdout)
+    assert len(runs[0]) == 64 * (dim + head_size(opt, dim) + (2 if opt.kind == "Adam" else 0)) * 4
+    assert runs[0] == runs[1]
+
+
 @pytest.mark.parametrize("storage", ["fp16", "bf16"] + Q8)
 @pytest.mark.parametrize("opt", Q8_OPTIMIZERS, ids=repr)
 def test_portable_row_codecs_equal_the_avx2_ones(storage, opt):
