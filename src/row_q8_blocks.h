@@ -26,9 +26,7 @@ namespace pyfleet::q8 {
 // updates, never tear one. On x86-64 (not under ThreadSanitizer) the
 // 8-byte-aligned pairs of words are one 8-byte access written in asm (opaque
 // to the compiler, so no C++ data race is formed; an aligned 8-byte access
-// is single-copy atomic, so no word is split), as row_storage.cc's Load16s,
-// two pairs per vector register (SSE forms: these run outside the AVX2
-// functions, after their vzeroupper).
+// is single-copy atomic, so no word is split), as row_storage.cc's Load16s.
 inline void LoadWords(const void* p, size_t bytes, uint8_t* out) {
   auto* w = const_cast<uint32_t*>(static_cast<const uint32_t*>(p));
   const size_t n = bytes / 4;
@@ -39,19 +37,10 @@ inline void LoadWords(const void* p, size_t bytes, uint8_t* out) {
   };
 #ifdef PYFLEET_VECTOR_ROW_COPY
   if (n != 0 && reinterpret_cast<uintptr_t>(w) % 8 != 0) one(i++);
-  for (; i + 4 <= n; i += 4) {  // two pairs into one register, one store
-    __m128i v;
-    asm volatile("movq %1, %0\n\tmovhps %2, %0"
-                 : "=&x"(v)
-                 : "m"(*reinterpret_cast<const uint64_t*>(w + i)),
-                   "m"(*reinterpret_cast<const uint64_t*>(w + i + 2)));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 4 * i), v);
-  }
-  if (i + 2 <= n) {
+  for (; i + 2 <= n; i += 2) {
     uint64_t v;
     asm volatile("movq %1, %0" : "=r"(v) : "m"(*reinterpret_cast<const uint64_t*>(w + i)));
     std::memcpy(out + 4 * i, &v, 8);
-    i += 2;
   }
 #endif
   for (; i < n; ++i) one(i);
@@ -67,18 +56,10 @@ inline void StoreWords(void* p, const uint8_t* in, size_t bytes) {
   };
 #ifdef PYFLEET_VECTOR_ROW_COPY
   if (n != 0 && reinterpret_cast<uintptr_t>(w) % 8 != 0) one(i++);
-  for (; i + 4 <= n; i += 4) {  // one load, two pairs stored from the register
-    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 4 * i));
-    asm volatile("movq %2, %0\n\tmovhps %2, %1"
-                 : "=m"(*reinterpret_cast<uint64_t*>(w + i)),
-                   "=m"(*reinterpret_cast<uint64_t*>(w + i + 2))
-                 : "x"(v));
-  }
-  if (i + 2 <= n) {
+  for (; i + 2 <= n; i += 2) {
     uint64_t v;
     std::memcpy(&v, in + 4 * i, 8);
     asm volatile("movq %1, %0" : "=m"(*reinterpret_cast<uint64_t*>(w + i)) : "r"(v));
-    i += 2;
   }
 #endif
   for (; i < n; ++i) one(i);
