@@ -115,6 +115,14 @@ inline void ClearSignedWhereRootZero(uint8_t* codes, size_t nv, size_t ns, size_
 }
 
 #ifdef PYFLEET_ROW_SIMD
+// ScaleOf the largest of four lanes' |x| (a NaN never wins, as in the
+// running max of the scalar loop).
+inline BlockScale ScaleOfLanes(__m128 a, bool sgn) {
+  a = _mm_max_ps(a, _mm_movehl_ps(a, a));
+  a = _mm_max_ps(a, _mm_shuffle_ps(a, a, 1));
+  return ScaleOf(_mm_cvtss_f32(a), sgn);
+}
+
 // A full block of 16 codes decoded four lanes at a time: the scalar loop's
 // conversion and multiplies (no other operation, so the same bits).
 inline void DecodeBlock16(const uint8_t* c, float scale, bool sgn, float* o) {
@@ -153,9 +161,7 @@ inline uint16_t CodeBlock16(const float* in, const uint16_t* r, bool sgn, uint8_
     x[k] = sgn ? v : _mm_sqrt_ps(_mm_max_ps(v, _mm_setzero_ps()));
     a = _mm_max_ps(_mm_and_ps(x[k], abs_mask), a);  // |x| > a ? |x| : a
   }
-  a = _mm_max_ps(a, _mm_movehl_ps(a, a));
-  a = _mm_max_ps(a, _mm_shuffle_ps(a, a, 1));
-  const BlockScale s = ScaleOf(_mm_cvtss_f32(a), sgn);
+  const BlockScale s = ScaleOfLanes(a, sgn);
   if (s.bits == 0) {
     std::memset(codes, 0, kQ8Block);
     return 0;
@@ -225,9 +231,7 @@ __attribute__((target("avx2"))) inline uint16_t Code16Avx2(const __m256* x, cons
       _mm256_max_ps(_mm256_and_ps(x[1], abs_mask),
                     _mm256_max_ps(_mm256_and_ps(x[0], abs_mask), _mm256_setzero_ps()));
   __m128 a = _mm_max_ps(_mm256_castps256_ps128(a8), _mm256_extractf128_ps(a8, 1));
-  a = _mm_max_ps(a, _mm_movehl_ps(a, a));
-  a = _mm_max_ps(a, _mm_shuffle_ps(a, a, 1));
-  const BlockScale s = ScaleOf(_mm_cvtss_f32(a), sgn);
+  const BlockScale s = ScaleOfLanes(a, sgn);
   if (s.bits == 0) {
     std::memset(codes, 0, kQ8Block);
     return 0;
