@@ -311,12 +311,15 @@ void SparseTable::EvictLocked(KeyIndex& index, ShardSpill& sp, size_t slack) {
   // epoch this call's or the one before): in the first pass such a row
   // goes to the back too, so that a shard with little room over its step's
   // rows evicts older ones before the rows its pull's push is about to
-  // use (each would be read twice). Keys evicted or erased since they were
-  // queued are dropped. Every count reaches 0 within kMaxUse passes of the
-  // queue, so kMaxUse + 1 passes find k (< resident) victims.
+  // use (each would be read twice). Not in a load (slack), which evicts
+  // every few rows it adds, all of the same epoch: each eviction would
+  // pass over them all. Keys evicted or erased since they were queued are
+  // dropped. Every count reaches 0 within kMaxUse passes of the queue, so
+  // kMaxUse + 1 passes find k (< resident) victims.
   constexpr size_t kAhead = 8;  // index slots of keys further on prefetched
   const uint8_t epoch = UseEpoch();
-  const size_t passes = (kMaxUse + 2) * sp.ring.size(), first_pass = sp.ring.size();
+  const size_t passes = (kMaxUse + 2) * sp.ring.size();
+  const size_t first_pass = slack == 0 ? sp.ring.size() : 0;
   for (size_t steps = 0; victims.size() < k && steps < passes; ++steps) {
     if (sp.ring.size() > kAhead) index.Prefetch(Mix64(sp.ring[kAhead]));
     const uint64_t key = sp.ring.front();

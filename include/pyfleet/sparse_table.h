@@ -165,8 +165,8 @@ class SparseTable {
   // Brings the spilled rows among keys[i * stride] back to RAM.
   void ReloadLocked(KeyIndex& index, ShardSpill& sp, const uint64_t* keys, const uint64_t* h,
                     size_t n, size_t stride = 1);
-  // Evicts rows (second chance) while the shard holds more than its share
-  // of the budget plus slack rows.
+  // Evicts rows (CLOCK) while the shard holds more than its share of the
+  // budget plus slack rows (a load's, which spares no row of its own).
   void EvictLocked(KeyIndex& index, ShardSpill& sp, size_t slack = 0);
   // A push's eviction: never throws; a failed write leaves the rows in RAM
   // and is remembered for RaisePendingSpillError.
