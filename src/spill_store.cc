@@ -21,12 +21,6 @@ namespace {
 
 constexpr char kPrefix[] = ".pyfleet-spill-";
 
-#ifdef IOV_MAX
-constexpr size_t kMaxIov = IOV_MAX;
-#else
-constexpr size_t kMaxIov = 1024;
-#endif
-
 // Drops done bytes from the front of iov[0..cnt).
 void Skip(iovec*& iov, int& cnt, size_t done) {
   while (cnt > 0 && done >= iov->iov_len) {
@@ -155,21 +149,18 @@ void SpillFile::Transfer(const uint32_t* slots, char* data, size_t n, bool write
     int cnt;
     off_t off;
   };
-  thread_local std::vector<uint32_t> order;
+  // Record i is at data + i * slot_bytes and the slots ascend: a run of
+  // adjacent slots is one buffer (one iovec, one copy in the kernel).
   thread_local std::vector<iovec> iov;
   thread_local std::vector<Run> runs;
-  order.resize(n);
-  for (size_t i = 0; i < n; ++i) order[i] = static_cast<uint32_t>(i);
-  std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return slots[a] < slots[b]; });
-  iov.resize(n);
+  iov.clear();
   runs.clear();
   for (size_t i = 0; i < n;) {
+    PYFLEET_ASSERT(i == 0 || slots[i] > slots[i - 1]);
     size_t j = i + 1;
-    while (j < n && j - i < kMaxIov && slots[order[j]] == slots[order[j - 1]] + 1) ++j;
-    for (size_t k = i; k < j; ++k) {
-      iov[k] = {data + static_cast<size_t>(order[k]) * slot_bytes_, slot_bytes_};
-    }
-    runs.push_back({i, static_cast<int>(j - i), static_cast<off_t>(slots[order[i]]) * slot_bytes_});
+    while (j < n && slots[j] == slots[j - 1] + 1) ++j;
+    runs.push_back({iov.size(), 1, static_cast<off_t>(slots[i]) * slot_bytes_});
+    iov.push_back({data + i * slot_bytes_, (j - i) * slot_bytes_});
     i = j;
   }
   if (write) {
@@ -205,6 +196,7 @@ void SpillFile::Write(const uint32_t* slots, const char* data, size_t n) {
 void SpillFile::Read(const uint32_t* slots, char* data, size_t n) const {
   Transfer(slots, data, n, false);
 }
+
 
 void SpillFile::WriteRun(uint32_t first, const char* data, size_t n) {
   iovec v{const_cast<char*>(data), n * slot_bytes_};

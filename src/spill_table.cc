@@ -249,14 +249,20 @@ void SparseTable::ReloadLocked(KeyIndex& index, ShardSpill& sp, const uint64_t* 
   thread_local std::vector<uint32_t> slots;
   thread_local std::vector<char> buf;
   found.clear();
+  // The keys' index slots were last seen a whole call ago (out of cache):
+  // prefetched ahead, as a pull's pipeline does.
+  constexpr size_t kAhead = 16;
   for (size_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) index.Prefetch(h[(i + kAhead) * stride]);
     uint32_t* v = index.FindValue(keys[i * stride], h[i * stride]);
     if (v != nullptr && Spilled(*v)) found.push_back({v, *v & ~kSpilledBit, keys[i * stride]});
   }
   if (found.empty()) return;
-  std::sort(found.begin(), found.end(), [](const Found& a, const Found& b) { return a.value < b.value; });
+  // In the file's order, each slot once (a key given twice): the read then
+  // needs no sort of its own, and a run of adjacent slots is one buffer.
+  std::sort(found.begin(), found.end(), [](const Found& a, const Found& b) { return a.slot < b.slot; });
   found.erase(std::unique(found.begin(), found.end(),
-                          [](const Found& a, const Found& b) { return a.value == b.value; }),
+                          [](const Found& a, const Found& b) { return a.slot == b.slot; }),
               found.end());
   const size_t rec = sp.file->slot_bytes(), wb = layout_.weight_bytes(), sb = layout_.state_bytes();
   slots.resize(found.size());

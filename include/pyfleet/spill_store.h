@@ -18,10 +18,10 @@
 // at most (1 + kGarbageRatio) x the live rows' slots plus about two extents
 // a shard, and the most extents in use at once is its size.
 //
-// Reads: the slots are sorted, runs of adjacent slots become one call, each
-// run is first read with preadv2(RWF_NOWAIT) (served from the page cache,
-// no blocking); only the runs that would block are then announced together
-// (POSIX_FADV_WILLNEED, so the device sees them at once) and read.
+// Reads: the callers sort the slots, a run of adjacent slots is one call
+// into one buffer, first with preadv2(RWF_NOWAIT) (served from the page
+// cache, no blocking); only the runs that would block are then announced
+// together (POSIX_FADV_WILLNEED, so the device sees them at once) and read.
 //
 // The file is unlinked as soon as it is created: it has no name while the
 // table lives, a crashed process leaves nothing behind in spill_dir (the
@@ -68,9 +68,11 @@ class SpillFile {
     return chunks_[extent / kChunk][extent % kChunk];
   }
 
-  // Slot slots[i] <- data + i * slot_bytes (write) or -> (read), i < n.
-  // I/O errors (a full disk) throw std::runtime_error; a failed write leaves
-  // the caller's rows where they were.
+  // Slot slots[i] <- data + i * slot_bytes (write) or -> (read), i < n,
+  // the slots in increasing order (each once): a run of adjacent slots is
+  // one call of one buffer. I/O errors (a full disk) throw
+  // std::runtime_error; a failed write leaves the caller's rows where they
+  // were.
   void Write(const uint32_t* slots, const char* data, size_t n);
   void Read(const uint32_t* slots, char* data, size_t n) const;
   // n consecutive slots from first: one call.
