@@ -139,8 +139,11 @@ struct SparseTable::Shard {
   std::unique_ptr<ShardSpill> spill;  // with a disk tier (spill_table.cc)
 };
 
-// A pulled key without a row: its hash and its position in the call.
+// A pulled key without a row: the key (so that the misses, grouped by
+// shard, are read back without a trip per key into the caller's array), its
+// hash and its position in the call.
 struct PullMiss {
+  uint64_t key;
   uint64_t h;
   uint32_t pos;
 };
@@ -154,6 +157,7 @@ struct SparseTable::Batch {
   std::vector<uint8_t> is_dup;    // push: an earlier equal key carries this one
   std::vector<uint32_t> table;    // push: dedup hash table
   std::vector<PullMiss> misses;   // pull: keys without a row
+  std::vector<PullMiss> grouped;  // pull: the misses grouped by shard
   std::vector<float> grads;       // push: gradients regrouped like keys
   std::vector<float> w, s, g;     // one row's private copy
   size_t starts[kShards + 1];
@@ -163,7 +167,7 @@ struct SparseTable::Batch {
     return (keys.capacity() + h.capacity()) * sizeof(uint64_t) +
            (pos.capacity() + rows.capacity() + dup_next.capacity() + table.capacity()) *
                sizeof(uint32_t) +
-           is_dup.capacity() + misses.capacity() * sizeof(PullMiss) +
+           is_dup.capacity() + (misses.capacity() + grouped.capacity()) * sizeof(PullMiss) +
            (grads.capacity() + w.capacity() + s.capacity() + g.capacity()) * sizeof(float);
   }
   // The working memory of a call (a thread's batches live as long as it
@@ -179,7 +183,7 @@ struct SparseTable::Batch {
       }
     };
     fit(keys), fit(h), fit(pos), fit(rows), fit(dup_next), fit(is_dup), fit(table);
-    fit(misses), fit(grads);
+    fit(misses), fit(grouped), fit(grads);
     const size_t now = Bytes();
     // A buffer that grew or shrank left a block in the heap, where malloc
     // keeps it: its pages go back to the kernel (rare: calls of one size
@@ -365,10 +369,13 @@ void SparseTable::Pull(const uint64_t* keys, size_t n, float* out, bool create) 
   }
   // Either path: the budget pays for this pull's working memory (its misses
   // too, which the pipelined path gathers).
-  if (budget_ != 0) b.Note(&pull_bytes_);
+  if (budget_ != 0) {
+    b.grouped.resize(create ? b.misses.size() : 0);  // PullMisses's copy of them
+    b.Note(&pull_bytes_);
+  }
   if (b.misses.empty()) return;
   if (create) {
-    PullMisses(keys, b, out);
+    PullMisses(b, out);
     return;
   }
   // No row, and none made: the row the key would start with, or a spilled
@@ -448,7 +455,7 @@ void SparseTable::PullFound(const uint64_t* keys, size_t n, float* out, Batch& b
     if (k + B < n) probe(k + B);
     const char* row = src[k % W];
     if (row == nullptr) {
-      b.misses.push_back({h[k % W], static_cast<uint32_t>(k)});
+      b.misses.push_back({keys[k], h[k % W], static_cast<uint32_t>(k)});
       continue;
     }
     float* dst = out + k * dim;
@@ -490,7 +497,7 @@ void SparseTable::PullFoundByShard(const uint64_t* keys, size_t n, float* out, B
       if (j + kPrefetch < b.starts[s + 1]) index.Prefetch(b.h[j + kPrefetch]);
       const uint32_t row = index.Find(b.keys[j], b.h[j]);
       if (row >= spill_floor_) {
-        b.misses.push_back({b.h[j], b.pos[j]});
+        b.misses.push_back({b.keys[j], b.h[j], b.pos[j]});
         continue;
       }
       MarkUsed(row);
@@ -504,38 +511,45 @@ void SparseTable::PullFoundByShard(const uint64_t* keys, size_t n, float* out, B
   }
 }
 
-void SparseTable::PullMisses(const uint64_t* keys, Batch& b, float* out) {
+void SparseTable::PullMisses(Batch& b, float* out) {
   // Keys without a row: per shard, exclusively, look again (another thread
-  // may have inserted them) and admit each distinct key once.
-  std::sort(b.misses.begin(), b.misses.end(), [&](const PullMiss& x, const PullMiss& y) {
-    const size_t sx = ShardOf(x.h), sy = ShardOf(y.h);
-    return sx != sy ? sx < sy : keys[x.pos] < keys[y.pos];
-  });
+  // may have inserted them) and admit each distinct key once. The misses
+  // are grouped by shard in one counting pass, then each shard's few sorted
+  // by hash: Mix64 is a bijection, so equal keys are equal hashes and sit
+  // together (a sort of all of them by (shard, key) through the caller's
+  // array was a tenth of a spilling table's cold-row time).
+  const size_t n = b.misses.size();
+  size_t starts[kShards + 1] = {};
+  for (const PullMiss& m : b.misses) ++starts[ShardOf(m.h) + 1];
+  for (size_t s = 0; s < kShards; ++s) starts[s + 1] += starts[s];
+  size_t fill[kShards];
+  std::memcpy(fill, starts, sizeof(fill));
+  b.grouped.resize(n);
+  for (const PullMiss& m : b.misses) b.grouped[fill[ShardOf(m.h)]++] = m;
   if (budget_ != 0) RaisePendingSpillError();
   const uint64_t salt = draw_counter_.fetch_add(1, std::memory_order_relaxed);
   thread_local std::vector<uint64_t> reload_keys, reload_h;
-  for (size_t m = 0; m < b.misses.size();) {
-    const size_t shard = ShardOf(b.misses[m].h);
+  for (size_t shard = 0; shard < kShards; ++shard) {
+    const size_t lo = starts[shard], hi = starts[shard + 1];
+    if (lo == hi) continue;
+    PullMiss* g = b.grouped.data();
+    std::sort(g + lo, g + hi, [](const PullMiss& x, const PullMiss& y) { return x.h < y.h; });
     Shard& s = *shards_[shard];
     std::unique_lock lock(s.mu);
     if (s.spill) {
-      reload_keys.clear();
-      reload_h.clear();
-      for (size_t e = m; e < b.misses.size() && ShardOf(b.misses[e].h) == shard; ++e) {
-        reload_keys.push_back(keys[b.misses[e].pos]);
-        reload_h.push_back(b.misses[e].h);
-      }
-      ReloadLocked(s.index, *s.spill, reload_keys.data(), reload_h.data(), reload_keys.size());
+      reload_keys.resize(hi - lo);
+      reload_h.resize(hi - lo);
+      for (size_t e = lo; e < hi; ++e) reload_keys[e - lo] = g[e].key, reload_h[e - lo] = g[e].h;
+      ReloadLocked(s.index, *s.spill, reload_keys.data(), reload_h.data(), hi - lo);
     }
-    while (m < b.misses.size() && ShardOf(b.misses[m].h) == shard) {
-      const size_t i = b.misses[m].pos;
-      const uint64_t h = b.misses[m].h;
-      uint32_t row = s.index.Find(keys[i], h);
-      if (row == KeyIndex::kEmpty) row = AdmitLocked(s, keys[i], h, salt);
-      for (; m < b.misses.size() && keys[b.misses[m].pos] == keys[i]; ++m) {
-        float* dst = out + static_cast<size_t>(b.misses[m].pos) * dim_;
+    for (size_t m = lo; m < hi;) {
+      const uint64_t key = g[m].key, h = g[m].h;
+      uint32_t row = s.index.Find(key, h);
+      if (row == KeyIndex::kEmpty) row = AdmitLocked(s, key, h, salt);
+      for (; m < hi && g[m].h == h; ++m) {
+        float* dst = out + static_cast<size_t>(g[m].pos) * dim_;
         if (row == KeyIndex::kEmpty) {
-          InitialRow(keys[i], dst);
+          InitialRow(key, dst);
           candidate_pulls_.fetch_add(1, std::memory_order_relaxed);
         } else if (layout_.compact()) {
           LoadCompactWeights(layout_.storage, rows_.WeightBytes(row), dim_, dst);
@@ -598,22 +612,32 @@ void SparseTable::RaisePendingSpillError() {
 }
 
 void SparseTable::ReloadForPush(const uint64_t* keys, const uint64_t* h, const size_t* starts) {
+  // Each shard's keys are looked up shared (prefetched: the index slots are
+  // out of cache) and only those found spilled are read back: the rows a
+  // pull brought back and evicted again before this push, a few a shard.
+  thread_local std::vector<uint64_t> sk, sh;
   for (size_t s = 0; s < kShards; ++s) {
     const size_t lo = starts[s], hi = starts[s + 1];
     if (lo == hi) continue;
-    Shard& sh = *shards_[s];
-    bool spilled = false;
+    Shard& shard = *shards_[s];
+    sk.clear();
+    sh.clear();
     {
-      std::shared_lock lock(sh.mu);
-      for (size_t j = lo; j < hi && !spilled; ++j) spilled = Spilled(sh.index.Find(keys[j], h[j]));
+      std::shared_lock lock(shard.mu);
+      const KeyIndex::View index = shard.index.view();
+      for (size_t j = lo; j < hi; ++j) {
+        if (j + kPrefetch < hi) index.PrefetchRun(h[j + kPrefetch]);
+        if (Spilled(index.Find(keys[j], h[j]))) sk.push_back(keys[j]), sh.push_back(h[j]);
+      }
     }
-    if (!spilled) continue;
-    std::unique_lock lock(sh.mu);
+    if (sk.empty()) continue;
+    std::unique_lock lock(shard.mu);
     // A read error throws with no row changed; the rows already read back
     // stay in RAM (still exact). The shard then evicts down to its share:
     // the rows read back are at the back of its queue, so others go first.
-    ReloadLocked(sh.index, *sh.spill, keys + lo, h + lo, hi - lo);
-    EvictForPush(sh.index, *sh.spill);
+    // A key evicted between the two locks is read back by PushShard.
+    ReloadLocked(shard.index, *shard.spill, sk.data(), sh.data(), sk.size());
+    EvictForPush(shard.index, *shard.spill);
   }
 }
 
