@@ -260,14 +260,19 @@ void ShardLog::Append(const char* data, size_t n, uint32_t* slots) {
   if (open0 != kNone && open0 != open_ && file_->ExtentLive(open0) == 0) Release(open0);
 }
 
-void ShardLog::Free(uint32_t slot) {
-  const uint32_t e = slot / file_->extent_slots();
-  uint32_t& live = file_->ExtentLive(e);
-  PYFLEET_ASSERT(live > 0 && live_ > 0);
-  --live;
-  --live_;
-  file_->AddLive(-1);
-  if (live == 0 && e != open_) Release(e);
+void ShardLog::Free(uint32_t slot) { Free(&slot, 1); }
+
+void ShardLog::Free(const uint32_t* slots, size_t n) {
+  const uint32_t per = file_->extent_slots();
+  PYFLEET_ASSERT(live_ >= n);
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t e = slots[i] / per;
+    uint32_t& live = file_->ExtentLive(e);
+    PYFLEET_ASSERT(live > 0);
+    if (--live == 0 && e != open_) Release(e);
+  }
+  live_ -= n;
+  file_->AddLive(-static_cast<ptrdiff_t>(n));
 }
 
 void ShardLog::Release(uint32_t extent) {

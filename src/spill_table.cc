@@ -269,16 +269,22 @@ void SparseTable::ReloadLocked(KeyIndex& index, ShardSpill& sp, const uint64_t* 
   for (size_t i = 0; i < found.size(); ++i) slots[i] = found[i].slot;
   buf.resize(found.size() * rec);
   sp.file->Read(slots.data(), buf.data(), found.size());
-  for (size_t i = 0; i < found.size(); ++i) {
-    const uint32_t row = rows_.Allocate();
-    const char* p = buf.data() + i * rec;
-    std::memcpy(rows_.Meta(row), p, sizeof(RowMeta));
-    std::memcpy(rows_.WeightBytes(row), p + sizeof(RowMeta), wb);
-    std::memcpy(rows_.StateBytes(row), p + sizeof(RowMeta) + wb, sb);
-    *found[i].value = row;
-    sp.log.Free(found[i].slot);
-    ResidentAdded(&sp, row, found[i].key);
+  size_t i = 0;
+  try {
+    for (; i < found.size(); ++i) {
+      const uint32_t row = rows_.Allocate();
+      const char* p = buf.data() + i * rec;
+      std::memcpy(rows_.Meta(row), p, sizeof(RowMeta));
+      std::memcpy(rows_.WeightBytes(row), p + sizeof(RowMeta), wb);
+      std::memcpy(rows_.StateBytes(row), p + sizeof(RowMeta) + wb, sb);
+      ResidentAdded(&sp, row, found[i].key);
+      *found[i].value = row;
+    }
+  } catch (...) {
+    sp.log.Free(slots.data(), i);  // the rows that did come back
+    throw;
   }
+  sp.log.Free(slots.data(), found.size());
 }
 
 void SparseTable::EvictLocked(KeyIndex& index, ShardSpill& sp, size_t slack) {

@@ -130,6 +130,9 @@ class ShardLog {
   void Append(const char* data, size_t n, uint32_t* slots);
   // A live slot's row left it (read back or erased).
   void Free(uint32_t slot);
+  // The same for n slots (the file's count of live slots, shared by the
+  // shards, changed once).
+  void Free(const uint32_t* slots, size_t n);
   // Garbage in the full extents beyond the ratio and at least an extent of
   // it: worth cleaning.
   bool NeedsCleaning() const;
