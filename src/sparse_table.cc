@@ -137,7 +137,27 @@ struct SparseTable::Shard {
   KeyIndex candidates;            // key -> pull calls seen (entry policy)
   std::vector<uint64_t> dropped;  // keys erased since the last save
   std::unique_ptr<ShardSpill> spill;  // with a disk tier (spill_table.cc)
+  // Counts the exclusive holds (ShardWriteLock), the only ones that move
+  // rows or change index values: a row found under the shared lock, let go
+  // and taken again is still where it was if this has not changed.
+  uint64_t version = 0;
 };
+
+namespace {
+
+// A shard's lock held exclusively: every exclusive hold goes through this,
+// so that Shard::version counts them.
+struct ShardWriteLock {
+  template <typename S>
+  explicit ShardWriteLock(S& s) : lock(s.mu) {
+    ++s.version;
+  }
+  std::unique_lock<std::shared_mutex> lock;
+};
+
+constexpr uint64_t kUnseen = ~uint64_t{0};  // Batch::seen: rows not looked up
+
+}  // namespace
 
 // A pulled key without a row: the key (so that the misses, grouped by
 // shard, are read back without a trip per key into the caller's array), its
@@ -161,6 +181,7 @@ struct SparseTable::Batch {
   std::vector<float> grads;       // push: gradients regrouped like keys
   std::vector<float> w, s, g;     // one row's private copy
   size_t starts[kShards + 1];
+  uint64_t seen[kShards];  // push: the shard's version its rows were looked up at, or kUnseen
   size_t noted = 0;  // Bytes() after the last Note
 
   size_t Bytes() const {
@@ -230,7 +251,7 @@ size_t SparseTable::ShardBytes() { return sizeof(Shard); }
 
 void SparseTable::InstallShardSpills() {
   for (auto& sp : shards_) {
-    std::unique_lock lock(sp->mu);
+    ShardWriteLock lock(*sp);
     sp->spill = std::make_unique<ShardSpill>(spill_file_.get());
   }
 }
@@ -535,7 +556,7 @@ void SparseTable::PullMisses(Batch& b, float* out) {
     PullMiss* g = b.grouped.data();
     std::sort(g + lo, g + hi, [](const PullMiss& x, const PullMiss& y) { return x.h < y.h; });
     Shard& s = *shards_[shard];
-    std::unique_lock lock(s.mu);
+    ShardWriteLock lock(s);
     if (s.spill) {
       reload_keys.resize(hi - lo);
       reload_h.resize(hi - lo);
@@ -584,10 +605,12 @@ void SparseTable::Push(const uint64_t* keys, size_t n, const float* grads, bool 
   // A push is applied whole or not at all: its spilled rows are read back
   // before any shard is updated (a read error changes no row), and its
   // evictions never throw (EvictForPush).
-  if (budget_ != 0) ReloadForPush(b.keys.data(), b.h.data(), b.starts);
+  std::fill(std::begin(b.seen), std::end(b.seen), kUnseen);
+  if (budget_ != 0) ReloadForPush(b);
   for (size_t s = 0; s < kShards; ++s) {
     if (b.starts[s] < b.starts[s + 1]) {
-      PushShard(*shards_[s], b, b.starts[s], b.starts[s + 1], b.grads.data(), add_delta);
+      PushShard(*shards_[s], b, b.starts[s], b.starts[s + 1], b.grads.data(), add_delta,
+                b.seen[s]);
     }
   }
 }
@@ -598,7 +621,7 @@ void SparseTable::RaisePendingSpillError() {
   // the error remembered again (no row changed: the victims stay in RAM).
   spill_error_set_.store(false, std::memory_order_relaxed);
   for (const auto& s : shards_) {
-    std::unique_lock lock(s->mu);
+    ShardWriteLock lock(*s);
     try {
       EvictLocked(s->index, *s->spill);
     } catch (const std::exception& e) {
@@ -611,13 +634,19 @@ void SparseTable::RaisePendingSpillError() {
   }
 }
 
-void SparseTable::ReloadForPush(const uint64_t* keys, const uint64_t* h, const size_t* starts) {
+void SparseTable::ReloadForPush(Batch& b) {
   // Each shard's keys are looked up shared (prefetched: the index slots are
   // out of cache) and only those found spilled are read back: the rows a
-  // pull brought back and evicted again before this push, a few a shard.
+  // pull brought back and evicted again before this push, a few a shard. A
+  // shard with none keeps the rows found (b.rows, b.seen), which PushShard
+  // uses if no exclusive hold came in between: one lookup a key, as without
+  // a disk tier.
   thread_local std::vector<uint64_t> sk, sh;
+  const uint64_t* keys = b.keys.data();
+  const uint64_t* h = b.h.data();
+  uint32_t* rows = b.rows.data();
   for (size_t s = 0; s < kShards; ++s) {
-    const size_t lo = starts[s], hi = starts[s + 1];
+    const size_t lo = b.starts[s], hi = b.starts[s + 1];
     if (lo == hi) continue;
     Shard& shard = *shards_[s];
     sk.clear();
@@ -627,11 +656,13 @@ void SparseTable::ReloadForPush(const uint64_t* keys, const uint64_t* h, const s
       const KeyIndex::View index = shard.index.view();
       for (size_t j = lo; j < hi; ++j) {
         if (j + kPrefetch < hi) index.PrefetchRun(h[j + kPrefetch]);
-        if (Spilled(index.Find(keys[j], h[j]))) sk.push_back(keys[j]), sh.push_back(h[j]);
+        rows[j] = index.Find(keys[j], h[j]);
+        if (Spilled(rows[j])) sk.push_back(keys[j]), sh.push_back(h[j]);
       }
+      if (sk.empty()) b.seen[s] = shard.version;
     }
     if (sk.empty()) continue;
-    std::unique_lock lock(shard.mu);
+    ShardWriteLock lock(shard);
     // A read error throws with no row changed; the rows already read back
     // stay in RAM (still exact). The shard then evicts down to its share:
     // the rows read back are at the back of its queue, so others go first.
@@ -642,7 +673,7 @@ void SparseTable::ReloadForPush(const uint64_t* keys, const uint64_t* h, const s
 }
 
 void SparseTable::PushShard(Shard& s, Batch& b, size_t lo, size_t hi, const float* grads,
-                            bool add_delta) {
+                            bool add_delta, uint64_t seen) {
   // Mark equal keys: the first occurrence carries a chain of the others.
   const size_t len = hi - lo;
   if (len > 1) {
@@ -758,12 +789,18 @@ void SparseTable::PushShard(Shard& s, Batch& b, size_t lo, size_t hi, const floa
   };
   {
     std::shared_lock lock(s.mu);
-    if (probe() == 0) {
+    size_t misses = 0;
+    if (s.version == seen) {  // b.rows as ReloadForPush found them, still right
+      for (size_t j = lo; j < hi; ++j) misses += !b.is_dup[j] && rows[j] >= spill_floor_;
+    } else {
+      misses = probe();
+    }
+    if (misses == 0) {
       apply();
       return;
     }
   }
-  std::unique_lock lock(s.mu);
+  ShardWriteLock lock(s);
   if (s.spill) ReloadLocked(s.index, *s.spill, b.keys.data() + lo, b.h.data() + lo, hi - lo);
   probe();
   if (entry_.kind == EntryKind::kAll) {
@@ -805,7 +842,7 @@ void SparseTable::AddShowClick(const uint64_t* keys, size_t n, const float* show
   for (size_t i : spilled) {
     const uint64_t h = Mix64(keys[i]);
     Shard& s = *shards_[ShardOf(h)];
-    std::unique_lock lock(s.mu);
+    ShardWriteLock lock(s);
     const uint32_t row = s.index.Find(keys[i], h);
     if (row == KeyIndex::kEmpty) continue;
     RowMeta* m = rows_.Meta(row);
@@ -927,7 +964,7 @@ size_t SparseTable::Shrink(int max_unseen, uint32_t min_update_count, float min_
   std::vector<uint64_t> victims;
   for (const auto& sp : shards_) {
     Shard& s = *sp;
-    std::unique_lock lock(s.mu);
+    ShardWriteLock lock(s);
     victims.clear();
     auto pass = [&](uint64_t key, RowMeta* m) {
       if (m->flags & kRowTouched) {
@@ -1003,7 +1040,7 @@ size_t SparseTable::Save(const std::string& path, bool delta) {
       };
       {
         // Exclusive: no push is half-way through a row while it is copied.
-        std::unique_lock lock(s.mu);
+        ShardWriteLock lock(s);
         s.index.ForEach([&](uint64_t key, uint32_t row) {
           if (Spilled(row)) return;
           RowMeta* m = rows_.Meta(row);
@@ -1087,7 +1124,7 @@ size_t SparseTable::Load(const std::string& path, uint32_t num_servers, uint32_t
       if (num_servers > 0 && RouteKey(key, num_servers) != server_index) continue;
       const uint64_t hk = Mix64(key);
       Shard& s = *shards_[ShardOf(hk)];
-      std::unique_lock lock(s.mu);
+      ShardWriteLock lock(s);
       uint32_t row = s.index.Find(key, hk);
       if (row == KeyIndex::kEmpty) {
         row = rows_.Allocate();
@@ -1134,13 +1171,13 @@ size_t SparseTable::Load(const std::string& path, uint32_t num_servers, uint32_t
     if (num_servers > 0 && RouteKey(key, num_servers) != server_index) continue;
     const uint64_t hk = Mix64(key);
     Shard& s = *shards_[ShardOf(hk)];
-    std::unique_lock lock(s.mu);
+    ShardWriteLock lock(s);
     const uint32_t row = s.index.Erase(key, hk);
     if (row != KeyIndex::kEmpty) FreeValueLocked(s.spill.get(), row);
   }
   for (const auto& sp : shards_) {
     if (!sp->spill) break;
-    std::unique_lock lock(sp->mu);
+    ShardWriteLock lock(*sp);
     EvictLocked(sp->index, *sp->spill);
   }
   return loaded;

@@ -150,8 +150,9 @@ class SparseTable {
   void PullFoundByShard(const uint64_t* keys, size_t n, float* out, Batch& b);
   // Every shard's shared lock if none is held exclusively now, else none.
   bool TryLockAllShared() const;
+  // seen: the shard's version b.rows[lo, hi) were looked up at (kUnseen if not).
   void PushShard(Shard& s, Batch& b, size_t lo, size_t hi, const float* grads,
-                 bool add_delta);
+                 bool add_delta, uint64_t seen);
   // Under the exclusive lock: the row of key, creating it if the entry policy
   // admits it now; kEmpty when it stays a candidate.
   uint32_t AdmitLocked(Shard& s, uint64_t key, uint64_t h, uint64_t draw_salt);
@@ -174,9 +175,9 @@ class SparseTable {
   // Before a call that adds rows to RAM changes anything: the evictions a
   // push held back are retried, their error thrown if the write still fails.
   void RaisePendingSpillError();
-  // A push's spilled rows, every shard's, back in RAM before any is updated.
-  // keys, h grouped by shard: shard s's are [starts[s], starts[s + 1]).
-  void ReloadForPush(const uint64_t* keys, const uint64_t* h, const size_t* starts);
+  // A push's spilled rows, every shard's, back in RAM before any is updated
+  // (b grouped by shard); the rows of shards with none in b.rows, b.seen.
+  void ReloadForPush(Batch& b);
   // Moves live records out of the shard's emptiest extents (spill_store.h).
   void CleanLocked(KeyIndex& index, ShardSpill& sp);
   // A shard's rows in RAM out of RowBudget()'s total; the row store's limit.

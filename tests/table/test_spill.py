@@ -277,6 +277,52 @@ def test_concurrent_pulls_and_pushes_while_rows_move(tmp_path):
     assert np.all(t.export(keys)["update_count"] >= 1)
 
 
+def test_concurrent_pushes_land_exactly_while_other_calls_move_rows(tmp_path):
+    # Each pusher owns its keys (their updates are a fixed sequence) while
+    # pullers of other keys evict and move rows between a push's lookup of
+    # its rows and its update of them: every row must end bit for bit as in
+    # the all-in-RAM table given the same calls one after another.
+    spill, ram = pair(tmp_path, dim=8, budget=256 << 10)
+    pushers, pullers, rounds = 3, 2, 25
+    rng = np.random.default_rng(5)
+    own = [np.arange(i * 3000, (i + 1) * 3000, dtype=np.uint64) for i in range(pushers)]
+    batches = [[(k := rng.choice(own[i], 700)), rng.normal(0, 1, (len(k), 8)).astype(np.float32)]
+               for i in range(pushers) for _ in range(rounds)]
+    other = [rng.integers(10**6, 10**6 + 40000, 2000).astype(np.uint64)
+             for _ in range(pullers * rounds)]
+
+    def push(t, i):
+        for k, g in batches[i * rounds:(i + 1) * rounds]:
+            t.pull(k)
+            t.push(k, g)
+
+    def pull(t, i):
+        for k in other[i * rounds:(i + 1) * rounds]:
+            t.pull(k)
+
+    errors = []
+
+    def run(f, *a):
+        try:
+            f(*a)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(push, spill, i)) for i in range(pushers)]
+    threads += [threading.Thread(target=run, args=(pull, spill, i)) for i in range(pullers)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=120)
+    assert not errors and not any(th.is_alive() for th in threads)
+    for i in range(pushers):
+        push(ram, i)
+    for i in range(pullers):
+        pull(ram, i)
+    assert spill.stats()["spill_reads"] > 0
+    assert_same_rows(spill, ram)
+
+
 def test_fluid_programs_give_their_sparse_tables_a_disk_tier(tmp_path):
     """fleet.distributed_optimizer(..., sparse_memory_budget=, sparse_spill_dir=)
     reaches every sparse table's config, the budget split evenly among them;
