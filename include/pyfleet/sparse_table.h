@@ -144,7 +144,7 @@ class SparseTable {
   void PullFoundDim(const uint64_t* keys, size_t n, float* out, Batch& b) const;
   template <size_t D, StorageKind S>
   void PullFound(const uint64_t* keys, size_t n, float* out, Batch& b) const;
-  void PullMisses(Batch& b, float* out);
+  void PullMisses(const uint64_t* keys, Batch& b, float* out);
   // Pull's lookups and copies with a disk tier: shard by shard under each
   // one's shared lock (misses and spilled rows to b.misses).
   void PullFoundByShard(const uint64_t* keys, size_t n, float* out, Batch& b);
