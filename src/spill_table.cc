@@ -203,7 +203,7 @@ void SparseTable::ResidentAdded(ShardSpill* sp, uint32_t row, uint64_t key) {
   if (row >= rows_.limit()) ++sp->above;  // to move below it at the next EvictLocked
   // No use counted, and this call's epoch: the step that brought the row
   // in (its pull, the push of the same keys after it) does not count.
-  StoreUsed(used_ + row, static_cast<uint8_t>(UseEpoch() << kEpochShift));
+  StoreUsed(used_ + row, static_cast<uint8_t>(UseEpoch() << kEpochShift | kNew));
 }
 
 void SparseTable::FreeValueLocked(ShardSpill* sp, uint32_t v) {

@@ -230,23 +230,25 @@ class SparseTable {
   std::atomic<bool> delta_invalid_{false};
   size_t budget_ = 0;                       // 0: no disk tier
   uint32_t spill_floor_ = KeyIndex::kEmpty;
-  // A byte by row id (with a disk tier): the row's use count in bits 0-2
-  // (up to kMaxUse; 7 never, so 0xFF is free to mark a victim) and, in bits
-  // 3-7, the call epoch (UseEpoch) it came to RAM at.
+  // A byte by row id (with a disk tier): the row's use count in bits 0-1
+  // (up to kMaxUse), kNew in bit 2 until a use counts, and in bits 3-7 the
+  // call epoch (UseEpoch) it came to RAM at. 0xFF (count 3 and kNew, which
+  // no row has) marks a victim.
   uint8_t* used_ = nullptr;
   static constexpr uint8_t kMaxUse = 3;
-  static constexpr uint8_t kCountMask = 7, kEpochMask = 31;
+  static constexpr uint8_t kCountMask = 3, kNew = 4, kEpochMask = 31;
   static constexpr int kEpochShift = 3;
   // Pulls and pushes so far, mod 32.
   uint8_t UseEpoch() const {
     return static_cast<uint8_t>((pull_calls_.load(std::memory_order_relaxed) +
                                  push_calls_.load(std::memory_order_relaxed)) & kEpochMask);
   }
-  // Whether a row of count 0 came to RAM in this step: its epoch is this
-  // call's or the one before (the pull whose push this is). After 32 calls
-  // epochs repeat: such a row then looks new for two calls in 32.
+  // Whether a row not used since it came to RAM came in this step: its
+  // epoch is this call's or the one before (the pull whose push this is).
+  // Epochs repeat after 32 calls, so a row not used for that long may look
+  // new once more, for two calls: its first use then does not count.
   static bool CameInThisStep(uint8_t u, uint8_t epoch) {
-    return (u & kCountMask) == 0 && ((epoch - (u >> kEpochShift)) & kEpochMask) <= 1;
+    return (u & kNew) != 0 && ((epoch - (u >> kEpochShift)) & kEpochMask) <= 1;
   }
   // A use of the row whose byte is *u in a call of the given epoch, the
   // step that brought the row to RAM not counted: relaxed (concurrent uses
@@ -256,7 +258,7 @@ class SparseTable {
     std::atomic_ref<uint8_t> a(*u);
     const uint8_t v = a.load(std::memory_order_relaxed);
     if ((v & kCountMask) >= kMaxUse || CameInThisStep(v, epoch)) return;
-    a.store(static_cast<uint8_t>(v + 1), std::memory_order_relaxed);  // its epoch kept
+    a.store(static_cast<uint8_t>((v & ~kNew) + 1), std::memory_order_relaxed);
   }
   std::atomic<size_t> spill_own_{0};  // the shards' ShardSpill::own, summed
   // The working memory of the last pull and push (Batch::Note in
