@@ -248,6 +248,7 @@ size_t SparseTable::ShardBytes() { return sizeof(Shard); }
 void SparseTable::InstallShardSpills() {
   for (auto& sp : shards_) {
     ShardWriteLock lock(*sp);
+    sp->index.SetCompact();  // its bytes are bytes less of rows in RAM
     sp->spill = std::make_unique<ShardSpill>(spill_file_.get());
   }
 }

@@ -2,7 +2,7 @@
 // bringing rows back (declared in sparse_table.h, the store in spill_store.h).
 //
 // The budget covers the table's memory as measured now: the index arrays
-// (with the next doubling phased in), the spill file's free list, the
+// (with the next growth phased in), the spill file's free list, the
 // queues, and rows in RAM at RowBytesInRam() each; what is left is split
 // evenly between the shards, less two reserves (a call's rows over a cap, the
 // steps of the row limit). Calls that add rows (a pull or push of new or
@@ -104,17 +104,20 @@ size_t SparseTable::RowBytesInRam() const {
 }
 
 void SparseTable::UpdateShardOwnLocked(const KeyIndex& index, ShardSpill& sp) {
-  // An index doubles at a load of 3/4 (to 3/8); the array it grows into is
-  // paid for in advance, phased in as the load rises from 3/8 to 3/4, so
-  // that the rows make room before the new array is touched (the old one
-  // goes back to the kernel right after, see SlabArena::Free). Also the
-  // shard's list of spill file extents and its queue's stale keys.
-  const size_t slots = index.capacity();
-  const double load = static_cast<double>(index.size()) / static_cast<double>(slots);
-  const double phase = std::clamp((load - 0.375) / 0.375, 0.0, 1.0);
+  // An index grows at index.grow_at() entries (1.25x at a load of 4/5,
+  // KeyIndex::SetCompact); the slots it grows by are paid for in advance,
+  // phased in as it fills from the size it grew at to the next, so that the
+  // rows make room before the new array is touched (the old one goes back
+  // to the kernel right after, see SlabArena::Free). The moment both arrays
+  // are live is RowBudget's reserve. Also the shard's list of spill file
+  // extents and its queue's stale keys.
+  const size_t slots = index.capacity(), next = index.next_capacity();
+  const double hi = static_cast<double>(index.grow_at());
+  const double lo = hi * static_cast<double>(slots) / static_cast<double>(next);
+  const double phase = std::clamp((static_cast<double>(index.size()) - lo) / (hi - lo), 0.0, 1.0);
   const size_t stale = sp.ring.size() > sp.resident ? sp.ring.size() - sp.resident : 0;
   const size_t own = index.MemoryBytes() + sp.log.MemoryBytes() +
-                     static_cast<size_t>(phase * static_cast<double>(slots * sizeof(IndexSlot))) +
+                     static_cast<size_t>(phase * static_cast<double>((next - slots) * sizeof(IndexSlot))) +
                      stale * sizeof(uint64_t);
   spill_own_.fetch_add(own - sp.own, std::memory_order_relaxed);  // modular: own may shrink
   sp.own = own;
@@ -124,14 +127,15 @@ size_t SparseTable::RowBudget() const {
   // What is not rows comes off the budget first, as measured now: the
   // table and its shards, the arena's slabs (every index array of 64 KiB or
   // more, on whole huge pages, and the next huge page a growing array will
-  // touch), each shard's own bytes (see
+  // touch), one shard's old array while it grows (shards are even, and one
+  // may be a step of 1.25x ahead), each shard's own bytes (see
   // UpdateShardOwnLocked), the spill file's free list, and the working
   // memory of the last pull and push (about 40 bytes a key of a pull,
   // 30 + 4 * dim of a push, kept by the calling thread for its next call;
   // threads calling at once each hold their own, which is not counted).
   const size_t arena = index_arena_.MemoryBytes();
   const size_t other = sizeof(*this) + kShards * (ShardBytes() + sizeof(ShardSpill)) + arena +
-                       (arena != 0 ? kHugePageBytes : 0) +
+                       (arena != 0 ? kHugePageBytes + arena / kShards * 5 / 4 : 0) +
                        spill_own_.load(std::memory_order_relaxed) + spill_file_->MemoryBytes() +
                        pull_bytes_.load(std::memory_order_relaxed) +
                        push_bytes_.load(std::memory_order_relaxed);

@@ -3,9 +3,14 @@
 //
 // Slots are 12 bytes (key, value) packed; an empty slot has value kEmpty, so
 // every uint64 (0 and 2^64-1 included) is a valid key. The caller passes
-// h = Mix64(key) so that a batch hashes each key once; the slot is h's low
-// bits (the shard was chosen from the high bits). Grows by doubling past a
-// load of 3/4; deletion shifts the following run back (no tombstones).
+// h = Mix64(key) so that a batch hashes each key once; the home slot is h's
+// low 32 bits scaled to the capacity (multiply-high), so the capacity need
+// not be a power of two and the slot is independent of the high bits that
+// chose the shard. Deletion shifts the following run back (no tombstones).
+// Grows by doubling past a load of 3/4 (loads 3/8..3/4: short probes for
+// the all-in-RAM table), or, once SetCompact(), by 1.25x past a load of 4/5
+// (loads 0.64..0.8: 15-19 bytes a key instead of 16-32, for a table with a
+// memory budget, where every byte of index is a byte less of rows).
 // Slot arrays of SlabArena::kMinBytes or more come from the arena given at
 // construction (a table's shards share one), others from the kernel directly.
 // Not thread-safe: the owning shard's lock guards it.
@@ -41,39 +46,45 @@ class KeyIndex {
   // shard and index.
   struct View {
     const IndexSlot* slots;
-    size_t mask;
+    size_t capacity;
 
-    void Prefetch(uint64_t h) const { __builtin_prefetch(&slots[h & mask]); }
+    size_t Home(uint64_t h) const { return KeyIndex::Home(h, capacity); }
+    void Prefetch(uint64_t h) const { __builtin_prefetch(&slots[Home(h)]); }
     // Also the line of the next slot: a probe reads 1.75 slots on average at
     // the 0.6 load of a grown index, so a run often crosses into that line.
     void PrefetchRun(uint64_t h) const {
-      const IndexSlot* p = &slots[h & mask];
+      const IndexSlot* p = &slots[Home(h)];
       __builtin_prefetch(p);
       __builtin_prefetch(reinterpret_cast<const char*>(p) + 2 * sizeof(IndexSlot) - 1);
     }
     uint32_t Find(uint64_t key, uint64_t h) const {
-      size_t i = h & mask;
+      size_t i = Home(h);
       for (;;) {
         const IndexSlot& s = slots[i];
         if (s.value == kEmpty) return kEmpty;
         if (s.key == key) return s.value;
-        i = (i + 1) & mask;
+        if (++i == capacity) i = 0;
       }
     }
   };
-  View view() const { return {slots_, mask_}; }
+  View view() const { return {slots_, capacity_}; }
+
+  // h's home slot in an array of `capacity` (< 2^32) slots.
+  static size_t Home(uint64_t h, size_t capacity) {
+    return static_cast<size_t>(((h & 0xFFFFFFFFu) * capacity) >> 32);
+  }
 
   // The value stored for key, or kEmpty.
   uint32_t Find(uint64_t key, uint64_t h) const { return view().Find(key, h); }
 
   // A pointer to key's value (valid until the next insert or erase), or null.
   uint32_t* FindValue(uint64_t key, uint64_t h) {
-    size_t i = h & mask_;
+    size_t i = Home(h, capacity_);
     for (;;) {
       IndexSlot& s = slots_[i];
       if (s.value == kEmpty) return nullptr;
       if (s.key == key) return &s.value;
-      i = (i + 1) & mask_;
+      if (++i == capacity_) i = 0;
     }
   }
 
@@ -88,8 +99,16 @@ class KeyIndex {
   // Drops every entry and shrinks back to the minimum capacity.
   void Clear();
 
+  // From now on grows by 1.25x at a load of 4/5 (see the top).
+  void SetCompact();
+
   size_t size() const { return size_; }
-  size_t capacity() const { return mask_ + 1; }
+  size_t capacity() const { return capacity_; }
+  // The next insert past grow_at() entries grows the array to
+  // next_capacity() slots; it grew into this one at about
+  // grow_at() * capacity() / next_capacity().
+  size_t grow_at() const { return grow_at_; }
+  size_t next_capacity() const { return NextCapacity(capacity_); }
   // As mapped: a slot array of 2 MiB or more sits on whole huge pages. An
   // array in the arena counts 0 here (the arena counts its slabs).
   size_t MemoryBytes() const;
@@ -97,21 +116,25 @@ class KeyIndex {
   // Calls f(key, value) for every entry, in slot order.
   template <typename F>
   void ForEach(F&& f) const {
-    for (size_t i = 0; i <= mask_; ++i) {
+    for (size_t i = 0; i < capacity_; ++i) {
       if (slots_[i].value != kEmpty) f(slots_[i].key, slots_[i].value);
     }
   }
 
  private:
   void Rehash(size_t new_capacity);
+  size_t NextCapacity(size_t capacity) const;
+  size_t GrowAt(size_t capacity) const;
   IndexSlot* AllocSlots(size_t capacity);
   void FreeSlots(IndexSlot* slots, size_t capacity);
   bool InArena(size_t capacity) const;
 
   SlabArena* arena_;
   IndexSlot* slots_ = nullptr;
-  size_t mask_ = 0;
+  size_t capacity_ = 0;
+  size_t grow_at_ = 0;
   size_t size_ = 0;
+  bool compact_ = false;
 };
 
 }  // namespace pyfleet
