@@ -120,7 +120,9 @@ class SparseTable:
         memory_budget, spill_dir: a disk tier (both or neither). Rows beyond
             ``memory_budget`` bytes (rows and index) leave RAM for an unnamed
             file in the directory ``spill_dir``; a pull or push brings them
-            back, rows in use stay (docs/tables.md, "A disk tier").
+            back, rows in use stay (docs/tables.md, "A disk tier"). Keys
+            stay in RAM: the index costs about 19 bytes a key of the budget,
+            and a budget below that is exceeded by the index.
         regularizer: None, or a weight decay the table adds to every pushed row's
             gradient before the rule (``{"type": "L1Decay" | "L2Decay",
             "regularization_coeff": c}``: Fluid's regularizers, applied where
