@@ -126,17 +126,25 @@ void SparseTable::UpdateShardOwnLocked(const KeyIndex& index, ShardSpill& sp) {
 size_t SparseTable::RowBudget() const {
   // What is not rows comes off the budget first, as measured now: the
   // table and its shards, the arena's slabs (every index array of 64 KiB or
-  // more, on whole huge pages, and the next huge page a growing array will
-  // touch), one shard's old array while it grows (shards are even, and one
-  // may be a step of 1.25x ahead), each shard's own bytes (see
+  // more, on whole huge pages, and the next huge page growing arrays will
+  // touch in the slabs of each of the two sizes the shards' arrays have
+  // while they grow from one to the next; the index's next growth is
+  // phased in by its slots, not by the huge pages they open), one shard's
+  // old array while it grows (shards are even, and one may be a step of
+  // 1.25x ahead), each shard's own bytes (see
   // UpdateShardOwnLocked), the spill file's free list, and the working
   // memory of the last pull and push (about 40 bytes a key of a pull,
   // 30 + 4 * dim of a push, kept by the calling thread for its next call;
   // threads calling at once each hold their own, which is not counted).
+  // The huge pages are reserved from when the arrays are within a growth
+  // of the arena's smallest (the shards then move into it, often all in
+  // one call, opening a few slabs at once).
   const size_t arena = index_arena_.MemoryBytes();
+  const size_t own = spill_own_.load(std::memory_order_relaxed);
+  const bool slabs = arena != 0 || own >= kShards * SlabArena::kMinBytes * 4 / 5;
   const size_t other = sizeof(*this) + kShards * (ShardBytes() + sizeof(ShardSpill)) + arena +
-                       (arena != 0 ? kHugePageBytes + arena / kShards * 5 / 4 : 0) +
-                       spill_own_.load(std::memory_order_relaxed) + spill_file_->MemoryBytes() +
+                       (slabs ? 2 * kHugePageBytes + arena / kShards * 5 / 4 : 0) + own +
+                       spill_file_->MemoryBytes() +
                        pull_bytes_.load(std::memory_order_relaxed) +
                        push_bytes_.load(std::memory_order_relaxed);
   return budget_ > other ? (budget_ - other) / RowBytesInRam() : 0;
