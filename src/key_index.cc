@@ -30,7 +30,7 @@ size_t KeyIndex::GrowAt(size_t capacity) const {
 
 void KeyIndex::SetCompact() {
   compact_ = true;
-  grow_at_ = GrowAt(capacity_);
+  Rehash(capacity_);  // slots by the multiply from now on
 }
 
 bool KeyIndex::InArena(size_t capacity) const {
@@ -58,6 +58,7 @@ KeyIndex::KeyIndex(SlabArena* arena)
     : arena_(arena),
       slots_(AllocSlots(kMinCapacity)),
       capacity_(kMinCapacity),
+      mask_(kMinCapacity - 1),
       grow_at_(GrowAt(kMinCapacity)) {}
 
 KeyIndex::~KeyIndex() { FreeSlots(slots_, capacity()); }
@@ -69,7 +70,7 @@ size_t KeyIndex::MemoryBytes() const {
 void KeyIndex::Insert(uint64_t key, uint64_t h, uint32_t value) {
   PYFLEET_ASSERT(value != kEmpty);
   if (size_ + 1 > grow_at_) Rehash(NextCapacity(capacity_));
-  size_t i = Home(h, capacity_);
+  size_t i = Home(h, capacity_, mask_);
   while (slots_[i].value != kEmpty) {
     PYFLEET_ASSERT(slots_[i].key != key);
     if (++i == capacity_) i = 0;
@@ -80,7 +81,7 @@ void KeyIndex::Insert(uint64_t key, uint64_t h, uint32_t value) {
 }
 
 uint32_t KeyIndex::Erase(uint64_t key, uint64_t h) {
-  size_t i = Home(h, capacity_);
+  size_t i = Home(h, capacity_, mask_);
   for (;;) {
     if (slots_[i].value == kEmpty) return kEmpty;
     if (slots_[i].key == key) break;
@@ -93,7 +94,7 @@ uint32_t KeyIndex::Erase(uint64_t key, uint64_t h) {
   for (;;) {
     if (++j == capacity_) j = 0;
     if (slots_[j].value == kEmpty) break;
-    const size_t home = Home(Mix64(slots_[j].key), capacity_);
+    const size_t home = Home(Mix64(slots_[j].key), capacity_, mask_);
     const bool stays = (i <= j) ? (i < home && home <= j) : (i < home || home <= j);
     if (stays) continue;
     slots_[i] = slots_[j];
@@ -108,6 +109,7 @@ void KeyIndex::Clear() {
   FreeSlots(slots_, capacity());
   slots_ = AllocSlots(kMinCapacity);
   capacity_ = kMinCapacity;
+  mask_ = compact_ ? 0 : kMinCapacity - 1;
   grow_at_ = GrowAt(kMinCapacity);
   size_ = 0;
 }
@@ -118,10 +120,11 @@ void KeyIndex::Rehash(size_t new_capacity) {
   const size_t old_capacity = capacity_;
   slots_ = AllocSlots(new_capacity);
   capacity_ = new_capacity;
+  mask_ = compact_ ? 0 : new_capacity - 1;
   grow_at_ = GrowAt(new_capacity);
   for (size_t k = 0; k < old_capacity; ++k) {
     if (old[k].value == kEmpty) continue;
-    size_t i = Home(Mix64(old[k].key), capacity_);
+    size_t i = Home(Mix64(old[k].key), capacity_, mask_);
     while (slots_[i].value != kEmpty) {
       if (++i == capacity_) i = 0;
     }
