@@ -25,7 +25,8 @@ are measured, --steps steps each:
   run sees. The issue's target is on this phase; both are printed.
 Reported per phase: keys/s of pull+push steps by wall clock and by the
 process's CPU time, slots read from the spill file a step (read-backs and
-the cleaner's whole-extent reads); and the peak RSS of the
+the cleaner's whole-extent reads), of them the cleaner's, and the live
+records the cleaner moved a step; and the peak RSS of the
 process (VmHWM) and of the table (peak minus the RSS before the table
 existed), and the table's RSS over time (after the fill and every 10 steps).
 Every array the benchmark uses (ids, gradients, the pulls' outputs, the
@@ -87,7 +88,7 @@ def child(args):
 
     def run(steps, timed):
         nonlocal done
-        reads0 = table.stats().get("spill_reads", 0)
+        st0 = table.stats()
         w0, c0 = time.perf_counter(), time.process_time()
         for k in batches[done:done + steps]:
             table.pull(k, out=out[:len(k)])
@@ -96,10 +97,16 @@ def child(args):
             if done % 10 == 0:
                 rss_t.append(status_bytes("VmRSS") - rss0)
         wall, cpu = time.perf_counter() - w0, time.process_time() - c0
-        reads = table.stats().get("spill_reads", 0) - reads0
+        st1 = table.stats()
+
+        def per_step(name):
+            return (st1.get(name, 0) - st0.get(name, 0)) / steps
+
         n = steps * args.batch
         return {"wall_keys_s": n / wall, "cpu_keys_s": n / cpu,
-                "reads_per_step": reads / steps} if timed else None
+                "reads_per_step": per_step("spill_reads"),
+                "clean_reads_per_step": per_step("spill_clean_reads"),
+                "clean_moves_per_step": per_step("spill_clean_moves")} if timed else None
 
     run(2, False)  # the first batches' new hot rows come to RAM
     cold = run(args.steps, True)
@@ -161,12 +168,13 @@ def main():
     print(f"phases of {args.steps} pull+push steps: cold start (right after the fill), "
           f"steady (after {args.warm_steps} more steps)")
     print(f"{'table':<10} {'phase':<7} {'keys/s wall':>12} {'keys/s cpu':>12} "
-          f"{'slots read/step':>16}")
+          f"{'slots read/step':>16} {'of them cleaner':>16} {'moved/step':>11}")
     for phase in ("cold", "steady"):
         for name, r in (("in RAM", ram), ("spilling", disk)):
             p = r[phase]
             print(f"{name:<10} {phase:<7} {p['wall_keys_s']:>12,.0f} {p['cpu_keys_s']:>12,.0f} "
-                  f"{p['reads_per_step']:>16,.0f}")
+                  f"{p['reads_per_step']:>16,.0f} {p['clean_reads_per_step']:>16,.0f} "
+                  f"{p['clean_moves_per_step']:>11,.0f}")
     for phase in ("cold", "steady"):
         d, m = disk[phase], ram[phase]
         print(f"throughput ratio spilling/RAM, {phase:<6}: wall "

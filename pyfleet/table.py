@@ -263,6 +263,8 @@ class SparseTable:
         """Counters: rows, pulls, pushes, inserts, admissions, rejections, shrinks, memory;
         with a disk tier also ``memory_budget``, ``spilled_rows``,
         ``spill_file_bytes``, ``spill_reads`` and ``spill_writes`` (rows),
+        ``spill_clean_reads`` and ``spill_clean_moves`` (the cleaner's part:
+        slots it read, whole extents, and live records it moved),
         ``spill_slot_bytes`` (a row on disk), ``spill_extent_bytes`` and
         ``relocated_rows`` (rows moved to lower row ids as the budget's share
         for rows shrank, so that the memory above goes back)."""

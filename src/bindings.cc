@@ -247,6 +247,8 @@ PYBIND11_MODULE(_core, m) {
           d["spill_file_bytes"] = s.spill_file_bytes;
           d["spill_reads"] = s.spill_reads;
           d["spill_writes"] = s.spill_writes;
+          d["spill_clean_reads"] = s.spill_clean_reads;
+          d["spill_clean_moves"] = s.spill_clean_moves;
           d["spill_slot_bytes"] = s.spill_slot_bytes;
           d["spill_extent_bytes"] = s.spill_extent_bytes;
           d["relocated_rows"] = s.relocated_rows;

@@ -950,6 +950,8 @@ SparseTableStats SparseTable::Stats() const {
     st.spill_file_bytes = spill_file_->file_bytes();
     st.spill_reads = spill_file_->reads();
     st.spill_writes = spill_file_->writes();
+    st.spill_clean_reads = spill_file_->clean_reads();
+    st.spill_clean_moves = spill_file_->clean_moves();
     st.spill_slot_bytes = spill_file_->slot_bytes();
     st.spill_extent_bytes = spill_file_->slot_bytes() * spill_file_->extent_slots();
     st.relocated_rows = get(relocated_rows_);

@@ -444,6 +444,7 @@ void SparseTable::CleanLocked(KeyIndex& index, ShardSpill& sp) {
     PYFLEET_ASSERT(!values.empty() && values.size() == sp.file->ExtentLive(e));
     new_slots.resize(values.size());
     sp.log.Append(moved.data(), values.size(), new_slots.data());
+    sp.file->CountCleaning(per, values.size());
     for (size_t j = 0; j < values.size(); ++j) {
       *values[j] = kSpilledBit | new_slots[j];
       sp.log.Free(old_slots[j]);  // the last one gives the extent back

@@ -49,6 +49,8 @@ struct SparseTableStats {
   uint64_t spilled_rows = 0;        // rows in the spill files, not in RAM
   uint64_t spill_file_bytes = 0;    // size of the spill files (slots used and free)
   uint64_t spill_reads = 0, spill_writes = 0;  // rows read from / written to them
+  // The cleaner's part of them: slots read (whole extents), records moved.
+  uint64_t spill_clean_reads = 0, spill_clean_moves = 0;
   uint64_t spill_slot_bytes = 0, spill_extent_bytes = 0;  // a row's slot on disk, an extent
   uint64_t relocated_rows = 0;      // rows moved below the row limit as the budget's rows shrank
 };

@@ -91,6 +91,14 @@ class SpillFile {
   size_t MemoryBytes() const;
   uint64_t reads() const { return reads_.load(std::memory_order_relaxed); }
   uint64_t writes() const { return writes_.load(std::memory_order_relaxed); }
+  // The cleaner's share of them: slots it read (whole extents, garbage too)
+  // and live records it moved (stats, apart from the rows read back).
+  void CountCleaning(size_t read, size_t moved) {
+    clean_reads_.fetch_add(read, std::memory_order_relaxed);
+    clean_moves_.fetch_add(moved, std::memory_order_relaxed);
+  }
+  uint64_t clean_reads() const { return clean_reads_.load(std::memory_order_relaxed); }
+  uint64_t clean_moves() const { return clean_moves_.load(std::memory_order_relaxed); }
 
  private:
   // One preadv/pwritev per run of adjacent slots.
@@ -107,6 +115,7 @@ class SpillFile {
   std::vector<std::unique_ptr<uint32_t[]>> chunks_;  // sized once: never reallocated
   std::atomic<size_t> live_{0};
   mutable std::atomic<uint64_t> reads_{0}, writes_{0};  // slots transferred (stats)
+  std::atomic<uint64_t> clean_reads_{0}, clean_moves_{0};
 };
 
 // Deletes dir/.pyfleet-spill-<pid>-* files whose process is gone (left by a

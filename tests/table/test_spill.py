@@ -116,7 +116,8 @@ def test_spill_file_stays_within_a_multiple_of_the_rows_on_disk(tmp_path):
     """Rows read back and evicted again leave garbage in the spill file's
     extents; the cleaner keeps the file within (1 + 1) x the rows on disk
     plus two extents a shard (docs/tables.md, "The store"), where appending
-    without it grows the file by every eviction. The rows stay exact."""
+    without it grows the file by every eviction. The rows stay exact, and the
+    stats count the cleaner's reads (whole extents) and moves apart."""
     spill, ram = pair(tmp_path, dim=8, opt=SGD(learning_rate=0.1), budget=4 << 20)
     rng = np.random.default_rng(3)
     keys = np.arange(200000, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
@@ -136,6 +137,12 @@ def test_spill_file_stays_within_a_multiple_of_the_rows_on_disk(tmp_path):
     # many slots, so freed slots are reused by cleaning, not one by one.
     assert writes[-1] * st["spill_slot_bytes"] > 2 * bound
     assert st["spilled_rows"] > 100000 and st["spill_extent_bytes"] >= 64 * st["spill_slot_bytes"]
+    per = st["spill_extent_bytes"] // st["spill_slot_bytes"]
+    assert st["spill_clean_reads"] > 0 and st["spill_clean_reads"] % per == 0
+    assert st["spill_clean_reads"] < st["spill_reads"]
+    # A cleaned extent had garbage, so it moved fewer records than it read.
+    assert 0 < st["spill_clean_moves"] < st["spill_clean_reads"]
+    assert st["spill_clean_moves"] < st["spill_writes"]
     assert_same_rows(spill, ram)
 
 
