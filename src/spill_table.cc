@@ -430,10 +430,18 @@ void SparseTable::CleanLocked(KeyIndex& index, ShardSpill& sp) {
     moved.clear();
     values.clear();
     old_slots.clear();
-    for (uint32_t i = 0; i < per; ++i) {
-      const char* p = ext.data() + i * rec;
+    // The index slots of records kAhead further on are prefetched: each
+    // lookup is a cache miss of its own, and an extent is ~1000 of them.
+    constexpr uint32_t kAhead = 8;
+    const auto key_of = [&](uint32_t i) {
       uint64_t key;
-      std::memcpy(&key, p + key_at, sizeof(key));
+      std::memcpy(&key, ext.data() + i * rec + key_at, sizeof(key));
+      return key;
+    };
+    for (uint32_t i = 0; i < per; ++i) {
+      if (i + kAhead < per) index.Prefetch(Mix64(key_of(i + kAhead)));
+      const char* p = ext.data() + i * rec;
+      const uint64_t key = key_of(i);
       uint32_t* v = index.FindValue(key, Mix64(key));
       if (v == nullptr || *v != (kSpilledBit | (first + i))) continue;  // garbage
       values.push_back(v);
