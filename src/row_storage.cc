@@ -257,9 +257,12 @@ __attribute__((target("avx2"))) inline __m128i Load8Relaxed(const uint16_t* q) {
 }
 
 // Eight elements (one a NaN) by the SSE2 form. Out of line: its constants
-// stay out of the common loop.
+// stay out of the common loop. Built for AVX2 like its caller, so its
+// operations are VEX forms: legacy SSE ones, reached from the AVX2 loop with
+// the upper halves of the ymm registers dirty and no vzeroupper before the
+// call, cost a state transition each way (here some 200 ns a call).
 template <StorageKind S>
-__attribute__((noinline)) void Widen8Rare(__m128i x, float* out) {
+__attribute__((noinline, target("avx2,f16c"))) void Widen8Rare(__m128i x, float* out) {
   const __m128i z = _mm_setzero_si128();
   _mm_storeu_ps(out, simd::Widen4<S>(_mm_unpacklo_epi16(x, z)));
   _mm_storeu_ps(out + 4, simd::Widen4<S>(_mm_unpackhi_epi16(x, z)));
@@ -405,9 +408,13 @@ __attribute__((target("avx2"))) inline void Store8Relaxed(uint16_t* q, __m128i x
 }
 
 // Eight results of a group with a lane off the fast path, by the four-lane
-// forms. Out of line: their constants stay out of the common loop.
+// forms. Out of line: their constants stay out of the common loop. In VEX
+// forms, as Widen8Rare: an fp16 group with a zero or a subnormal comes here
+// (about one row in ten of a table initialised in +-0.01), and its legacy
+// SSE code cost an fp16 push ~20% against bf16 in bench_storage.
 template <StorageKind S>
-__attribute__((noinline)) __m128i Narrow8Rare(const float* v, const uint16_t* r) {
+__attribute__((noinline, target("avx2,f16c"))) __m128i Narrow8Rare(const float* v,
+                                                                   const uint16_t* r) {
   if constexpr (S == StorageKind::kFP16) {
     return _mm_unpacklo_epi64(NarrowHalves4F16C(v, r), NarrowHalves4F16C(v + 4, r + 4));
   } else {
