@@ -17,10 +17,14 @@ ROLE = textwrap.dedent("""
     idx = env["PYFLEET_SERVER_INDEX" if role == "server" else "PYFLEET_WORKER_INDEX"]
     label = f"{role}.{idx}"
     attempt = int(env["PYFLEET_RESTART_COUNT"])
-    with open(os.path.join(out, f"{label}.{attempt}.json"), "w") as f:
+    # Whole or absent: the launcher may stop this role mid-write when another dies.
+    path = os.path.join(out, f"{label}.{attempt}.json")
+    tmp = os.path.join(out, f".{label}.{attempt}.tmp")
+    with open(tmp, "w") as f:
         json.dump({"endpoints": env["PYFLEET_SERVER_ENDPOINTS"],
                    "port": env.get("PADDLE_PORT"),
                    "restore": env.get("PYFLEET_RESTORE_DIR")}, f)
+    os.replace(tmp, path)
     if role == "server":
         sys.exit(0)
     # plan: "LABEL:HOW:ATTEMPTS" -- LABEL dies (HOW: kill or an exit code) in those attempts
@@ -51,7 +55,8 @@ def _launch(tmp_path, plan, *flags, ckpt=None):
 
 
 def _seen(out):
-    return {name[:-5]: json.loads((out / name).read_text()) for name in os.listdir(out)}
+    return {name[:-5]: json.loads((out / name).read_text()) for name in os.listdir(out)
+            if name.endswith(".json")}
 
 
 def test_a_killed_worker_restarts_the_whole_job_on_the_same_endpoints(tmp_path):
