@@ -54,12 +54,16 @@ void KeyIndex::FreeSlots(IndexSlot* slots, size_t capacity) {
   }
 }
 
-KeyIndex::KeyIndex(SlabArena* arena)
-    : arena_(arena),
-      slots_(AllocSlots(kMinCapacity)),
-      capacity_(kMinCapacity),
-      mask_(kMinCapacity - 1),
-      grow_at_(GrowAt(kMinCapacity)) {}
+KeyIndex::KeyIndex(SlabArena* arena) : arena_(arena) {
+  SetSlots(AllocSlots(kMinCapacity), kMinCapacity);
+}
+
+void KeyIndex::SetSlots(IndexSlot* slots, size_t capacity) {
+  slots_ = slots;
+  capacity_ = capacity;
+  mask_ = compact_ ? 0 : capacity - 1;
+  grow_at_ = GrowAt(capacity);
+}
 
 KeyIndex::~KeyIndex() { FreeSlots(slots_, capacity()); }
 
@@ -107,10 +111,7 @@ uint32_t KeyIndex::Erase(uint64_t key, uint64_t h) {
 
 void KeyIndex::Clear() {
   FreeSlots(slots_, capacity());
-  slots_ = AllocSlots(kMinCapacity);
-  capacity_ = kMinCapacity;
-  mask_ = compact_ ? 0 : kMinCapacity - 1;
-  grow_at_ = GrowAt(kMinCapacity);
+  SetSlots(AllocSlots(kMinCapacity), kMinCapacity);
   size_ = 0;
 }
 
@@ -118,10 +119,7 @@ void KeyIndex::Rehash(size_t new_capacity) {
   if (new_capacity > kMaxCapacity) ThrowRuntime("a table shard holds at most 2^32 index slots");
   IndexSlot* old = slots_;
   const size_t old_capacity = capacity_;
-  slots_ = AllocSlots(new_capacity);
-  capacity_ = new_capacity;
-  mask_ = compact_ ? 0 : new_capacity - 1;
-  grow_at_ = GrowAt(new_capacity);
+  SetSlots(AllocSlots(new_capacity), new_capacity);
   for (size_t k = 0; k < old_capacity; ++k) {
     if (old[k].value == kEmpty) continue;
     size_t i = Home(Mix64(old[k].key), capacity_, mask_);

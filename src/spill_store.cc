@@ -197,7 +197,6 @@ void SpillFile::Read(const uint32_t* slots, char* data, size_t n) const {
   Transfer(slots, data, n, false);
 }
 
-
 void SpillFile::WriteRun(uint32_t first, const char* data, size_t n) {
   iovec v{const_cast<char*>(data), n * slot_bytes_};
   FullTransfer(fd_, &v, 1, static_cast<off_t>(first) * slot_bytes_, true, dir_);

@@ -129,6 +129,8 @@ class KeyIndex {
 
  private:
   void Rehash(size_t new_capacity);
+  // The array in use, and what follows from its capacity (mask_, grow_at_).
+  void SetSlots(IndexSlot* slots, size_t capacity);
   size_t NextCapacity(size_t capacity) const;
   size_t GrowAt(size_t capacity) const;
   IndexSlot* AllocSlots(size_t capacity);

@@ -225,11 +225,11 @@ void StoreCompactWeights(StorageKind s, const float* wf, size_t n, void* w, uint
 void StoreCompactWeightsDrawn(StorageKind s, const float* wf, const uint16_t* r, size_t n,
                               void* w);
 // out[0, n) = the 16-bit draws of elements [e0, e0 + n) of the stream z.
-// RowDraws: of elements [0, n) in one pass of the generator, straight into
+void RoundDraws(uint64_t z, size_t e0, size_t n, uint16_t* out);
+// The same of elements [0, n) in one pass of the generator, straight into
 // out, which has room for n rounded up to a multiple of 8 (the last step's
 // draws are written whole).
 void RowDraws(uint64_t z, size_t n, uint16_t* out);
-void RoundDraws(uint64_t z, size_t e0, size_t n, uint16_t* out);
 // A q8 row (row_q8.h) codes its state head in 8 bits with the stream's
 // draws after the weights' and leaves sf's tail to the caller on load.
 // Weights only (pull paths); n = l.dim elements of the weights column.
