@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 ROLE = textwrap.dedent("""
-    import json, os, signal, sys
+    import json, os, signal, sys, time
     out, plan = sys.argv[1], sys.argv[2]
     env = os.environ
     role = env["PYFLEET_ROLE"]
@@ -30,7 +30,13 @@ ROLE = textwrap.dedent("""
     # plan: "LABEL:HOW:ATTEMPTS" -- LABEL dies (HOW: kill or an exit code) in those attempts
     target, how, attempts = plan.split(":")
     if label == target and (attempts == "all" or str(attempt) in attempts.split(",")):
-        if attempt == 0 and len(sys.argv) > 3:  # a committed checkpoint before the death
+        # Die only once every role of this attempt has written its record: the launcher
+        # stops the others when this one dies, and a role still starting up would leave none.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and sum(
+                n.endswith(f".{attempt}.json") for n in os.listdir(out)) < int(sys.argv[4]):
+            time.sleep(0.05)
+        if attempt == 0 and sys.argv[3]:  # a committed checkpoint before the death
             os.makedirs(sys.argv[3], exist_ok=True)
             open(os.path.join(sys.argv[3], "MANIFEST.json"), "w").write("{}")
         if how == "kill":
@@ -46,9 +52,7 @@ def _launch(tmp_path, plan, *flags, ckpt=None):
     out = tmp_path / "out"
     out.mkdir(exist_ok=True)
     cmd = [sys.executable, "-m", "pyfleet.launch", "--server_num", "2", "--worker_num", "2",
-           "--timeout", "120", *flags, str(script), str(out), plan]
-    if ckpt:
-        cmd.append(str(ckpt))
+           "--timeout", "120", *flags, str(script), str(out), plan, str(ckpt or ""), "4"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180,
                           cwd=str(tmp_path))
     return proc, out
