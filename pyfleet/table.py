@@ -206,6 +206,16 @@ class SparseTable:
         self._t.pull(keys, out, bool(create))
         return out
 
+    def prefetch(self, keys):
+        """Bring the rows of ``keys`` that are on disk back into RAM, as
+        :meth:`pull` would, without pulling them: no output, no row created
+        (keys without a row are ignored), no value, count or admission
+        counter changed. A no-op on a table without a disk tier. Meant for
+        another thread, on the next batch's keys while this batch is pulled
+        and pushed: that pull then finds its rows in RAM (docs/tables.md, "A
+        disk tier"). Same ``keys`` checks as :meth:`pull`."""
+        self._t.prefetch(_keys(keys))
+
     def push(self, keys, grads):
         """Apply the optimizer to each key's row with its gradient.
 
@@ -265,9 +275,11 @@ class SparseTable:
         ``spill_file_bytes``, ``spill_reads`` and ``spill_writes`` (rows),
         ``spill_clean_reads`` and ``spill_clean_moves`` (the cleaner's part:
         slots it read, whole extents, and live records it moved),
-        ``spill_slot_bytes`` (a row on disk), ``spill_extent_bytes`` and
+        ``spill_slot_bytes`` (a row on disk), ``spill_extent_bytes``,
         ``relocated_rows`` (rows moved to lower row ids as the budget's share
-        for rows shrank, so that the memory above goes back)."""
+        for rows shrank, so that the memory above goes back), and
+        ``prefetch_calls`` and ``prefetched_rows`` (:meth:`prefetch`'s calls
+        and the rows they read back, counted in ``spill_reads`` too)."""
         s = dict(self._t.stats())
         s["name"] = self.name
         return s

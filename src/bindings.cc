@@ -165,6 +165,12 @@ PYBIND11_MODULE(_core, m) {
         py::gil_scoped_release release;
         t.Pull(k, n, o, create);
       }, py::arg("keys").noconvert(), py::arg("out").noconvert(), py::arg("create") = true)
+      .def("prefetch", [](SparseTable& t, Keys keys) {
+        const uint64_t* k = keys.data();
+        const size_t n = keys.size();
+        py::gil_scoped_release release;
+        t.Prefetch(k, n);
+      }, py::arg("keys").noconvert())
       .def("push", [](SparseTable& t, Keys keys, Floats grads, bool add_delta) {
         CheckSize("grads", grads.size(), keys.size() * t.dim());
         const uint64_t* k = keys.data();
@@ -252,6 +258,8 @@ PYBIND11_MODULE(_core, m) {
           d["spill_slot_bytes"] = s.spill_slot_bytes;
           d["spill_extent_bytes"] = s.spill_extent_bytes;
           d["relocated_rows"] = s.relocated_rows;
+          d["prefetch_calls"] = s.prefetch_calls;
+          d["prefetched_rows"] = s.prefetched_rows;
         }
         d["dim"] = t.dim();
         d["state_dim"] = t.state_dim();

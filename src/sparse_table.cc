@@ -705,6 +705,37 @@ void SparseTable::ReloadForPush(Batch& b) {
   }
 }
 
+void SparseTable::Prefetch(const uint64_t* keys, size_t n) {
+  // A pull's read-backs without its output or its misses. The disk reads
+  // run under the shard's shared lock, so the pulls and pushes of the batch
+  // before, in other threads, wait for a prefetch only while it moves rows
+  // into RAM and evicts. Then the shard evicts down to its share.
+  if (budget_ == 0 || n == 0) return;
+  prefetch_calls_.fetch_add(1, std::memory_order_relaxed);
+  thread_local Batch b;
+  GroupByShard(keys, n, b, nullptr);
+  b.Note(&prefetch_bytes_);
+  RaisePendingSpillError();
+  for (size_t s = 0; s < kShards; ++s) {
+    const size_t lo = b.starts[s], hi = b.starts[s + 1];
+    if (lo == hi) continue;
+    Shard& shard = *shards_[s];
+    uint64_t seen;
+    {
+      std::shared_lock lock(shard.mu);
+      if (ReadSpilledShared(shard.index, *shard.spill, b.keys.data() + lo, b.h.data() + lo,
+                            hi - lo) == 0) {
+        continue;
+      }
+      seen = shard.version;
+    }
+    ShardWriteLock lock(shard);
+    const size_t in = InstallReadLocked(shard.index, *shard.spill, shard.version == seen + 1);
+    prefetched_rows_.fetch_add(in, std::memory_order_relaxed);
+    EvictLocked(shard.index, *shard.spill);
+  }
+}
+
 void SparseTable::PushShard(Shard& s, Batch& b, size_t lo, size_t hi, const float* grads,
                             bool add_delta, uint64_t seen) {
   // Mark equal keys: the first occurrence carries a chain of the others.
@@ -989,6 +1020,8 @@ SparseTableStats SparseTable::Stats() const {
     st.spill_slot_bytes = spill_file_->slot_bytes();
     st.spill_extent_bytes = spill_file_->slot_bytes() * spill_file_->extent_slots();
     st.relocated_rows = get(relocated_rows_);
+    st.prefetch_calls = get(prefetch_calls_);
+    st.prefetched_rows = get(prefetched_rows_);
   }
   return st;
 }

@@ -133,9 +133,10 @@ size_t SparseTable::RowBudget() const {
   // old array while it grows (shards are even, and one may be a step of
   // 1.25x ahead), each shard's own bytes (see
   // UpdateShardOwnLocked), the spill file's free list, and the working
-  // memory of the last pull and push (about 40 bytes a key of a pull,
-  // 30 + 4 * dim of a push, kept by the calling thread for its next call;
-  // threads calling at once each hold their own, which is not counted).
+  // memory of the last pull, push and prefetch (about 40 bytes a key of a
+  // pull, 30 + 4 * dim of a push, 24 of a prefetch, kept by the calling
+  // thread for its next call; threads calling one kind at once each hold
+  // their own, which is not counted).
   // The huge pages are reserved from when the arrays are within a growth
   // of the arena's smallest (the shards then move into it, often all in
   // one call, opening a few slabs at once).
@@ -146,7 +147,8 @@ size_t SparseTable::RowBudget() const {
                        (slabs ? 2 * kHugePageBytes + arena / kShards * 5 / 4 : 0) + own +
                        spill_file_->MemoryBytes() +
                        pull_bytes_.load(std::memory_order_relaxed) +
-                       push_bytes_.load(std::memory_order_relaxed);
+                       push_bytes_.load(std::memory_order_relaxed) +
+                       prefetch_bytes_.load(std::memory_order_relaxed);
   return budget_ > other ? (budget_ - other) / RowBytesInRam() : 0;
 }
 
@@ -248,6 +250,94 @@ void SparseTable::ReadRecord(const char* rec, float* w, float* state) const {
   }
   std::memcpy(w, rw, dim_ * sizeof(float));
   if (state != nullptr) std::memcpy(state, rs, state_dim_ * sizeof(float));
+}
+
+namespace {
+
+// A prefetch's rows read under a shard's shared lock, waiting for its
+// exclusive lock: their keys, hashes, slots and records (slot order).
+struct PrefetchScratch {
+  std::vector<uint64_t> keys, h;
+  std::vector<uint32_t> slots;
+  std::vector<char> buf;
+};
+thread_local PrefetchScratch prefetch_scratch;
+
+}  // namespace
+
+size_t SparseTable::ReadSpilledShared(const KeyIndex& index, const ShardSpill& sp,
+                                      const uint64_t* keys, const uint64_t* h, size_t n) const {
+  PrefetchScratch& p = prefetch_scratch;
+  struct Found {
+    uint32_t slot;
+    uint32_t i;  // in keys
+  };
+  thread_local std::vector<Found> found;
+  found.clear();
+  constexpr size_t kAhead = 16;  // index slots prefetched, as a push's shared lookup does
+  const KeyIndex::View view = index.view();
+  for (size_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) view.PrefetchRun(h[i + kAhead]);
+    const uint32_t v = view.Find(keys[i], h[i]);
+    if (Spilled(v)) {
+      found.push_back({v & ~kSpilledBit, static_cast<uint32_t>(i)});
+    } else if (v != KeyIndex::kEmpty) {
+      // A use to come, counted now: a row in RAM at zero would otherwise
+      // be the first victim of the evictions before its pull (this one's
+      // among them), and read back right after.
+      MarkUsed(v);
+    }
+  }
+  // In the file's order, each slot once, as ReloadLocked reads them.
+  std::sort(found.begin(), found.end(), [](const Found& a, const Found& b) { return a.slot < b.slot; });
+  found.erase(std::unique(found.begin(), found.end(),
+                          [](const Found& a, const Found& b) { return a.slot == b.slot; }),
+              found.end());
+  const size_t m = found.size();
+  p.keys.resize(m);
+  p.h.resize(m);
+  p.slots.resize(m);
+  for (size_t j = 0; j < m; ++j) {
+    p.slots[j] = found[j].slot;
+    p.keys[j] = keys[found[j].i];
+    p.h[j] = h[found[j].i];
+  }
+  p.buf.resize(m * sp.file->slot_bytes());
+  if (m != 0) sp.file->Read(p.slots.data(), p.buf.data(), m);
+  return m;
+}
+
+size_t SparseTable::InstallReadLocked(KeyIndex& index, ShardSpill& sp, bool unchanged) {
+  PrefetchScratch& p = prefetch_scratch;
+  const size_t m = p.keys.size();
+  if (!unchanged) {
+    // Another exclusive hold came in between: a row may have been read back,
+    // moved by the cleaner, or written in place (add_show_click, shrink), so
+    // the records read may be stale. The rows still spilled are read again.
+    const size_t before = sp.resident;
+    ReloadLocked(index, sp, p.keys.data(), p.h.data(), m);
+    return sp.resident - before;
+  }
+  const size_t rec = sp.file->slot_bytes(), wb = layout_.weight_bytes(), sb = layout_.state_bytes();
+  size_t i = 0;
+  try {
+    for (; i < m; ++i) {
+      uint32_t* v = index.FindValue(p.keys[i], p.h[i]);
+      PYFLEET_ASSERT(v != nullptr && *v == (kSpilledBit | p.slots[i]));
+      const uint32_t row = rows_.Allocate();
+      const char* r = p.buf.data() + i * rec;
+      std::memcpy(rows_.Meta(row), r, sizeof(RowMeta));
+      std::memcpy(rows_.WeightBytes(row), r + sizeof(RowMeta), wb);
+      std::memcpy(rows_.StateBytes(row), r + sizeof(RowMeta) + wb, sb);
+      ResidentAdded(&sp, row, p.keys[i]);
+      *v = row;
+    }
+  } catch (...) {
+    sp.log.Free(p.slots.data(), i);  // the rows that did come back
+    throw;
+  }
+  sp.log.Free(p.slots.data(), m);
+  return m;
 }
 
 void SparseTable::ReloadLocked(KeyIndex& index, ShardSpill& sp, const uint64_t* keys,

@@ -53,6 +53,7 @@ struct SparseTableStats {
   uint64_t spill_clean_reads = 0, spill_clean_moves = 0;
   uint64_t spill_slot_bytes = 0, spill_extent_bytes = 0;  // a row's slot on disk, an extent
   uint64_t relocated_rows = 0;      // rows moved below the row limit as the budget's rows shrank
+  uint64_t prefetch_calls = 0, prefetched_rows = 0;  // Prefetch calls, rows they read back
 };
 
 // One row's contents, as export() copies them.
@@ -81,6 +82,15 @@ class SparseTable {
   // answered with its initial row and the table is left as it was (lookups
   // for evaluation or serving). Thread-safe.
   void Pull(const uint64_t* keys, size_t n, float* out, bool create = true);
+
+  // Brings the spilled rows among keys back to RAM, as a pull would, and
+  // evicts others down to the budget; creates no row (absent keys are
+  // ignored), writes no output and changes no value, count or admission
+  // counter. A no-op without a disk tier. Meant to run in another thread
+  // on the next batch's keys while this batch is pulled and pushed (the
+  // rows it reads back wait as a pull's would, see spill_table.cc).
+  // Thread-safe.
+  void Prefetch(const uint64_t* keys, size_t n);
 
   // Applies the optimizer with grads[i*dim ..] to keys[i]'s row. Equal keys
   // are summed and applied once. A NaN/Inf anywhere rejects the whole call
@@ -165,6 +175,15 @@ class SparseTable {
   // without a disk tier spill_floor_ is kEmpty and no value is spilled.
   // The *Locked helpers run under the shard's exclusive lock.
   bool Spilled(uint32_t v) const { return v >= spill_floor_ && v != KeyIndex::kEmpty; }
+  // Prefetch's read-back of a shard in two holds (spill_table.cc). Under
+  // the shared lock: the spilled rows among keys[0, n) are read into this
+  // thread's scratch (a live slot changes only under the exclusive lock);
+  // returns how many. Under the exclusive lock: they come to RAM from the
+  // scratch if no other exclusive hold came in between (unchanged), else
+  // are read again where they are now; returns the rows brought to RAM.
+  size_t ReadSpilledShared(const KeyIndex& index, const ShardSpill& sp, const uint64_t* keys,
+                           const uint64_t* h, size_t n) const;
+  size_t InstallReadLocked(KeyIndex& index, ShardSpill& sp, bool unchanged);
   // Brings the spilled rows among keys[i * stride] back to RAM.
   void ReloadLocked(KeyIndex& index, ShardSpill& sp, const uint64_t* keys, const uint64_t* h,
                     size_t n, size_t stride = 1);
@@ -263,10 +282,11 @@ class SparseTable {
     a.store(static_cast<uint8_t>((v & ~kNew) + 1), std::memory_order_relaxed);
   }
   std::atomic<size_t> spill_own_{0};  // the shards' ShardSpill::own, summed
-  // The working memory of the last pull and push (Batch::Note in
-  // sparse_table.cc), which a memory budget pays for.
-  std::atomic<size_t> pull_bytes_{0}, push_bytes_{0};
+  // The working memory of the last pull, push and prefetch (Batch::Note
+  // in sparse_table.cc), which a memory budget pays for.
+  std::atomic<size_t> pull_bytes_{0}, push_bytes_{0}, prefetch_bytes_{0};
   std::atomic<uint64_t> relocated_rows_{0};  // RelocateLocked's moves (stats)
+  std::atomic<uint64_t> prefetch_calls_{0}, prefetched_rows_{0};  // (stats)
   std::unique_ptr<SpillFile> spill_file_;  // every shard's spilled rows
   std::atomic<bool> spill_error_set_{false};  // a push's eviction failed (spill_error_)
   std::mutex spill_error_mu_;

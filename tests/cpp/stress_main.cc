@@ -3,7 +3,8 @@
 //   cmake --build build/tsan --target pyfleet_stress && build/tsan/pyfleet_stress
 // Threads pull and push overlapping and disjoint keys while another thread
 // shrinks and saves (one table with a disk tier at its smallest budget, so
-// rows move between RAM and its spill file throughout); afterwards every key
+// rows move between RAM and its spill file throughout, and a thread
+// prefetches keys the others pull and push); afterwards every key
 // is present once and every value is finite. Exits non-zero on a failed check (sanitizers report on their own).
 #include <atomic>
 #include <cmath>
@@ -45,7 +46,7 @@ int main(int argc, char** argv) {
   SparseTable spilled(8, opt, init, 1, entry);
   spilled.EnableSpill(spilled.MinMemoryBudget(), dir);
 
-  std::atomic<bool> stop{false};
+  std::atomic<int> workers_done{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
@@ -71,8 +72,22 @@ int main(int argc, char** argv) {
         std::vector<float> shows(keys.size(), 1.f);
         spilled.AddShowClick(keys.data(), keys.size(), shows.data(), shows.data());
       }
+      workers_done.fetch_add(1);
     });
   }
+  // Prefetches of the keys the threads above pull and push (and of keys
+  // without a row, which it must not make): its reads under the shared lock
+  // race their moves of rows between RAM and the file.
+  threads.emplace_back([&] {
+    std::mt19937_64 rng(99);
+    std::vector<uint64_t> keys(256);
+    while (workers_done.load() < 4) {
+      for (size_t i = 0; i < keys.size(); ++i) {
+        keys[i] = (i % 2 == 0) ? rng() % 1000 : 1000000 * (1 + rng() % 5) + rng() % 5000;
+      }
+      spilled.Prefetch(keys.data(), keys.size());
+    }
+  });
   // Fresh keys meanwhile: every shard's index grows past SlabArena::kMinBytes,
   // so the shards' arrays move between huge-page slabs concurrently.
   threads.emplace_back([&] {
@@ -136,6 +151,7 @@ int main(int argc, char** argv) {
   }
   // (the last shrinks may drop every row once the pushes are over)
   if (spilled.Stats().spill_writes == 0) return Fail("nothing spilled");
+  if (spilled.Stats().prefetched_rows == 0) return Fail("nothing prefetched");
   RowExport se = spilled.Export(skeys.data(), skeys.size(), true);
   if (se.keys.size() != skeys.size()) return Fail("spilled export size");
   for (float v : se.weights) if (!std::isfinite(v)) return Fail("non-finite spilled weight");
