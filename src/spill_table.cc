@@ -276,6 +276,7 @@ size_t SparseTable::ReadSpilledShared(const KeyIndex& index, const ShardSpill& s
   found.clear();
   constexpr size_t kAhead = 16;  // index slots prefetched, as a push's shared lookup does
   const KeyIndex::View view = index.view();
+  const uint8_t epoch = UseEpoch();
   for (size_t i = 0; i < n; ++i) {
     if (i + kAhead < n) view.PrefetchRun(h[i + kAhead]);
     const uint32_t v = view.Find(keys[i], h[i]);
@@ -285,7 +286,7 @@ size_t SparseTable::ReadSpilledShared(const KeyIndex& index, const ShardSpill& s
       // A use to come, counted now: a row in RAM at zero would otherwise
       // be the first victim of the evictions before its pull (this one's
       // among them), and read back right after.
-      MarkUsed(v);
+      CountUse(used_ + v, epoch);
     }
   }
   // In the file's order, each slot once, as ReloadLocked reads them.
