@@ -213,7 +213,8 @@ class SparseTable:
         counter changed. A no-op on a table without a disk tier. Meant for
         another thread, on the next batch's keys while this batch is pulled
         and pushed: that pull then finds its rows in RAM (docs/tables.md, "A
-        disk tier"). Same ``keys`` checks as :meth:`pull`."""
+        disk tier"). Same ``keys`` checks as :meth:`pull`; a disk error raises
+        as a pull's would (rows already read back stay in RAM, exact)."""
         self._t.prefetch(_keys(keys))
 
     def push(self, keys, grads):
