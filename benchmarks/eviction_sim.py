@@ -28,6 +28,28 @@ Policies (spill_table.cc's is `new`; `old` the one before it):
           protected), admission from the window by a count-min sketch
           (4 rows of 4-bit counters, halved every 5 x the shard's rows
           added) with a doorkeeper
+  hist    new, and a use history in the row's spill record (what a
+          one-byte field there could hold): leaving RAM, h = min(15,
+          h // 2 + its uses in RAM, its read-back one of them); read back
+          at count min(7, h); counts up to 7
+  decay   new, and a use score per row that survives eviction, halved every
+          100 steps (a float and a time a row: not one byte); read back at
+          count min(15, 4 x score); counts up to 15
+  ghost   2Q, its ghost list on disk: a row new or read back is on
+          probation (a FIFO) unless it left RAM within the shard's last
+          (its rows) evictions (the count of evictions when it left, in
+          its spill record); probation rows not used again within 2 steps
+          of coming in go first, one used again joins the CLOCK queue
+          (new's), which gives victims when probation has none
+  ghost1  ghost, young for 1 step (its own) instead of 2
+  ghost3  ghost, young for 3 steps
+  ghostw  ghost, the ghost window half the shard's rows
+  ghosth  ghost, and the CLOCK queue's hand moves one row (a count less)
+          for each row evicted from probation
+  ghosth2 ghosth, and a row at zero under that hand is evicted
+  ghostk  ghost, but probation keeps 5% of the shard's rows (old ones
+          too), the rest of the victims from the CLOCK queue
+  ghostkh ghostk and ghosth2
   static  the --in-ram most frequent ranks always in RAM (not reachable:
           it knows the ranks and skips the warm-up)
   opt     clairvoyant (evicts the rows used furthest ahead), from the RAM
@@ -82,9 +104,15 @@ class Clock:
     """CLOCK with use counts as a queue per shard (spill_table.cc)."""
 
     def __init__(self, n, cap, enter=0, max_use=3, own_step=True, per_step=False,
-                 spare_fresh=False):
+                 spare_fresh=False, hist=None):
         self.cap, self.enter, self.max_use = cap, enter, max_use
         self.own_step, self.per_step, self.spare_fresh = own_step, per_step, spare_fresh
+        # hist = (leave(h, uses), back(h)): the history a row leaves RAM
+        # with, given the one it came with and its uses meanwhile (its
+        # read-back one of them); the count it comes back at.
+        self.hist = hist
+        self.h = bytearray(n)                # on disk, with the row
+        self.uses = np.zeros(n, np.int64)    # in RAM
         self.used = bytearray(n)
         self.res = bytearray(n)
         self.came = np.full(n, -1, np.int64)     # step the row came to RAM
@@ -104,6 +132,7 @@ class Clock:
                 return
             self.counted[r], k = self.step, 1
         self.used[r] = min(self.max_use, self.used[r] + k)
+        self.uses[r] += k
 
     def load(self, s, r, reload):
         self.res[r] = 1
@@ -111,12 +140,15 @@ class Clock:
         self.rings[s].append(r)
         self.used[r] = self.enter if reload else 0
         self.came[r] = self.step
+        self.uses[r] = int(reload)
+        if reload and self.hist is not None:
+            self.used[r] = self.hist[1](self.h[r])
 
     def evict(self, s):
         ring, used = self.rings[s], self.used
         first = len(ring)
         seen = 0
-        while self.size[s] > self.cap:
+        while self.size[s] > self.cap and ring:
             r = ring.popleft()
             seen += 1
             if used[r]:
@@ -125,8 +157,104 @@ class Clock:
             elif self.spare_fresh and seen <= first and self.came[r] == self.step:
                 ring.append(r)
             else:
-                self.res[r] = 0
+                self.gone(s, r)
                 self.size[s] -= 1
+
+    def gone(self, s, r):
+        self.res[r] = 0
+        if self.hist is not None:
+            self.h[r] = self.hist[0](self.h[r], int(self.uses[r]))
+
+
+class Decayed(Clock):
+    """new, read back at a count from a use score that survives eviction,
+    halved every `half` steps."""
+
+    def __init__(self, n, cap, half=100, scale=4, max_use=15):
+        super().__init__(n, cap, own_step=False, spare_fresh=True, max_use=max_use)
+        self.score, self.at = np.zeros(n), np.zeros(n, np.int64)
+        self.half, self.scale = half, scale
+
+    def decay(self, r):
+        self.score[r] *= 2.0 ** (-(self.step - self.at[r]) / self.half)
+        self.at[r] = self.step
+
+    def use(self, r, k, push=False):
+        if self.came[r] != self.step:
+            super().use(r, k)
+            if not push:  # a step's use counts once
+                self.decay(r)
+                self.score[r] += 1
+
+    def load(self, s, r, reload):
+        super().load(s, r, reload)
+        if reload:
+            self.decay(r)
+            self.used[r] = min(self.max_use, int(self.scale * self.score[r]))
+            self.score[r] += 1
+
+
+class Ghost(Clock):
+    """2Q with the ghost list on disk: a row new or read back is on
+    probation unless it left RAM in the shard's last `window` x its rows'
+    evictions (the shard's count of evictions when it left, in its spill
+    record); a row on probation not used again within `young` steps of
+    coming in is the first to go, one used again joins the CLOCK queue
+    (new's). With `hand`, each row evicted from probation moves the CLOCK
+    queue's hand one row (a count less; with 2 a row at zero goes too,
+    which leaves the shard that many rows under its share until its next
+    call)."""
+
+    def __init__(self, n, cap, young=2, window=1.0, hand=False, keep=0.0):
+        super().__init__(n, cap, own_step=False, spare_fresh=True)
+        self.young, self.window, self.hand = young, window * cap, hand
+        self.keep = keep * cap
+        self.prob = [collections.deque() for _ in range(SHARDS)]
+        self.left = np.full(n, -(1 << 40), np.int64)
+        self.evicted = [0] * SHARDS
+
+    def load(self, s, r, reload):
+        super().load(s, r, reload)
+        if self.evicted[s] - self.left[r] > self.window:  # new rows too
+            self.rings[s].pop()
+            self.prob[s].append(r)
+
+    def evict(self, s):
+        prob, ring, used = self.prob[s], self.rings[s], self.used
+        out = 0
+        while self.size[s] > self.cap and len(prob) > self.keep:
+            r = prob[0]
+            if used[r]:
+                ring.append(prob.popleft())
+            elif self.step - self.came[r] < self.young:
+                break  # this one and every row behind it came in later
+            else:
+                self.gone(s, prob.popleft())
+                self.size[s] -= 1
+                out += 1
+        # hand: the CLOCK queue's counts run down one entry a row evicted
+        # from probation, so that rows no longer used leave it in time
+        for _ in range(out if self.hand else 0):
+            if not ring:
+                break
+            r = ring.popleft()
+            if used[r]:
+                used[r] -= 1
+                ring.append(r)
+            elif self.hand == 2 and self.came[r] != self.step:
+                self.gone(s, r)  # over the cap by one less next time
+                self.size[s] -= 1
+            else:
+                ring.append(r)
+        super().evict(s)
+        while self.size[s] > self.cap:  # the CLOCK queue ran dry
+            self.gone(s, prob.popleft())
+            self.size[s] -= 1
+
+    def gone(self, s, r):
+        super().gone(s, r)
+        self.left[r] = self.evicted[s]
+        self.evicted[s] += 1
 
 
 class WTinyLFU:
@@ -228,6 +356,17 @@ POLICIES = {
     "cap7": lambda n, cap: Clock(n, cap, enter=1, max_use=7),
     "once": lambda n, cap: Clock(n, cap, own_step=False, per_step=True),
     "wtlfu": lambda n, cap: WTinyLFU(n, cap),
+    "hist": lambda n, cap: Clock(n, cap, own_step=False, spare_fresh=True, max_use=7,
+                                 hist=(lambda h, u: min(15, h // 2 + u), lambda h: min(7, h))),
+    "decay": lambda n, cap: Decayed(n, cap),
+    "ghost": lambda n, cap: Ghost(n, cap),
+    "ghost1": lambda n, cap: Ghost(n, cap, young=1),
+    "ghost3": lambda n, cap: Ghost(n, cap, young=3),
+    "ghostw": lambda n, cap: Ghost(n, cap, window=0.5),
+    "ghosth": lambda n, cap: Ghost(n, cap, hand=1),
+    "ghosth2": lambda n, cap: Ghost(n, cap, hand=2),
+    "ghostk": lambda n, cap: Ghost(n, cap, keep=0.05),
+    "ghostkh": lambda n, cap: Ghost(n, cap, keep=0.05, hand=2),
 }
 
 
