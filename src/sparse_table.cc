@@ -95,6 +95,35 @@ inline void CopyRowRelaxed(float* dst, const float* src) {
 #endif
 }
 
+#ifdef PYFLEET_VECTOR_ROW_COPY
+// Eight 16-bit elements at p (16-byte aligned) in one load written in asm,
+// as CopyRowRelaxed's.
+inline __m128i LoadHalves8(const char* p) {
+  __m128i v;
+  asm volatile("movdqa %1, %0" : "=x"(v) : "m"(*reinterpret_cast<const __m128i*>(p)));
+  return v;
+}
+// Whether a lane of x, fp16 magnitudes (sign cleared), is a NaN.
+inline bool AnyHalfNaN(__m128i x) {
+  return _mm_movemask_epi8(_mm_cmpgt_epi16(x, _mm_set1_epi16(0x7c00))) != 0;
+}
+// dst[0, 8) = the halves of v by vcvtph2ps (VEX-128 in asm, for the reason
+// CopyCompactRowRelaxed gives).
+inline void WidenHalves8F16C(__m128i v, float* dst) {
+  __m128 lo, hi;
+  asm("vcvtph2ps %1, %0" : "=x"(lo) : "x"(v));
+  asm("vcvtph2ps %1, %0" : "=x"(hi) : "x"(_mm_unpackhi_epi64(v, v)));
+  _mm_storeu_ps(dst, lo);
+  _mm_storeu_ps(dst + 4, hi);
+}
+// The same by the SSE2 form, which keeps a NaN's bits.
+inline void WidenHalves8(__m128i v, float* dst) {
+  const __m128i z = _mm_setzero_si128();
+  _mm_storeu_ps(dst, simd::Widen4<StorageKind::kFP16>(_mm_unpacklo_epi16(v, z)));
+  _mm_storeu_ps(dst + 4, simd::Widen4<StorageKind::kFP16>(_mm_unpackhi_epi16(v, z)));
+}
+#endif
+
 // CopyRowRelaxed for a compact row: the D 16-bit elements are read whole the
 // same way (D % 8 == 0, so rows are 16-byte aligned), then widened.
 template <size_t D, StorageKind S>
@@ -108,26 +137,31 @@ inline void CopyCompactRowRelaxed(float* dst, const char* src) {
     // fp16 pull ~25% slower than a bf16 one. The conversions are VEX-128 in
     // asm (this function is built for SSE2 only; VEX-128 leaves no upper
     // state dirty), and a group holding a NaN takes the SSE2 form, as
-    // WidenHalvesF16C does (vcvtph2ps quiets a signalling NaN).
+    // WidenHalvesF16C does (vcvtph2ps quiets a signalling NaN). One NaN test
+    // covers 16 halves (the larger magnitude of each pair of lanes): a test
+    // per 8 cost a cache-resident pull ~5% against bf16's shift.
     if (RowAvx2()) {
-#pragma GCC unroll 16
-      for (size_t c = 0; c < D; c += 8) {
-        __m128i v;
-        asm volatile("movdqa %1, %0"
-                     : "=x"(v)
-                     : "m"(*reinterpret_cast<const __m128i*>(src + 2 * c)));
-        const __m128i nan = _mm_cmpgt_epi16(_mm_and_si128(v, _mm_set1_epi16(0x7fff)),
-                                            _mm_set1_epi16(0x7c00));
-        if (__builtin_expect(_mm_movemask_epi8(nan) == 0, 1)) {
-          __m128 lo, hi;
-          asm("vcvtph2ps %1, %0" : "=x"(lo) : "x"(v));
-          asm("vcvtph2ps %1, %0" : "=x"(hi) : "x"(_mm_unpackhi_epi64(v, v)));
-          _mm_storeu_ps(dst + c, lo);
-          _mm_storeu_ps(dst + c + 4, hi);
+      size_t c = 0;
+#pragma GCC unroll 8
+      for (; c + 16 <= D; c += 16) {
+        const __m128i v0 = LoadHalves8(src + 2 * c), v1 = LoadHalves8(src + 2 * c + 16);
+        const __m128i m = _mm_set1_epi16(0x7fff);
+        if (__builtin_expect(!AnyHalfNaN(_mm_max_epi16(_mm_and_si128(v0, m),
+                                                       _mm_and_si128(v1, m))),
+                             1)) {
+          WidenHalves8F16C(v0, dst + c);
+          WidenHalves8F16C(v1, dst + c + 8);
         } else {
-          const __m128i z = _mm_setzero_si128();
-          _mm_storeu_ps(dst + c, simd::Widen4<S>(_mm_unpacklo_epi16(v, z)));
-          _mm_storeu_ps(dst + c + 4, simd::Widen4<S>(_mm_unpackhi_epi16(v, z)));
+          WidenHalves8(v0, dst + c);
+          WidenHalves8(v1, dst + c + 8);
+        }
+      }
+      if constexpr (D % 16 != 0) {
+        const __m128i v = LoadHalves8(src + 2 * c);
+        if (__builtin_expect(!AnyHalfNaN(_mm_and_si128(v, _mm_set1_epi16(0x7fff))), 1)) {
+          WidenHalves8F16C(v, dst + c);
+        } else {
+          WidenHalves8(v, dst + c);
         }
       }
       return;
