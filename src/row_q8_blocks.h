@@ -1,8 +1,7 @@
 // The block kernels of the q8 state codec (row_q8.h states the rule): a
 // block's scale, its 16 codes decoded and coded four lanes at a time (SSE2)
-// or eight (AVX2), and a state row's words read and written whole. Shared by
-// row_q8.cc (a row's state loaded into and stored from fp32 scratch) and
-// row_q8_push.cc (a push whose blocks stay in registers between the two).
+// or eight (AVX2), and a state row's words read and written whole, for
+// row_q8.cc (a row's state loaded into and stored from fp32 scratch).
 // Every form computes the scalar rule's bits: the same fp32 operations in
 // the same order, nothing contracted into an FMA (no FMA target anywhere).
 #pragma once

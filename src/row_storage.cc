@@ -589,38 +589,6 @@ void StoreCompactWeights(StorageKind s, const float* wf, size_t n, void* w, uint
   StoreElemsOf(WeightKind(s), wf, n, w, z, 0);
 }
 
-void StoreCompactWeightsDrawn(StorageKind s, const float* wf, const uint16_t* r, size_t n,
-                              void* w) {
-#ifdef PYFLEET_VECTOR_ROW_COPY
-  // Any n at once (StoreDrawn's buffer is only on the other path).
-  if (WeightKind(s) == StorageKind::kFP16) {
-    return StoreNarrowed<StorageKind::kFP16>(wf, r, n, static_cast<uint16_t*>(w));
-  }
-  return StoreNarrowed<StorageKind::kBF16>(wf, r, n, static_cast<uint16_t*>(w));
-#else
-  for (size_t c = 0; c < n; c += kChunk) {
-    StoreDrawnOf(WeightKind(s), wf + c, r + c, std::min(kChunk, n - c),
-                 static_cast<uint16_t*>(w) + c);
-  }
-#endif
-}
-
-#ifdef PYFLEET_ROW_SIMD
-namespace {
-// Draws compiled in VEX forms (three operands: no register copies).
-__attribute__((target("avx2"))) void DrawsAvx2(uint64_t z, size_t n, uint16_t* out) {
-  Draws(z, 0, n, out);
-}
-}  // namespace
-#endif
-
-void RowDraws(uint64_t z, size_t n, uint16_t* out) {
-#ifdef PYFLEET_ROW_SIMD
-  if (RowAvx2()) return DrawsAvx2(z, n, out);
-#endif
-  Draws(z, 0, n, out);
-}
-
 void RoundDraws(uint64_t z, size_t e0, size_t n, uint16_t* out) {
   uint16_t buf[kChunk + 16];
   for (size_t c = 0; c < n; c += kChunk) {

@@ -855,8 +855,7 @@ void SparseTable::PushShard(Shard& s, Batch& b, size_t lo, size_t hi, const floa
           LoadCompactWeights(layout_.storage, cw, dim_, w);
           for (size_t i = 0; i < dim_; ++i) w[i] += g[i];
           StoreCompactWeights(layout_.storage, w, dim_, cw, z);
-        } else if (add_delta || !layout_.q8() || !Q8PushRow(layout_, opt_, cw, cs, g, count, z)) {
-          // (Q8PushRow: a q8 row's common form in one pass, the same bits.)
+        } else {
           LoadCompactRow(layout_, cw, cs, w, st);
           if (add_delta) {
             for (size_t i = 0; i < dim_; ++i) w[i] += g[i];

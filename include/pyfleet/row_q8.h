@@ -44,16 +44,6 @@ void Q8LoadState(const RowLayout& l, const void* s, float* sf);
 // i, or to nearest (u = 1/2) when r is null. Each word written whole.
 void Q8StoreState(const RowLayout& l, const float* sf, void* s, const uint16_t* r);
 
-// One push of the gradient g[0, dim) to a q8 row (weights column w, state
-// column s) whose update count before it is count, with the rounding
-// stream z: exactly what LoadCompactRow, Q8DerivedTail, OptimizerUpdate and
-// StoreCompactRow do (the same bits, the same relaxed whole-word accesses),
-// with each block of the state decoded, updated and coded in registers.
-// Only for the common form: AVX2 (RowAvx2), dim a multiple of kQ8Block up to
-// 256, Adam or Adagrad without a weight decay. Returns false, touching
-// nothing, for any other row or rule: the caller takes the general path.
-bool Q8PushRow(const RowLayout& l, const OptimizerConfig& opt, void* w, void* s,
-               const float* g, uint32_t count, uint64_t z);
 
 // b^n in fp32 by repeated squaring (the bits follow from this order).
 inline float PowCount(float b, uint64_t n) {

@@ -221,15 +221,8 @@ void StoreCompactRowNearest(const RowLayout& l, const float* wf, const float* sf
                             void* s);
 // Weights only: rounds wf[0, n) with elements [0, n) of the stream z into w.
 void StoreCompactWeights(StorageKind s, const float* wf, size_t n, void* w, uint64_t z);
-// Weights only: rounds wf[0, n) with the draws r[0, n) into w.
-void StoreCompactWeightsDrawn(StorageKind s, const float* wf, const uint16_t* r, size_t n,
-                              void* w);
 // out[0, n) = the 16-bit draws of elements [e0, e0 + n) of the stream z.
 void RoundDraws(uint64_t z, size_t e0, size_t n, uint16_t* out);
-// The same of elements [0, n) in one pass of the generator, straight into
-// out, which has room for n rounded up to a multiple of 8 (the last step's
-// draws are written whole).
-void RowDraws(uint64_t z, size_t n, uint16_t* out);
 // A q8 row (row_q8.h) codes its state head in 8 bits with the stream's
 // draws after the weights' and leaves sf's tail to the caller on load.
 // Weights only (pull paths); n = l.dim elements of the weights column.
