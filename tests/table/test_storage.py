@@ -280,6 +280,65 @@ def test_pulled_rows_with_zeros_subnormals_and_saturation_widen_exactly(kind, di
         assert ((got != 0) & (np.abs(got) < 6.1e-5)).any()
 
 
+def _file_checksum(data):
+    """table_io's checksum (hash.cc's Checksum) of a file's bytes before its
+    trailer and the trailer's two counts."""
+    m = (1 << 64) - 1
+    p1, p2 = 0x9E3779B185EBCA87, 0xC2B2AE3D27D4EB4F
+
+    def rotl(x, r):
+        return ((x << r) | (x >> (64 - r))) & m
+
+    def mix(x):
+        x ^= x >> 30
+        x = (x * 0xbf58476d1ce4e5b9) & m
+        x ^= x >> 27
+        x = (x * 0x94d049bb133111eb) & m
+        return x ^ (x >> 31)
+
+    lanes = [p1, p2, 0x165667B19E3779F9, 0x85EBCA77C2B2AE63]
+    whole = len(data) // 32 * 32
+    words = np.frombuffer(data[:whole], np.uint64).reshape(-1, 4).tolist()
+    for w in words:
+        lanes = [rotl((a + b * p2) & m, 31) * p1 & m for a, b in zip(lanes, w)]
+    h = (rotl(lanes[0], 1) + rotl(lanes[1], 7) + rotl(lanes[2], 12) + rotl(lanes[3], 18)) & m
+    h ^= len(data) * p1 & m
+    for i, c in enumerate(data[whole:]):
+        h = (mix(h ^ c) + i) & m
+    return mix(h)
+
+
+@pytest.mark.parametrize("dim", [8, 16, 32, 24])
+def test_pulled_fp16_nan_payloads_are_kept(tmp_path, dim):
+    """NaN reaches a row only from a file: fp16 rows whose halves hold
+    signalling and quiet NaNs with payloads, of both signs, in either group
+    of eight of a 16-lane test, pull as the rule widens them (vcvtph2ps
+    would quiet a signalling one), beside rows without a NaN."""
+    t = pyfleet.SparseTable(dim, SGD(0.1), seed=3, storage="fp16")
+    keys = np.arange(1, 7, dtype=np.uint64)
+    w = t.pull(keys).copy()
+    path = tmp_path / "t.bin"
+    t.save(path)
+    data = bytearray(path.read_bytes())
+    nans = np.array([0x7c01, 0xfd55, 0x7e00, 0x7fff, 0xfc01, 0x7d23], np.uint16)
+    codes = w.astype(np.float16).view(np.uint16)
+    for i in range(len(keys) - 1):  # the last row keeps no NaN
+        old = codes[i].tobytes()
+        assert data.count(old) == 1
+        codes[i, (5 * i + 3) % dim] = nans[i]
+        if i % 2:
+            codes[i, (5 * i + 11) % dim] = nans[(i + 2) % len(nans)]
+        at = data.index(old)
+        data[at:at + len(old)] = codes[i].tobytes()
+    data[-16:-8] = _file_checksum(bytes(data[:-16])).to_bytes(8, "little")  # trailer's checksum
+    path.write_bytes(bytes(data))
+    u = pyfleet.SparseTable(dim, SGD(0.1), seed=3, storage="fp16")
+    assert u.load(path) == len(keys)
+    got = u.pull(keys, create=False)
+    np.testing.assert_array_equal(got.view(np.uint32), widen("fp16", codes).view(np.uint32))
+    assert np.isnan(got).any(axis=1).tolist() == [True] * 5 + [False]
+
+
 # ---- persistence, conversion, policies ----
 
 def trained(kind, opt=None, dim=6, n=2000, seed=0):
