@@ -78,11 +78,14 @@ def main():
     idx_sets = [rng.integers(0, args.rows, args.batch) for _ in range(2)]
     grads = rng.normal(0, 1, (args.batch, args.dim)).astype(np.float32)
     best = {}
+    rounds = []  # each round's figures, for the ratios to the same round's fp32
     # Interleaved rounds: a neighbour's load on the shared machine hits every
     # storage alike instead of whichever ran during it.
     for _ in range(args.rounds):
+        rounds.append({})
         for s in STORAGES:
             r = measure(s, args.dim, args.rows, args.batch, keys_all, idx_sets, grads)
+            rounds[-1][s] = dict(r)
             b = best.setdefault(s, r)
             b["per_row"] = min(b["per_row"], r["per_row"])
             b["pull"], b["push"] = max(b["pull"], r["pull"]), max(b["push"], r["push"])
@@ -99,6 +102,16 @@ def main():
         print(f"{s:>7} | {r['per_row']:9.1f} {r['per_row'] / base['per_row']:6.2f} | "
               f"{r['pull'] / 1e6:9.2f} {r['pull'] / base['pull']:6.2f} | "
               f"{r['push'] / 1e6:9.2f} {r['push'] / base['push']:6.2f}")
+    # A table's speed also varies from one table to the next of the same storage
+    # (where its memory lands), so one best-of ratio can be off by 10-20% either
+    # way; the median over rounds of each round's ratio to its own fp32 is the
+    # steadier figure.
+    if args.rounds > 1:
+        print(f"median over {args.rounds} rounds of the ratio to the same round's fp32:")
+        for s in STORAGES[1:]:
+            med = {k: float(np.median([r[s][k] / r["fp32"][k] for r in rounds]))
+                   for k in ("pull", "push")}
+            print(f"{s:>7} | pull {med['pull']:5.2f} | push {med['push']:5.2f}")
     print("targets: 16-bit rows <= 112 B/row (dim 16, Adam); pull and push ratio >= 0.90")
 
 
