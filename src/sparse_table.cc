@@ -820,6 +820,8 @@ void SparseTable::PushShard(Shard& s, Batch& b, size_t lo, size_t hi, const floa
           PrefetchSpan(rows_.WeightBytes(r), row_w_bytes, true);
           if (row_s_bytes) PrefetchSpan(rows_.StateBytes(r), row_s_bytes, true);
           PrefetchSpan(rows_.Meta(r), sizeof(RowMeta), true);
+          // With a disk tier, MarkUsed's byte too (a miss of its own a row).
+          if (used_ != nullptr) __builtin_prefetch(used_ + r);
         }
       }
       if (b.is_dup[j]) continue;
