@@ -102,21 +102,60 @@ SpillFile::~SpillFile() {
 }
 
 uint32_t SpillFile::AllocateExtent() {
-  std::lock_guard lock(mu_);
   uint32_t e;
-  if (!free_.empty()) {
-    e = free_.back();
-    free_.pop_back();
-  } else {
+  {
+    std::lock_guard lock(mu_);
+    if (!free_.empty()) {  // below the zeros: its first use waited for them
+      e = free_.back();
+      free_.pop_back();
+      ExtentLive(e) = 0;
+      return e;
+    }
     if ((size_t{next_} + 1) * extent_slots_ > kMaxSlots) {
       ThrowRuntime("spill file in ", dir_, ": more than 2^31 rows spilled");
     }
     e = next_++;
     auto& chunk = chunks_[e / kChunk];
     if (!chunk) chunk = std::make_unique<uint32_t[]>(kChunk);  // zeroed
+    ExtentLive(e) = 0;
   }
-  ExtentLive(e) = 0;
+  // Outside mu_: shards reusing freed extents do not wait for the write.
+  // No extent past grown_ holds data yet (each new one's owner is here), so
+  // the zeros overwrite nothing.
+  GrowTo((size_t{e} + 1) * extent_slots_ * slot_bytes_);
   return e;
+}
+
+void SpillFile::GrowTo(size_t end) {
+  if (grown_.load(std::memory_order_acquire) >= end || !grow_.load(std::memory_order_relaxed)) {
+    return;
+  }
+  std::lock_guard lock(grow_mu_);
+  static const char zeros[4096] = {};
+  constexpr size_t kPages = kGrowBytes / sizeof(zeros);
+  static_assert(kPages <= IOV_MAX);
+  iovec v[kPages];
+  for (iovec& x : v) x = {const_cast<char*>(zeros), sizeof(zeros)};
+  size_t at = grown_.load(std::memory_order_relaxed);
+  while (at < end && grow_.load(std::memory_order_relaxed)) {
+    // One call a step: the kernel sizes the page cache's folios by the write.
+    iovec* left = v;
+    int cnt = static_cast<int>(kPages);
+    off_t off = static_cast<off_t>(at);
+    while (cnt > 0) {
+      const ssize_t r = pwritev(fd_, left, cnt, off);
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) {
+        grow_.store(false, std::memory_order_relaxed);
+        break;
+      }
+      off += r;
+      Skip(left, cnt, static_cast<size_t>(r));
+    }
+    if (cnt > 0) break;
+    at += kGrowBytes;
+    grown_.store(at, std::memory_order_release);
+  }
 }
 
 void SpillFile::FreeExtent(uint32_t extent) {
