@@ -4,19 +4,11 @@ import random
 
 import numpy as np
 import pytest
+from support.hashing import mix64
 
 from pyfleet.data import _parse, feature_hash, parse_criteo_bytes
 
 M64 = (1 << 64) - 1
-
-
-def mix64(x):
-    x ^= x >> 30
-    x = (x * 0xBF58476D1CE4E5B9) & M64
-    x ^= x >> 27
-    x = (x * 0x94D049BB133111EB) & M64
-    x ^= x >> 31
-    return x
 
 
 def reference_hash(slot, value: bytes) -> int:

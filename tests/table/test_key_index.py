@@ -6,6 +6,7 @@ checked against a Python dict of numpy rows.
 
 import numpy as np
 import pytest
+from support.hashing import mix64
 
 import pyfleet
 from pyfleet.optimizer import SGD
@@ -26,14 +27,6 @@ def unmix64(h):
     h = unxorshift(h, 27)
     h = (h * pow(0xBF58476D1CE4E5B9, -1, 1 << 64)) & M64
     return unxorshift(h, 30)
-
-
-def mix64(x):
-    x ^= x >> 30
-    x = (x * 0xBF58476D1CE4E5B9) & M64
-    x ^= x >> 27
-    x = (x * 0x94D049BB133111EB) & M64
-    return x ^ (x >> 31)
 
 
 def table(tmp_path, disk):

@@ -6,6 +6,7 @@ admission on compact tables."""
 
 import numpy as np
 import pytest
+from support.hashing import mix64
 from support.reference import init_state, update
 from support.rounding import (
     bf16_stochastic,
@@ -289,13 +290,6 @@ def _file_checksum(data):
     def rotl(x, r):
         return ((x << r) | (x >> (64 - r))) & m
 
-    def mix(x):
-        x ^= x >> 30
-        x = (x * 0xbf58476d1ce4e5b9) & m
-        x ^= x >> 27
-        x = (x * 0x94d049bb133111eb) & m
-        return x ^ (x >> 31)
-
     lanes = [p1, p2, 0x165667B19E3779F9, 0x85EBCA77C2B2AE63]
     whole = len(data) // 32 * 32
     words = np.frombuffer(data[:whole], np.uint64).reshape(-1, 4).tolist()
@@ -304,8 +298,8 @@ def _file_checksum(data):
     h = (rotl(lanes[0], 1) + rotl(lanes[1], 7) + rotl(lanes[2], 12) + rotl(lanes[3], 18)) & m
     h ^= len(data) * p1 & m
     for i, c in enumerate(data[whole:]):
-        h = (mix(h ^ c) + i) & m
-    return mix(h)
+        h = (mix64(h ^ c) + i) & m
+    return mix64(h)
 
 
 @pytest.mark.parametrize("dim", [8, 16, 32, 24])
