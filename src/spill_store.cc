@@ -91,6 +91,8 @@ SpillFile::SpillFile(const std::string& dir, size_t slot_bytes, size_t extent_by
                  std::strerror(errno));
   }
   unlink(name.c_str());
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  grow_limit_ = pages > 0 && page > 0 ? static_cast<size_t>(pages) * page / kGrowShare : 0;
   // Reads need not update the access time (a cost per read call); a
   // filesystem that refuses the flag keeps it.
   const int fl = fcntl(fd_, F_GETFL);
@@ -131,6 +133,11 @@ void SpillFile::GrowTo(size_t end) {
     return;
   }
   std::lock_guard lock(grow_mu_);
+  if (end > grow_limit_) {
+    // For good: no zeros may go past data written where they stopped.
+    grow_.store(false, std::memory_order_relaxed);
+    return;
+  }
   static const char zeros[4096] = {};
   constexpr size_t kPages = kGrowBytes / sizeof(zeros);
   static_assert(kPages <= IOV_MAX);
