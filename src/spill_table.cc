@@ -331,26 +331,35 @@ size_t SparseTable::InstallReadLocked(KeyIndex& index, ShardSpill& sp, bool unch
     ReloadLocked(index, sp, p.keys.data(), p.h.data(), m);
     return sp.resident - before;
   }
+  thread_local std::vector<uint32_t*> values;
+  values.resize(m);
+  for (size_t i = 0; i < m; ++i) {
+    values[i] = index.FindValue(p.keys[i], p.h[i]);
+    PYFLEET_ASSERT(values[i] != nullptr && *values[i] == (kSpilledBit | p.slots[i]));
+  }
+  InstallRecordsLocked(sp, p.slots.data(), p.buf.data(), m, values.data(), p.keys.data());
+  return m;
+}
+
+void SparseTable::InstallRecordsLocked(ShardSpill& sp, const uint32_t* slots, const char* buf,
+                                       size_t m, uint32_t* const* values, const uint64_t* keys) {
   const size_t rec = sp.file->slot_bytes(), wb = layout_.weight_bytes(), sb = layout_.state_bytes();
   size_t i = 0;
   try {
     for (; i < m; ++i) {
-      uint32_t* v = index.FindValue(p.keys[i], p.h[i]);
-      PYFLEET_ASSERT(v != nullptr && *v == (kSpilledBit | p.slots[i]));
       const uint32_t row = rows_.Allocate();
-      const char* r = p.buf.data() + i * rec;
+      const char* r = buf + i * rec;
       std::memcpy(rows_.Meta(row), r, sizeof(RowMeta));
       std::memcpy(rows_.WeightBytes(row), r + sizeof(RowMeta), wb);
       std::memcpy(rows_.StateBytes(row), r + sizeof(RowMeta) + wb, sb);
-      ResidentAdded(&sp, row, p.keys[i]);
-      *v = row;
+      ResidentAdded(&sp, row, keys[i]);
+      *values[i] = row;
     }
   } catch (...) {
-    sp.log.Free(p.slots.data(), i);  // the rows that did come back
+    sp.log.Free(slots, i);  // the rows that did come back
     throw;
   }
-  sp.log.Free(p.slots.data(), m);
-  return m;
+  sp.log.Free(slots, m);
 }
 
 void SparseTable::ReloadLocked(KeyIndex& index, ShardSpill& sp, const uint64_t* keys,
@@ -362,6 +371,8 @@ void SparseTable::ReloadLocked(KeyIndex& index, ShardSpill& sp, const uint64_t* 
   };
   thread_local std::vector<Found> found;
   thread_local std::vector<uint32_t> slots;
+  thread_local std::vector<uint32_t*> values;
+  thread_local std::vector<uint64_t> found_keys;
   thread_local std::vector<char> buf;
   found.clear();
   // The keys' index slots were last seen a whole call ago (out of cache):
@@ -379,27 +390,18 @@ void SparseTable::ReloadLocked(KeyIndex& index, ShardSpill& sp, const uint64_t* 
   found.erase(std::unique(found.begin(), found.end(),
                           [](const Found& a, const Found& b) { return a.slot == b.slot; }),
               found.end());
-  const size_t rec = sp.file->slot_bytes(), wb = layout_.weight_bytes(), sb = layout_.state_bytes();
-  slots.resize(found.size());
-  for (size_t i = 0; i < found.size(); ++i) slots[i] = found[i].slot;
-  buf.resize(found.size() * rec);
-  sp.file->Read(slots.data(), buf.data(), found.size());
-  size_t i = 0;
-  try {
-    for (; i < found.size(); ++i) {
-      const uint32_t row = rows_.Allocate();
-      const char* p = buf.data() + i * rec;
-      std::memcpy(rows_.Meta(row), p, sizeof(RowMeta));
-      std::memcpy(rows_.WeightBytes(row), p + sizeof(RowMeta), wb);
-      std::memcpy(rows_.StateBytes(row), p + sizeof(RowMeta) + wb, sb);
-      ResidentAdded(&sp, row, found[i].key);
-      *found[i].value = row;
-    }
-  } catch (...) {
-    sp.log.Free(slots.data(), i);  // the rows that did come back
-    throw;
+  const size_t m = found.size();
+  slots.resize(m);
+  values.resize(m);
+  found_keys.resize(m);
+  for (size_t i = 0; i < m; ++i) {
+    slots[i] = found[i].slot;
+    values[i] = found[i].value;
+    found_keys[i] = found[i].key;
   }
-  sp.log.Free(slots.data(), found.size());
+  buf.resize(m * sp.file->slot_bytes());
+  sp.file->Read(slots.data(), buf.data(), m);
+  InstallRecordsLocked(sp, slots.data(), buf.data(), m, values.data(), found_keys.data());
 }
 
 void SparseTable::EvictLocked(KeyIndex& index, ShardSpill& sp, size_t slack) {

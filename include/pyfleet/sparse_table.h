@@ -184,6 +184,11 @@ class SparseTable {
   size_t ReadSpilledShared(const KeyIndex& index, const ShardSpill& sp, const uint64_t* keys,
                            const uint64_t* h, size_t n) const;
   size_t InstallReadLocked(KeyIndex& index, ShardSpill& sp, bool unchanged);
+  // The m records in buf, read from slots, come to RAM as rows: the i-th
+  // is keys[i]'s, whose index value *values[i] then names it. The slots are
+  // freed (after an error, those of the rows that came back).
+  void InstallRecordsLocked(ShardSpill& sp, const uint32_t* slots, const char* buf, size_t m,
+                            uint32_t* const* values, const uint64_t* keys);
   // Brings the spilled rows among keys[i * stride] back to RAM.
   void ReloadLocked(KeyIndex& index, ShardSpill& sp, const uint64_t* keys, const uint64_t* h,
                     size_t n, size_t stride = 1);
