@@ -148,8 +148,8 @@ class SparseTable {
   struct Shard;
   struct Batch;
 
-  // Regroups keys (and grads, if given) by shard into b.
-  void GroupByShard(const uint64_t* keys, size_t n, Batch& b, const float* grads) const;
+  // Regroups keys by shard into b (b.pos: each one's place in keys).
+  void GroupByShard(const uint64_t* keys, size_t n, Batch& b) const;
   // Pull's lookups and copies for rows that exist (D = dim, or 0 for any);
   // the caller holds every shard shared.
   template <StorageKind S>
@@ -162,7 +162,8 @@ class SparseTable {
   void PullFoundByShard(const uint64_t* keys, size_t n, float* out, Batch& b);
   // Every shard's shared lock if none is held exclusively now, else none.
   bool TryLockAllShared() const;
-  // seen: the shard's version b.rows[lo, hi) were looked up at (kUnseen if not).
+  // seen: the shard's version b.rows[lo, hi) were looked up at (kUnseen if
+  // not). Key j's gradient is the caller's, grads + b.pos[j] * dim.
   void PushShard(Shard& s, Batch& b, size_t lo, size_t hi, const float* grads,
                  bool add_delta, uint64_t seen);
   // Under the exclusive lock: the row of key, creating it if the entry policy
