@@ -255,10 +255,10 @@ struct SparseTable::Batch {
            (w.capacity() + s.capacity() + g.capacity()) * sizeof(float);
   }
   // The working memory of a call (a thread's batches live as long as it
-  // does), stored in *bytes: a memory budget pays for its table's last pull
-  // and push. A call to a table with a budget first gives back what an
-  // earlier, larger call left (capacity over twice what this call holds).
-  void Note(std::atomic<size_t>* bytes) {
+  // does), which a memory budget pays for (NoteCall). A call to a table
+  // with a budget first gives back what an earlier, larger call left
+  // (capacity over twice what this call holds).
+  size_t Note() {
     bool shrunk = false;
     auto fit = [&](auto& v) {
       if (v.capacity() > 2 * v.size() + 4096) {
@@ -273,10 +273,29 @@ struct SparseTable::Batch {
     // keeps it: its pages go back to the kernel (rare: calls of one size
     // neither grow nor shrink them).
     if (now > noted || shrunk) malloc_trim(0);
-    bytes->store(now, std::memory_order_relaxed);
     noted = now;
+    return now;
   }
 };
+
+SparseTable::Batch& SparseTable::CallBatch() {
+  // A thread's pulls and pushes share one: neither calls the other, and
+  // the arrays both use (keys, h, pos, rows, 24 bytes a key) are then paid
+  // for once, at the larger call's size, not for each.
+  thread_local Batch b;
+  return b;
+}
+
+void SparseTable::NoteCall(Batch& b, bool push) {
+  const size_t bytes = b.Note();
+  std::lock_guard g(note_mu_);
+  (push ? push_batch_ : pull_batch_) = &b;
+  (push ? push_bytes_ : pull_bytes_).store(bytes, std::memory_order_relaxed);
+  // The last call of the other kind was this thread's: its bytes are these.
+  if ((push ? pull_batch_ : push_batch_) == &b) {
+    (push ? pull_bytes_ : push_bytes_).store(0, std::memory_order_relaxed);
+  }
+}
 
 SparseTable::SparseTable(size_t dim, const OptimizerConfig& opt, const InitializerConfig& init,
                          uint64_t seed, const EntryConfig& entry, StorageKind storage)
@@ -426,7 +445,7 @@ void SparseTable::Pull(const uint64_t* keys, size_t n, float* out, bool create) 
   pull_calls_.fetch_add(1, std::memory_order_relaxed);
   pull_keys_.fetch_add(n, std::memory_order_relaxed);
   if (n == 0) return;
-  thread_local Batch b;
+  Batch& b = CallBatch();
   b.misses.clear();
   if (budget_ != 0 && !TryLockAllShared()) {
     // A shard is held for its disk I/O: shard by shard, so that this pull
@@ -450,7 +469,7 @@ void SparseTable::Pull(const uint64_t* keys, size_t n, float* out, bool create) 
   }
   // Either path: the budget pays for this pull's working memory (its misses
   // too, which the pipelined path gathers).
-  if (budget_ != 0) b.Note(&pull_bytes_);
+  if (budget_ != 0) NoteCall(b, false);
   if (b.misses.empty()) return;
   if (create) {
     PullMisses(keys, b, out);
@@ -659,14 +678,14 @@ void SparseTable::Push(const uint64_t* keys, size_t n, const float* grads, bool 
   push_calls_.fetch_add(1, std::memory_order_relaxed);
   push_keys_.fetch_add(n, std::memory_order_relaxed);
   if (n == 0) return;
-  thread_local Batch b;
+  Batch& b = CallBatch();
   GroupByShard(keys, n, b);
   b.dup_next.assign(n, kNone);
   b.is_dup.assign(n, 0);
   b.w.resize(dim_);
   b.s.resize(state_dim_ + 1);
   b.g.resize(dim_);
-  if (budget_ != 0) b.Note(&push_bytes_);
+  if (budget_ != 0) NoteCall(b, true);
   // A push is applied whole or not at all: its spilled rows are read back
   // before any shard is updated (a read error changes no row), and its
   // evictions never throw (EvictForPush).
@@ -743,9 +762,9 @@ void SparseTable::Prefetch(const uint64_t* keys, size_t n) {
   // into RAM and evicts. Then the shard evicts down to its share.
   if (budget_ == 0 || n == 0) return;
   prefetch_calls_.fetch_add(1, std::memory_order_relaxed);
-  thread_local Batch b;
+  thread_local Batch b;  // not CallBatch's: a prefetch runs beside that thread's calls
   GroupByShard(keys, n, b);
-  b.Note(&prefetch_bytes_);
+  prefetch_bytes_.store(b.Note(), std::memory_order_relaxed);
   RaisePendingSpillError();
   for (size_t s = 0; s < kShards; ++s) {
     const size_t lo = b.starts[s], hi = b.starts[s + 1];

@@ -145,10 +145,12 @@ size_t SparseTable::RowBudget() const {
   // old array while it grows (shards are even, and one may be a step of
   // 1.25x ahead), each shard's own bytes (see
   // UpdateShardOwnLocked), the spill file's free list, and the working
-  // memory of the last pull, push and prefetch (about 40 bytes a key of a
-  // pull, 30 + 4 * dim of a push, 24 of a prefetch, kept by the calling
-  // thread for its next call; threads calling one kind at once each hold
-  // their own, which is not counted).
+  // memory of the last pull, push and prefetch (about 29 bytes a key of a
+  // push and 16 a pulled key without a row in RAM, in one buffer a thread's
+  // pulls and pushes share, a pull's keys 24 more bytes each when a busy
+  // shard makes it group them; 24 a key of a prefetch; kept by the calling
+  // thread for its next call; threads calling at once each hold their own,
+  // which is not counted).
   // The huge pages are reserved from when the arrays are within a growth
   // of the arena's smallest (the shards then move into it, often all in
   // one call, opening a few slabs at once).

@@ -289,8 +289,15 @@ class SparseTable {
   }
   std::atomic<size_t> spill_own_{0};  // the shards' ShardSpill::own, summed
   // The working memory of the last pull, push and prefetch (Batch::Note
-  // in sparse_table.cc), which a memory budget pays for.
+  // in sparse_table.cc), which a memory budget pays for. A thread's pull
+  // and push share one Batch (CallBatch): a call's NoteCall zeroes the
+  // other kind's bytes if they were the same Batch's, so it is paid once.
   std::atomic<size_t> pull_bytes_{0}, push_bytes_{0}, prefetch_bytes_{0};
+  std::mutex note_mu_;  // NoteCall's update of the two below and the bytes
+  const void* pull_batch_ = nullptr;  // the Batch pull_bytes_ is of
+  const void* push_batch_ = nullptr;
+  static Batch& CallBatch();  // this thread's, for its pulls and pushes
+  void NoteCall(Batch& b, bool push);
   std::atomic<uint64_t> relocated_rows_{0};  // RelocateLocked's moves (stats)
   std::atomic<uint64_t> prefetch_calls_{0}, prefetched_rows_{0};  // (stats)
   std::unique_ptr<SpillFile> spill_file_;  // every shard's spilled rows

@@ -194,6 +194,34 @@ def test_load_of_a_large_file_stays_within_budget(tmp_path):
     assert np.array_equal(spill.pull(sub, create=False), src.pull(sub, create=False))
 
 
+def test_a_pull_and_a_push_pay_for_one_working_buffer(tmp_path):
+    """A push reads the gradients where the caller has them, and a thread's
+    pull and push share one buffer: after a pull and a push of n keys
+    memory_bytes() holds about 29 bytes a key for both (a copy of the
+    gradients alone was 4 x dim = 64), given back by calls of one key. Rows
+    in RAM, none made: nothing else changes. (The pull here finds no shard
+    busy, so it holds only its misses; a pull that groups its keys by shard
+    fills the same arrays, which this single thread does not reach.)"""
+    n, dim, budget = 100_000, 16, 96 << 20
+    spill, ram = pair(tmp_path, dim=dim, opt=Adam(0.01), budget=budget)
+    keys = np.arange(n, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    g = np.random.default_rng(5).normal(0, 1, (n, dim)).astype(np.float32)
+    spill.pull(keys)  # makes the rows; its misses' buffer goes back next call
+    spill.pull(keys)
+    spill.push(keys, g)
+    big = spill.memory_bytes()
+    spill.pull(keys[:1])
+    spill.push(keys[:1], g[:1])
+    small = spill.memory_bytes()
+    assert spill.stats()["spilled_rows"] == 0
+    assert 26 * n <= big - small <= 32 * n, (big - small) / n
+    assert big <= budget
+    ram.pull(keys)
+    ram.push(keys, g)
+    ram.push(keys[:1], g[:1])
+    assert np.array_equal(spill.pull(keys), ram.pull(keys))
+
+
 def test_admission_with_spilled_rows(tmp_path):
     spill, ram = pair(tmp_path, entry=CountFilterEntry(2))
     rng = np.random.default_rng(4)
