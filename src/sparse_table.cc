@@ -1038,12 +1038,13 @@ size_t SparseTable::Size() const {
 }
 
 size_t SparseTable::MemoryBytes() const {
-  // With a budget also the last pull's and push's working memory, which the
-  // budget pays for (0 without: not tracked).
+  // With a budget also the last pull's, push's and prefetch's working
+  // memory, which the budget pays for (0 without: not tracked).
   size_t bytes = sizeof(*this) + rows_.MemoryBytes() + index_arena_.MemoryBytes() +
                  (spill_file_ ? spill_file_->MemoryBytes() : 0) +
                  pull_bytes_.load(std::memory_order_relaxed) +
-                 push_bytes_.load(std::memory_order_relaxed);
+                 push_bytes_.load(std::memory_order_relaxed) +
+                 prefetch_bytes_.load(std::memory_order_relaxed);
   for (const auto& sp : shards_) {
     std::shared_lock lock(sp->mu);
     const size_t queued = sp->spill ? sp->spill->ring.size() + sp->spill->probation.size() : 0;

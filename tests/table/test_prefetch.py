@@ -134,6 +134,25 @@ def test_absent_keys_are_not_created_or_counted(tmp_path):
     assert len(s) == 0 and st["prefetched_rows"] == 0 and st["spill_reads"] == 0
 
 
+def test_memory_bytes_counts_the_prefetch_s_working_memory(tmp_path):
+    """The budget pays for a prefetch's buffer (about 24 bytes a key, kept
+    by its thread for the next prefetch), and memory_bytes() says so: what
+    the budget holds is what memory_bytes() reports. Rows all in RAM here,
+    so nothing else moves between the readings."""
+    n = 100_000
+    t = table(tmp_path, budget=96 << 20)
+    keys = np.arange(n, dtype=np.uint64) * GOLDEN
+    t.pull(keys)
+    t.pull(keys[:1])  # the misses' buffer of the first pull goes back
+    t.prefetch(keys)
+    big = t.memory_bytes()
+    t.prefetch(keys[:1])  # a call of less than half gives the rest back
+    small = t.memory_bytes()
+    assert t.stats()["spilled_rows"] == 0
+    assert 20 * n <= big - small <= 32 * n, (big - small) / n
+    assert big <= 96 << 20
+
+
 def test_prefetch_without_a_disk_tier_does_nothing(tmp_path):
     t = table(tmp_path)
     k = np.arange(1000, dtype=np.uint64)
