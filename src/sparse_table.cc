@@ -398,7 +398,7 @@ uint32_t SparseTable::InsertLocked(Shard& s, uint64_t key, uint64_t h) {
   }
   *rows_.Meta(row) = RowMeta{0, 0, kRowDirty, 0.f, 0.f};
   s.index.Insert(key, h, row);
-  ResidentAdded(s.spill.get(), row, key);
+  ResidentAdded(s.spill.get(), row, key, /*probation=*/true);
   inserted_rows_.fetch_add(1, std::memory_order_relaxed);
   return row;
 }
@@ -1047,8 +1047,8 @@ size_t SparseTable::MemoryBytes() const {
                  prefetch_bytes_.load(std::memory_order_relaxed);
   for (const auto& sp : shards_) {
     std::shared_lock lock(sp->mu);
-    bytes += sizeof(Shard) + (sp->spill ? sp->spill->ring.size() * sizeof(uint64_t) : 0) +
-             sp->index.MemoryBytes() +
+    const size_t queued = sp->spill ? sp->spill->ring.size() + sp->spill->probation.size() : 0;
+    bytes += sizeof(Shard) + queued * sizeof(uint64_t) + sp->index.MemoryBytes() +
              sp->candidates.MemoryBytes() + sp->dropped.capacity() * sizeof(uint64_t);
   }
   return bytes;
@@ -1260,12 +1260,14 @@ size_t SparseTable::Load(const std::string& path, uint32_t num_servers, uint32_t
         row = rows_.Allocate();
         s.index.Insert(key, hk, row);
         s.candidates.Erase(key, hk);
-        ResidentAdded(s.spill.get(), row, key);
+        // CLOCK's queue, as before probation existed: a load evicts every
+        // few rows, and all of them are of one call.
+        ResidentAdded(s.spill.get(), row, key, /*probation=*/false);
       } else if (Spilled(row)) {  // replaced: the new row is made in RAM
         FreeValueLocked(s.spill.get(), row);
         row = rows_.Allocate();
         *s.index.FindValue(key, hk) = row;
-        ResidentAdded(s.spill.get(), row, key);
+        ResidentAdded(s.spill.get(), row, key, /*probation=*/false);
       }
       RowMeta* m = rows_.Meta(row);
       std::memcpy(m, p + 8, sizeof(RowMeta));

@@ -12,19 +12,25 @@
 // free ids, and as the index grows and the row limit (the rows the budget
 // buys) drops, each shard moves its rows above the limit below it
 // (RelocateLocked); the memory above the highest id in use goes back.
-// The victims are chosen by CLOCK with a use count (as a queue): the
-// shard's keys in RAM wait in a FIFO queue; at its front, a row whose count
-// in used_ is not zero is spared, its count decreased and its key queued
-// again; the first one found at zero is evicted. A row comes to RAM (new or
-// read back) at zero, and every later pull and push of it adds one, up to
-// kMaxUse; the step that brought it in (its pull and the push after it, by
-// the calls' epochs kept in used_) does not count. So a key seen in one
-// step only, the long tail of a Zipf stream, goes at the next pass of the
-// queue while rows used again in that time stay: a simulation of
-// bench_capacity's batches over 120 steps read back 8.8k rows a step in the
-// last 40 instead of 9.6k when a row read back started at one and its own
-// step counted (docs/tables.md). In the pass of an eviction, rows that came
-// in this step are spared once: the push after a pull uses them.
+// The victims are chosen by 2Q over CLOCK with a use count. Each shard
+// keeps the keys of its rows in RAM in two FIFO queues. A row comes to RAM
+// (new or read back) at zero uses, and every later pull and push of it adds
+// one, up to kMaxUse; the step that brought it in (its pull and the push
+// after it, by the calls' epochs kept in used_) does not count. It joins
+// probation, unless it is read back within a shard's rows of evictions
+// after it left (a ghost hit: its spill record carries the shard's count of
+// evictions when it left, so the history of rows on disk costs no RAM); a
+// ghost hit joins CLOCK's queue. Victims come first from probation's front:
+// rows not used again within two steps of coming in; one used again is
+// promoted to CLOCK's queue. For each such victim CLOCK's hand moves one
+// key: a row whose count is not zero is spared, its count decreased and its
+// key queued again; one at zero goes too. So the Zipf tail, seen once,
+// leaves after two steps instead of a whole pass of CLOCK's queue, and the
+// room goes to rows used again: bench_capacity's steady phase reads back
+// ~12% fewer rows a step (docs/tables.md, with the simulation that chose
+// this). When probation's old rows are not enough, CLOCK's queue gives the
+// rest, then the rows of the step before on probation, this step's rows
+// last: the push after a pull uses them.
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -47,6 +53,15 @@ constexpr size_t kUsedBytes = kSpilledBit;  // one byte per possible row id, map
 constexpr uint8_t kChosen = 0xFF;          // used_ value of a victim being evicted
 constexpr size_t kMinShardRows = 1;
 constexpr size_t kCallSlackRows = 64;      // a shard's rows over its cap within a call, reserved
+// A slot's trailer after the row's record (spill_store.h): the row's key,
+// then `left`, its shard's ShardSpill::evictions when it went to disk.
+constexpr size_t kTrailerBytes = 2 * sizeof(uint64_t);
+constexpr size_t kLeftInTrailer = sizeof(uint64_t);
+// Probation's rows not used again are victims once they came in more than
+// this many calls ago (two steps of a pull and a push); the step that is
+// spared longest is the last kStepCalls calls.
+constexpr uint64_t kYoungCalls = 4, kStepCalls = 2;
+static_assert(kYoungCalls <= ShardSpill::kProbationCalls);
 
 inline uint8_t LoadUsed(const uint8_t* p) {
   return std::atomic_ref<uint8_t>(*const_cast<uint8_t*>(p)).load(std::memory_order_relaxed);
@@ -87,10 +102,11 @@ void SparseTable::EnableSpill(size_t memory_budget, const std::string& spill_dir
                  spill_slot_bytes(), " bytes in ", kShards, " shards), got ", memory_budget);
   }
   RemoveStaleSpillFiles(spill_dir);
-  // A slot on disk: the row's record, then its key (for the cleaner). Two
-  // extents a shard (the open one and the one being cleaned) come to at
-  // most a quarter of the budget: extents of budget / 512, up to 256 KiB.
-  auto file = std::make_unique<SpillFile>(spill_dir, spill_slot_bytes() + sizeof(uint64_t),
+  // A slot on disk: the row's record, then its trailer (its key for the
+  // cleaner, and when it left, for the ghost hits). Two extents a shard (the
+  // open one and the one being cleaned) come to at most a quarter of the
+  // budget: extents of budget / 512, up to 256 KiB.
+  auto file = std::make_unique<SpillFile>(spill_dir, spill_slot_bytes() + kTrailerBytes,
                                           memory_budget / (8 * kShards));
   void* used = mmap(nullptr, kUsedBytes, PROT_READ | PROT_WRITE,
                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -110,8 +126,8 @@ void SparseTable::ReleaseSpill() {
 }
 
 size_t SparseTable::RowBytesInRam() const {
-  // Its bytes, its second-chance byte, its key in the queue, its bit in the
-  // row store's map (rounded up to a byte).
+  // Its bytes, its second-chance byte, its key in one of the queues, its
+  // bit in the row store's map (rounded up to a byte).
   return spill_slot_bytes() + 1 + sizeof(uint64_t) + 1;
 }
 
@@ -127,7 +143,8 @@ void SparseTable::UpdateShardOwnLocked(const KeyIndex& index, ShardSpill& sp) {
   const double hi = static_cast<double>(index.grow_at());
   const double lo = hi * static_cast<double>(slots) / static_cast<double>(next);
   const double phase = std::clamp((static_cast<double>(index.size()) - lo) / (hi - lo), 0.0, 1.0);
-  const size_t stale = sp.ring.size() > sp.resident ? sp.ring.size() - sp.resident : 0;
+  const size_t queued = sp.ring.size() + sp.probation.size();
+  const size_t stale = queued > sp.resident ? queued - sp.resident : 0;
   const size_t own = index.MemoryBytes() + sp.log.MemoryBytes() +
                      static_cast<size_t>(phase * static_cast<double>((next - slots) * sizeof(IndexSlot))) +
                      stale * sizeof(uint64_t);
@@ -199,13 +216,13 @@ void SparseTable::RelocateLocked(KeyIndex& index, ShardSpill& sp) {
   if (!rows_.InUseAboveLimit()) return;
   const uint32_t limit = rows_.limit();
   const size_t wb = layout_.weight_bytes(), sb = layout_.state_bytes();
-  for (const uint64_t key : sp.ring) {
+  const auto relocate = [&](const uint64_t key) {
     uint32_t* v = index.FindValue(key, Mix64(key));
-    if (v == nullptr || Spilled(*v) || *v < limit) continue;
+    if (v == nullptr || Spilled(*v) || *v < limit) return;
     const uint32_t row = rows_.AllocateBelowLimit();
     if (row == RowStore::kNone) {  // other shards are over their caps for now: next time
       ++sp.above;
-      continue;
+      return;
     }
     const uint32_t from = *v;
     std::memcpy(rows_.Meta(row), rows_.Meta(from), sizeof(RowMeta));
@@ -216,18 +233,38 @@ void SparseTable::RelocateLocked(KeyIndex& index, ShardSpill& sp) {
     *v = row;
     rows_.Free(from);  // the last row above the limit freed: their memory goes back
     relocated_rows_.fetch_add(1, std::memory_order_relaxed);
-  }
+  };
+  for (const uint64_t key : sp.ring) relocate(key);
+  for (const uint64_t key : sp.probation) relocate(key);
 }
 
 void SparseTable::MarkUsed(uint32_t row) const {
   if (used_ != nullptr) CountUse(used_ + row, UseEpoch());
 }
 
-void SparseTable::ResidentAdded(ShardSpill* sp, uint32_t row, uint64_t key) {
+void SparseTable::QueueOnProbation(ShardSpill& sp, uint64_t key) const {
+  const uint64_t call = CallCount();
+  const size_t at = call % ShardSpill::kProbationCalls;
+  uint64_t& slot_call = sp.probation_call[at];
+  // A slot names the last call that used it; a call that began before it
+  // (another thread's, waiting for the lock) keeps the later one.
+  if (slot_call == ShardSpill::kNoCall || slot_call < call) {
+    slot_call = call;
+    sp.probation_start[at] = sp.probation_pushed;
+  }
+  sp.probation.push_back(key);
+  ++sp.probation_pushed;
+}
+
+void SparseTable::ResidentAdded(ShardSpill* sp, uint32_t row, uint64_t key, bool probation) {
   if (sp == nullptr) return;
   if (row >= kSpilledBit) ThrowRuntime("a table with a disk tier holds at most 2^31 rows in RAM");
   ++sp->resident;
-  sp->ring.push_back(key);
+  if (probation) {
+    QueueOnProbation(*sp, key);
+  } else {
+    sp->ring.push_back(key);
+  }
   if (row >= rows_.limit()) ++sp->above;  // to move below it at the next EvictLocked
   // No use counted, and this call's epoch: the step that brought the row
   // in (its pull, the push of the same keys after it) does not count.
@@ -346,6 +383,7 @@ size_t SparseTable::InstallReadLocked(KeyIndex& index, ShardSpill& sp, bool unch
 void SparseTable::InstallRecordsLocked(ShardSpill& sp, const uint32_t* slots, const char* buf,
                                        size_t m, uint32_t* const* values, const uint64_t* keys) {
   const size_t rec = sp.file->slot_bytes(), wb = layout_.weight_bytes(), sb = layout_.state_bytes();
+  const size_t left_at = spill_slot_bytes() + kLeftInTrailer;
   size_t i = 0;
   try {
     for (; i < m; ++i) {
@@ -354,7 +392,11 @@ void SparseTable::InstallRecordsLocked(ShardSpill& sp, const uint32_t* slots, co
       std::memcpy(rows_.Meta(row), r, sizeof(RowMeta));
       std::memcpy(rows_.WeightBytes(row), r + sizeof(RowMeta), wb);
       std::memcpy(rows_.StateBytes(row), r + sizeof(RowMeta) + wb, sb);
-      ResidentAdded(&sp, row, keys[i]);
+      // Back within about a pass of the shard's rows after it left: it was
+      // evicted too early, and skips probation.
+      uint64_t left;
+      std::memcpy(&left, r + left_at, sizeof(left));
+      ResidentAdded(&sp, row, keys[i], /*probation=*/sp.evictions - left >= sp.resident);
       *values[i] = row;
     }
   } catch (...) {
@@ -406,21 +448,54 @@ void SparseTable::ReloadLocked(KeyIndex& index, ShardSpill& sp, const uint64_t* 
   InstallRecordsLocked(sp, slots.data(), buf.data(), m, values.data(), found_keys.data());
 }
 
-void SparseTable::EvictLocked(KeyIndex& index, ShardSpill& sp, size_t slack) {
+uint64_t SparseTable::ProbationFrom(const ShardSpill& sp, uint64_t call, uint64_t calls) {
+  uint64_t from = sp.probation_pushed;
+  for (size_t j = 0; j < ShardSpill::kProbationCalls; ++j) {
+    const uint64_t c = sp.probation_call[j];
+    // A call later than `call` (another thread's) is young too.
+    if (c != ShardSpill::kNoCall && c + calls > call) from = std::min(from, sp.probation_start[j]);
+  }
+  return from;
+}
+
+void SparseTable::DropStaleKeysLocked(const KeyIndex& index, ShardSpill& sp) {
+  // Keys erased (shrink, load) stay in the queues until they reach the
+  // front; a shard that has not evicted for a while drops them here, in
+  // order, and CLOCK's duplicates (a key erased and added again meanwhile)
+  // if its queue is still large after that.
+  const auto stale = [&](uint64_t key) {
+    const uint32_t v = index.Find(key, Mix64(key));
+    return v == KeyIndex::kEmpty || Spilled(v);
+  };
+  std::erase_if(sp.ring, stale);
   if (sp.ring.size() > 2 * sp.resident + 1024) {
-    // Keys erased (shrink, load) stay in the queue until they reach its
-    // front; a shard that has not evicted for a while drops them here, in
-    // order, and duplicates (a key erased and added again meanwhile) if the
-    // queue is still large after that.
-    std::erase_if(sp.ring, [&](uint64_t key) {
-      const uint32_t v = index.Find(key, Mix64(key));
-      return v == KeyIndex::kEmpty || Spilled(v);
-    });
-    if (sp.ring.size() > 2 * sp.resident + 1024) {
-      std::sort(sp.ring.begin(), sp.ring.end());
-      sp.ring.erase(std::unique(sp.ring.begin(), sp.ring.end()), sp.ring.end());
+    std::sort(sp.ring.begin(), sp.ring.end());
+    sp.ring.erase(std::unique(sp.ring.begin(), sp.ring.end()), sp.ring.end());
+  }
+  // Probation's positions move down by the keys dropped before them, so
+  // that the calls' starts still tell the young keys.
+  uint64_t dropped_before[ShardSpill::kProbationCalls] = {};
+  const uint64_t front = sp.probation_pushed - sp.probation.size();
+  size_t kept = 0;
+  for (size_t i = 0; i < sp.probation.size(); ++i) {
+    if (!stale(sp.probation[i])) {
+      sp.probation[kept++] = sp.probation[i];
+      continue;
+    }
+    for (size_t j = 0; j < ShardSpill::kProbationCalls; ++j) {
+      dropped_before[j] += sp.probation_start[j] > front + i;
     }
   }
+  const size_t dropped = sp.probation.size() - kept;
+  sp.probation.resize(kept);
+  sp.probation_pushed -= dropped;
+  for (size_t j = 0; j < ShardSpill::kProbationCalls; ++j) {
+    sp.probation_start[j] -= dropped_before[j];
+  }
+}
+
+void SparseTable::EvictLocked(KeyIndex& index, ShardSpill& sp, size_t slack) {
+  if (sp.ring.size() + sp.probation.size() > 2 * sp.resident + 1024) DropStaleKeysLocked(index, sp);
   UpdateShardOwnLocked(index, sp);
   const size_t total = RowBudget();
   UpdateRowLimit(total);
@@ -432,46 +507,105 @@ void SparseTable::EvictLocked(KeyIndex& index, ShardSpill& sp, size_t slack) {
   size_t k = sp.resident - cap;
   thread_local std::vector<uint32_t*> victims;  // their index values
   thread_local std::vector<uint64_t> victim_keys;
+  thread_local std::vector<uint64_t> promoted;  // from probation, for CLOCK's queue
   thread_local std::vector<uint32_t> slots;
   thread_local std::vector<char> buf;
   victims.clear();
   victim_keys.clear();
-  // The key at the front of the queue of keys in RAM leaves it; if its
-  // row's use count is not zero, the count is decreased and the key goes to
-  // the back; else it is a victim, unless it came to RAM in this step (its
-  // epoch this call's or the one before): in the first pass such a row
-  // goes to the back too, so that a shard with little room over its step's
-  // rows evicts older ones before the rows its pull's push is about to
-  // use (each would be read twice). Not in a load (slack), which evicts
-  // every few rows it adds, all of the same epoch: each eviction would
-  // pass over them all. Keys evicted or erased since they were queued are
-  // dropped. Every count reaches 0 within kMaxUse passes of the queue, so
-  // kMaxUse + 1 passes find k (< resident) victims.
+  promoted.clear();
   constexpr size_t kAhead = 8;  // index slots of keys further on prefetched
   const uint8_t epoch = UseEpoch();
-  const size_t passes = (kMaxUse + 2) * sp.ring.size();
-  const size_t first_pass = slack == 0 ? sp.ring.size() : 0;
-  for (size_t steps = 0; victims.size() < k && steps < passes; ++steps) {
-    if (sp.ring.size() > kAhead) index.Prefetch(Mix64(sp.ring[kAhead]));
-    const uint64_t key = sp.ring.front();
-    sp.ring.pop_front();
+  const uint64_t call = CallCount();
+  // The row behind the key, or null if it was evicted or erased since the
+  // key was queued (the key is dropped) or is already a victim (a second
+  // entry of a key erased and added again).
+  const auto live = [&](uint64_t key) -> uint32_t* {
     uint32_t* v = index.FindValue(key, Mix64(key));
-    if (v == nullptr || Spilled(*v)) continue;
-    const uint8_t u = LoadUsed(used_ + *v);
-    if (u == kChosen) continue;  // a second entry of a victim
-    if ((u & kCountMask) != 0) {
-      StoreUsed(used_ + *v, u - 1);  // the count less one, its epoch kept
-      sp.ring.push_back(key);
-      continue;
-    }
-    if (steps < first_pass && CameInThisStep(u, epoch)) {
-      sp.ring.push_back(key);
-      continue;
-    }
+    if (v == nullptr || Spilled(*v) || LoadUsed(used_ + *v) == kChosen) return nullptr;
+    return v;
+  };
+  const auto choose = [&](uint32_t* v, uint64_t key) {
     StoreUsed(used_ + *v, kChosen);
     victims.push_back(v);
     victim_keys.push_back(key);
-  }
+  };
+  // Probation from its front while victims are wanted: a row used since it
+  // came in is promoted (to CLOCK's queue at the end of this eviction, so
+  // that no pass below takes it: this step's pull may be its use); one not
+  // used is a victim if its position is before `young`, which every key
+  // after it came in later than. If `spare`, one whose epoch says it came
+  // in this step is queued again instead: it came in 32 calls ago or more,
+  // the epochs repeated, and this step's use of it was not counted.
+  // Returns the victims it took.
+  const auto probation = [&](uint64_t young, bool spare) {
+    size_t taken = 0;
+    while (victims.size() < k && !sp.probation.empty()) {
+      if (sp.probation.size() > kAhead) index.Prefetch(Mix64(sp.probation[kAhead]));
+      const uint64_t key = sp.probation.front();
+      uint32_t* v = live(key);
+      if (v == nullptr) {
+        sp.probation.pop_front();
+        continue;
+      }
+      const uint8_t u = LoadUsed(used_ + *v);
+      if ((u & kCountMask) != 0) {
+        promoted.push_back(key);
+        sp.probation.pop_front();
+        continue;
+      }
+      if (sp.probation_pushed - sp.probation.size() >= young) break;
+      sp.probation.pop_front();
+      if (spare && CameInThisStep(u, epoch)) {
+        QueueOnProbation(sp, key);
+      } else {
+        choose(v, key);
+        ++taken;
+      }
+    }
+    return taken;
+  };
+  // CLOCK's hand, `moves` keys from the front of its queue: a row whose
+  // count is not zero has it decreased and is queued again; one at zero is
+  // a victim (while victims are wanted, if `wanted`) unless `spare` and it
+  // came to RAM in this step (its epoch this call's or the one before).
+  const auto hand = [&](size_t moves, bool spare, bool wanted) {
+    for (size_t m = 0; m < moves && !sp.ring.empty() && (!wanted || victims.size() < k); ++m) {
+      if (sp.ring.size() > kAhead) index.Prefetch(Mix64(sp.ring[kAhead]));
+      const uint64_t key = sp.ring.front();
+      sp.ring.pop_front();
+      uint32_t* v = live(key);
+      if (v == nullptr) continue;
+      const uint8_t u = LoadUsed(used_ + *v);
+      if ((u & kCountMask) != 0) {
+        StoreUsed(used_ + *v, u - 1);  // the count less one, its epoch kept
+        sp.ring.push_back(key);
+      } else if (spare && CameInThisStep(u, epoch)) {
+        sp.ring.push_back(key);
+      } else {
+        choose(v, key);
+      }
+    }
+  };
+  // A load (slack) spares no row of its own: it evicts every few rows it
+  // adds, all of one call, and each eviction would pass over them all.
+  const bool spare = slack == 0;
+  const size_t out = probation(ProbationFrom(sp, call, kYoungCalls), spare);
+  // The hand moves with probation's victims (rows at zero it meets go too,
+  // beyond k): so CLOCK's queue turns over while probation alone gives the
+  // victims, and a hot set that moved leaves it in time. Only over keys
+  // queued before this eviction: a short queue passed twice lost rows with
+  // one use left, this step's (its push read them back).
+  hand(std::min(out, sp.ring.size()), spare, /*wanted=*/false);
+  // Not enough: a pass of CLOCK's queue (counts run down, rows at zero go),
+  // then probation's rows of the step before this one, then the passes that
+  // find k (every count reaches zero within kMaxUse more), then this step's
+  // rows: on probation, promoted, anywhere.
+  hand(sp.ring.size(), spare, true);
+  probation(ProbationFrom(sp, call, kStepCalls), spare);
+  hand(kMaxUse * sp.ring.size(), spare, true);
+  probation(~uint64_t{0}, false);
+  sp.ring.insert(sp.ring.end(), promoted.begin(), promoted.end());
+  hand((kMaxUse + 1) * sp.ring.size(), false, true);
   k = victims.size();
   const size_t rec = sp.file->slot_bytes(), wb = layout_.weight_bytes(), sb = layout_.state_bytes();
   buf.resize(k * rec);
@@ -488,7 +622,9 @@ void SparseTable::EvictLocked(KeyIndex& index, ShardSpill& sp, size_t slack) {
     std::memcpy(p, rows_.Meta(row), sizeof(RowMeta));
     std::memcpy(p + sizeof(RowMeta), rows_.WeightBytes(row), wb);
     std::memcpy(p + sizeof(RowMeta) + wb, rows_.StateBytes(row), sb);
+    const uint64_t left = sp.evictions + j;
     std::memcpy(p + sizeof(RowMeta) + wb + sb, &victim_keys[j], sizeof(uint64_t));
+    std::memcpy(p + sizeof(RowMeta) + wb + sb + kLeftInTrailer, &left, sizeof(left));
   }
   try {
     // Appended to the shard's open extent: one write of consecutive slots.
@@ -501,6 +637,7 @@ void SparseTable::EvictLocked(KeyIndex& index, ShardSpill& sp, size_t slack) {
     }
     throw;
   }
+  sp.evictions += k;
   for (size_t j = 0; j < k; ++j) {
     const uint32_t row = *victims[j];
     *victims[j] = kSpilledBit | slots[j];

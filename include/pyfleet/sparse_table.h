@@ -193,8 +193,9 @@ class SparseTable {
   // Brings the spilled rows among keys[i * stride] back to RAM.
   void ReloadLocked(KeyIndex& index, ShardSpill& sp, const uint64_t* keys, const uint64_t* h,
                     size_t n, size_t stride = 1);
-  // Evicts rows (CLOCK) while the shard holds more than its share of the
-  // budget plus slack rows (a load's, which spares no row of its own).
+  // Evicts rows (2Q: probation, then CLOCK) while the shard holds more than
+  // its share of the budget plus slack rows (a load's, which spares no row
+  // of its own).
   void EvictLocked(KeyIndex& index, ShardSpill& sp, size_t slack = 0);
   // A push's eviction: never throws; a failed write leaves the rows in RAM
   // and is remembered for RaisePendingSpillError.
@@ -225,9 +226,16 @@ class SparseTable {
   void ReadRecord(const char* rec, float* w, float* state) const;  // state may be null
   // A pull or push used a row in RAM (the shard held shared or exclusive).
   void MarkUsed(uint32_t row) const;
-  // A row now in RAM (new, read back or loaded) joins the back of its
-  // shard's queue with no use counted.
-  void ResidentAdded(ShardSpill* sp, uint32_t row, uint64_t key);
+  // A row now in RAM (new, read back or loaded) joins the back of one of
+  // its shard's queues (probation, or CLOCK's) with no use counted.
+  void ResidentAdded(ShardSpill* sp, uint32_t row, uint64_t key, bool probation);
+  // Queues key at the back of sp's probation, as one of this call's.
+  void QueueOnProbation(ShardSpill& sp, uint64_t key) const;
+  // The position on sp's probation queue from which its keys came in within
+  // the last `calls` calls (at most ShardSpill::kProbationCalls).
+  static uint64_t ProbationFrom(const ShardSpill& sp, uint64_t call, uint64_t calls);
+  // Drops the keys erased or spilled since they were queued from sp's queues.
+  void DropStaleKeysLocked(const KeyIndex& index, ShardSpill& sp);
   // Frees key's row or spilled slot after its index entry was erased.
   void FreeValueLocked(ShardSpill* sp, uint32_t v);
   // f(key, meta, record) for each spilled row of the shard; the records for
@@ -265,11 +273,11 @@ class SparseTable {
   static constexpr uint8_t kMaxUse = 3;
   static constexpr uint8_t kCountMask = 3, kNew = 4, kEpochMask = 31;
   static constexpr int kEpochShift = 3;
-  // Pulls and pushes so far, mod 32.
-  uint8_t UseEpoch() const {
-    return static_cast<uint8_t>((pull_calls_.load(std::memory_order_relaxed) +
-                                 push_calls_.load(std::memory_order_relaxed)) & kEpochMask);
+  // Pulls and pushes so far; UseEpoch mod 32.
+  uint64_t CallCount() const {
+    return pull_calls_.load(std::memory_order_relaxed) + push_calls_.load(std::memory_order_relaxed);
   }
+  uint8_t UseEpoch() const { return static_cast<uint8_t>(CallCount() & kEpochMask); }
   // Whether a row not used since it came to RAM came in this step: its
   // epoch is this call's or the one before (the pull whose push this is).
   // Epochs repeat after 32 calls, so a row not used for that long may look

@@ -2,10 +2,12 @@
 // from RAM (the disk tier of a SparseTable with a memory budget).
 //
 // A slot holds one row's bytes as the row store lays them out, opaque here,
-// followed by the row's key (so that a cleaner can find a record's index
-// entry; the key costs disk, not RAM):
+// followed by a trailer of the row's key (so that a cleaner can find a
+// record's index entry) and its shard's count of evictions when it left RAM
+// (so that a row read back soon after is known to have left too early,
+// spill_table.cc); both cost disk, not RAM:
 //
-//   slot k at offset k * slot_bytes:  [ RowMeta | weight bytes | state bytes | key ]
+//   slot k at offset k * slot_bytes:  [ RowMeta | weight bytes | state bytes | key | left ]
 //
 // The file is cut into extents of extent_slots() consecutive slots. An
 // extent belongs to one shard at a time (ShardLog): a shard appends its
@@ -195,9 +197,25 @@ struct ShardSpill {
   SpillFile* file;      // the table's, shared by its shards
   ShardLog log;         // the shard's extents in it
   size_t resident = 0;  // rows of the shard in RAM
-  // Second chance: the keys of the shard's rows in RAM in a FIFO queue (and
-  // keys erased or spilled since they were queued, dropped at the front).
+  // The keys of the shard's rows in RAM, each in one of two FIFO queues
+  // (with keys erased or spilled since they were queued, dropped at the
+  // front): probation, for rows new or read back long after they left, and
+  // ring, CLOCK's queue, for rows used again on probation or read back soon
+  // after they left (spill_table.cc).
   std::deque<uint64_t> ring;
+  std::deque<uint64_t> probation;
+  uint64_t evictions = 0;  // rows the shard has sent to disk, ever
+  // Keys queued on probation, ever: the front key is the
+  // (probation_pushed - probation.size())-th. For each of the last calls
+  // (slot call % kProbationCalls) that queued keys there, the call (its
+  // number, SparseTable::CallCount) and the position its first key got, or
+  // kNoCall: which rows came in within the last few calls, told by position
+  // (the use byte's 5-bit epoch repeats every 32 calls).
+  static constexpr size_t kProbationCalls = 4;
+  static constexpr uint64_t kNoCall = ~uint64_t{0};
+  uint64_t probation_pushed = 0;
+  uint64_t probation_call[kProbationCalls] = {kNoCall, kNoCall, kNoCall, kNoCall};
+  uint64_t probation_start[kProbationCalls] = {};
   // The budget's bookkeeping (spill_table.cc): this shard's bytes besides
   // its rows, as last added to the table's sum; the row store's limit epoch
   // it last moved its rows under; rows it was given at or above the limit

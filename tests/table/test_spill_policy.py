@@ -55,7 +55,11 @@ def test_a_new_hot_set_takes_the_old_ones_place(tmp_path):
     t, keys = table(tmp_path, 100_000)
     rng = np.random.default_rng(5)
     step(t, keys[:10])
-    n = int(0.4 * in_ram(t))  # two hot sets do not fit together with the cold keys
+    # Two hot sets do not fit together, even with no room for the cold keys
+    # (which, new and used once, leave within two steps): at 0.4 of the RAM
+    # each, both stayed in RAM beside the cold keys' two steps and A did
+    # not have to leave (the hot steps' working memory takes ~15% of it).
+    n = int(0.5 * in_ram(t))
     hot_a, hot_b, cold = keys[:n], keys[n:2 * n], keys[2 * n:]
     for _ in range(10):
         step(t, hot_a)
@@ -86,3 +90,36 @@ def test_a_step_reads_each_row_back_once(tmp_path, batch):
         pulled, pushed = step(t, rng.choice(keys[len(hot):], batch), split=True)
         assert pulled > 0.5 * batch and pushed == 0
         assert step(t, hot) == 0
+
+
+def test_rows_used_every_few_steps_outlast_keys_used_once(tmp_path):
+    """Warm rows, each used every 6th step, beside a stream of keys each
+    used once (on disk before, never used again): once in RAM the warm rows
+    stay, and the reads are the stream's keys. A warm row that left RAM
+    comes back soon after (within a shard's rows of evictions: its spill
+    record says when it left), so it skips probation and joins the CLOCK
+    queue, where the stream's rows, which leave probation within two steps,
+    cannot push it out. With CLOCK alone the stream's rows stayed a whole
+    pass of the queue and took the warm rows' room (about 900 warm rows read
+    back a step of 1,400 warm and 1,100 stream keys)."""
+    t, keys = table(tmp_path, 150_000)
+    step(t, keys[-2000:])
+    ram = in_ram(t)
+    warm, stream = keys[:int(0.55 * ram)], keys[int(0.55 * ram):]
+    per_step, period, steps = int(0.07 * ram), 6, 60
+
+    def read_back():  # rows read back, not the cleaner's whole extents
+        st = t.stats()
+        return st["spill_reads"] - st["spill_clean_reads"]
+
+    warm_uses = warm_reads = 0
+    for s in range(steps):
+        used = warm[s % period::period]
+        once = stream[s * per_step:(s + 1) * per_step]
+        r0 = read_back()
+        step(t, np.concatenate([used, once]))
+        if s >= steps - 20:
+            warm_reads += read_back() - r0 - len(once)
+            warm_uses += len(used)
+    assert warm_uses > 20 * 1000
+    assert warm_reads < 0.02 * warm_uses, (warm_reads, warm_uses)
