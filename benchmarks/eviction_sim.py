@@ -4,13 +4,16 @@ bench_capacity.py's ids (no table is built: which rows are in RAM only).
     python benchmarks/eviction_sim.py [--rows 2000000] [--batch 100000] [--steps 30]
                                       [--in-ram 223000 300000 400000]
                                       [--policies old new ...] [--shift-at STEP] [--uniform]
+                                      [--periodic WARM EVERY FRESH]
 
 The trace is bench_capacity.py's: the same generator and seed, Zipf(1.1) ranks
 over --rows rows, key = rank x 0x9E3779B97F4A7C15 and its shard the table's
 (the top 6 bits of Mix64(key)); the fill makes the rows in rank order in
 chunks of 2^18, then 2 warm steps and --steps steps. With --shift-at S every
 rank moves to another key (rank + rows/2) from step S on: a hot set that
-moves at once; with --uniform the ids are uniform (nothing worth keeping). Each step, per shard, like the table: the pull counts its hits
+moves at once; with --uniform the ids are uniform (nothing worth keeping);
+with --periodic WARM EVERY FRESH, WARM rows each used every EVERY steps beside
+FRESH rows a step used once (where 2Q's ghost window misses warm rows). Each step, per shard, like the table: the pull counts its hits
 (per occurrence), reads back its misses and evicts down to the shard's share
 (--in-ram / 64 rows); the push reads back what the pull's eviction sent out,
 counts its keys once and evicts. Printed: rows read back per step over all
@@ -47,6 +50,14 @@ Policies (spill_table.cc's is `new`; `old` the one before it):
   ghosth  ghost, and the CLOCK queue's hand moves one row (a count less)
           for each row evicted from probation
   ghosth2 ghosth, and a row at zero under that hand is evicted
+  ghosth2w2, ghosth2w4  ghosth2 with a ghost window of 2 / 4 x the shard's rows
+  ghosth2a8, ghosth2a16  ghosth2, but the hand evicts a row at zero only 8 /
+          16 steps after it came
+  ghosth2n  ghosth2, but the hand evicts a row at zero only if it was used
+          since it came (a row read back and not used again is spared)
+  ghosth2n8  ghosth2, but the hand spares a row not used since it came if it
+          came fewer than 8 steps ago by the table's 5-bit call epoch (two
+          calls a step: ages wrap at 16 steps)
   ghostk  ghost, but probation keeps 5% of the shard's rows (old ones
           too), the rest of the victims from the CLOCK queue
   ghostkh ghostk and ghosth2
@@ -82,6 +93,16 @@ def mix64(x):
 
 def trace(args):
     """[(ranks, occurrences)] per step, in bench_capacity.py's order."""
+    if args.periodic is not None:
+        # Warm rows [0, warm), each used every `every` steps, beside `fresh`
+        # rows a step used once (ranks after the warm ones, in order).
+        warm, every, fresh = args.periodic
+        out = []
+        for t in range(args.steps + 2):
+            w = np.arange(t % every, warm, every)
+            f = warm + t * fresh + np.arange(fresh)
+            out.append((np.concatenate([w, f]), np.ones(len(w) + fresh, np.int64)))
+        return out
     rng = np.random.default_rng(7)
     batches = []
     for _ in range(args.steps):
@@ -116,6 +137,7 @@ class Clock:
         self.used = bytearray(n)
         self.res = bytearray(n)
         self.came = np.full(n, -1, np.int64)     # step the row came to RAM
+        self.ever = bytearray(n)                 # a use counted since it came
         self.counted = np.full(n, -1, np.int64)  # step of its last count
         self.rings = [collections.deque() for _ in range(SHARDS)]
         self.size = [0] * SHARDS
@@ -133,6 +155,7 @@ class Clock:
             self.counted[r], k = self.step, 1
         self.used[r] = min(self.max_use, self.used[r] + k)
         self.uses[r] += k
+        self.ever[r] = 1
 
     def load(self, s, r, reload):
         self.res[r] = 1
@@ -140,6 +163,7 @@ class Clock:
         self.rings[s].append(r)
         self.used[r] = self.enter if reload else 0
         self.came[r] = self.step
+        self.ever[r] = 0
         self.uses[r] = int(reload)
         if reload and self.hist is not None:
             self.used[r] = self.hist[1](self.h[r])
@@ -205,8 +229,15 @@ class Ghost(Clock):
     which leaves the shard that many rows under its share until its next
     call)."""
 
-    def __init__(self, n, cap, young=2, window=1.0, hand=False, keep=0.0):
+    def __init__(self, n, cap, young=2, window=1.0, hand=False, keep=0.0, hand_age=1,
+                 hand_spares_new=False, new_age=None):
         super().__init__(n, cap, own_step=False, spare_fresh=True)
+        self.hand_age = hand_age  # a row at zero goes under the hand this many steps after it came
+        self.hand_spares_new = hand_spares_new  # ... and only if used since it came
+        # ... or, with new_age, spares a row not used since it came only if it came fewer
+        # than new_age steps ago, by the table's 5-bit call epoch (a step's two calls:
+        # ages wrap at 16 steps)
+        self.new_age = new_age
         self.young, self.window, self.hand = young, window * cap, hand
         self.keep = keep * cap
         self.prob = [collections.deque() for _ in range(SHARDS)]
@@ -241,7 +272,10 @@ class Ghost(Clock):
             if used[r]:
                 used[r] -= 1
                 ring.append(r)
-            elif self.hand == 2 and self.came[r] != self.step:
+            elif (self.hand == 2 and self.step - self.came[r] >= self.hand_age
+                  and (self.ever[r] or not self.hand_spares_new)
+                  and (self.ever[r] or self.new_age is None
+                       or (self.step - self.came[r]) % 16 >= self.new_age)):
                 self.gone(s, r)  # over the cap by one less next time
                 self.size[s] -= 1
             else:
@@ -365,6 +399,12 @@ POLICIES = {
     "ghostw": lambda n, cap: Ghost(n, cap, window=0.5),
     "ghosth": lambda n, cap: Ghost(n, cap, hand=1),
     "ghosth2": lambda n, cap: Ghost(n, cap, hand=2),
+    "ghosth2w2": lambda n, cap: Ghost(n, cap, hand=2, window=2.0),
+    "ghosth2w4": lambda n, cap: Ghost(n, cap, hand=2, window=4.0),
+    "ghosth2a8": lambda n, cap: Ghost(n, cap, hand=2, hand_age=8),
+    "ghosth2a16": lambda n, cap: Ghost(n, cap, hand=2, hand_age=16),
+    "ghosth2n": lambda n, cap: Ghost(n, cap, hand=2, hand_spares_new=True),
+    "ghosth2n8": lambda n, cap: Ghost(n, cap, hand=2, new_age=8),
     "ghostk": lambda n, cap: Ghost(n, cap, keep=0.05),
     "ghostkh": lambda n, cap: Ghost(n, cap, keep=0.05, hand=2),
 }
@@ -475,7 +515,15 @@ def main():
                     choices=list(POLICIES) + ["static", "opt"])
     ap.add_argument("--shift-at", type=int, default=None)
     ap.add_argument("--uniform", action="store_true", help="uniform ids instead of Zipf(1.1)")
+    ap.add_argument("--periodic", type=int, nargs=3, metavar=("WARM", "EVERY", "FRESH"),
+                    default=None, help="instead of Zipf: WARM rows each used every EVERY steps "
+                                       "beside FRESH rows a step used once (default: off)")
     args = ap.parse_args()
+    if args.periodic is not None:
+        warm, every, fresh = args.periodic
+        if min(args.periodic) < 1 or warm + (args.steps + 2) * fresh > args.rows:
+            ap.error(f"--periodic {warm} {every} {fresh}: all positive, and WARM + "
+                     f"(steps + 2) x FRESH within --rows {args.rows}")
     if args.shift_at is not None and not 0 <= args.shift_at < args.steps + 2:
         ap.error(f"--shift-at must be a step in [0, {args.steps + 2}), got {args.shift_at}")
     steps = trace(args)
@@ -485,7 +533,7 @@ def main():
     tail = min(40, len(steps))
     distinct = len(np.unique(np.concatenate([r for r, _ in steps])))
     print(f"{len(steps)} steps (2 warm + {args.steps}) of {args.batch:,} "
-          f"{'uniform' if args.uniform else 'Zipf(1.1)'} ids over "
+          f"{'periodic' if args.periodic else 'uniform' if args.uniform else 'Zipf(1.1)'} ids over "
           f"{args.rows:,} rows: {np.mean([len(r) for r, _ in steps]):,.0f} distinct a step, "
           f"{distinct:,} in all ({distinct / len(steps):,.0f} a step)")
     print(f"{'policy':<8} {'rows in RAM':>12} {'read/step':>10} {f'last {tail}':>10}")
