@@ -61,6 +61,13 @@ constexpr size_t kLeftInTrailer = sizeof(uint64_t);
 // this many calls ago (two steps of a pull and a push); the step that is
 // spared longest is the last kStepCalls calls.
 constexpr uint64_t kYoungCalls = 4, kStepCalls = 2;
+// CLOCK's hand, moving with probation's victims (beyond the rows wanted),
+// spares a row not used since it came for this many calls (8 steps of a
+// pull and a push): a ghost hit, read back and queued for CLOCK at zero,
+// waits for its next use. Taking such rows at once cost rows used every 4th
+// step beside a stream of keys used once a third of their reads
+// (benchmarks/eviction_sim.py, ghosth2n8 against ghosth2).
+constexpr unsigned kHandSpareCalls = 16;
 static_assert(kYoungCalls <= ShardSpill::kProbationCalls);
 
 inline uint8_t LoadUsed(const uint8_t* p) {
@@ -566,9 +573,10 @@ void SparseTable::EvictLocked(KeyIndex& index, ShardSpill& sp, size_t slack) {
   };
   // CLOCK's hand, `moves` keys from the front of its queue: a row whose
   // count is not zero has it decreased and is queued again; one at zero is
-  // a victim (while victims are wanted, if `wanted`) unless `spare` and it
-  // came to RAM in this step (its epoch this call's or the one before).
-  const auto hand = [&](size_t moves, bool spare, bool wanted) {
+  // a victim (while victims are wanted, if `wanted`) unless it came to RAM
+  // within the last `spare` calls and was not used since (2: this step's
+  // rows, its epoch this call's or the one before; 0: none spared).
+  const auto hand = [&](size_t moves, unsigned spare, bool wanted) {
     for (size_t m = 0; m < moves && !sp.ring.empty() && (!wanted || victims.size() < k); ++m) {
       if (sp.ring.size() > kAhead) index.Prefetch(Mix64(sp.ring[kAhead]));
       const uint64_t key = sp.ring.front();
@@ -579,7 +587,7 @@ void SparseTable::EvictLocked(KeyIndex& index, ShardSpill& sp, size_t slack) {
       if ((u & kCountMask) != 0) {
         StoreUsed(used_ + *v, u - 1);  // the count less one, its epoch kept
         sp.ring.push_back(key);
-      } else if (spare && CameInThisStep(u, epoch)) {
+      } else if (CameWithin(u, epoch, spare)) {
         sp.ring.push_back(key);
       } else {
         choose(v, key);
@@ -595,17 +603,18 @@ void SparseTable::EvictLocked(KeyIndex& index, ShardSpill& sp, size_t slack) {
   // victims, and a hot set that moved leaves it in time. Only over keys
   // queued before this eviction: a short queue passed twice lost rows with
   // one use left, this step's (its push read them back).
-  hand(std::min(out, sp.ring.size()), spare, /*wanted=*/false);
+  hand(std::min(out, sp.ring.size()), spare ? kHandSpareCalls : 0, /*wanted=*/false);
   // Not enough: a pass of CLOCK's queue (counts run down, rows at zero go),
   // then probation's rows of the step before this one, then the passes that
   // find k (every count reaches zero within kMaxUse more), then this step's
   // rows: on probation, promoted, anywhere.
-  hand(sp.ring.size(), spare, true);
+  const unsigned step = spare ? kStepCalls : 0;
+  hand(sp.ring.size(), step, true);
   probation(ProbationFrom(sp, call, kStepCalls), spare);
-  hand(kMaxUse * sp.ring.size(), spare, true);
+  hand(kMaxUse * sp.ring.size(), step, true);
   probation(~uint64_t{0}, false);
   sp.ring.insert(sp.ring.end(), promoted.begin(), promoted.end());
-  hand((kMaxUse + 1) * sp.ring.size(), false, true);
+  hand((kMaxUse + 1) * sp.ring.size(), 0, true);
   k = victims.size();
   const size_t rec = sp.file->slot_bytes(), wb = layout_.weight_bytes(), sb = layout_.state_bytes();
   buf.resize(k * rec);

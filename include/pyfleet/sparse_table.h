@@ -282,8 +282,11 @@ class SparseTable {
   // epoch is this call's or the one before (the pull whose push this is).
   // Epochs repeat after 32 calls, so a row not used for that long may look
   // new once more, for two calls: its first use then does not count.
-  static bool CameInThisStep(uint8_t u, uint8_t epoch) {
-    return (u & kNew) != 0 && ((epoch - (u >> kEpochShift)) & kEpochMask) <= 1;
+  static bool CameInThisStep(uint8_t u, uint8_t epoch) { return CameWithin(u, epoch, 2); }
+  // Whether a row not used since it came to RAM came within the last
+  // `calls` calls (at most 32, and as above, modulo 32).
+  static bool CameWithin(uint8_t u, uint8_t epoch, unsigned calls) {
+    return (u & kNew) != 0 && ((epoch - (u >> kEpochShift)) & kEpochMask) < calls;
   }
   // A use of the row whose byte is *u in a call of the given epoch, the
   // step that brought the row to RAM not counted: relaxed (concurrent uses
