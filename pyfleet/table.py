@@ -280,7 +280,10 @@ class SparseTable:
         ``relocated_rows`` (rows moved to lower row ids as the budget's share
         for rows shrank, so that the memory above goes back), and
         ``prefetch_calls`` and ``prefetched_rows`` (:meth:`prefetch`'s calls
-        and the rows they read back, counted in ``spill_reads`` too)."""
+        and the rows they read back, counted in ``spill_reads`` too), and
+        ``spill_ghost_hits`` (rows read back soon after they left RAM, within
+        a shard's rows in RAM of evictions: evicted too early, they skip
+        probation; docs/tables.md)."""
         s = dict(self._t.stats())
         s["name"] = self.name
         return s

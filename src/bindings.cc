@@ -260,6 +260,7 @@ PYBIND11_MODULE(_core, m) {
           d["relocated_rows"] = s.relocated_rows;
           d["prefetch_calls"] = s.prefetch_calls;
           d["prefetched_rows"] = s.prefetched_rows;
+          d["spill_ghost_hits"] = s.spill_ghost_hits;
         }
         d["dim"] = t.dim();
         d["state_dim"] = t.state_dim();

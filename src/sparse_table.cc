@@ -1084,6 +1084,7 @@ SparseTableStats SparseTable::Stats() const {
     st.relocated_rows = get(relocated_rows_);
     st.prefetch_calls = get(prefetch_calls_);
     st.prefetched_rows = get(prefetched_rows_);
+    st.spill_ghost_hits = get(ghost_hits_);
   }
   return st;
 }

@@ -391,7 +391,7 @@ void SparseTable::InstallRecordsLocked(ShardSpill& sp, const uint32_t* slots, co
                                        size_t m, uint32_t* const* values, const uint64_t* keys) {
   const size_t rec = sp.file->slot_bytes(), wb = layout_.weight_bytes(), sb = layout_.state_bytes();
   const size_t left_at = spill_slot_bytes() + kLeftInTrailer;
-  size_t i = 0;
+  size_t i = 0, ghosts = 0;
   try {
     for (; i < m; ++i) {
       const uint32_t row = rows_.Allocate();
@@ -403,13 +403,17 @@ void SparseTable::InstallRecordsLocked(ShardSpill& sp, const uint32_t* slots, co
       // evicted too early, and skips probation.
       uint64_t left;
       std::memcpy(&left, r + left_at, sizeof(left));
-      ResidentAdded(&sp, row, keys[i], /*probation=*/sp.evictions - left >= sp.resident);
+      const bool ghost = sp.evictions - left < sp.resident;
+      ResidentAdded(&sp, row, keys[i], /*probation=*/!ghost);
+      ghosts += ghost;
       *values[i] = row;
     }
   } catch (...) {
+    ghost_hits_.fetch_add(ghosts, std::memory_order_relaxed);
     sp.log.Free(slots, i);  // the rows that did come back
     throw;
   }
+  ghost_hits_.fetch_add(ghosts, std::memory_order_relaxed);
   sp.log.Free(slots, m);
 }
 

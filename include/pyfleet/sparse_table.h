@@ -54,6 +54,9 @@ struct SparseTableStats {
   uint64_t spill_slot_bytes = 0, spill_extent_bytes = 0;  // a row's slot on disk, an extent
   uint64_t relocated_rows = 0;      // rows moved below the row limit as the budget's rows shrank
   uint64_t prefetch_calls = 0, prefetched_rows = 0;  // Prefetch calls, rows they read back
+  // Rows read back within a shard's rows in RAM of evictions after they
+  // left, which skip probation (spill_table.cc): evicted too early.
+  uint64_t spill_ghost_hits = 0;
 };
 
 // One row's contents, as export() copies them.
@@ -311,6 +314,7 @@ class SparseTable {
   void NoteCall(Batch& b, bool push);
   std::atomic<uint64_t> relocated_rows_{0};  // RelocateLocked's moves (stats)
   std::atomic<uint64_t> prefetch_calls_{0}, prefetched_rows_{0};  // (stats)
+  std::atomic<uint64_t> ghost_hits_{0};  // InstallRecordsLocked's rows that skip probation (stats)
   std::unique_ptr<SpillFile> spill_file_;  // every shard's spilled rows
   std::atomic<bool> spill_error_set_{false};  // a push's eviction failed (spill_error_)
   std::mutex spill_error_mu_;

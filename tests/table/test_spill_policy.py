@@ -129,3 +129,31 @@ def test_rows_used_every_few_steps_outlast_keys_used_once(tmp_path, warm_share, 
             warm_uses += len(used)
     assert warm_uses > 20 * 1000
     assert warm_reads < 0.02 * warm_uses, (warm_reads, warm_uses)
+
+
+def test_rows_back_soon_after_they_left_are_counted_as_ghost_hits(tmp_path):
+    """stats()["spill_ghost_hits"]: a row read back within a shard's rows in
+    RAM of evictions after it left skips probation and is counted; keys on
+    disk since the fill (left long ago) are read back and not counted."""
+    t, keys = table(tmp_path, 150_000)
+    ram = in_ram(t)
+
+    def read_back():
+        st = t.stats()
+        return st["spill_reads"] - st["spill_clean_reads"], st["spill_ghost_hits"]
+
+    before = read_back()
+    t.pull(keys[:3000])  # on disk since the fill's first calls
+    after = read_back()
+    assert after[0] - before[0] == 3000
+    assert after[1] == before[1]
+    a = keys[20_000:20_000 + int(0.6 * ram)]
+    b = keys[40_000:40_000 + int(0.6 * ram)]
+    t.pull(a)
+    t.pull(b)  # evicts most of a: a's rows, unused since they came, go first
+    before = read_back()
+    t.pull(a)
+    after = read_back()
+    back = after[0] - before[0]
+    assert back > 0.3 * len(a), back
+    assert after[1] - before[1] == back
