@@ -131,7 +131,8 @@ def child(args):
                 "reads_per_step": per_step("spill_reads"),
                 "clean_reads_per_step": per_step("spill_clean_reads"),
                 "clean_moves_per_step": per_step("spill_clean_moves"),
-                "prefetched_per_step": per_step("prefetched_rows")} if timed else None
+                "prefetched_per_step": per_step("prefetched_rows"),
+                "ghost_hits_per_step": per_step("spill_ghost_hits")} if timed else None
 
     run(2, False)  # the first batches' new hot rows come to RAM
     cold = run(args.steps, True)
@@ -197,14 +198,15 @@ def main():
     print(f"then {args.steps} steady steps with the next batch prefetched in another thread "
           f"(phase 'ahead')")
     print(f"{'table':<10} {'phase':<7} {'keys/s wall':>12} {'keys/s cpu':>12} "
-          f"{'slots read/step':>16} {'of them cleaner':>16} {'prefetched':>11} {'moved/step':>11}")
+          f"{'slots read/step':>16} {'of them cleaner':>16} {'prefetched':>11} {'moved/step':>11} "
+          f"{'ghost hits':>11}")
     for phase in PHASES:
         for name, r in (("in RAM", ram), ("spilling", disk)):
             p = r[phase]
             print(f"{name:<10} {PHASES[phase]:<7} {p['wall_keys_s']:>12,.0f} "
                   f"{p['cpu_keys_s']:>12,.0f} {p['reads_per_step']:>16,.0f} "
                   f"{p['clean_reads_per_step']:>16,.0f} {p['prefetched_per_step']:>11,.0f} "
-                  f"{p['clean_moves_per_step']:>11,.0f}")
+                  f"{p['clean_moves_per_step']:>11,.0f} {p['ghost_hits_per_step']:>11,.0f}")
     for phase in PHASES:
         d, m = disk[phase], ram[phase]
         print(f"throughput ratio spilling/RAM, {PHASES[phase]:<6}: wall "
