@@ -64,9 +64,10 @@ constexpr uint64_t kYoungCalls = 4, kStepCalls = 2;
 // CLOCK's hand, moving with probation's victims (beyond the rows wanted),
 // spares a row not used since it came for this many calls (8 steps of a
 // pull and a push): a ghost hit, read back and queued for CLOCK at zero,
-// waits for its next use. Taking such rows at once cost rows used every 4th
-// step beside a stream of keys used once a third of their reads
-// (benchmarks/eviction_sim.py, ghosth2n8 against ghosth2).
+// waits for its next use. Taking such rows at once read back rows used every
+// 4th step beside a stream of keys used once at nearly every use
+// (test_spill_policy.py; half of them in benchmarks/eviction_sim.py,
+// ghosth2 against ghosth2n8).
 constexpr unsigned kHandSpareCalls = 16;
 static_assert(kYoungCalls <= ShardSpill::kProbationCalls);
 

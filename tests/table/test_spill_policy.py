@@ -106,7 +106,7 @@ def test_rows_used_every_few_steps_outlast_keys_used_once(tmp_path, warm_share, 
     back a step of 1,400 warm and 1,100 stream keys). With the stream at
     0.15 of the RAM a step, CLOCK's hand, moving with probation's victims,
     took warm rows read back and not used again yet, unless it spares them
-    for 8 steps (about a third of the warm uses read back without)."""
+    for 8 steps (without: 26,439 of 27,060 warm uses read back)."""
     t, keys = table(tmp_path, 150_000)
     step(t, keys[-2000:])
     ram = in_ram(t)
