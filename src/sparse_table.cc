@@ -868,7 +868,7 @@ void SparseTable::PushShard(Shard& s, Batch& b, size_t lo, size_t hi, const floa
         }
         g = sum;
       }
-      MarkUsed(row);
+      MarkPushed(row);
       RowMeta* meta = rows_.Meta(row);
       float* rw = rows_.Weights(row);
       if (compact) {

@@ -250,6 +250,10 @@ void SparseTable::MarkUsed(uint32_t row) const {
   if (used_ != nullptr) CountUse(used_ + row, UseEpoch());
 }
 
+void SparseTable::MarkPushed(uint32_t row) const {
+  if (used_ != nullptr) CountPushUse(used_ + row, UseEpoch());
+}
+
 void SparseTable::QueueOnProbation(ShardSpill& sp, uint64_t key) const {
   const uint64_t call = CallCount();
   const size_t at = call % ShardSpill::kProbationCalls;

@@ -229,6 +229,7 @@ class SparseTable {
   void ReadRecord(const char* rec, float* w, float* state) const;  // state may be null
   // A pull or push used a row in RAM (the shard held shared or exclusive).
   void MarkUsed(uint32_t row) const;
+  void MarkPushed(uint32_t row) const;  // CountPushUse
   // A row now in RAM (new, read back or loaded) joins the back of one of
   // its shard's queues (probation, or CLOCK's) with no use counted.
   void ResidentAdded(ShardSpill* sp, uint32_t row, uint64_t key, bool probation);
@@ -300,6 +301,16 @@ class SparseTable {
     const uint8_t v = a.load(std::memory_order_relaxed);
     if ((v & kCountMask) >= kMaxUse || CameInThisStep(v, epoch)) return;
     a.store(static_cast<uint8_t>((v & ~kNew) + 1), std::memory_order_relaxed);
+  }
+  // A push's use: as CountUse, but none for a row not used since it came.
+  // A push follows the pull of its keys, which brought such a row in, and
+  // is its step's use: through the service the next batch's pull comes in
+  // between (the worker pulls ahead), so the push is three calls after its
+  // pull, not "this step" by the epoch, and counting it promoted every new
+  // row off probation (2Q's eviction then did a CLOCK pass for each).
+  static void CountPushUse(uint8_t* u, uint8_t epoch) {
+    if ((std::atomic_ref<uint8_t>(*u).load(std::memory_order_relaxed) & kNew) != 0) return;
+    CountUse(u, epoch);
   }
   std::atomic<size_t> spill_own_{0};  // the shards' ShardSpill::own, summed
   // The working memory of the last pull, push and prefetch (Batch::Note
