@@ -155,7 +155,7 @@ void SparseTable::UpdateShardOwnLocked(const KeyIndex& index, ShardSpill& sp) {
   const size_t stale = queued > sp.resident ? queued - sp.resident : 0;
   const size_t own = index.MemoryBytes() + sp.log.MemoryBytes() +
                      static_cast<size_t>(phase * static_cast<double>((next - slots) * sizeof(IndexSlot))) +
-                     stale * sizeof(uint64_t);
+                     (stale + sp.above.capacity()) * sizeof(uint64_t);
   spill_own_.fetch_add(own - sp.own, std::memory_order_relaxed);  // modular: own may shrink
   sp.own = own;
 }
@@ -218,9 +218,12 @@ void SparseTable::UpdateRowLimit(size_t total) {
 
 void SparseTable::RelocateLocked(KeyIndex& index, ShardSpill& sp) {
   const uint64_t epoch = rows_.limit_epoch();
-  if (sp.epoch_seen == epoch && sp.above == 0) return;
+  const bool moved = sp.epoch_seen != epoch;  // every row may be above it now
+  if (!moved && sp.above.empty()) return;
   sp.epoch_seen = epoch;
-  sp.above = 0;
+  thread_local std::vector<uint64_t> again;  // this call's keys of sp.above
+  again.clear();
+  again.swap(sp.above);
   if (!rows_.InUseAboveLimit()) return;
   const uint32_t limit = rows_.limit();
   const size_t wb = layout_.weight_bytes(), sb = layout_.state_bytes();
@@ -229,7 +232,7 @@ void SparseTable::RelocateLocked(KeyIndex& index, ShardSpill& sp) {
     if (v == nullptr || Spilled(*v) || *v < limit) return;
     const uint32_t row = rows_.AllocateBelowLimit();
     if (row == RowStore::kNone) {  // other shards are over their caps for now: next time
-      ++sp.above;
+      sp.above.push_back(key);
       return;
     }
     const uint32_t from = *v;
@@ -242,8 +245,12 @@ void SparseTable::RelocateLocked(KeyIndex& index, ShardSpill& sp) {
     rows_.Free(from);  // the last row above the limit freed: their memory goes back
     relocated_rows_.fetch_add(1, std::memory_order_relaxed);
   };
-  for (const uint64_t key : sp.ring) relocate(key);
-  for (const uint64_t key : sp.probation) relocate(key);
+  if (moved) {
+    for (const uint64_t key : sp.ring) relocate(key);
+    for (const uint64_t key : sp.probation) relocate(key);
+  } else {
+    for (const uint64_t key : again) relocate(key);
+  }
 }
 
 void SparseTable::MarkUsed(uint32_t row) const {
@@ -277,7 +284,7 @@ void SparseTable::ResidentAdded(ShardSpill* sp, uint32_t row, uint64_t key, bool
   } else {
     sp->ring.push_back(key);
   }
-  if (row >= rows_.limit()) ++sp->above;  // to move below it at the next EvictLocked
+  if (row >= rows_.limit()) sp->above.push_back(key);  // to move below it at the next EvictLocked
   // No use counted, and this call's epoch: the step that brought the row
   // in (its pull, the push of the same keys after it) does not count.
   StoreUsed(used_ + row, static_cast<uint8_t>(UseEpoch() << kEpochShift | kNew));
