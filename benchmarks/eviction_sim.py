@@ -72,6 +72,7 @@ Simulation only: a few minutes for the defaults and every policy.
 import argparse
 import collections
 import heapq
+import math
 
 import numpy as np
 
@@ -230,14 +231,13 @@ class Ghost(Clock):
     call)."""
 
     def __init__(self, n, cap, young=2, window=1.0, hand=False, keep=0.0, hand_age=1,
-                 hand_spares_new=False, new_age=None):
+                 spare_unused=None):
         super().__init__(n, cap, own_step=False, spare_fresh=True)
         self.hand_age = hand_age  # a row at zero goes under the hand this many steps after it came
-        self.hand_spares_new = hand_spares_new  # ... and only if used since it came
-        # ... or, with new_age, spares a row not used since it came only if it came fewer
-        # than new_age steps ago, by the table's 5-bit call epoch (a step's two calls:
-        # ages wrap at 16 steps)
-        self.new_age = new_age
+        # The hand spares a row not used since it came: always (math.inf), or if it came
+        # fewer than this many steps ago by the table's 5-bit call epoch (a step's two
+        # calls: ages wrap at 16 steps); None: never.
+        self.spare_unused = spare_unused
         self.young, self.window, self.hand = young, window * cap, hand
         self.keep = keep * cap
         self.prob = [collections.deque() for _ in range(SHARDS)]
@@ -249,6 +249,13 @@ class Ghost(Clock):
         if self.evicted[s] - self.left[r] > self.window:  # new rows too
             self.rings[s].pop()
             self.prob[s].append(r)
+
+    def spared_unused(self, r):
+        """Whether the hand spares row r, at zero, as not used since it came."""
+        if self.spare_unused is None or self.ever[r]:
+            return False
+        age = self.step - self.came[r]
+        return math.isinf(self.spare_unused) or age % 16 < self.spare_unused
 
     def evict(self, s):
         prob, ring, used = self.prob[s], self.rings[s], self.used
@@ -273,9 +280,7 @@ class Ghost(Clock):
                 used[r] -= 1
                 ring.append(r)
             elif (self.hand == 2 and self.step - self.came[r] >= self.hand_age
-                  and (self.ever[r] or not self.hand_spares_new)
-                  and (self.ever[r] or self.new_age is None
-                       or (self.step - self.came[r]) % 16 >= self.new_age)):
+                  and not self.spared_unused(r)):
                 self.gone(s, r)  # over the cap by one less next time
                 self.size[s] -= 1
             else:
@@ -403,8 +408,8 @@ POLICIES = {
     "ghosth2w4": lambda n, cap: Ghost(n, cap, hand=2, window=4.0),
     "ghosth2a8": lambda n, cap: Ghost(n, cap, hand=2, hand_age=8),
     "ghosth2a16": lambda n, cap: Ghost(n, cap, hand=2, hand_age=16),
-    "ghosth2n": lambda n, cap: Ghost(n, cap, hand=2, hand_spares_new=True),
-    "ghosth2n8": lambda n, cap: Ghost(n, cap, hand=2, new_age=8),
+    "ghosth2n": lambda n, cap: Ghost(n, cap, hand=2, spare_unused=math.inf),
+    "ghosth2n8": lambda n, cap: Ghost(n, cap, hand=2, spare_unused=8),
     "ghostk": lambda n, cap: Ghost(n, cap, keep=0.05),
     "ghostkh": lambda n, cap: Ghost(n, cap, keep=0.05, hand=2),
 }

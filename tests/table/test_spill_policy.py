@@ -32,6 +32,12 @@ def reads(t):
     return t.stats()["spill_reads"]
 
 
+def read_back(t):
+    """Rows read back, not the cleaner's whole extents."""
+    st = t.stats()
+    return st["spill_reads"] - st["spill_clean_reads"]
+
+
 def in_ram(t):
     return len(t) - t.stats()["spilled_rows"]
 
@@ -126,20 +132,17 @@ def test_rows_used_every_few_steps_outlast_keys_used_once(tmp_path, warm_share, 
     def batch(s):
         return np.concatenate([warm[s % period::period], stream[s * per_step:(s + 1) * per_step]])
 
-    def read_back():  # rows read back, not the cleaner's whole extents
-        st = t.stats()
-        return st["spill_reads"] - st["spill_clean_reads"]
-
     if ahead:
         t.pull(batch(0))
     warm_uses = warm_reads = 0
     for s in range(steps):
         pulled = batch(s + 1) if ahead else batch(s)  # its stream keys all read back
-        r0 = read_back()
+        pushed = batch(s)
+        r0 = read_back(t)
         t.pull(pulled)
-        t.push(batch(s), np.zeros((len(batch(s)), DIM), np.float32))
+        t.push(pushed, np.zeros((len(pushed), DIM), np.float32))
         if s >= steps - 20:
-            warm_reads += read_back() - r0 - per_step
+            warm_reads += read_back(t) - r0 - per_step
             warm_uses += len(pulled) - per_step
     assert warm_uses > 20 * 1000
     assert warm_reads < 0.02 * warm_uses, (warm_reads, warm_uses)
@@ -152,22 +155,21 @@ def test_rows_back_soon_after_they_left_are_counted_as_ghost_hits(tmp_path):
     t, keys = table(tmp_path, 150_000)
     ram = in_ram(t)
 
-    def read_back():
-        st = t.stats()
-        return st["spill_reads"] - st["spill_clean_reads"], st["spill_ghost_hits"]
+    def counts():
+        return read_back(t), t.stats()["spill_ghost_hits"]
 
-    before = read_back()
+    before = counts()
     t.pull(keys[:3000])  # on disk since the fill's first calls
-    after = read_back()
+    after = counts()
     assert after[0] - before[0] == 3000
     assert after[1] == before[1]
     a = keys[20_000:20_000 + int(0.6 * ram)]
     b = keys[40_000:40_000 + int(0.6 * ram)]
     t.pull(a)
     t.pull(b)  # evicts most of a: a's rows, unused since they came, go first
-    before = read_back()
+    before = counts()
     t.pull(a)
-    after = read_back()
+    after = counts()
     back = after[0] - before[0]
     assert back > 0.3 * len(a), back
     assert after[1] - before[1] == back
