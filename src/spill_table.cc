@@ -27,7 +27,7 @@
 // key queued again; one at zero goes too. So the Zipf tail, seen once,
 // leaves after two steps instead of a whole pass of CLOCK's queue, and the
 // room goes to rows used again: bench_capacity's steady phase reads back
-// ~12% fewer rows a step (docs/tables.md, with the simulation that chose
+// ~12% fewer rows a step (docs/disk_tier_log.md, with the simulation that chose
 // this). When probation's old rows are not enough, CLOCK's queue gives the
 // rest, then the rows of the step before on probation, this step's rows
 // last: the push after a pull uses them.
