@@ -160,6 +160,10 @@ def cmd_train(args, argv):
     if (args.memory_budget is None) != (args.spill_dir is None):
         raise SystemExit("pyfleet train: --memory-budget and --spill-dir go together "
                          f"(got only {'--memory-budget' if args.spill_dir is None else '--spill-dir'})")
+    if args.spill_dir is not None and os.path.exists(args.spill_dir) \
+            and not os.path.isdir(args.spill_dir):
+        raise SystemExit(f"pyfleet train: --spill-dir {args.spill_dir} is not a directory "
+                         f"(the servers' rows beyond --memory-budget go to files in it)")
     if args.storage.endswith("_q8") and args.optimizer not in ("adam", "adagrad"):
         raise SystemExit(f"pyfleet train: --storage {args.storage} keeps Adam's or Adagrad's "
                          f"state in 8 bits; --optimizer {args.optimizer} is not supported by it")

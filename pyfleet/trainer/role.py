@@ -77,8 +77,9 @@ def run_role(job):
         try:
             fleet.init_server(where)
         except ValueError as e:  # damaged, incomplete, another model's: it says which file
-            raise SystemExit(f"pyfleet server {fleet.server_index()}: cannot load "
-                             f"{where}: {e}") from None
+            # (or, starting fresh, a table option the tables refuse: a budget below their minimum)
+            what = f"cannot load {where}" if where else "cannot start its tables"
+            raise SystemExit(f"pyfleet server {fleet.server_index()}: {what}: {e}") from None
         fleet.run_server()
         log.info("server %d: stopped", fleet.server_index())
         return 0

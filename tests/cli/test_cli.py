@@ -213,3 +213,18 @@ def test_train_refuses_half_a_disk_tier(tmp_path):
     r = pyfleet("train", "--memory-budget", "lots", "--spill-dir", "x", "--rows", "2000",
                 cwd=tmp_path, timeout=60)
     assert r.returncode != 0 and "--memory-budget" in r.stderr and "lots" in r.stderr
+    (tmp_path / "a_file").write_text("x")
+    r = pyfleet("train", "--memory-budget", "1G", "--spill-dir", str(tmp_path / "a_file"),
+                "--rows", "2000", cwd=tmp_path, timeout=60)
+    assert r.returncode != 0 and "--spill-dir" in r.stderr and "not a directory" in r.stderr
+    assert not (tmp_path / "runs").exists()  # refused before anything was written
+
+
+def test_train_names_a_budget_below_the_tables_minimum(tmp_path):
+    """A budget the servers' tables refuse (below room for 16 rows a shard) fails
+    the job with the table's reason, not a load of a checkpoint that is not there."""
+    r = pyfleet("train", "--memory-budget", "1K", "--spill-dir", str(tmp_path / "spill"),
+                "--rows", "2000", cwd=tmp_path, timeout=120)
+    assert r.returncode != 0
+    assert "cannot start its tables" in r.stderr and "memory_budget must be at least" in r.stderr
+    assert "None" not in r.stderr, r.stderr
