@@ -149,14 +149,21 @@ def child(args):
         "spill_reads": st.get("spill_reads", 0), "spill_writes": st.get("spill_writes", 0)}))
 
 
-def run_child(args, budget):
-    cmd = [sys.executable, __file__, "--child", "--rows", str(args.rows), "--dim", str(args.dim),
-           "--batch", str(args.batch), "--steps", str(args.steps),
-           "--warm-steps", str(args.warm_steps), "--spill-dir", args.spill_dir]
+def json_child(script, argv, budget):
+    """``python script --child *argv [--budget budget]`` in a process of its own (so
+    its RSS is its table's): the JSON object its last line prints."""
+    cmd = [sys.executable, script, "--child", *argv]
     if budget is not None:
         cmd += ["--budget", str(budget)]
     r = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def run_child(args, budget):
+    return json_child(__file__, ["--rows", str(args.rows), "--dim", str(args.dim),
+                                 "--batch", str(args.batch), "--steps", str(args.steps),
+                                 "--warm-steps", str(args.warm_steps),
+                                 "--spill-dir", args.spill_dir], budget)
 
 
 def main():

@@ -21,20 +21,15 @@ RAM table of 1,200 steps holds 16M rows (about 4 GB); --steps 600 halves it.
 import argparse
 import json
 import os
-import subprocess
-import sys
 import tempfile
 import time
 
 import numpy as np
+from bench_capacity import json_child  # this directory: sys.path[0]
+
+from pyfleet.cli.parser import byte_count
 
 GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-
-
-def size(text):
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    t = text.strip().upper().removesuffix("B").removesuffix("I")
-    return int(float(t[:-1]) * mult[t[-1]]) if t and t[-1] in mult else int(t)
 
 
 def child(args):
@@ -70,17 +65,14 @@ def child(args):
 
 
 def run_child(args, budget):
-    cmd = [sys.executable, __file__, "--child", "--steps", str(args.steps), "--keys", str(args.keys),
-           "--window", str(args.window), "--order", args.order, "--spill-dir", args.spill_dir]
-    if budget is not None:
-        cmd += ["--budget", str(budget)]
-    r = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return json_child(__file__, ["--steps", str(args.steps), "--keys", str(args.keys),
+                                 "--window", str(args.window), "--order", args.order,
+                                 "--spill-dir", args.spill_dir], budget)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--budget", type=size, default=400 << 20,
+    ap.add_argument("--budget", type=byte_count, default=400 << 20,
                     help="the spilling table's memory_budget (bytes, or 400M, 1G)")
     ap.add_argument("--steps", type=int, default=1200)
     ap.add_argument("--keys", type=int, default=13312, help="new keys a step")
