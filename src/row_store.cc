@@ -88,6 +88,18 @@ void RowStore::FreeChunk(const Chunk& c) {
   PageFree(c.weights, c.rows * weight_bytes_);
   PageFree(c.state, c.rows * state_bytes_);
   PageFree(c.meta, c.rows * sizeof(RowMeta));
+  if (c.keys != nullptr) PageFree(c.keys, c.rows * sizeof(uint64_t));
+}
+
+void RowStore::EnableKeys() {
+  std::lock_guard lock(mu_);
+  PYFLEET_ASSERT(live_rows_ == 0);
+  // Rows made and freed before (an emptied table) leave chunks without the
+  // column: they go, and the next row maps its chunk with it.
+  for (size_t k = 0; k < num_chunks_; ++k) FreeChunk(chunks_[k]);
+  num_chunks_ = 0;
+  top_ = touched_ = hint_ = 0;
+  keys_ = true;
 }
 
 uint32_t RowStore::Allocate() {
@@ -132,6 +144,7 @@ void RowStore::GrowLocked() {
     c.state = state_bytes_ ? static_cast<char*>(PageAllocAligned(c.rows * state_bytes_))
                            : nullptr;
     c.meta = static_cast<RowMeta*>(PageAllocAligned(c.rows * sizeof(RowMeta)));
+    c.keys = keys_ ? static_cast<uint64_t*>(PageAllocAligned(c.rows * sizeof(uint64_t))) : nullptr;
     // Readers find this entry only through rows published after it, under
     // their shard's lock (the chunk is written before this mutex is released).
     chunks_[num_chunks_] = c;
@@ -194,6 +207,7 @@ void RowStore::MaybeRelease() {
     drop(c.weights, weight_bytes_);
     drop(c.state, state_bytes_);
     drop(c.meta, sizeof(RowMeta));
+    drop(c.keys, sizeof(uint64_t));
   }
   touched_ = top_;
 }
@@ -211,6 +225,7 @@ void RowStore::CollapseFilledPages(size_t k, size_t offset) {
   column(c.weights, weight_bytes_);
   column(c.state, state_bytes_);
   column(c.meta, sizeof(RowMeta));
+  column(c.keys, sizeof(uint64_t));
 }
 
 void RowStore::Free(uint32_t row) {
@@ -238,7 +253,8 @@ size_t RowStore::MemoryBytes() const {
     const Chunk& c = chunks_[k];
     const size_t rows = k + 1 < num_chunks_ ? c.rows : Locate(touched_ - 1).offset + 1;
     bytes += RoundUp(rows * weight_bytes_) + RoundUp(rows * sizeof(RowMeta)) +
-             (state_bytes_ ? RoundUp(rows * state_bytes_) : 0);
+             (state_bytes_ ? RoundUp(rows * state_bytes_) : 0) +
+             (keys_ ? RoundUp(rows * sizeof(uint64_t)) : 0);
   }
   return bytes;
 }

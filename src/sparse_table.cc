@@ -332,10 +332,12 @@ SparseTable::~SparseTable() { ReleaseSpill(); }
 size_t SparseTable::ShardBytes() { return sizeof(Shard); }
 
 void SparseTable::InstallShardSpills() {
-  for (auto& sp : shards_) {
-    ShardWriteLock lock(*sp);
-    sp->index.SetCompact();  // its bytes are bytes less of rows in RAM
-    sp->spill = std::make_unique<ShardSpill>(spill_file_.get());
+  for (size_t i = 0; i < kShards; ++i) {
+    Shard& sp = *shards_[i];
+    ShardWriteLock lock(sp);
+    sp.index.SetCompact();  // its bytes are bytes less of rows in RAM
+    sp.spill = std::make_unique<ShardSpill>(spill_file_.get());
+    sp.spill->shard = i;
   }
 }
 

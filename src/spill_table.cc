@@ -122,6 +122,7 @@ void SparseTable::EnableSpill(size_t memory_budget, const std::string& spill_dir
   used_ = static_cast<uint8_t*>(used);
   madvise(used_, kUsedBytes, MADV_NOHUGEPAGE);  // one byte a row: 4 KiB pages, not 2 MiB
   index_arena_.ReleaseFreedArrays();
+  rows_.EnableKeys();
   spill_file_ = std::move(file);
   InstallShardSpills();
   budget_ = memory_budget;
@@ -134,9 +135,10 @@ void SparseTable::ReleaseSpill() {
 }
 
 size_t SparseTable::RowBytesInRam() const {
-  // Its bytes, its second-chance byte, its key in one of the queues, its
-  // bit in the row store's map (rounded up to a byte).
-  return spill_slot_bytes() + 1 + sizeof(uint64_t) + 1;
+  // Its bytes, its second-chance byte, its key in one of the queues and
+  // beside it in the row store (RowStore::EnableKeys), its bit in the row
+  // store's map (rounded up to a byte).
+  return spill_slot_bytes() + 1 + 2 * sizeof(uint64_t) + 1;
 }
 
 void SparseTable::UpdateShardOwnLocked(const KeyIndex& index, ShardSpill& sp) {
@@ -241,24 +243,30 @@ void SparseTable::RelocateLocked(KeyIndex& index, ShardSpill& sp) {
     std::memcpy(rows_.StateBytes(row), rows_.StateBytes(from), sb);
     StoreUsed(used_ + row, LoadUsed(used_ + from));
     StoreUsed(used_ + from, 0);
+    rows_.SetKey(row, key);
     *v = row;
     rows_.Free(from);  // the last row above the limit freed: their memory goes back
     relocated_rows_.fetch_add(1, std::memory_order_relaxed);
   };
   if (moved) {
-    // Every key queued, its index slots asked for kAhead keys ahead: a pass
-    // of one miss after the other took a quarter of a table's CPU while new
-    // keys kept its index growing and the limit moving (docs/tables.md).
-    constexpr size_t kAhead = 32;
-    const KeyIndex::View view = index.view();
-    for (const std::deque<uint64_t>* q : {&sp.ring, &sp.probation}) {
-      auto ahead = q->begin();
-      for (size_t i = 0; i < kAhead && ahead != q->end(); ++i, ++ahead) view.PrefetchRun(Mix64(*ahead));
-      for (const uint64_t key : *q) {
-        if (ahead != q->end()) view.PrefetchRun(Mix64(*ahead++));
-        relocate(key);
-      }
-    }
+    // The rows at or above the limit tell their keys (the row store's key
+    // column): a pass over those rows, of every shard (a shard's rows are
+    // spread over the ids), not a lookup of every key this shard holds in
+    // RAM, which took a quarter of a table's CPU while new keys kept its
+    // index growing and the limit moving (docs/tables.md). A key read is
+    // checked against this shard's index: the row may be another shard's,
+    // or freed and made again since its key was written.
+    thread_local std::vector<uint64_t> found;
+    found.clear();
+    rows_.KeysInUseFrom(limit, found, [&](uint64_t key, uint32_t row) {
+      const uint64_t h = Mix64(key);
+      return (h >> (64 - kShardBits)) == sp.shard && index.Find(key, h) == row;
+    });
+    // Highest first: while there is less room below the limit than rows
+    // above it (the shards evict down to the new caps one by one), the
+    // room goes to the rows that hold the top up, so the memory above the
+    // highest row still in use goes back as soon as it can.
+    for (auto it = found.rbegin(); it != found.rend(); ++it) relocate(*it);
   } else {
     for (const uint64_t key : again) relocate(key);
   }
@@ -289,6 +297,7 @@ void SparseTable::QueueOnProbation(ShardSpill& sp, uint64_t key) const {
 void SparseTable::ResidentAdded(ShardSpill* sp, uint32_t row, uint64_t key, bool probation) {
   if (sp == nullptr) return;
   if (row >= kSpilledBit) ThrowRuntime("a table with a disk tier holds at most 2^31 rows in RAM");
+  rows_.SetKey(row, key);
   ++sp->resident;
   if (probation) {
     QueueOnProbation(*sp, key);

@@ -196,6 +196,7 @@ struct ShardSpill {
   explicit ShardSpill(SpillFile* f) : file(f), log(f) {}
   SpillFile* file;      // the table's, shared by its shards
   ShardLog log;         // the shard's extents in it
+  size_t shard = 0;     // which of the table's shards (the top bits of Mix64(key))
   size_t resident = 0;  // rows of the shard in RAM
   // The keys of the shard's rows in RAM, each in one of two FIFO queues
   // (with keys erased or spilled since they were queued, dropped at the
