@@ -45,6 +45,11 @@ int main(int argc, char** argv) {
   // spill file under every call.
   SparseTable spilled(8, opt, init, 1, entry);
   spilled.EnableSpill(spilled.MinMemoryBudget(), dir);
+  // And one whose index grows into its budget (8 MiB; 262k fresh keys): the
+  // row limit falls again and again, and each shard moves its rows above it,
+  // found by the keys beside them, while the other shards make and free rows.
+  SparseTable growing(8, opt, init, 1, entry);
+  growing.EnableSpill(8 << 20, dir);
 
   std::atomic<int> workers_done{0};
   std::vector<std::thread> threads;
@@ -69,6 +74,8 @@ int main(int argc, char** argv) {
         spilled.Pull(keys.data(), keys.size(), out.data());
         spilled.Push(keys.data(), keys.size(), grads.data());
         spilled.Pull(keys.data(), keys.size() / 4, out.data(), false);
+        growing.Pull(keys.data(), keys.size(), out.data());
+        growing.Push(keys.data(), keys.size(), grads.data());
         std::vector<float> shows(keys.size(), 1.f);
         spilled.AddShowClick(keys.data(), keys.size(), shows.data(), shows.data());
       }
@@ -96,6 +103,7 @@ int main(int argc, char** argv) {
     for (uint64_t b = 0; b < 64; ++b) {
       for (size_t i = 0; i < fresh.size(); ++i) fresh[i] = (uint64_t{1} << 40) + b * 4096 + i;
       table.Pull(fresh.data(), fresh.size(), out.data());
+      growing.Pull(fresh.data(), fresh.size(), out.data());
     }
   });
   threads.emplace_back([&] {
@@ -152,6 +160,8 @@ int main(int argc, char** argv) {
   // (the last shrinks may drop every row once the pushes are over)
   if (spilled.Stats().spill_writes == 0) return Fail("nothing spilled");
   if (spilled.Stats().prefetched_rows == 0) return Fail("nothing prefetched");
+  if (growing.Stats().relocated_rows == 0) return Fail("no row moved below the row limit");
+  if (growing.Size() < 64 * 4096) return Fail("growing: fresh keys missing");
   RowExport se = spilled.Export(skeys.data(), skeys.size(), true);
   if (se.keys.size() != skeys.size()) return Fail("spilled export size");
   for (float v : se.weights) if (!std::isfinite(v)) return Fail("non-finite spilled weight");
