@@ -69,8 +69,6 @@ inline void PrefetchSpan(const void* p, size_t bytes, bool write = false) {
   }
 }
 
-inline size_t ShardOf(uint64_t h) { return h >> (64 - SparseTable::kShardBits); }
-
 // dst[0, D) = src[0, D) for a row that pushes may be writing (Hogwild): each
 // float is read whole. D > 0 is a multiple of 4 and src is 16-byte aligned
 // (rows are dim * 4 bytes apart from a page-aligned start). On x86-64 the

@@ -260,7 +260,7 @@ void SparseTable::RelocateLocked(KeyIndex& index, ShardSpill& sp) {
     found.clear();
     rows_.KeysInUseFrom(limit, found, [&](uint64_t key, uint32_t row) {
       const uint64_t h = Mix64(key);
-      return (h >> (64 - kShardBits)) == sp.shard && index.Find(key, h) == row;
+      return ShardOf(h) == sp.shard && index.Find(key, h) == row;
     });
     // Highest first: while there is less room below the limit than rows
     // above it (the shards evict down to the new caps one by one), the

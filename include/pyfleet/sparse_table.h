@@ -72,6 +72,8 @@ class SparseTable {
  public:
   static constexpr int kShardBits = 6;
   static constexpr size_t kShards = size_t{1} << kShardBits;
+  // The shard of a key by its hash, Mix64(key): the top kShardBits bits.
+  static size_t ShardOf(uint64_t h) { return h >> (64 - kShardBits); }
 
   // storage: how rows hold their weights and state (row_storage.h); every
   // call still takes and returns fp32.
