@@ -285,10 +285,12 @@ class RemoteBackend(Backend):
         """``fluid.io.save_persistables``/``save_params`` of a fleet program: as in
         Fluid, where Fleet's save is these functions on the worker, the servers
         save every table (``fleet.save_persistables``: a checkpoint directory
-        that fluid.io's loaders read into a local program too)."""
+        that fluid.io's loaders read into a local program too). Returns True:
+        that save wrote the worker's auc counters beside its manifest already."""
         if self.fleet is None:
             raise ConfigError(_SAVE_ON_SERVERS)
         self.fleet.save_persistables(None, dirname)
+        return True
 
     def save_dir(self, dirname):
         """``dirname`` as the servers resolve it (relative: under the checkpoint

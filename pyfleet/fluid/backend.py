@@ -113,7 +113,9 @@ class Backend:
 
     def save(self, dirname, params):
         """Write each of ``params`` (:class:`~pyfleet.fluid.framework.Parameter`)
-        under ``dirname``: ``<name>.npy`` for dense, ``<name>.table`` for sparse."""
+        under ``dirname``: ``<name>.npy`` for dense, ``<name>.table`` for sparse.
+        True when the program's persistable scope state (auc counters) was
+        written with them (a Fleet checkpoint), so the caller does not again."""
         raise NotImplementedError(f"{type(self).__name__} cannot save parameters")
 
     def save_dir(self, dirname):

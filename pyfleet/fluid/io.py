@@ -127,9 +127,10 @@ def save_vars(executor, dirname, main_program=None, vars=None, predicate=None, f
     dirname = program.backend.save_dir(dirname)  # a Fleet worker: the checkpoint root's
     chosen = _select(program, vars, predicate, "save_vars")
     params = [v for v in chosen if isinstance(v, Parameter)]
-    if params:
-        program.backend.save(dirname, params)
-    save_scope_state(dirname, chosen)
+    # A Fleet worker's save is a checkpoint holding the auc counters already
+    # (written before its manifest is committed): not a second time after it.
+    if not (params and program.backend.save(dirname, params)):
+        save_scope_state(dirname, chosen)
 
 
 def _scope_state_vars(program_or_vars):

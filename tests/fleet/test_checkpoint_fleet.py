@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import pyfleet
-from pyfleet import fluid
+from pyfleet import _atomic, fluid
 from pyfleet.data import Dataset, synthetic
 from pyfleet.distributed.fleet import MANIFEST_NAME, Fleet
 from pyfleet.launch import free_ports
@@ -239,12 +239,19 @@ def test_fluid_io_on_a_worker_saves_what_fleet_saves_and_loads_into_a_local_prog
     2 servers into a plain local program exactly (every row with its optimizer
     state, every dense weight); save_inference_model gathers from the servers.
     A relative dirname is the servers' (under the checkpoint root) for the
-    worker's auc counters too: nothing is written under the working directory."""
+    worker's auc counters too, each written once (before the manifest's commit):
+    nothing is written under the working directory."""
     cwd = tmp_path_factory.mktemp("cwd")
     monkeypatch.chdir(cwd)
+    written = []
+    save_npy = _atomic.save_npy
+    monkeypatch.setattr(_atomic, "save_npy",
+                        lambda path, value: (written.append(path), save_npy(path, value)))
     with cluster(2, data) as c:
         c.train(6, seed=1)
         fluid.io.save_persistables(c.exe, "ckpt", main_program=c.main)
+        states = [p for p in written if p.endswith(".state.npy")]
+        assert states and len(states) == len(set(states)), states
         feeds = [v.name for v in c.model.inputs if v is not c.model.label]
         fluid.io.save_inference_model(str(root / "m"), feeds, [c.model.predict], c.exe,
                                       main_program=c.main)
