@@ -33,8 +33,9 @@ are measured, --steps steps each:
 Reported per phase: keys/s of pull+push steps by wall clock and by the
 process's CPU time (and its ms a step, of them in the kernel: the
 "kernel-only ceiling" is the ratio by CPU the spilling table would reach if
-all its work beyond the all-in-RAM table's but the kernel's were free), slots read from the spill file a step (read-backs and
-the cleaner's whole-extent reads), of them the cleaner's, of them the
+all its work beyond the all-in-RAM table's but the kernel's were free),
+slots read from the spill file a step (read-backs and the cleaner's
+whole-extent reads), of them the cleaner's, of them the
 prefetch's, and the live records the cleaner moved a step; and the peak RSS of the
 process (VmHWM) and of the table (peak minus the RSS before the table
 existed), and the table's RSS over time (after the fill and every 10 steps).
@@ -138,7 +139,7 @@ def child(args):
 
         n = steps * args.batch
         return {"wall_keys_s": n / wall, "cpu_keys_s": n / cpu,
-                "cpu_ms_step": cpu / steps * 1e3, "kernel_ms_step": kernel / steps * 1e3,
+                "kernel_ms_step": kernel / steps * 1e3,
                 "reads_per_step": per_step("spill_reads"),
                 "clean_reads_per_step": per_step("spill_clean_reads"),
                 "clean_moves_per_step": per_step("spill_clean_moves"),
@@ -238,9 +239,10 @@ def main():
           "kernel's extra time were left")
     for phase in PHASES:
         d, m = disk[phase], ram[phase]
-        ceiling = m["cpu_ms_step"] / (m["cpu_ms_step"] + d["kernel_ms_step"] - m["kernel_ms_step"])
-        print(f"  {PHASES[phase]:<6}: in RAM {m['cpu_ms_step']:.1f} ({m['kernel_ms_step']:.1f}), "
-              f"spilling {d['cpu_ms_step']:.1f} ({d['kernel_ms_step']:.1f}); "
+        d_ms, m_ms = (args.batch / r["cpu_keys_s"] * 1e3 for r in (d, m))
+        ceiling = m_ms / (m_ms + d["kernel_ms_step"] - m["kernel_ms_step"])
+        print(f"  {PHASES[phase]:<6}: in RAM {m_ms:.1f} ({m['kernel_ms_step']:.1f}), "
+              f"spilling {d_ms:.1f} ({d['kernel_ms_step']:.1f}); "
               f"kernel-only ceiling {ceiling:.2f}")
     print(f"{'table':<10} {'table RSS MiB':>14} {'peak RSS MiB':>13} {'spilled rows':>13} "
           f"{'rows read':>11}")
