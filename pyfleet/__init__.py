@@ -42,6 +42,7 @@ __all__ = [
     "batch",
     "entry",
     "fleet",
+    "fluid",
     "initializer",
     "metrics",
     "models",
@@ -55,6 +56,8 @@ def __getattr__(name):
     # `import pyfleet` (names are fixed: nothing is imported by a computed name).
     if name == "fleet":
         from pyfleet.distributed.fleet import fleet as value
+    elif name == "fluid":    # `import pyfleet as paddle; paddle.fluid...` (Fluid's own habit)
+        import pyfleet.fluid as value
     elif name == "models":
         import pyfleet.models as value
     elif name == "batch":

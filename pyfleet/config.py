@@ -252,6 +252,12 @@ class DistributeTranspilerConfig:
     - Fluid knobs accepted for compatibility: ``wait_port`` (bool, default True: workers wait
       for the servers), ``print_log`` (bool), ``runtime_split_send_recv`` (bool, no effect:
       pyfleet always splits at run time), ``enable_dc_asgd`` (only False).
+    - ``half_async``, ``completely_not_async`` (bools, default False): Fluid 1.8's spelling of
+      its communicator modes. With ``sync_mode`` False (and not geo), both True is Fluid
+      1.8's sync (what ``StrategyFactory.create_sync_strategy()`` sets): ``mode`` then reads
+      ``"sync"`` while ``sync_mode`` keeps Fluid's reading, False. ``half_async`` alone is
+      Fluid's half-async, refused when the config is used (:meth:`check_supported`).
+      Setting ``mode``, or ``sync_mode = True``, clears both.
 
     Setting any other attribute raises ``AttributeError`` (a misspelt setting must not be
     silently ignored).
@@ -259,7 +265,8 @@ class DistributeTranspilerConfig:
 
     _PUBLIC = ("sync_mode", "mode", "sparse_mode", "geo_sgd_mode", "geo_k_steps",
                "geo_sgd_need_push_nums", "split_method", "slice_var_up", "min_block_size",
-               "runtime", "wait_port", "print_log", "runtime_split_send_recv", "enable_dc_asgd")
+               "runtime", "wait_port", "print_log", "runtime_split_send_recv", "enable_dc_asgd",
+               "half_async", "completely_not_async")
 
     def __init__(self):
         self._set_defaults()
@@ -279,6 +286,8 @@ class DistributeTranspilerConfig:
     def _set_defaults(self):
         object.__setattr__(self, "_mode", "sync")
         object.__setattr__(self, "_sparse_mode", "sync")
+        object.__setattr__(self, "half_async", False)
+        object.__setattr__(self, "completely_not_async", False)
         self.geo_k_steps = 100
         self.split_method = RoundRobin
         self.slice_var_up = True
@@ -301,7 +310,8 @@ class DistributeTranspilerConfig:
     def _set_plain(self, key, value):
         if key == "min_block_size":
             value = _check_int("min_block_size", value, 1)
-        elif key in ("slice_var_up", "wait_port", "print_log", "runtime_split_send_recv"):
+        elif key in ("slice_var_up", "wait_port", "print_log", "runtime_split_send_recv",
+                     "half_async", "completely_not_async"):
             value = _check_bool(key, value)
         elif key == "enable_dc_asgd":
             if _check_bool(key, value):
@@ -311,9 +321,28 @@ class DistributeTranspilerConfig:
             raise ConfigError(f"runtime must be a RuntimeConfig, got {value!r}")
         object.__setattr__(self, key, value)
 
+    def _fluid18(self, stored):
+        """``stored`` as Fluid 1.8's flags read it: async with ``half_async`` and
+        ``completely_not_async`` is its communicator's sync."""
+        if stored == "async" and self.half_async and self.completely_not_async:
+            return "sync"
+        return stored
+
+    def _clear_fluid18(self):
+        object.__setattr__(self, "half_async", False)
+        object.__setattr__(self, "completely_not_async", False)
+
+    def check_supported(self):
+        """ConfigError when the flags ask for Fluid 1.8's half-async mode."""
+        stored = self._sparse_mode if self._mode == "hybrid" else self._mode
+        if stored == "async" and self.half_async and not self.completely_not_async:
+            raise ConfigError("half_async = True (Fluid's half-async mode: pushes without "
+                              "waiting, merged gradients applied at barriers) has no pyfleet "
+                              "equivalent; train sync (sync_mode = True) or async")
+
     @property
     def mode(self) -> str:
-        return self._mode
+        return self._mode if self._mode == "hybrid" else self._fluid18(self._mode)
 
     @mode.setter
     def mode(self, value):
@@ -323,13 +352,14 @@ class DistributeTranspilerConfig:
             raise ConfigError(f"mode must be one of {', '.join(JOB_MODES)} (Fluid's 'pserver' "
                               f"is accepted and changes nothing), got {value!r}")
         if value == "hybrid" and self._mode != "hybrid":
-            object.__setattr__(self, "_sparse_mode", self._mode)  # the sparse side it had
+            object.__setattr__(self, "_sparse_mode", self.mode)  # the sparse side it had
+        self._clear_fluid18()
         object.__setattr__(self, "_mode", value)
 
     @property
     def sparse_mode(self) -> str:
         """The mode the servers run: the sparse side in hybrid, else ``mode`` itself."""
-        return self._sparse_mode if self._mode == "hybrid" else self._mode
+        return self._fluid18(self._sparse_mode) if self._mode == "hybrid" else self.mode
 
     @sparse_mode.setter
     def sparse_mode(self, value):
@@ -350,13 +380,14 @@ class DistributeTranspilerConfig:
 
     @property
     def sync_mode(self) -> bool:
-        return self.sparse_mode == "sync"
+        return getattr(self, self._side()) == "sync"   # Fluid's flag (see half_async)
 
     @sync_mode.setter
     def sync_mode(self, value):
         if _check_bool("sync_mode", value):
             object.__setattr__(self, self._side(), "sync")
-        elif self.sparse_mode == "sync":
+            self._clear_fluid18()
+        elif getattr(self, self._side()) == "sync":
             object.__setattr__(self, self._side(), "async")
 
     @property

@@ -120,6 +120,7 @@ class Fleet:
         self.startup_program = None
         self._last_save = None  # (abs dir, head id) of this worker's last committed save
         self._hdfs_config = None
+        self._served = False  # a server whose run_server() returned
 
     # ----------------------------------------------------------------- roles
     def init(self, role_maker=None):
@@ -221,6 +222,7 @@ class Fleet:
         if not isinstance(strategy, _config.DistributeTranspilerConfig):
             raise ValueError(f"strategy must be a DistributeTranspilerConfig or a "
                              f"StrategyFactory strategy, got {strategy!r}")
+        strategy.check_supported()
         opt = DistributedOptimizer(self, optimizer, strategy)
         opt._sparse_entry = sparse_entry
         opt._sparse_storage = sparse_storage
@@ -261,7 +263,11 @@ class Fleet:
         incomplete checkpoint is a ValueError naming the file; one of another
         model (a table it lacks, or holds with another dim or shape) a
         ValueError naming the table and both forms. ``PYFLEET_RESTORE_DIR`` (a restarted
-        job, docs/operations.md), once it holds a manifest, is loaded instead."""
+        job, docs/operations.md), once it holds a manifest, is loaded instead. As
+        in Fluid, an empty ``model_dir`` (``""``, PaddleRec's default
+        ``init_model_path``) loads nothing."""
+        if not isinstance(model_dir, os.PathLike) and not model_dir:
+            model_dir = None   # as Fluid: "" (PaddleRec's default), [] or None load nothing
         restore = os.environ.get("PYFLEET_RESTORE_DIR")
         if restore and os.path.exists(os.path.join(restore, MANIFEST_NAME)):
             model_dir = os.path.abspath(restore)
@@ -309,6 +315,7 @@ class Fleet:
             server.run()
         finally:
             self._server = None
+            self._served = True
         if server.failure is not None:
             raise PyfleetError(server.failure)
 
@@ -368,7 +375,15 @@ class Fleet:
             _log.warning("fleet.stop_worker() at exit failed: %s", e)
 
     def stop_worker(self):
-        """Send what is pending, tell every server this worker is done, disconnect."""
+        """Send what is pending, tell every server this worker is done, disconnect.
+
+        On a server whose :meth:`run_server` has returned (PaddleRec's terminal
+        pass calls it on every role) there is nothing left to stop: it returns.
+        Fluid's ``stop_worker`` stops the process's communicator and closes its
+        executor; a Fluid server has no communicator, and its serving loop has
+        ended once the trainers completed."""
+        if self._client is None and self._served:
+            return
         client = self._require_worker("stop_worker")
         try:
             self._backend.finish()

@@ -50,7 +50,8 @@ class FetchedArray(np.ndarray):
     Fluid scripts print fetches with ``"%f" % cost``, ``float(cost)`` and
     ``"%f" % cost[0]``; numpy 2 refuses ``float()`` of a 1-element array that
     is not 0-d, so this subclass does the conversion itself. Any other use
-    (indexing, arithmetic, ``np.array(v)``) is the ndarray's.
+    (indexing, arithmetic, ``np.array(v)``) is the ndarray's, and so is its
+    ``repr`` (``array([0.47], dtype=float32)``, as Fluid's fetches printed).
     """
 
     def _one(self, what):
@@ -73,6 +74,11 @@ class FetchedArray(np.ndarray):
 
     def __complex__(self):
         return complex(self._one("complex"))
+
+    def __repr__(self):
+        # Fluid fetched plain ndarrays: `print([loss])` and log scrapers read
+        # numpy's own form, `array([0.47], dtype=float32)`.
+        return repr(self.view(np.ndarray))
 
     def __format__(self, spec):
         if spec and self.size == 1:

@@ -46,6 +46,16 @@ def test_fluid_print_idioms_work_under_this_numpy():
     assert int(np.array([3.7]).view(FetchedArray)) == 3
 
 
+def test_a_fetched_value_prints_as_numpys_array_repr():
+    """Fluid fetched plain ndarrays: `print(exe.run(...))` and log scrapers read
+    `[array([0.47], dtype=float32)]`."""
+    cost, auc_v, _, prob = _run_once()
+    assert repr(cost) == repr(np.asarray(cost).view(np.ndarray))
+    assert repr(cost).startswith("array([") and "FetchedArray" not in repr([cost, auc_v])
+    assert str([prob]) == str([np.asarray(prob).view(np.ndarray)])
+    assert repr(cost * 2).startswith("array([")      # values derived from it too
+
+
 def test_fetched_values_are_plain_ndarrays_otherwise():
     cost, _, _, prob = _run_once()
     assert isinstance(prob, np.ndarray) and prob.shape == (8, 2)

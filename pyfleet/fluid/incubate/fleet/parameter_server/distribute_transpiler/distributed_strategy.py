@@ -1,14 +1,15 @@
-"""Fluid 1.6's ``paddle.fluid.incubate.fleet.parameter_server.distribute_transpiler.distributed_strategy``:
+"""Fluid 1.6-1.8's ``paddle.fluid.incubate.fleet.parameter_server.distribute_transpiler.distributed_strategy``:
 re-exports of :mod:`pyfleet.distributed.strategy`."""
 
 from pyfleet.distributed.strategy import (
     AsyncStrategy,
     DistributedStrategy,
     GeoStrategy,
+    ServerRuntimeConfig,
     StrategyFactory,
     SyncStrategy,
     TrainerRuntimeConfig,
 )
 
-__all__ = ["AsyncStrategy", "DistributedStrategy", "GeoStrategy", "StrategyFactory",
-           "SyncStrategy", "TrainerRuntimeConfig"]
+__all__ = ["AsyncStrategy", "DistributedStrategy", "GeoStrategy", "ServerRuntimeConfig",
+           "StrategyFactory", "SyncStrategy", "TrainerRuntimeConfig"]
