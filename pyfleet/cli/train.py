@@ -66,21 +66,59 @@ def _optimizer_of(args):
     return opt
 
 
-# What `pyfleet train` writes into a run directory (what --overwrite deletes).
-RUN_FILES = ("checkpoint", "checkpoints", "model", "logs", "data", "progress", "job.json",
+# What `pyfleet train` writes into a run directory: all that --overwrite may delete.
+RUN_FILES = ("checkpoint", "checkpoints", "model", "logs", "progress", "job.json",
              "metrics.jsonl", "summary.json", "training.png", SIDECAR, "tensorboard")
+RUN_GLOBS = ("worker[0-9]*.json", "worker[0-9]*.test.npz")
+# Keys every job.json `pyfleet train` has written carries: a directory whose job.json
+# lacks them was not a pyfleet run, and --overwrite deletes nothing in it.
+JOB_MARKS = ("train", "test", "format", "model", "mode", "run_dir", "batch_size", "epochs")
 
 
-def _clear_run_dir(run_dir):
-    for name in RUN_FILES:
-        path = os.path.join(run_dir, name)
+def _is_pyfleet_run(run_dir):
+    try:
+        with open(os.path.join(run_dir, "job.json")) as f:
+            job = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(job, dict) and all(k in job for k in JOB_MARKS)
+
+
+def _overwrite_plan(run_dir, inputs):
+    """The paths ``--overwrite`` would delete in ``run_dir``: only what a pyfleet run
+    writes, only when ``run_dir`` holds a pyfleet ``job.json``. ``inputs`` maps a flag to
+    the paths it names (data, config, caches); one of them inside a path to delete is
+    refused by name, before anything is touched."""
+    doomed = [os.path.join(run_dir, name) for name in RUN_FILES]
+    for pattern in RUN_GLOBS:
+        doomed += glob.glob(os.path.join(run_dir, pattern))
+    doomed = [p for p in doomed if os.path.lexists(p)]
+    if not doomed:
+        return []
+    if not _is_pyfleet_run(run_dir):
+        raise SystemExit(f"pyfleet train: --overwrite replaces a previous pyfleet run, and "
+                         f"{run_dir} holds no pyfleet job.json: nothing was deleted; give a "
+                         f"new or empty --run-dir")
+    for flag, paths in inputs.items():
+        for path in [paths] if isinstance(paths, str) else paths or []:
+            real = os.path.realpath(path)
+            for p in doomed:
+                # a link is removed, not followed: only a path through it is at risk
+                gone = os.path.realpath(p) if not os.path.islink(p) else os.path.abspath(p)
+                if real == gone or real.startswith(gone.rstrip(os.sep) + os.sep) \
+                        or os.path.abspath(path).startswith(os.path.abspath(p) + os.sep):
+                    raise SystemExit(f"pyfleet train: --overwrite would delete {p}, which "
+                                     f"holds {flag} {path}: nothing was deleted; move it "
+                                     f"out of the run directory or give another --run-dir")
+    return doomed
+
+
+def _clear_run_dir(doomed):
+    for path in doomed:
         if os.path.isdir(path) and not os.path.islink(path):
             shutil.rmtree(path)
         elif os.path.lexists(path):
             os.unlink(path)
-    for path in glob.glob(os.path.join(run_dir, "worker*.json")) + glob.glob(
-            os.path.join(run_dir, "worker*.test.npz")):
-        os.unlink(path)
 
 
 def parse_duration(text, flag):
@@ -250,6 +288,12 @@ def cmd_train(args, argv):
         raise SystemExit(f"pyfleet train: --run-dir {run_dir} is not empty (a previous run?): "
                          f"pass --resume {run_dir} to continue it, --overwrite to replace it, "
                          f"or another --run-dir")
+    doomed = []
+    if args.overwrite and not in_place and os.path.isdir(run_dir):
+        doomed = _overwrite_plan(run_dir, {
+            "--train": train, "--test": test, "--config": getattr(args, "config", None),
+            "--cache-dir": args.cache_dir, "--spill-dir": args.spill_dir,
+            "--curve-dir": args.curve_dir, "--resume": resume})
     settings = {dest: getattr(args, dest) for dest in INHERITED}
     job = {**JOB_DEFAULTS, "train": train, "test": test, "format": fmt, "model": args.model,
            "embedding_dim": args.embedding_dim,
@@ -314,8 +358,7 @@ def cmd_train(args, argv):
         job.update(train=train, test=test)
     try:
         os.makedirs(run_dir, exist_ok=True)
-        if args.overwrite and not in_place:
-            _clear_run_dir(run_dir)
+        _clear_run_dir(doomed)
     except OSError as e:
         raise SystemExit(f"pyfleet train: --run-dir: cannot create {run_dir}: {e.strerror}") \
             from None
