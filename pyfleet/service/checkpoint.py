@@ -53,6 +53,7 @@ import json
 import os
 import re
 import shutil
+import struct
 import time
 import uuid
 
@@ -434,6 +435,37 @@ def _load_dir(registry, root, rel):
     return rows
 
 
+# The 64-byte header of a table file (include/pyfleet/table_io.h, FileHeader) and
+# its 32-byte trailer: what a dense file must say before anything is allocated.
+_HEADER = struct.Struct("<8sIIIIII QQII8s")
+_TABLE_MAGIC, _TRAILER_BYTES, _DENSE_KIND = b"PYFLTBL\0", 32, 2
+
+
+def _check_dense_file(path, floats):
+    """Refuse ``path`` unless its header is a pyfleet dense table file of ``floats``
+    weights whose size on disk is what the header promises (read: 64 bytes)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(_HEADER.size)
+            on_disk = os.fstat(f.fileno()).st_size
+    except OSError as e:
+        raise ValueError(f"cannot read {path}: {e.strerror}") from None
+    if len(head) < _HEADER.size:
+        raise ValueError(f"{path} is not a pyfleet table file: {on_disk} bytes is too short")
+    magic, version, kind, _dim, _opt_kind, state_dim, _flags, _seed, dense_size, _meta, \
+        _storage, _reserved = _HEADER.unpack(head)
+    if magic != _TABLE_MAGIC:
+        raise ValueError(f"{path} is not a pyfleet table file (bad magic)")
+    if kind != _DENSE_KIND:
+        raise ValueError(f"{path} is not a dense table file")
+    if dense_size != floats:
+        raise ValueError(f"{path} holds {dense_size} weights, its name says {floats}")
+    expect = _HEADER.size + 4 * (dense_size + state_dim) + _TRAILER_BYTES
+    if on_disk != expect:
+        raise ValueError(f"{path} has {on_disk} bytes; its header promises {expect} "
+                         f"(truncated or damaged)")
+
+
 def _load_dense(e, path, names, rel):
     """Load dense block ``e`` from the files ``names`` of ``path``."""
     exact = f"{e.name}.{e.start}-{e.end}.bin"
@@ -444,6 +476,7 @@ def _load_dense(e, path, names, rel):
         # (optimizer state restarts, the weights are exact).
         pat = re.compile(re.escape(e.name) + r"\.(\d+)-(\d+)\.bin")
         out = np.full(e.end - e.start, np.nan, dtype=np.float32)
+        size = int(np.prod(e.shape))
         for n in names:
             m = pat.fullmatch(n)
             if not m:
@@ -452,6 +485,13 @@ def _load_dense(e, path, names, rel):
             lo, hi = max(s, e.start), min(t, e.end)
             if lo >= hi:
                 continue
+            if not s < t <= size:
+                raise ValueError(f"{os.path.join(path, n)}: its name gives block [{s}, {t}) "
+                                 f"of dense {e.name!r}, which has {size} elements: not a "
+                                 f"block of this parameter")
+            # The file's own header and size must agree with its name before a
+            # block of that size is made: a name is not a promise.
+            _check_dense_file(os.path.join(path, n), t - s)
             block = DenseTable(t - s, e.table.optimizer)
             block.load(os.path.join(path, n))
             out[lo - e.start:hi - e.start] = block.pull()[lo - s:hi - s]
