@@ -232,6 +232,7 @@ class Fleet:
     def _set_program(self, main, startup, strategy, sparse_entry=None, sparse_storage="fp32",
                      sparse_spill=(None, None)):
         self.main_program, self.startup_program, self._strategy = main, startup, strategy
+        self._spill_root = sparse_spill[1]  # the operator's: where peers' disk tiers may go
         startup._after_run = [self._restore_scope_state]
         if self._client is None:  # workers: the first run that needs the servers connects
             self._set_backend(NoServers(
@@ -286,7 +287,8 @@ class Fleet:
                                                           role.server_index()),
                               heartbeat_timeout=rt.heartbeat_timeout,
                               barrier_timeout=rt.barrier_timeout,
-                              checkpoint_dir=checkpoint_root(), **kwargs)
+                              checkpoint_dir=checkpoint_root(),
+                              spill_root=self._spill_root, **kwargs)
         if model_dir is not None:
             dirs = model_dir if isinstance(model_dir, (list, tuple)) else [model_dir]
             paths = [os.path.realpath(os.path.join(checkpoint_root(), os.fspath(d)))

@@ -46,6 +46,9 @@ def main(argv=None):
     p.add_argument("--barrier-timeout", type=float, default=300.0)
     p.add_argument("--checkpoint-dir", default=None)
     p.add_argument("--tables", default=None, help="JSON file: a list of table configs")
+    p.add_argument("--spill-dir", default=None, metavar="DIR",
+                   help="the directory under which workers' table configs may place a disk "
+                        "tier (spill_dir); without it a peer cannot ask for one")
     p.add_argument("--curve-secret-key-file", default=None,
                    help="file holding a Z85 CURVE secret key, or a certificate from "
                         "'pyfleet keygen' (NAME.key_secret): encrypt the endpoint "
@@ -88,7 +91,7 @@ def main(argv=None):
                         barrier_timeout=a.barrier_timeout, checkpoint_dir=a.checkpoint_dir,
                         inline_limit=a.inline_limit, curve_secret_key=curve,
                         curve_client_keys=clients, split_pull_keys=a.split_pull_keys,
-                        insecure=a.insecure or None,
+                        insecure=a.insecure or None, spill_root=a.spill_dir,
                         **{k: getattr(a, k) for k in Limits._fields if k != "max_message_bytes"})
     except (PyfleetError, ValueError) as e:  # a taken port, a bad table config
         print(f"pyfleet.server: {e}", file=sys.stderr)

@@ -28,13 +28,41 @@ flag (the same name with dashes):
   (``Server(tables=...)``, ``--tables``, Fleet's ``init_server``) are the
   operator's and not capped; a request repeating an existing config is a
   no-op and never refused.
+- Every number of a peer's table config is checked by type and range first
+  (``dim`` an int, not ``65536.0``; seeds, shapes, block bounds and budgets
+  ints; an optimizer's or initializer's numbers finite), and unknown keys are
+  refused. A peer never chooses where a server writes: its ``spill_dir`` must
+  lie inside the directory the operator gave the server (``spill_root``:
+  ``Server(spill_root=...)``, ``--spill-dir``, or Fleet's
+  ``sparse_spill_dir``); a server without one refuses a peer's disk tier.
+- ``max_server_bytes`` (default: the machine's physical memory) and
+  ``max_table_bytes`` (default: the same): what the sparse rows of all tables,
+  and of one table, may hold in RAM, counted as rows x an upper bound of a row
+  (``4 * (dim + optimizer state floats) + 64`` bytes; a table with a disk tier
+  counts at most its ``memory_budget``). A pull or push that could create rows
+  past either, were all its keys new, is refused by name before any row is made.
 """
 
+import math
+import os
 from typing import NamedTuple
+
+import numpy as np
 
 from pyfleet.service.protocol import Refused
 
-__all__ = ["DEFAULTS", "Limits", "add_arguments"]
+__all__ = ["DEFAULTS", "ROW_OVERHEAD", "Limits", "add_arguments", "check_peer_config"]
+
+
+def _physical_memory():
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 40
+
+
+# Bytes of a row beyond its floats, at most: metadata, index slot, allocator slack.
+ROW_OVERHEAD = 64
 
 
 class Limits(NamedTuple):
@@ -45,6 +73,8 @@ class Limits(NamedTuple):
     max_dense_floats: int = 1 << 26
     max_sparse_dim: int = 4096
     max_tables: int = 1024
+    max_server_bytes: int = _physical_memory()
+    max_table_bytes: int = _physical_memory()
 
     @classmethod
     def make(cls, **values):
@@ -71,6 +101,36 @@ class Limits(NamedTuple):
                           f"{4 * count * dim} bytes, over max_message_bytes="
                           f"{self.max_message_bytes}")
 
+    def check_growth(self, op, entry, keys, entries):
+        """Refuse a request on sparse ``entry`` whose new ``keys`` could take its rows past
+        ``max_table_bytes``, or all of ``entries``' past ``max_server_bytes`` (called
+        before any row is made). Far from a cap every key is counted as new; near one,
+        only the keys without a row (a slower look)."""
+        if entry.budget is not None:
+            return  # its RAM stays within its memory_budget; new rows go to disk
+        table = len(entry.table) * entry.row_bound
+        held = None
+        grow = keys.shape[0] * entry.row_bound
+        for exact in (False, True):
+            if exact:
+                grow = _new_keys(entry.table, keys) * entry.row_bound
+            if table + grow > self.max_table_bytes:
+                if exact:
+                    raise Refused(f"{op.name} of {keys.shape[0]} keys would add {grow} bytes "
+                                  f"of rows to table {entry.key!r}, which holds {table}: over "
+                                  f"this server's max_table_bytes={self.max_table_bytes} "
+                                  f"(--max-table-bytes)")
+                continue
+            if held is None:
+                held = sum(e.held_bytes() for e in entries if e.kind == "sparse")
+            if held + grow <= self.max_server_bytes:
+                return
+            if exact:
+                raise Refused(f"{op.name} of {keys.shape[0]} keys would add {grow} bytes of "
+                              f"rows to table {entry.key!r}; this server's tables hold "
+                              f"{held}: over max_server_bytes={self.max_server_bytes} "
+                              f"(--max-server-bytes)")
+
     def check_new_tables(self, new, existing):
         """Refuse a CREATE_TABLES request whose ``new`` configs (tables not yet
         held) would take this server beyond the table limits; ``existing``: the
@@ -82,10 +142,10 @@ class Limits(NamedTuple):
         for key, cfg, floats in new:
             if cfg["kind"] == "sparse":
                 dim = cfg.get("dim")
-                if isinstance(dim, int) and dim > self.max_sparse_dim:
-                    raise Refused(f"CREATE_TABLES: sparse table {key!r} of dim {dim} is over "
+                if not _is_int(dim) or dim > self.max_sparse_dim:
+                    raise Refused(f"CREATE_TABLES: sparse table {key!r} of dim {dim!r} is over "
                                   f"this server's max_sparse_dim={self.max_sparse_dim} "
-                                  f"(--max-sparse-dim)")
+                                  f"(--max-sparse-dim), or not an int")
             held += floats
         if held > self.max_dense_floats:
             raise Refused(f"CREATE_TABLES would hold {held} dense floats on this server, over "
@@ -110,7 +170,97 @@ def add_arguments(parser):
                             "(default 67108864)",
         "max_sparse_dim": "largest sparse dim a CREATE_TABLES request may make (default 4096)",
         "max_tables": "tables a CREATE_TABLES request may bring this server to (default 1024)",
+        "max_server_bytes": "bytes the sparse rows of all tables may hold in RAM; a request "
+                            "that could create rows past it is refused (default: physical "
+                            "memory)",
+        "max_table_bytes": "bytes one sparse table's rows may hold in RAM (default: physical "
+                           "memory)",
     }
     for name, default in Limits._field_defaults.items():
         parser.add_argument("--" + name.replace("_", "-"), type=int, default=default,
                             help=helps[name])
+
+
+def _new_keys(table, keys):
+    """How many distinct ``keys`` have no row in ``table`` yet."""
+    distinct = np.unique(keys)
+    return distinct.shape[0] - table.export(distinct)["keys"].shape[0]
+
+
+def _is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+_SPARSE_KEYS = frozenset({"kind", "name", "dim", "optimizer", "initializer", "seed", "entry",
+                          "storage", "memory_budget", "spill_dir", "regularizer"})
+_DENSE_KEYS = frozenset({"kind", "name", "shape", "optimizer", "initial", "seed", "start",
+                         "end", "regularizer"})
+_INT_RANGES = {"dim": (1, None), "seed": (-(1 << 63), (1 << 64) - 1), "start": (0, None),
+               "end": (1, None), "memory_budget": (1, None)}
+
+
+def _finite_numbers(value, where, depth=0):
+    """Refuse a non-finite float (or a nesting deeper than 4) anywhere in ``value``."""
+    if depth > 4:
+        raise Refused(f"{where} nests too deep")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise Refused(f"{where} holds {value!r}: numbers must be finite")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _finite_numbers(v, f"{where}.{k}", depth + 1)
+    elif isinstance(value, list) and value and not all(
+            isinstance(x, (int, float)) for x in value):
+        for i, v in enumerate(value):
+            _finite_numbers(v, f"{where}[{i}]", depth + 1)
+    elif isinstance(value, list) and value and any(
+            isinstance(x, float) and not math.isfinite(x) for x in value):
+        raise Refused(f"{where} holds a non-finite number")
+
+
+def check_peer_config(cfg, spill_root):
+    """Refuse a table config a peer sent (CREATE_TABLES) unless every key is known,
+    every size and bound an int in range, every other number finite, and a disk
+    tier's ``spill_dir`` inside ``spill_root`` (the operator's; None: no disk tier
+    for peers). Raises :class:`Refused` naming the key."""
+    name = cfg.get("name")
+    kind = cfg.get("kind")
+    known = _SPARSE_KEYS if kind == "sparse" else _DENSE_KEYS
+    extra = sorted(set(cfg) - known)
+    if extra:
+        raise Refused(f"table {name!r} has unknown key(s) {extra}")
+    for key, (lo, hi) in _INT_RANGES.items():
+        v = cfg.get(key)
+        if v is None and key not in ("dim",):
+            continue
+        if kind == "dense" and key == "dim":
+            continue
+        if not _is_int(v) or v < lo or (hi is not None and v > hi):
+            span = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+            raise Refused(f"table {name!r}: {key} must be an int {span}, "
+                          f"got {v!r}")
+    if kind == "dense":
+        shape = cfg.get("shape")
+        shape = [shape] if _is_int(shape) else shape
+        if not isinstance(shape, list) or not 1 <= len(shape) <= 8 or not all(
+                _is_int(x) and x >= 1 for x in shape):
+            raise Refused(f"table {name!r}: shape must be a list of 1 to 8 "
+                          f"ints >= 1, got {cfg.get('shape')!r}")
+    for key in ("optimizer", "initializer", "entry", "regularizer", "initial"):
+        _finite_numbers(cfg.get(key), f"table {name!r} {key}")
+    spill = cfg.get("spill_dir")
+    if spill is None and cfg.get("memory_budget") is None:
+        return
+    if spill_root is None:
+        raise Refused(f"table {name!r} asks for a disk tier (spill_dir "
+                      f"{spill!r}): a peer cannot choose where this server writes, and its "
+                      f"operator gave it no spill directory (--spill-dir)")
+    if not isinstance(spill, str):
+        raise Refused(f"table {name!r}: spill_dir must be a path, got {spill!r}")
+    if not os.path.isabs(spill):
+        raise Refused(f"table {name!r}: spill_dir must be an absolute path, "
+                      f"got {spill!r}")
+    root = os.path.realpath(spill_root)
+    real = os.path.realpath(spill)
+    if real != root and not real.startswith(root + os.sep):
+        raise Refused(f"table {name!r}: spill_dir {spill!r} lies outside this "
+                      f"server's spill directory: refused")

@@ -21,6 +21,7 @@ import numpy as np
 
 from pyfleet import initializer as _init
 from pyfleet import optimizer as _opt
+from pyfleet.service.limits import ROW_OVERHEAD, check_peer_config
 from pyfleet.service.protocol import Refused
 from pyfleet.table import DenseTable, SparseTable
 
@@ -37,9 +38,12 @@ class Entry:
     (``"sparse"``/``"dense"``), ``name``, ``config`` (as created, and its
     ``canonical`` JSON), ``dim`` (1 for dense), and for a dense block its
     ``shape`` (the whole parameter's) and ``[start, end)`` of the flattened
-    parameter. ``lock`` serializes a dense block's save/load with itself."""
+    parameter. ``lock`` serializes a dense block's save/load with itself.
+    ``row_bound``: an upper bound of a sparse row's bytes in RAM; ``budget``: its
+    disk tier's memory budget (None: all rows in RAM)."""
 
     __slots__ = (
+        "budget",
         "canonical",
         "config",
         "dim",
@@ -49,10 +53,16 @@ class Entry:
         "kind",
         "lock",
         "name",
+        "row_bound",
         "shape",
         "start",
         "table",
     )
+
+    def held_bytes(self):
+        """A sparse table's rows in RAM, at most (rows x ``row_bound``, its budget)."""
+        held = len(self.table) * self.row_bound
+        return held if self.budget is None else min(held, self.budget)
 
     def info(self):
         d = {"id": self.id, "kind": self.kind, "name": self.name}
@@ -69,8 +79,9 @@ class Registry:
     ``max_message_bytes``: a dense block must fit in one message.
     ``lock``: the server's lock (see the module docstring)."""
 
-    def __init__(self, server_index, server_num, max_message_bytes, lock):
+    def __init__(self, server_index, server_num, max_message_bytes, lock, spill_root=None):
         self.server_index, self.server_num = server_index, server_num
+        self.spill_root = spill_root  # the operator's directory for peers' disk tiers
         self.max_message_bytes = max_message_bytes
         self.lock = lock
         self.entries = {}   # id -> Entry
@@ -139,6 +150,8 @@ class Registry:
             kind, name = cfg.get("kind"), cfg.get("name")
             if not isinstance(name, str) or not NAME_RE.fullmatch(name):
                 raise ValueError(f"table name {name!r} must match {NAME_RE.pattern}")
+            if limits is not None and kind in ("sparse", "dense"):
+                check_peer_config(cfg, self.spill_root)  # a peer's: types, ranges, paths
             floats = 0
             if kind == "sparse":
                 key = name
@@ -187,6 +200,8 @@ def _build(key, cfg):
         c = {k: v for k, v in cfg.items() if k != "kind"}
         e.table = SparseTable.from_config(c)
         e.dim = e.table.dim
+        e.row_bound = 4 * (e.dim + e.table.stats()["state_dim"]) + ROW_OVERHEAD
+        e.budget = e.table.memory_budget
         e.start = e.end = e.shape = None
     else:
         e.shape = _shape(cfg["shape"], e.name)
@@ -207,6 +222,7 @@ def _build(key, cfg):
         e.table = DenseTable(e.end - e.start, opt, initial=initial, name=key,
                              regularizer=cfg.get("regularizer"))
         e.dim = 1
+        e.row_bound = e.budget = None
     return e
 
 

@@ -94,6 +94,9 @@ class Server:
             missing at a barrier is declared dead and the barrier fails.
         barrier_timeout: seconds a barrier may wait in all.
         checkpoint_dir: root of ``save``/``load`` directories (None: refused).
+        spill_root: the directory under which a peer's table config may place a
+            disk tier (``spill_dir``); None: peers' configs may not ask for one
+            (tables given here, ``tables``, are the operator's and may).
         inline_limit: requests of at most this many floats (keys x dim) are
             answered by the ROUTER thread itself; 0 sends all to the handlers.
         split_pull_keys: sparse pulls of at least this many keys are pulled in
@@ -121,7 +124,8 @@ class Server:
                  tables=None, handler_threads=2, max_message_bytes=1 << 30,
                  heartbeat_timeout=10.0, barrier_timeout=300.0, checkpoint_dir=None,
                  inline_limit=INLINE_LIMIT, curve_secret_key=None, curve_client_keys=None,
-                 context=None, split_pull_keys=SPLIT_PULL_KEYS, insecure=None, **limits):
+                 context=None, split_pull_keys=SPLIT_PULL_KEYS, insecure=None,
+                 spill_root=None, **limits):
         self.server_index, self.server_num = int(server_index), int(server_num)
         self.worker_num = int(worker_num)
         if not 0 <= self.server_index < self.server_num:
@@ -151,7 +155,8 @@ class Server:
 
         self._lock = threading.RLock()           # tables, sync buffers, barrier, workers
         self.registry = Registry(self.server_index, self.server_num, self.max_message_bytes,
-                                 self._lock)
+                                 self._lock, spill_root=None if spill_root is None
+                                 else os.path.realpath(os.fspath(spill_root)))
         self.barriers = Barriers(self.worker_num, self.heartbeat_timeout, self.barrier_timeout,
                                  sync=(mode == "sync"))
         self._counters = {}

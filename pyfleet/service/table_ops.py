@@ -154,6 +154,8 @@ class TableOps:
         e, keys = self._sparse_rows(h, op, frames, 1)
         n = keys.shape[0]
         create = not h.flags & _NO_CREATE
+        if create:
+            self.limits.check_growth(op, e, keys, list(self.registry.entries.values()))
         parts = min(self.handler_threads, n // max(self.split_pull_keys // 2, 1)) \
             if self.split_pull_keys and e.table.entry is None else 1
         if parts < 2:
@@ -169,6 +171,7 @@ class TableOps:
 
     def push_sparse(self, h, op, frames, ident):
         e, keys = self._sparse_rows(h, op, frames, 2)
+        self.limits.check_growth(op, e, keys, list(self.registry.entries.values()))
         grads = P.values_from(frames[1], h.count, e.dim, "grads")
         delta = bool(h.flags & _ADD_DELTA)
         if self.mode == "geo" and not delta:
@@ -187,6 +190,7 @@ class TableOps:
                                 f"got dim {h.dim}")
         self.limits.check_keys(op, h.count, 2)
         keys = P.keys_from(frames[0], h.count)
+        self.limits.check_growth(op, e, keys, list(self.registry.entries.values()))
         values = P.values_from(frames[1], h.count, 2, "show/click")
         e.table.add_show_click(keys, np.ascontiguousarray(values[:, 0]),
                                np.ascontiguousarray(values[:, 1]))

@@ -153,7 +153,7 @@ print(json.dumps(out))
 
 DENSE = {"kind": "dense", "name": "w", "shape": [8],
          "optimizer": {"type": "SGD", "learning_rate": 0.1},
-         "initializer": {"type": "Constant", "value": 0.0}, "seed": 0}
+         "initial": {"type": "Constant", "value": 0.0}, "seed": 0}
 
 
 @pytest.mark.parametrize("mode", ["async", "sync"])
