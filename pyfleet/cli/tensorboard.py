@@ -1,7 +1,7 @@
 """``pyfleet train --tensorboard``: the job's progress and every pass's test as
 TensorBoard scalars in ``RUN_DIR/tensorboard`` (``tensorboard --logdir runs`` then
 compares runs), written live as the progress line is, through tensorboardX (the
-optional extra ``pip install ".[tensorboard]"``).
+optional ``tensorboard`` extra).
 
 Scalars, against the examples trained (the step): ``train/loss`` (the logloss of
 each progress window), ``train/auc`` (running), ``train/examples_per_sec``,
@@ -12,8 +12,10 @@ from the examples its first run reached.
 import json
 import os
 
+from pyfleet._extras import install_hint
+
 DIRNAME = "tensorboard"
-NEEDS = 'pyfleet train: --tensorboard needs tensorboardX: pip install ".[tensorboard]"'
+NEEDS = f"pyfleet train: --tensorboard needs tensorboardX: {install_hint('tensorboard')}"
 
 
 def check_available():

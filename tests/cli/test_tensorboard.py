@@ -68,6 +68,7 @@ def test_without_tensorboardx_the_option_is_refused_by_name(tmp_path):
     r = pyfleet("train", *SMALL, "--tensorboard", "--run-dir", tmp_path / "run", cwd=tmp_path,
                 env=env)
     assert r.returncode != 0
+    # a hint right outside the checkout too: the extra's own packages
     assert r.stderr.strip() == ('pyfleet train: --tensorboard needs tensorboardX: pip install '
-                                '".[tensorboard]"')
+                                '"tensorboardX>=2.1" (pyfleet\'s "tensorboard" extra)')
     assert not (tmp_path / "run").exists()

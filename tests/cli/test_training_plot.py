@@ -68,5 +68,6 @@ def test_without_matplotlib_the_summary_says_how_to_get_the_plot(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(fake.parent)}
     r = pyfleet("train", *SMALL, "--run-dir", tmp_path / "run", cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert 'none (needs matplotlib: pip install ".[plot]")' in r.stdout
+    assert ('none (needs matplotlib: pip install "matplotlib>=3.5" (pyfleet\'s "plot" '
+            'extra))') in r.stdout
     assert not (tmp_path / "run" / "training.png").exists()
