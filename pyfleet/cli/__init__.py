@@ -20,7 +20,8 @@ import sys
 
 from pyfleet.cli.data import cmd_gen_data
 from pyfleet.cli.keygen import cmd_keygen
-from pyfleet.cli.parser import build_parser
+from pyfleet.cli.parser import build_parser, subcommand_parser, unknown_options_message
+from pyfleet.cli.plan import cmd_plan
 from pyfleet.cli.predict import cmd_predict
 from pyfleet.cli.train import cmd_train
 
@@ -30,7 +31,10 @@ __all__ = ["main"]
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     parser, train = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # named by the command's own parser, with the nearest option suggested
+        command = subcommand_parser(parser, args.command) or parser
+        command.error(unknown_options_message(command, extra))
     if args.command is None:
         parser.print_help()
         return 2
@@ -45,7 +49,7 @@ def main(argv=None):
                 args.command, args._config = "train", record
             args._parser = train
             return cmd_train(args, rest)
-        return {"gen-data": cmd_gen_data, "predict": cmd_predict,
+        return {"gen-data": cmd_gen_data, "predict": cmd_predict, "plan": cmd_plan,
                 "keygen": cmd_keygen}[args.command](args)
     except KeyboardInterrupt:  # (pyfleet train's roles are stopped by its launcher)
         print(f"pyfleet {args.command}: interrupted", file=sys.stderr)

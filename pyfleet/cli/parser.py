@@ -1,6 +1,7 @@
 """The options of every ``pyfleet`` command (argparse)."""
 
 import argparse
+import difflib
 
 from pyfleet._version import __version__
 from pyfleet.cli.config import AppendOverride
@@ -24,8 +25,27 @@ def byte_count(text):
 
 
 def _add_parser(sub, name, help, description):
+    # allow_abbrev=False: `--epoch 2` is refused (with a suggestion), not taken as --epochs
     return sub.add_parser(name, help=help, description=description,
-                          formatter_class=HelpFormatter)
+                          formatter_class=HelpFormatter, allow_abbrev=False)
+
+
+def unknown_options_message(parser, extra):
+    """argparse's "unrecognized arguments" for ``extra``, with the nearest option of
+    ``parser`` named for each unknown ``--flag`` (``--trian``: did you mean --train?)."""
+    known = [s for s in parser._option_string_actions if s.startswith("--")]
+    hints = []
+    for token in extra:
+        flag = token.split("=", 1)[0]
+        if not flag.startswith("--"):
+            continue
+        close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
+        if not close:  # a prefix (--epoch) is refused, named by the option it begins
+            close = [k for k in known if k.startswith(flag)][:1]
+        if close:
+            hints.append(f"{flag}: did you mean {close[0]}?")
+    text = f"unrecognized arguments: {' '.join(extra)}"
+    return text + (" (" + "; ".join(hints) + ")" if hints else "")
 
 
 def _train_parser(sub):
@@ -135,8 +155,8 @@ def _train_parser(sub):
                         "stderr)")
     p.add_argument("--tensorboard", action="store_true",
                    help="also write the progress and every pass's test as TensorBoard "
-                        "scalars into RUN_DIR/tensorboard (needs tensorboardX: pip install "
-                        "\".[tensorboard]\"; default: off)")
+                        "scalars into RUN_DIR/tensorboard (needs tensorboardX, the "
+                        "tensorboard extra; default: off)")
     p.add_argument("--curve-dir", default=None, metavar="DIR",
                    help="a 'pyfleet keygen' directory: roles authenticate with its CURVE "
                         "keys (sets PYFLEET_CURVE_DIR, docs/operations.md; default: a fresh "
@@ -195,20 +215,23 @@ def _train_parser(sub):
 
 DESCRIPTION = """\
 pyfleet: train and use CTR models on a sparse parameter server.
+`pyfleet train` with no argument trains on generated data; pyfleet COMMAND --help
+describes each command's options."""
 
-  pyfleet train      train a CTR model on a local cluster (no argument: generated data)
-  pyfleet gen-data   write the synthetic Criteo-format data set
-  pyfleet predict    score a data file with a saved inference model
-  pyfleet keygen     write CURVE key pairs for authenticated clusters
 
-pyfleet COMMAND --help describes each command's options."""
+def subcommand_parser(parser, name):
+    """The subparser of command ``name`` of ``parser`` (None: no such command)."""
+    for action in parser._subparsers._group_actions if parser._subparsers else []:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices.get(name)
+    return None
 
 
 def build_parser():
     """``(parser, train)``: the ``pyfleet`` parser and its ``train`` subparser (which
     ``pyfleet train --resume`` asks for the options given on the command line)."""
     parser = argparse.ArgumentParser(prog="pyfleet", description=DESCRIPTION,
-                                     formatter_class=HelpFormatter)
+                                     formatter_class=HelpFormatter, allow_abbrev=False)
     parser.add_argument("--version", action="version", version=f"pyfleet {__version__}",
                         help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -248,6 +271,8 @@ def build_parser():
     p.add_argument("--skip-malformed", action="store_true",
                    help="skip malformed lines (default: stop at the first, naming it: a "
                         "skipped line shifts every later prediction against its input line)")
+    from pyfleet.cli.plan import add_plan_parser
+    add_plan_parser(sub, _add_parser)
     k = _add_parser(sub, "keygen", "write CURVE key pairs (server and client)",
                     "Write CURVE key pairs into DIR (see docs/operations.md).")
     k.add_argument("dir", help="output directory")
