@@ -186,9 +186,13 @@ class Monitor(threading.Thread):
         examples = sum(s["examples"] for s in st)
         loss_sum = sum(s["loss_sum"] for s in st)
         now = time.time()
-        if self.prev is not None and examples <= self.prev[1]:
+        # The first line's window starts at what the workers restored from a checkpoint
+        # (their counts go on from its position), not at 0 examples.
+        t0, e0, l0 = self.prev or (now - max(s["seconds"] for s in st),
+                                   sum(s.get("base_examples", 0) for s in st),
+                                   sum(s.get("base_loss_sum", 0.0) for s in st))
+        if examples <= e0:  # nothing trained since (a resumed worker whose share was done)
             return
-        t0, e0, l0 = self.prev or (now - max(s["seconds"] for s in st), 0, 0.0)
         self.prev = (now, examples, loss_sum)
         loss = (loss_sum - l0) / (examples - e0)
         rate = (examples - e0) / max(now - t0, 1e-9)
@@ -213,8 +217,10 @@ class Monitor(threading.Thread):
             line += f"  {frac:4.0%}"
             elapsed = max(s["seconds"] for s in st)
             passes = self.last - self.first + 1
-            if 0 < overall < passes:
-                eta = elapsed * (passes - overall) / overall
+            # this run's own rate: a resumed run's restored share took no time here
+            trained = examples - sum(s.get("base_examples", 0) for s in st)
+            if 0 < overall < passes and trained > 0 and elapsed > 0:
+                eta = (passes - overall) * self.total / (trained / elapsed)
                 record["eta_seconds"] = eta
                 line += f"  ETA {_clock(eta)}"
         line += (f"  {examples:>10,} examples  {rate:>8,.0f} ex/s  loss {loss:.4f}  "

@@ -37,6 +37,8 @@ class _Progress:
         self.steps = 0
         self.loss_sum = 0.0
         self.pass_start = 0  # examples before this pass
+        # counts restored from a checkpoint's position, before this process trained
+        self.base_examples, self.base_loss_sum = 0, 0.0
         self._preds, self._labels, self._buffered = [], [], 0
 
     def update(self, epoch, pred, labels, loss):
@@ -71,6 +73,7 @@ class _Progress:
                   "pass_done": done, "pass_examples": self.examples - self.pass_start,
                   "step": self.steps,
                   "examples": self.examples, "loss_sum": self.loss_sum,
+                  "base_examples": self.base_examples, "base_loss_sum": self.base_loss_sum,
                   "seconds": now - self.start, "stats": self.stats.to_json()}
         _replace_json(self.status_path, status)
 
