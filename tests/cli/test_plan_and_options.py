@@ -11,11 +11,11 @@ import textwrap
 
 import numpy as np
 import pytest
+from support.cli import pyfleet
 
 from pyfleet import optimizer
 from pyfleet.launch.collective import find_mpiexec
 from pyfleet.table import SparseTable
-from support.cli import pyfleet
 
 
 def test_plan_rows_and_servers_follow_the_tables_own_accounting(tmp_path):
