@@ -70,7 +70,8 @@ class Barriers:
     ``sync``: buffer gradients (:meth:`buffer`) and release them with each
     step barrier (a sync-mode server)."""
 
-    def __init__(self, worker_num, heartbeat_timeout, barrier_timeout, sync=False):
+    def __init__(self, worker_num, heartbeat_timeout, barrier_timeout, sync=False,
+                 max_step_bytes=128 << 20):
         self.worker_num = int(worker_num)
         self.heartbeat_timeout = float(heartbeat_timeout)
         self.barrier_timeout = float(barrier_timeout)
@@ -82,6 +83,8 @@ class Barriers:
         self.stopped = set()
         self.serving_since = None
         self.sync_buf = {}       # table id -> [(worker, keys, grads)]
+        self.max_step_bytes = int(max_step_bytes)
+        self.step_bytes = {}     # worker -> sparse bytes buffered in this step
 
     def start(self, now):
         """The server begins serving (the clock of workers that never connect)."""
@@ -105,8 +108,26 @@ class Barriers:
         self.last_seen[worker] = now
 
     def buffer(self, worker, table_id, keys, grads):
-        """Keep a sync-mode push until the step's barrier."""
-        self.sync_buf.setdefault(table_id, []).append((worker, keys, grads))
+        """Keep a sync-mode push until the step's barrier. A dense push
+        (``keys`` None) adds to the worker's buffer of that block; sparse
+        pushes are kept as they came, up to ``max_step_bytes`` a worker a step
+        (beyond: :class:`Refused`, nothing kept)."""
+        items = self.sync_buf.setdefault(table_id, [])
+        if keys is None:
+            for i, (w, _, held) in enumerate(items):
+                if w == worker:  # a new sum: ``held`` may be a view of a message
+                    items[i] = (w, None, held + grads)
+                    return
+            items.append((worker, None, grads))
+            return
+        size = keys.nbytes + grads.nbytes
+        held = self.step_bytes.get(worker, 0)
+        if held + size > self.max_step_bytes:
+            raise Refused(f"sync push of worker {worker} refused: {held + size} bytes of sparse "
+                          f"gradient in one step would exceed this server's max_step_bytes="
+                          f"{self.max_step_bytes} (--max-step-bytes)")
+        self.step_bytes[worker] = held + size
+        items.append((worker, keys, grads))
 
     def live(self):
         return set(range(self.worker_num)) - self.stopped
@@ -138,7 +159,7 @@ class Barriers:
         release = step or self.waiting
         sync = {}
         if self.sync and step:
-            sync, self.sync_buf = self.sync_buf, {}
+            sync, self.sync_buf, self.step_bytes = self.sync_buf, {}, {}
         self.count += 1
         tokens = [token for token, _ in release.values()]
         if step:
@@ -171,7 +192,7 @@ class Barriers:
         tokens = [token for token, _ in self.waiting.values()]
         self.waiting = {}
         self.started = None
-        self.sync_buf = {}  # that step's gradients die with it
+        self.sync_buf, self.step_bytes = {}, {}  # that step's gradients die with it
         return Failure(tokens, why)
 
     def abandoned(self, now):

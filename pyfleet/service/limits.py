@@ -41,6 +41,11 @@ flag (the same name with dashes):
   (``4 * (dim + optimizer state floats) + 64`` bytes; a table with a disk tier
   counts at most its ``memory_budget``). A pull or push that could create rows
   past either, were all its keys new, is refused by name before any row is made.
+- ``max_step_bytes`` (default 128 MiB): sparse gradient bytes (keys and
+  values) one worker's pushes may leave buffered on a sync-mode server in one
+  step; a push beyond is refused by name (a step's own pushes of a CTR batch
+  are a few MiB a server). A worker's dense pushes within a step add up in one
+  buffer per block, so they never grow with the number of pushes.
 """
 
 import math
@@ -75,6 +80,7 @@ class Limits(NamedTuple):
     max_tables: int = 1024
     max_server_bytes: int = _physical_memory()
     max_table_bytes: int = _physical_memory()
+    max_step_bytes: int = 128 << 20
 
     @classmethod
     def make(cls, **values):
@@ -175,6 +181,8 @@ def add_arguments(parser):
                             "memory)",
         "max_table_bytes": "bytes one sparse table's rows may hold in RAM (default: physical "
                            "memory)",
+        "max_step_bytes": "sparse gradient bytes one worker may buffer in one sync step "
+                          "(default 128 MiB)",
     }
     for name, default in Limits._field_defaults.items():
         parser.add_argument("--" + name.replace("_", "-"), type=int, default=default,

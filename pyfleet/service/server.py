@@ -158,7 +158,8 @@ class Server:
                                  self._lock, spill_root=None if spill_root is None
                                  else os.path.realpath(os.fspath(spill_root)))
         self.barriers = Barriers(self.worker_num, self.heartbeat_timeout, self.barrier_timeout,
-                                 sync=(mode == "sync"))
+                                 sync=(mode == "sync"),
+                                 max_step_bytes=self.limits.max_step_bytes)
         self._counters = {}
         self._recent = RecentRequests(self.worker_num + 1)  # push ids, per sender
         self._owners = Owners(self.worker_num, self.heartbeat_timeout)  # who speaks for whom
@@ -300,9 +301,10 @@ class Server:
                     self.barriers.seen(h.status - 1, now)
             self._count(_OP_COUNTER[op])
             if op in _PUSH_OPS:
-                sender = h.status if h.status <= self.worker_num else 0
-                if sender:  # a push acts as the worker: only the one that owns its index
-                    self._claim(sender - 1, h, op.name)
+                sender = h.status
+                if not 0 < sender <= self.worker_num:
+                    raise Refused(self._not_a_worker(sender))
+                self._claim(sender - 1, h, op.name)  # only the client owning the index
                 if not self._recent.first(sender, h.request):
                     self._count("duplicate_pushes")  # a retry: applied once already
                     return self._data.repeat_reply(h, op, frames[1:], ident)
@@ -333,6 +335,15 @@ class Server:
         if isinstance(w, bool) or not isinstance(w, int) or not 0 <= w < self.worker_num:
             raise Refused(f"worker must be an integer in [0, {self.worker_num}), got {w!r}")
         return w
+
+    def _not_a_worker(self, status):
+        # A job's model changes only through its workers' pushes: one naming
+        # no worker, or an index beyond worker_num, would skip the owner rule
+        # (and in sync mode join a step no worker of the job pushed).
+        who = ("it names no worker (worker index field 0: anonymous)" if status == 0 else
+               f"worker index {status - 1} is not a worker of this job")
+        return (f"push refused: {who}; this server takes pushes only from its job's workers "
+                f"0..{self.worker_num - 1} (worker_num={self.worker_num})")
 
     def _claim(self, w, h, what, refuse=True, take=True):
         """Whether request ``h`` may speak for worker ``w`` (see

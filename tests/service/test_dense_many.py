@@ -115,17 +115,17 @@ def test_bad_dense_many_requests_get_error_replies_and_the_server_serves_on(raw_
     server, sock, ids = raw_server
     w, b, o = ids["fc.w[0:30]"], ids["fc.b[0:5]"], ids["out.w[0:5]"]
     ones = [np.ones(30, np.float32), np.ones(5, np.float32)]
-    push = P.dense_many_request(Op.PUSH_DENSE_MANY, 1, [w, b], ones)
+    push = P.dense_many_request(Op.PUSH_DENSE_MANY, 1, [w, b], ones, worker=0)
 
     # the header says 3 blocks, the ids frame holds 2
     bad = list(push)
-    bad[0] = P.pack_header(Op.PUSH_DENSE_MANY, 2, 0, 35, 3)
+    bad[0] = P.pack_header(Op.PUSH_DENSE_MANY, 2, 0, 35, 3, 0, 1)
     assert "needs 4 payload frame" in _error(sock, bad)
     bad = [P.pack_header(Op.PULL_DENSE_MANY, 2, 0, 35, 3), push[1]]
     assert "table ids frame has 8 bytes, header says 3 blocks" in _error(sock, bad)
     # a grad frame of the wrong size names its block
     bad = P.dense_many_request(Op.PUSH_DENSE_MANY, 3, [w, b],
-                               [np.ones(30, np.float32), np.ones(4, np.float32)])
+                               [np.ones(30, np.float32), np.ones(4, np.float32)], worker=0)
     assert "block 1 ('fc.b[0:5]', 5 floats)" in _error(sock, bad)
     # count disagreeing with the blocks' sizes
     bad = P.dense_many_request(Op.PULL_DENSE_MANY, 4, [w, b], count=36)
@@ -136,18 +136,19 @@ def test_bad_dense_many_requests_get_error_replies_and_the_server_serves_on(raw_
     assert "sparse table 'emb'" in _error(
         sock, P.dense_many_request(Op.PULL_DENSE_MANY, 6, [ids["emb"]], count=4))
     assert "twice" in _error(sock, P.dense_many_request(
-        Op.PUSH_DENSE_MANY, 7, [b, b], [np.ones(5, np.float32)] * 2))
+        Op.PUSH_DENSE_MANY, 7, [b, b], [np.ones(5, np.float32)] * 2, worker=0))
     assert "at least one block" in _error(
         sock, [P.pack_header(Op.PULL_DENSE_MANY, 8, 0, 0, 0), b""])
     # geo deltas on an async server
     assert "ADD_DELTA" in _error(sock, P.dense_many_request(
-        Op.PUSH_DENSE_MANY, 9, [b], [np.ones(5, np.float32)], flags=P.Flag.ADD_DELTA))
+        Op.PUSH_DENSE_MANY, 9, [b], [np.ones(5, np.float32)], flags=P.Flag.ADD_DELTA,
+        worker=0))
     assert server.stats()["counters"]["protocol_errors"] >= 5
 
     # nothing was applied by the refused requests; a good one works (SGD lr 1)
     init = {n: np.linspace(-1, 1, int(np.prod(s)), dtype=np.float32) for n, s in SHAPES.items()}
     h, reply = _roundtrip(sock, P.dense_many_request(
-        Op.PUSH_DENSE_MANY, 10, [w, b], ones, flags=P.Flag.PULL_AFTER))
+        Op.PUSH_DENSE_MANY, 10, [w, b], ones, flags=P.Flag.PULL_AFTER, worker=0))
     assert h.status == P.Status.OK and len(reply) == 3
     np.testing.assert_array_equal(np.frombuffer(reply[1], "<f4"), init["fc.w"] - 1)
     np.testing.assert_array_equal(np.frombuffer(reply[2], "<f4"), init["fc.b"] - 1)
