@@ -25,7 +25,7 @@ SPARSE = {"kind": "sparse", "name": "emb", "dim": 4,
           "initializer": {"type": "Constant", "value": 0.0}, "seed": 0}
 DENSE = {"kind": "dense", "name": "w", "shape": [8],
          "optimizer": {"type": "SGD", "learning_rate": 1.0},
-         "initializer": {"type": "Constant", "value": 0.0}, "seed": 0}
+         "initial": {"type": "Constant", "value": 0.0}, "seed": 0}
 
 
 def _raw(endpoint):
