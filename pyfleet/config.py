@@ -38,6 +38,7 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
+from pyfleet._transpiler_flags import FLUID18_FLAGS, Fluid18Flags
 from pyfleet.errors import ConfigError
 
 __all__ = [
@@ -219,7 +220,7 @@ def _unknown_attribute(owner: str, key: str, known: Iterable[str]) -> str:
     return f"{owner} has no setting {key!r}{hint}"
 
 
-class DistributeTranspilerConfig:
+class DistributeTranspilerConfig(Fluid18Flags):
     """Configuration of a parameter-server job, named as in Fluid 1.5.
 
     Fields (each validated when set; a bad value raises :class:`~pyfleet.errors.ConfigError`,
@@ -252,21 +253,15 @@ class DistributeTranspilerConfig:
     - Fluid knobs accepted for compatibility: ``wait_port`` (bool, default True: workers wait
       for the servers), ``print_log`` (bool), ``runtime_split_send_recv`` (bool, no effect:
       pyfleet always splits at run time), ``enable_dc_asgd`` (only False).
-    - ``half_async``, ``completely_not_async`` (bools, default False): Fluid 1.8's spelling of
-      its communicator modes. With ``sync_mode`` False (and not geo), both True is Fluid
-      1.8's sync (what ``StrategyFactory.create_sync_strategy()`` sets): ``mode`` then reads
-      ``"sync"`` while ``sync_mode`` keeps Fluid's reading, False. ``half_async`` alone is
-      Fluid's half-async, refused when the config is used (:meth:`check_supported`).
-      Setting ``mode``, or ``sync_mode = True``, clears both.
+    - ``half_async``, ``completely_not_async``: Fluid 1.8's mode flags (_transpiler_flags.py).
 
     Setting any other attribute raises ``AttributeError`` (a misspelt setting must not be
     silently ignored).
     """
 
-    _PUBLIC = ("sync_mode", "mode", "sparse_mode", "geo_sgd_mode", "geo_k_steps",
+    _PUBLIC = ("sync_mode", "mode", "sparse_mode", "geo_sgd_mode", "geo_k_steps", "runtime",
                "geo_sgd_need_push_nums", "split_method", "slice_var_up", "min_block_size",
-               "runtime", "wait_port", "print_log", "runtime_split_send_recv", "enable_dc_asgd",
-               "half_async", "completely_not_async")
+               "wait_port", "print_log", "runtime_split_send_recv", "enable_dc_asgd", *FLUID18_FLAGS)
 
     def __init__(self):
         self._set_defaults()
@@ -286,8 +281,7 @@ class DistributeTranspilerConfig:
     def _set_defaults(self):
         object.__setattr__(self, "_mode", "sync")
         object.__setattr__(self, "_sparse_mode", "sync")
-        object.__setattr__(self, "half_async", False)
-        object.__setattr__(self, "completely_not_async", False)
+        self._clear_fluid18()
         self.geo_k_steps = 100
         self.split_method = RoundRobin
         self.slice_var_up = True
@@ -311,7 +305,7 @@ class DistributeTranspilerConfig:
         if key == "min_block_size":
             value = _check_int("min_block_size", value, 1)
         elif key in ("slice_var_up", "wait_port", "print_log", "runtime_split_send_recv",
-                     "half_async", "completely_not_async"):
+                     *FLUID18_FLAGS):
             value = _check_bool(key, value)
         elif key == "enable_dc_asgd":
             if _check_bool(key, value):
@@ -320,25 +314,6 @@ class DistributeTranspilerConfig:
         elif key == "runtime" and not isinstance(value, RuntimeConfig):
             raise ConfigError(f"runtime must be a RuntimeConfig, got {value!r}")
         object.__setattr__(self, key, value)
-
-    def _fluid18(self, stored):
-        """``stored`` as Fluid 1.8's flags read it: async with ``half_async`` and
-        ``completely_not_async`` is its communicator's sync."""
-        if stored == "async" and self.half_async and self.completely_not_async:
-            return "sync"
-        return stored
-
-    def _clear_fluid18(self):
-        object.__setattr__(self, "half_async", False)
-        object.__setattr__(self, "completely_not_async", False)
-
-    def check_supported(self):
-        """ConfigError when the flags ask for Fluid 1.8's half-async mode."""
-        stored = self._sparse_mode if self._mode == "hybrid" else self._mode
-        if stored == "async" and self.half_async and not self.completely_not_async:
-            raise ConfigError("half_async = True (Fluid's half-async mode: pushes without "
-                              "waiting, merged gradients applied at barriers) has no pyfleet "
-                              "equivalent; train sync (sync_mode = True) or async")
 
     @property
     def mode(self) -> str:

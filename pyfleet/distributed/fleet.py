@@ -38,7 +38,7 @@ import sys
 from pyfleet import config as _config
 from pyfleet.distributed import hybrid
 from pyfleet.distributed.remote_backend import NoServers, RemoteBackend
-from pyfleet.distributed.strategy import DistributedStrategy
+from pyfleet.distributed.strategy import job_config
 from pyfleet.distributed.tables import server_table_configs, servers_regularize, table_configs
 from pyfleet.entry import Entry
 from pyfleet.errors import ConfigError, PyfleetError
@@ -120,7 +120,6 @@ class Fleet:
         self.startup_program = None
         self._last_save = None  # (abs dir, head id) of this worker's last committed save
         self._hdfs_config = None
-        self._served = False  # a server whose run_server() returned
 
     # ----------------------------------------------------------------- roles
     def init(self, role_maker=None):
@@ -215,15 +214,7 @@ class Fleet:
                              f"got {sparse_entry!r}")
         if not isinstance(optimizer, Optimizer):
             raise ValueError(f"optimizer must be a pyfleet.optimizer rule, got {optimizer!r}")
-        if strategy is None:
-            strategy = _config.DistributeTranspilerConfig()
-        if isinstance(strategy, DistributedStrategy):  # Fluid 1.6's StrategyFactory
-            strategy = strategy.program_config()
-        if not isinstance(strategy, _config.DistributeTranspilerConfig):
-            raise ValueError(f"strategy must be a DistributeTranspilerConfig or a "
-                             f"StrategyFactory strategy, got {strategy!r}")
-        strategy.check_supported()
-        opt = DistributedOptimizer(self, optimizer, strategy)
+        opt = DistributedOptimizer(self, optimizer, job_config(strategy))
         opt._sparse_entry = sparse_entry
         opt._sparse_storage = sparse_storage
         opt._sparse_spill = (sparse_memory_budget, sparse_spill_dir)
@@ -253,22 +244,19 @@ class Fleet:
 
     # --------------------------------------------------------------- server
     def init_server(self, model_dir=None, **kwargs):
-        """Create this server's shard of every table; with ``model_dir``, load
-        the parameters saved there (by any number of servers): a directory of
-        :meth:`save_persistables` (its chain of full + delta saves is replayed,
-        every file checked against the manifest's sha256 first), or a list of
-        them, a base then its deltas in order. A relative ``model_dir`` is
-        taken from the checkpoint root (``PYFLEET_CHECKPOINT_DIR``); the load
-        is this process's own, so it may be outside that root, to which only
-        the saves and loads workers request are confined. A damaged or
-        incomplete checkpoint is a ValueError naming the file; one of another
-        model (a table it lacks, or holds with another dim or shape) a
-        ValueError naming the table and both forms. ``PYFLEET_RESTORE_DIR`` (a restarted
-        job, docs/operations.md), once it holds a manifest, is loaded instead. As
-        in Fluid, an empty ``model_dir`` (``""``, PaddleRec's default
-        ``init_model_path``) loads nothing."""
-        if not isinstance(model_dir, os.PathLike) and not model_dir:
-            model_dir = None   # as Fluid: "" (PaddleRec's default), [] or None load nothing
+        """Create this server's shard of every table; with ``model_dir``, load the
+        parameters saved there (by any number of servers): a directory of
+        :meth:`save_persistables` (its chain of full + delta saves is replayed, every file
+        checked against the manifest's sha256 first), or a list of them, a base then its
+        deltas in order. A relative ``model_dir`` is taken from the checkpoint root
+        (``PYFLEET_CHECKPOINT_DIR``); the load is this process's own, so it may be outside
+        that root, to which only the saves and loads workers request are confined. A
+        damaged or incomplete checkpoint is a ValueError naming the file; one of another
+        model (a table it lacks, or holds with another dim or shape) a ValueError naming
+        the table and both forms. ``PYFLEET_RESTORE_DIR`` (a restarted job,
+        docs/operations.md), once it holds a manifest, is loaded instead. An empty
+        ``model_dir`` (``""``: PaddleRec's default) loads nothing, as in Fluid."""
+        model_dir = model_dir if isinstance(model_dir, os.PathLike) or model_dir else None
         restore = os.environ.get("PYFLEET_RESTORE_DIR")
         if restore and os.path.exists(os.path.join(restore, MANIFEST_NAME)):
             model_dir = os.path.abspath(restore)
@@ -377,14 +365,10 @@ class Fleet:
             _log.warning("fleet.stop_worker() at exit failed: %s", e)
 
     def stop_worker(self):
-        """Send what is pending, tell every server this worker is done, disconnect.
-
-        On a server whose :meth:`run_server` has returned (PaddleRec's terminal
-        pass calls it on every role) there is nothing left to stop: it returns.
-        Fluid's ``stop_worker`` stops the process's communicator and closes its
-        executor; a Fluid server has no communicator, and its serving loop has
-        ended once the trainers completed."""
-        if self._client is None and self._served:
+        """Send what is pending, tell every server this worker is done, disconnect. On a
+        server whose run_server() returned (PaddleRec's terminal pass calls it) there is
+        nothing left to stop: it returns (a Fluid server has no communicator to stop)."""
+        if self._client is None and getattr(self, "_served", False):
             return
         client = self._require_worker("stop_worker")
         try:

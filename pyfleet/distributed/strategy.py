@@ -49,7 +49,8 @@ from pyfleet import config as _config
 from pyfleet.errors import ConfigError
 
 __all__ = ["AsyncStrategy", "DistributedMode", "DistributedStrategy", "GeoStrategy",
-           "ServerRuntimeConfig", "StrategyFactory", "SyncStrategy", "TrainerRuntimeConfig"]
+           "ServerRuntimeConfig", "StrategyFactory", "SyncStrategy", "TrainerRuntimeConfig",
+           "job_config"]
 
 
 class DistributedMode:
@@ -315,6 +316,22 @@ class GeoStrategy(DistributedStrategy):
     def check_program_config(self):
         super().check_program_config()
         self._program_config.geo_sgd_mode = True
+
+
+def job_config(strategy):
+    """The :class:`DistributeTranspilerConfig` a job runs from
+    ``distributed_optimizer``'s ``strategy``: a config, a strategy of
+    :class:`StrategyFactory` (its program config), or None (a default one).
+    ValueError for anything else; ConfigError for what pyfleet refuses."""
+    if strategy is None:
+        strategy = _config.DistributeTranspilerConfig()
+    if isinstance(strategy, DistributedStrategy):
+        strategy = strategy.program_config()
+    if not isinstance(strategy, _config.DistributeTranspilerConfig):
+        raise ValueError(f"strategy must be a DistributeTranspilerConfig or a "
+                         f"StrategyFactory strategy, got {strategy!r}")
+    strategy.check_supported()
+    return strategy
 
 
 class StrategyFactory:
