@@ -21,13 +21,14 @@ ROOMS = [
     ("table", 1, ["pyfleet.entry", "pyfleet.initializer", "pyfleet.optimizer", "pyfleet.table",
                   "pyfleet.metrics"]),
     ("data", 1, ["pyfleet.data", "pyfleet.reader"]),
-    ("config", 2, ["pyfleet.config", "pyfleet.role_maker"]),
+    ("config", 2, ["pyfleet.config", "pyfleet.role_maker", "pyfleet._transpiler_flags"]),
     ("service", 3, ["pyfleet.service"]),
     ("fluid", 3, ["pyfleet.fluid"]),
     ("distributed", 4, ["pyfleet.distributed", "pyfleet.models"]),
     ("fluid facade", 5, ["pyfleet.fluid.__init__", "pyfleet.fluid.incubate.fleet",
                          "pyfleet.fluid.transpiler"]),
-    ("app", 6, ["pyfleet.trainer", "pyfleet.launch", "pyfleet.cli", "pyfleet._monitor"]),
+    ("app", 6, ["pyfleet.trainer", "pyfleet.launch", "pyfleet.cli", "pyfleet._monitor",
+                "pyfleet.as_paddle"]),
     ("facade", 7, ["pyfleet.__init__"]),
 ]
 # Old import paths kept for users and docs: thin re-exports of a module's new home.

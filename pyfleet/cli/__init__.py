@@ -4,6 +4,7 @@
     pyfleet gen-data [options]   write the synthetic Criteo-format data set
     pyfleet predict [options]    score a data file with a saved inference model
     pyfleet keygen DIR           write CURVE key pairs for authenticated clusters
+    pyfleet run SCRIPT [ARGS]    run Fleet-era code unchanged (`paddle` is pyfleet)
 
 `pyfleet train` with no argument is the embedded default: it generates a
 synthetic data set with a known ground truth, starts 1 server and 2 workers on
@@ -30,6 +31,9 @@ __all__ = ["main"]
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["run"]:   # everything after it is the script's: no option parsing
+        from pyfleet.cli.run import cmd_run
+        return cmd_run(argv[1:])
     parser, train = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # named by the command's own parser, with the nearest option suggested

@@ -273,6 +273,12 @@ def build_parser():
                         "skipped line shifts every later prediction against its input line)")
     from pyfleet.cli.plan import add_plan_parser
     add_plan_parser(sub, _add_parser)
+    r = _add_parser(sub, "run", "run Fleet-era code unchanged (`paddle` is pyfleet)",
+                    "pyfleet run SCRIPT.py [ARGS...] | pyfleet run -m MODULE [ARGS...]:\n"
+                    "the script runs with this Python, and `import paddle` (every paddle.*\n"
+                    "path) is pyfleet in it and in every Python process it starts.")
+    r.add_argument("script", nargs=argparse.REMAINDER, help="the script (or -m MODULE) and "
+                   "its arguments")
     k = _add_parser(sub, "keygen", "write CURVE key pairs (server and client)",
                     "Write CURVE key pairs into DIR (see docs/operations.md).")
     k.add_argument("dir", help="output directory")

@@ -5,7 +5,7 @@ Command line (also installed as ``fleetrun``)::
     fleetrun --server_num 2 --worker_num 2 [--servers h:p,h:p] [--workers h:p,h:p]
         [--log_dir DIR] [--mode sync|async|geo|hybrid] [--grace 30] [--timeout SECONDS]
         [--stop-timeout 5] [--max-restarts N [--restart-window 3600] [--restore-dir DIR]]
-        train.py [script arguments...]
+        [--paddle] train.py [script arguments...]
     python -m pyfleet.launch --collective --workers N [--hosts h1,h2 | --hostfile F]
         [--timeout SECONDS] train.py [script arguments...]
 
@@ -13,6 +13,9 @@ Command line (also installed as ``fleetrun``)::
 supervised role ``workers``; each worker's index is its rank). ``--collective`` starts a
 collective (all-reduce) job instead: ``N`` MPI ranks through
 ``mpiexec`` (see :func:`launch_collective` and docs/collective.md), no server.
+
+``--paddle`` runs the script unchanged: ``import paddle`` is pyfleet in every role and in
+every Python process a role starts (:mod:`pyfleet.as_paddle`).
 
 (Paddle's fleetrun flags; ``--servers 2 --workers 2``, plain numbers, are counts.)
 

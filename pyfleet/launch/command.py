@@ -79,6 +79,10 @@ def _build_parser(prog: str = "python -m pyfleet.launch") -> argparse.ArgumentPa
                         "checkpoint (MANIFEST.json), a restarted job's roles get "
                         "PYFLEET_RESTORE_DIR=DIR, which fleet.init_server() loads (default: "
                         "none, a restarted job starts from its scripts' own state)")
+    p.add_argument("--paddle", action="store_true",
+                   help="zero-edit mode: `import paddle` (every paddle.* path) resolves to "
+                        "pyfleet in every role and in every Python process they start "
+                        "(pyfleet.as_paddle)")
     p.add_argument("script", help="the training script (a .py file is run with this Python)")
     p.add_argument("script_args", nargs=argparse.REMAINDER,
                    help="arguments passed to the script")
@@ -133,6 +137,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.restore_dir is not None and not args.max_restarts:
             raise ConfigError("--restore-dir is read when the job restarts: it needs "
                               "--max-restarts N")
+        if args.paddle:   # every role (and what it starts) inherits the environment
+            from pyfleet import as_paddle
+            os.environ.update(as_paddle.child_env())
         if args.script.endswith(".py"):
             cmd = [sys.executable, "-u", args.script, *args.script_args]
         else:
