@@ -25,6 +25,7 @@ ROOMS = [
     ("service", 3, ["pyfleet.service"]),
     ("fluid", 3, ["pyfleet.fluid"]),
     ("distributed", 4, ["pyfleet.distributed", "pyfleet.models"]),
+    ("serving", 4, ["pyfleet.serving"]),
     ("fluid facade", 5, ["pyfleet.fluid.__init__", "pyfleet.fluid.incubate.fleet",
                          "pyfleet.fluid.transpiler"]),
     ("app", 6, ["pyfleet.trainer", "pyfleet.launch", "pyfleet.cli", "pyfleet._monitor",

@@ -3,6 +3,7 @@
     pyfleet train [options]      train a CTR model on a local cluster (the main job)
     pyfleet gen-data [options]   write the synthetic Criteo-format data set
     pyfleet predict [options]    score a data file with a saved inference model
+    pyfleet serve [options]      answer prediction requests over HTTP
     pyfleet keygen DIR           write CURVE key pairs for authenticated clusters
     pyfleet run SCRIPT [ARGS]    run Fleet-era code unchanged (`paddle` is pyfleet)
 
@@ -24,6 +25,7 @@ from pyfleet.cli.keygen import cmd_keygen
 from pyfleet.cli.parser import build_parser, subcommand_parser, unknown_options_message
 from pyfleet.cli.plan import cmd_plan
 from pyfleet.cli.predict import cmd_predict
+from pyfleet.cli.serve import cmd_serve
 from pyfleet.cli.train import cmd_train
 
 __all__ = ["main"]
@@ -54,6 +56,7 @@ def main(argv=None):
             args._parser = train
             return cmd_train(args, rest)
         return {"gen-data": cmd_gen_data, "predict": cmd_predict, "plan": cmd_plan,
+                "serve": cmd_serve,
                 "keygen": cmd_keygen}[args.command](args)
     except KeyboardInterrupt:  # (pyfleet train's roles are stopped by its launcher)
         print(f"pyfleet {args.command}: interrupted", file=sys.stderr)

@@ -279,6 +279,8 @@ def build_parser():
                     "path) is pyfleet in it and in every Python process it starts.")
     r.add_argument("script", nargs=argparse.REMAINDER, help="the script (or -m MODULE) and "
                    "its arguments")
+    from pyfleet.cli.serve import add_serve_parser
+    add_serve_parser(sub, _add_parser)
     k = _add_parser(sub, "keygen", "write CURVE key pairs (server and client)",
                     "Write CURVE key pairs into DIR (see docs/operations.md).")
     k.add_argument("dir", help="output directory")

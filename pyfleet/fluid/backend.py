@@ -252,7 +252,8 @@ class LocalSource:
 
     def sparse_config(self, param):
         t = self.backend._sparse(param.name)
-        return {"dim": t.dim, "initializer": t.initializer.to_config(), "seed": t.seed}
+        return {"dim": t.dim, "initializer": t.initializer.to_config(), "seed": t.seed,
+                "storage": t.storage}
 
     def sparse_pages(self, name):
         t = self.backend._sparse(name)

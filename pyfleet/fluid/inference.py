@@ -10,7 +10,8 @@ train`` and :func:`save` all write a prediction directory::
                             its presence means complete
     <param>.npy             each dense weight the network reads (numpy format)
     <table>.keys.npy        uint64[n]: every key of each sparse table the network reads
-    <table>.weights.npy     float32[n, dim]: their embedding rows (optimizer state dropped)
+    <table>.weights.npy     float32[n, dim]: their embedding rows (optimizer state dropped;
+                            the section records the storage type they were trained in)
 
 Nothing is pickled; every ``.npy`` is read with ``allow_pickle=False``. Loading
 checks each file before it allocates anything for it: its ``.npy`` header's dtype
@@ -102,7 +103,7 @@ class RemoteSource:
             raise ValueError(f"sparse table {param.name!r} is not in the job's table configs "
                              f"(known: {sorted(self.configs)})")
         return {"dim": int(cfg["dim"]), "initializer": cfg["initializer"],
-                "seed": int(cfg["seed"])}
+                "seed": int(cfg["seed"]), "storage": cfg.get("storage", "fp32")}
 
     def sparse_pages(self, name):
         return self.client.export_sparse(name, page_rows=self.page_rows)
@@ -247,9 +248,16 @@ def save(dirname, program, feeded_var_names, target_vars, source, model_filename
 class _FrozenBackend(Backend):
     """Read-only parameters of a prediction directory."""
 
-    def __init__(self, dense, sparse):
+    def __init__(self, dense, sparse, sparse_configs):
         self.dense = dense    # name -> float32 array
         self.sparse = sparse  # name -> (sorted keys, weights, empty SparseTable for initial rows)
+        self.sparse_configs = sparse_configs  # name -> {dim, initializer, seed[, storage]}
+
+    def sparse_rows(self, name):
+        """``(keys, weights)``: every row of table ``name`` the model holds, in key
+        order (read-only; for a server that moves them into tables of its own)."""
+        skeys, weights, _ = self.sparse[name]
+        return skeys, weights
 
     def _refuse(self, *_):
         raise ValueError("an inference model is read-only: it cannot create, train or "
@@ -435,7 +443,7 @@ def _frozen_backend(dirname, section, program):
         value = _load_npy(dirname, fname, "<f4", tuple(params[name].shape), digests)
         _finite(value, f"parameter {name!r} ({fname})")
         dense[name] = value
-    sparse = {}
+    sparse, configs = {}, {}
     for name, cfg in section["sparse"].items():
         dim, rows = int(cfg["dim"]), cfg.get("rows")
         rows = int(rows) if isinstance(rows, int) and not isinstance(rows, bool) else None
@@ -446,7 +454,8 @@ def _frozen_backend(dirname, section, program):
         init = SparseTable(dim, SGD(1.0), initializer=_init.from_config(cfg["initializer"]),
                            seed=int(cfg["seed"]), name=name)
         sparse[name] = (keys[order], weights[order], init)
-    return _FrozenBackend(dense, sparse)
+        configs[name] = {k: cfg[k] for k in ("dim", "initializer", "seed", "storage") if k in cfg}
+    return _FrozenBackend(dense, sparse, configs)
 
 
 def load_program(dirname, model_filename=None, program_only_ok=True):

@@ -1,0 +1,263 @@
+"""The HTTP server of ``pyfleet serve`` (aiohttp, one asyncio event loop).
+
+Routes: ``POST /predict`` (bodies: :mod:`pyfleet.serving.rows`; answer JSON
+``{"predictions": [...], "model_version": name}``, or with ``Accept:
+application/x-npy`` the float32 probabilities as a ``.npy`` file and the
+version in the ``X-Model-Version`` header), ``GET /healthz`` (200 once a model
+is loaded, 503 before), ``GET /metrics`` (Prometheus text), ``GET /model``
+(the served version's description, JSON).
+
+Micro-batching: requests are parsed on arrival and queued; one task takes
+every queued request (and, while other requests are still being read, waits up
+to ``batch_wait`` seconds for more, up to ``max_batch_rows`` rows) into one
+model step on the model thread, then answers each request with its slice.
+The version served is read once per step, so a step, and every request in
+it, is answered by one whole version; a swap is one assignment on the loop.
+
+A refused request gets a 4xx status and one line of text naming the problem;
+the server keeps serving.
+"""
+
+import asyncio
+import io
+import json
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+from aiohttp import web
+
+from pyfleet.serving.metrics import ServeMetrics
+from pyfleet.serving.rows import BadRequest, RowSchema, concat_batches
+
+__all__ = ["ServeOptions", "Server"]
+
+log = logging.getLogger("pyfleet.serve")
+_PARSE_IN_THREAD = 64 << 10  # bodies larger than this are parsed off the event loop
+
+
+class ServeOptions:
+    """The limits and batching of a server (``pyfleet serve``'s options)."""
+
+    def __init__(self, max_body_bytes=16 << 20, max_rows=16384, max_concurrent=256,
+                 batch_wait=0.001, max_batch_rows=4096, slots=None):
+        for name, v in (("max_body_bytes", max_body_bytes), ("max_rows", max_rows),
+                        ("max_concurrent", max_concurrent), ("max_batch_rows", max_batch_rows)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        if not 0 <= batch_wait <= 1:
+            raise ValueError(f"batch_wait must be between 0 and 1 second, got {batch_wait!r}")
+        self.max_body_bytes, self.max_rows = max_body_bytes, max_rows
+        self.max_concurrent, self.max_batch_rows = max_concurrent, max_batch_rows
+        self.batch_wait, self.slots = float(batch_wait), slots
+
+
+def _error(status, text, kind):
+    resp = web.Response(status=status, text=text.replace("\n", " ") + "\n")
+    resp["error_kind"] = kind
+    return resp
+
+
+class Server:
+    """Serves :class:`pyfleet.serving.model.ModelVersion` objects over HTTP.
+
+    ``swap(version)`` must be called on the event loop (the follower uses
+    ``loop.call_soon_threadsafe``). Lifetime: ``await start(host, port)``,
+    then ``await stop()``."""
+
+    def __init__(self, options):
+        self.options = options
+        self.metrics = ServeMetrics()
+        self.version = None
+        self.schema = None
+        self.last_refusal = None
+        self._queue = None
+        self._waiting_bodies = 0  # requests accepted whose rows are not queued yet
+        self._model_thread = ThreadPoolExecutor(1, thread_name_prefix="pyfleet-serve-model")
+        self._parse_threads = ThreadPoolExecutor(2, thread_name_prefix="pyfleet-serve-parse")
+        self._runner = None
+        self._batcher = None
+
+    # -- versions -------------------------------------------------------------
+
+    def swap(self, version):
+        schema = RowSchema(version.n_dense, version.n_slots, self.options.slots,
+                           self.options.max_rows)
+        if self.version is not None:
+            self.metrics.swaps += 1
+            log.info("serving %s (was %s)", version.name, self.version.name)
+        else:
+            log.info("serving %s", version.name)
+        self.version, self.schema = version, schema
+
+    def refused(self, where, error):
+        self.metrics.load_failures += 1
+        self.last_refusal = f"{where}: {error}"
+        log.error("model version refused, %s keeps serving: %s: %s",
+                  self.version.name if self.version else "nothing", where, error)
+
+    def current_digest(self):
+        v = self.version
+        return None if v is None else v.digest
+
+    # -- lifetime -------------------------------------------------------------
+
+    def app(self):
+        app = web.Application(client_max_size=self.options.max_body_bytes,
+                              middlewares=[self._count])
+        app.router.add_post("/predict", self.predict)
+        app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/metrics", self.metrics_text)
+        app.router.add_get("/model", self.model_info)
+        return app
+
+    async def start(self, host, port):
+        """Listen on ``host:port`` (0: a free port); returns the port."""
+        self._queue = asyncio.Queue()
+        self._batcher = asyncio.get_running_loop().create_task(self._batch_loop())
+        self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port, reuse_address=True)
+        await site.start()
+        return site._server.sockets[0].getsockname()[1]
+
+    async def stop(self):
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._batcher is not None:
+            self._batcher.cancel()
+        self._model_thread.shutdown(wait=True)
+        self._parse_threads.shutdown(wait=True)
+
+    # -- handlers -------------------------------------------------------------
+
+    @web.middleware
+    async def _count(self, request, handler):
+        t0 = time.perf_counter()
+        try:
+            resp = await handler(request)
+        except web.HTTPException as e:  # aiohttp's own refusals: 404, 405, 413
+            resp = e
+            kind = {404: "not_found", 405: "method", 413: "too_large"}.get(e.status)
+            if e.status >= 400 and e.text:
+                e.text = e.text.splitlines()[0] + "\n"
+            self.metrics.request(e.status, time.perf_counter() - t0, kind,
+                                 timed=request.path == "/predict")
+            raise
+        self.metrics.request(resp.status, time.perf_counter() - t0, resp.get("error_kind"),
+                             timed=request.path == "/predict")
+        return resp
+
+    async def healthz(self, request):
+        v = self.version
+        if v is None:
+            return web.json_response({"status": "loading"}, status=503)
+        return web.json_response({"status": "ready", "model_version": v.name})
+
+    async def model_info(self, request):
+        v = self.version
+        if v is None:
+            return _error(503, "no model loaded yet", "loading")
+        return web.json_response({**v.info(), "last_refusal": self.last_refusal})
+
+    async def metrics_text(self, request):
+        v = self.version
+        text = self.metrics.render(v, {} if v is None else v.table_stats())
+        return web.Response(text=text, content_type="text/plain",
+                            headers={"X-Prometheus-Format": "0.0.4"})
+
+    async def predict(self, request):
+        m = self.metrics
+        if self.version is None:
+            return _error(503, "the model is not loaded yet (GET /healthz says when)", "loading")
+        if m.in_flight >= self.options.max_concurrent:
+            return _error(429, f"more than --max-concurrent {self.options.max_concurrent} "
+                               f"requests at once: retry later", "concurrency")
+        length = request.content_length
+        if length is not None and length > self.options.max_body_bytes:
+            return _error(413, f"the body is {length:,} bytes, more than --max-body-bytes "
+                               f"{self.options.max_body_bytes:,}", "too_large")
+        m.in_flight += 1
+        self._waiting_bodies += 1
+        queued = False
+        try:
+            body = await request.read()
+            schema = self.schema
+            try:
+                if len(body) > _PARSE_IN_THREAD:
+                    batch = await asyncio.get_running_loop().run_in_executor(
+                        self._parse_threads, schema.parse, request.content_type, body)
+                else:
+                    batch = schema.parse(request.content_type, body)
+            except BadRequest as e:
+                return _error(e.status, str(e), "bad_input")
+            fut = asyncio.get_running_loop().create_future()
+            self._waiting_bodies -= 1
+            queued = True
+            self._queue.put_nowait((batch, fut))
+            try:
+                prob, version = await fut
+            except ValueError as e:  # the model's own refusal of these rows (non-finite)
+                return _error(422, str(e), "model")
+        finally:
+            m.in_flight -= 1
+            if not queued:
+                self._waiting_bodies -= 1
+        if "application/x-npy" in request.headers.get("Accept", ""):
+            buf = io.BytesIO()
+            np.save(buf, prob.astype(np.float32), allow_pickle=False)
+            return web.Response(body=buf.getvalue(), content_type="application/x-npy",
+                                headers={"X-Model-Version": version.name})
+        return web.Response(text=json.dumps({"predictions": prob.tolist(),
+                                             "model_version": version.name}),
+                            content_type="application/json",
+                            headers={"X-Model-Version": version.name})
+
+    # -- the micro-batcher ----------------------------------------------------
+
+    async def _batch_loop(self):
+        loop = asyncio.get_running_loop()
+        q, opts = self._queue, self.options
+        carry = None
+        while True:
+            first = carry or await q.get()
+            carry = None
+            items, rows = [first], len(first[0])
+            deadline = loop.time() + opts.batch_wait
+            while rows < opts.max_batch_rows:
+                if q.empty():
+                    # Others are still sending their bodies: wait a little for them.
+                    if self._waiting_bodies <= 0 or loop.time() >= deadline:
+                        break
+                    try:
+                        item = await asyncio.wait_for(q.get(), deadline - loop.time())
+                    except asyncio.TimeoutError:
+                        break
+                else:
+                    item = q.get_nowait()
+                if rows + len(item[0]) > opts.max_batch_rows:
+                    carry = item
+                    break
+                items.append(item)
+                rows += len(item[0])
+            version = self.version  # one version for the whole step
+            batch = concat_batches([b for b, _ in items])
+            try:
+                prob = await loop.run_in_executor(self._model_thread, version.predict, batch)
+            except Exception as e:  # answered per request; the loop goes on
+                if not isinstance(e, ValueError):
+                    log.exception("model step failed")
+                for _, fut in items:
+                    if not fut.done():
+                        fut.set_exception(ValueError(str(e)) if isinstance(e, ValueError)
+                                          else e)
+                continue
+            self.metrics.batch_rows.observe(rows)
+            self.metrics.rows += rows
+            a = 0
+            for b, fut in items:
+                n = len(b)
+                if not fut.done():  # its client may have gone
+                    fut.set_result((prob[a:a + n], version))
+                a += n

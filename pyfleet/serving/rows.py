@@ -1,0 +1,291 @@
+"""Request bodies of ``POST /predict`` into :class:`pyfleet.data.Batch` objects.
+
+Every form goes through the parsers ``pyfleet predict`` and training read files
+with (:mod:`pyfleet.data._parse`, one call per body, GIL released), so a row
+gets the same ids and dense values whether it is served or scored from a file:
+
+==============================  =================================================
+``Content-Type``                the body
+==============================  =================================================
+``application/json``            ``{"rows": [ROW, ...]}``; a ROW is an object of
+                                Criteo/CSV columns ``I1..I<n>`` (numbers, raw:
+                                log-transformed as the Criteo and CSV readers
+                                do) and ``C1..C<m>`` (the categorical value as
+                                in the data, e.g. ``"68fd1e64"``), an absent or
+                                null column being a missing value; or of the
+                                PaddleRec slot format: ``"dense_feature"`` (a
+                                list of n numbers, used as they are) and the
+                                slot names (``--slots``) each with an id or a
+                                list of ids. ``label``/``click``/``Id`` are
+                                accepted and ignored.
+``text/tab-separated-values``   Criteo TSV lines, with or without the label
+                                (``n + m + 1`` or ``n + m`` fields)
+``text/csv``                    a CSV header (``label``, ``Id``, ``I<k>``,
+                                ``C<k>``) and its rows
+``text/plain``                  PaddleRec slot-format lines
+``application/x-npz``           ``numpy.savez`` of ``dense`` float32 ``[B, n]``
+                                (as the model reads it: transformed) and ``ids``
+                                uint64 ``[B, m]`` (one hashed id per slot, as
+                                ``Batch.ids_matrix()`` gives)
+==============================  =================================================
+
+A malformed body is a :class:`BadRequest` whose message is one line naming
+the problem (the row or line, the column, the expected count).
+"""
+
+import io
+import json
+import math
+import zipfile
+
+import numpy as np
+
+from pyfleet.data import _parse
+from pyfleet.data.files import csv_schema
+from pyfleet.data.readers import Batch, _Chunk
+
+__all__ = ["CONTENT_TYPES", "BadRequest", "RowSchema", "concat_batches"]
+
+CONTENT_TYPES = ("application/json", "text/tab-separated-values", "text/csv", "text/plain",
+                 "application/x-npz")
+IGNORED_COLUMNS = ("label", "click", "id")
+
+
+class BadRequest(ValueError):
+    """A request the server refuses; ``status`` is its HTTP code (4xx)."""
+
+    def __init__(self, message, status=400):
+        super().__init__(message)
+        self.status = status
+
+
+def _line_error(r, what):
+    line = int(r["bad_lines"][0]) + 1
+    return BadRequest(f"{what} {line}: malformed ({_parse.REASONS[int(r['bad_reasons'][0])]})")
+
+
+class RowSchema:
+    """How a model's inputs are written in requests: ``n_dense`` dense columns
+    ``I1..I<n>`` and ``n_slots`` slots ``C1..C<m>`` (slot format: ``slot_names``)."""
+
+    def __init__(self, n_dense, n_slots, slot_names=None, max_rows=65536):
+        self.n_dense, self.n_slots, self.max_rows = int(n_dense), int(n_slots), int(max_rows)
+        self.slot_names = tuple(slot_names or (str(i) for i in range(1, n_slots + 1)))
+        if len(self.slot_names) != n_slots:
+            raise ValueError(f"--slots names {len(self.slot_names)} slots, the model reads "
+                             f"{n_slots}")
+        self.dense_names = tuple(f"I{i}" for i in range(1, n_dense + 1))
+        self.cat_names = tuple(f"C{i}" for i in range(1, n_slots + 1))
+        header = ",".join(self.dense_names + self.cat_names).encode()
+        _, self._kind, self._index = csv_schema(header, "the model", require_label=False)
+        _, self._kind_l, self._index_l = csv_schema(b"label," + header, "the model")
+        self._column = {name.lower(): j for j, name in
+                        enumerate(self.dense_names + self.cat_names)}
+        self._slot_of = {name: j for j, name in enumerate(self.slot_names)}
+
+    # -- the forms --------------------------------------------------------
+
+    def parse(self, content_type, body):
+        """The :class:`Batch` of ``body`` sent as ``content_type``; BadRequest otherwise."""
+        if content_type == "application/json":
+            batch = self._json(body)
+        elif content_type == "text/tab-separated-values":
+            batch = self._tsv(body)
+        elif content_type == "text/csv":
+            batch = self._csv(body)
+        elif content_type == "text/plain":
+            batch = self._slot_lines(body, "line")
+        elif content_type == "application/x-npz":
+            batch = self._npz(body)
+        else:
+            raise BadRequest(f"Content-Type {content_type or '(none)'!r} is not served; use one "
+                             f"of {', '.join(CONTENT_TYPES)}", status=415)
+        if len(batch) == 0:
+            raise BadRequest("the request holds no row")
+        return batch
+
+    def _check_rows(self, n):
+        if n > self.max_rows:
+            raise BadRequest(f"the request holds {n:,} rows, more than --max-rows "
+                             f"{self.max_rows:,}", status=413)
+
+    def _delimited(self, buf, delim, kind, index, what, line_base=0):
+        if buf and not buf.endswith(b"\n"):
+            buf += b"\n"  # the parser reads complete lines
+        lines = buf.count(b"\n") + (0 if buf.endswith(b"\n") else 1)
+        self._check_rows(lines)
+        r = _parse.parse_delimited(memoryview(buf), delim, kind, index, self.n_dense,
+                                   self.n_slots, "log", None, None)
+        if r["malformed"]:
+            r["bad_lines"] = r["bad_lines"] + line_base
+            raise _line_error(r, what)
+        ids_t = np.ascontiguousarray(r["ids"].T)
+        return self._batch(_Chunk(r["labels"], r["dense"], list(ids_t), None))
+
+    def _batch(self, chunk):
+        return Batch(*chunk.take(0, len(chunk)), self.cat_names)
+
+    def _tsv(self, body):
+        first = body.split(b"\n", 1)[0].rstrip(b"\r")
+        fields = first.count(b"\t") + 1
+        want = self.n_dense + self.n_slots
+        if fields == want + 1:
+            kind, index = self._kind_l, self._index_l
+        elif fields == want:
+            kind, index = self._kind, self._index
+        else:
+            raise BadRequest(f"line 1 has {fields} tab-separated fields; the model reads "
+                             f"{want} ({self.n_dense} dense, {self.n_slots} categorical) or "
+                             f"{want + 1} with the label first")
+        return self._delimited(body, 9, kind, index, "line")
+
+    def _csv(self, body):
+        nl = body.find(b"\n")
+        header, rest = (body, b"") if nl < 0 else (body[:nl + 1], body[nl + 1:])
+        try:
+            schema, kind, index = csv_schema(header, "the CSV body", require_label=False)
+        except ValueError as e:
+            raise BadRequest(str(e)) from None
+        if schema.n_dense != self.n_dense or schema.n_slots != self.n_slots:
+            raise BadRequest(f"the CSV header names {schema.n_dense} I<k> and {schema.n_slots} "
+                             f"C<k> columns; the model reads {self.n_dense} and "
+                             f"{self.n_slots}")
+        return self._delimited(rest, 44, kind, index, "line", line_base=1)
+
+    def _slot_lines(self, body, what):
+        if body and not body.endswith(b"\n"):
+            body += b"\n"
+        lines = body.count(b"\n") + (0 if body.endswith(b"\n") else 1)
+        self._check_rows(lines)
+        r = _parse.parse_slots(memoryview(body), [s.encode() for s in self.slot_names],
+                               self.n_dense, b"click", b"dense_feature", "none", None, None)
+        if r["malformed"]:
+            raise _line_error(r, what)
+        starts = r["slot_starts"]
+        ids = r["ids"]
+        slot_ids = [ids[starts[s]:starts[s + 1]] for s in range(self.n_slots)]
+        return self._batch(_Chunk(r["labels"], r["dense"], slot_ids, r["offsets"]))
+
+    def _npz(self, body):
+        try:
+            z = zipfile.ZipFile(io.BytesIO(body))
+            infos = {i.filename: i for i in z.infolist()}
+        except (zipfile.BadZipFile, ValueError, OSError) as e:
+            raise BadRequest(f"the application/x-npz body is not a numpy.savez file ({e})") \
+                from None
+        want = {"dense.npy", "ids.npy"}
+        if set(infos) != want:
+            raise BadRequest(f"the npz body holds {sorted(infos)}; it must hold exactly "
+                             f"'dense' and 'ids' (numpy.savez(f, dense=..., ids=...))")
+        if any(i.compress_type != zipfile.ZIP_STORED for i in infos.values()):
+            raise BadRequest("the npz body is compressed: send numpy.savez's, not "
+                             "savez_compressed's")
+        try:
+            with np.load(io.BytesIO(body), allow_pickle=False) as f:
+                dense, ids = f["dense"], f["ids"]
+        except (ValueError, OSError, zipfile.BadZipFile) as e:
+            raise BadRequest(f"the npz body cannot be read: {e}") from None
+        n = dense.shape[0] if dense.ndim else 0
+        if dense.dtype != np.float32 or dense.shape != (n, self.n_dense):
+            raise BadRequest(f"npz 'dense' is {dense.dtype} {dense.shape}; the model reads "
+                             f"float32 (B, {self.n_dense})")
+        if ids.dtype != np.uint64 or ids.shape != (n, self.n_slots):
+            raise BadRequest(f"npz 'ids' is {ids.dtype} {ids.shape}; the model reads uint64 "
+                             f"({n}, {self.n_slots}) beside its {n} dense rows")
+        self._check_rows(n)
+        if not np.isfinite(dense).all():
+            raise BadRequest(f"npz 'dense' row {int(np.argmin(np.isfinite(dense).all(1))) + 1}"
+                             f" holds NaN or infinity")
+        chunk = _Chunk(np.zeros(n, np.float32), np.ascontiguousarray(dense),
+                       list(np.ascontiguousarray(ids.T)), None)
+        return self._batch(chunk)
+
+    # -- JSON -------------------------------------------------------------
+
+    def _json(self, body):
+        try:
+            doc = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise BadRequest(f"the body is not valid JSON ({e})") from None
+        rows = doc.get("rows") if isinstance(doc, dict) else None
+        if not isinstance(rows, list):
+            raise BadRequest('the JSON body must be an object {"rows": [row, ...]}')
+        self._check_rows(len(rows))
+        if not rows:
+            raise BadRequest("the request holds no row")
+        if all(isinstance(r, dict) and "dense_feature" in r for r in rows):
+            text = "\n".join(self._slot_line(r, i) for i, r in enumerate(rows, 1))
+            return self._slot_lines(text.encode(), "row")
+        text = "\n".join(self._tsv_line(r, i) for i, r in enumerate(rows, 1))
+        return self._delimited(text.encode(), 9, self._kind, self._index, "row")
+
+    def _tsv_line(self, row, i):
+        if not isinstance(row, dict):
+            raise BadRequest(f"row {i} is a {type(row).__name__}, not an object of columns")
+        fields = [""] * (self.n_dense + self.n_slots)
+        for name, value in row.items():
+            j = self._column.get(name.lower())
+            if j is None:
+                if name.lower() in IGNORED_COLUMNS:
+                    continue
+                if "dense_feature" in (k.lower() for k in row):
+                    raise BadRequest(f"row {i} has 'dense_feature': every row of a request "
+                                     f"must then be in the slot form")
+                raise BadRequest(f"row {i}: unknown column {name!r}; the model reads "
+                                 f"I1..I{self.n_dense} and C1..C{self.n_slots}")
+            fields[j] = _field(value, i, name, numeric=j < self.n_dense)
+        return "\t".join(fields)
+
+    def _slot_line(self, row, i):
+        dense = row["dense_feature"]
+        if not isinstance(dense, list) or len(dense) != self.n_dense:
+            raise BadRequest(f"row {i}: 'dense_feature' must be a list of {self.n_dense} "
+                             f"numbers")
+        toks = ["click:0"] + [f"dense_feature:{_field(v, i, 'dense_feature', True) or 0}"
+                              for v in dense]
+        for name, value in row.items():
+            if name == "dense_feature" or name.lower() in IGNORED_COLUMNS:
+                continue
+            if name not in self._slot_of:
+                raise BadRequest(f"row {i}: unknown slot {name!r}; the slots are "
+                                 f"{', '.join(self.slot_names)} (--slots)")
+            for v in value if isinstance(value, list) else [value]:
+                if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                    raise BadRequest(f"row {i}: slot {name!r} holds {v!r}; ids are "
+                                     f"non-negative integers")
+                toks.append(f"{name}:{v}")
+        return " ".join(toks)
+
+
+def _field(value, i, name, numeric):
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        raise BadRequest(f"row {i}: column {name!r} holds a boolean")
+    if isinstance(value, (int, float)):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise BadRequest(f"row {i}: column {name!r} holds {value!r}")
+        return repr(value)
+    if isinstance(value, str):
+        if any(c in value for c in "\t\r\n"):
+            raise BadRequest(f"row {i}: column {name!r} holds a tab or a line break")
+        return value
+    raise BadRequest(f"row {i}: column {name!r} holds {type(value).__name__} "
+                     f"{str(value)[:40]!r}; expected a "
+                     f"{'number' if numeric else 'string or integer'}")
+
+
+def concat_batches(batches):
+    """One :class:`Batch` of ``batches`` in order (a micro-batch of several requests)."""
+    if len(batches) == 1:
+        return batches[0]
+    labels = np.concatenate([b.labels for b in batches])
+    dense = np.concatenate([b.dense for b in batches])
+    sparse = []
+    for s in range(len(batches[0].sparse)):
+        ids = np.concatenate([b.sparse[s][0] for b in batches])
+        lens = np.concatenate([np.diff(b.sparse[s][1]) for b in batches])
+        offsets = np.zeros(lens.shape[0] + 1, dtype=np.int64)
+        np.cumsum(lens, out=offsets[1:])
+        sparse.append((ids, offsets))
+    return Batch(labels, dense, sparse, batches[0].slot_names)
