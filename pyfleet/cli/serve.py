@@ -120,7 +120,7 @@ async def _serve(args, server):
             server.swap(version)
         if args.follow is not None:
             follower = Follower(
-                args.follow, args.poll_interval, server.current_digest,
+                args.follow, args.poll_interval, server.current,
                 lambda v: loop.call_soon_threadsafe(server.swap, v),
                 lambda where, e: loop.call_soon_threadsafe(server.refused, where, e),
                 load).start()

@@ -97,9 +97,10 @@ class Server:
         log.error("model version refused, %s keeps serving: %s: %s",
                   self.version.name if self.version else "nothing", where, error)
 
-    def current_digest(self):
+    def current(self):
+        """``(directory, digest)`` of the version served, or None."""
         v = self.version
-        return None if v is None else v.digest
+        return None if v is None else (v.dirname, v.digest)
 
     # -- lifetime -------------------------------------------------------------
 

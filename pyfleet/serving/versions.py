@@ -4,8 +4,9 @@
 directory itself, or a models directory whose subdirectories are versions
 (TensorFlow Serving's layout: the highest number, or without numbers the
 newest, is served). A version is committed when its model description exists
-(written last, atomically); its identity is the digest of that description,
-which records every file's checksum, so a rewritten ``model/`` is a new version.
+(written last, atomically); its identity is its directory and the digest of
+that description, which records every file's checksum, so a rewritten
+``model/`` is a new version.
 
 A :class:`Follower` polls in its own thread, loads a new version there while
 the previous one keeps serving, and hands each loaded version to ``on_loaded``
@@ -59,13 +60,13 @@ def _signature(path):
 class Follower:
     """Polls ``path`` every ``interval`` seconds (see the module doc).
 
-    ``current_digest()`` says which version serves now; ``load_options``
+    ``current()`` says which version serves now (``(its directory, its digest)``); ``load_options``
     go to :class:`ModelVersion`. ``stop()`` ends the thread (a load under way
     finishes first)."""
 
-    def __init__(self, path, interval, current_digest, on_loaded, on_refused, load_options):
+    def __init__(self, path, interval, current, on_loaded, on_refused, load_options):
         self.path, self.interval = path, float(interval)
-        self.current_digest = current_digest
+        self.current = current
         self.on_loaded, self.on_refused = on_loaded, on_refused
         self.load_options = load_options
         self._refused = {}  # model dir -> signature of the directory when it was refused
@@ -90,7 +91,7 @@ class Follower:
             digest = model_digest(where)
         except (OSError, ValueError):
             return None  # replaced while we looked: the next poll sees it
-        if digest == self.current_digest():
+        if (os.path.abspath(where), digest) == self.current():
             return None
         sig = (digest, _signature(where))
         if self._refused.get(where) == sig:
