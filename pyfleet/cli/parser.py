@@ -210,7 +210,29 @@ def _train_parser(sub):
                         "--restart-window; 0: the first death fails the job")
     p.add_argument("--restart-window", type=float, default=3600.0, metavar="SECONDS",
                    help="the window --max-restarts counts restarts in")
+    add_scale_out_options(p)
     return p
+
+
+def add_scale_out_options(p):
+    """``pyfleet train``'s options for a job past this machine (docs/scaleout.md)."""
+    p.add_argument("--hosts", default=None, metavar="H1,H2",
+                   help="run the servers and workers on these hosts through mpirun (Open "
+                        "MPI, over ssh), placed round-robin; the run directory, data and "
+                        "pyfleet must be at the same paths on every host (default: this "
+                        "machine only)")
+    p.add_argument("--hostfile", default=None, metavar="FILE",
+                   help="the same as --hosts, from an Open MPI hostfile (default: none)")
+    p.add_argument("--port", type=int, default=None,
+                   help="with --hosts: server i listens on its host's PORT+i (default: "
+                        "36000)")
+    p.add_argument("--emit-k8s", default=None, metavar="DIR",
+                   help="write the Kubernetes manifests of this job (Indexed Jobs, a "
+                        "headless Service, the run directory on a volume) into DIR and "
+                        "exit without training (default: train here)")
+    p.add_argument("--image", default=None,
+                   help="with --emit-k8s: the container image, built from "
+                        "examples/k8s/Dockerfile (default: pyfleet-train:latest)")
 
 
 DESCRIPTION = """\

@@ -146,6 +146,58 @@ def _healing_options(args):
     return parse_duration(args.checkpoint_every, "--checkpoint-every")
 
 
+class _Quiet:
+    """A stream for the launcher's lines under --quiet: dropped."""
+
+    def write(self, text):
+        return len(text)
+
+    def flush(self):
+        pass
+
+
+def _scale_out_options(args):
+    """Check --hosts/--hostfile/--port and --emit-k8s with every other option; the hosts
+    (None: this machine)."""
+    from pyfleet.errors import ConfigError
+    from pyfleet.launch.collective import find_mpiexec
+    from pyfleet.launch.hosts import host_list
+    many = args.hosts is not None or args.hostfile is not None
+    if args.port is not None and not many:
+        raise SystemExit("pyfleet train: --port is the servers' first port with --hosts")
+    if args.image is not None and args.emit_k8s is None:
+        raise SystemExit("pyfleet train: --image is the container image of --emit-k8s")
+    if args.emit_k8s is not None and many:
+        raise SystemExit("pyfleet train: --emit-k8s writes a Kubernetes job (its pods are "
+                         "the hosts): drop --hosts/--hostfile")
+    if args.emit_k8s is not None and args.mode in ("hybrid", "collective"):
+        raise SystemExit(f"pyfleet train: --emit-k8s writes parameter-server jobs (sync, "
+                         f"async, geo); --mode {args.mode} runs under the MPI Operator "
+                         f"(examples/k8s/pyfleet-mpijob.yaml)")
+    if not many:
+        return None
+    if args.mode in ("hybrid", "collective"):
+        raise SystemExit(f"pyfleet train: --hosts places parameter-server jobs (sync, async, "
+                         f"geo); --mode {args.mode} across hosts is not available yet")
+    if args.max_restarts:
+        raise SystemExit("pyfleet train: --max-restarts is not available with --hosts "
+                         "(mpirun stops the whole job when a role fails; --resume continues "
+                         "it from its checkpoint)")
+    if args.port is not None and not 1024 <= args.port <= 65535 - args.servers:
+        raise SystemExit(f"pyfleet train: --port must be in 1024..{65535 - args.servers} "
+                         f"(server i listens on PORT+i), got {args.port}")
+    try:
+        names = host_list(args.hosts, args.hostfile)
+    except ConfigError as e:
+        raise SystemExit(f"pyfleet train: {e}") from None
+    if find_mpiexec() is None:
+        from pyfleet._extras import install_hint
+        raise SystemExit(f"pyfleet train: --hosts starts the job through mpirun and there "
+                         f"is none beside {sys.executable} nor on PATH: "
+                         f"{install_hint('mpi')}")
+    return names
+
+
 def cmd_train(args, argv):
     # Deliberately lazy: the trainer imports Fluid and the models, which `pyfleet --help`
     # and `pyfleet gen-data` must not pay for.
@@ -232,6 +284,7 @@ def cmd_train(args, argv):
     if args.keep is not None and args.keep < 1:
         raise SystemExit(f"pyfleet train: --keep must be >= 1, got {args.keep}")
     checkpoint_seconds = _healing_options(args)
+    hosts = _scale_out_options(args)
     if not args.log_interval > 0:
         raise SystemExit(f"pyfleet train: --log-interval must be > 0 seconds, got "
                          f"{args.log_interval}")
@@ -401,14 +454,22 @@ def cmd_train(args, argv):
     monitor.start()
     restarts = []
     try:
-        code = launch_local(lambda role, index: cmd, servers=args.servers,
-                            workers=args.workers, env=env,
-                            log_dir=os.path.join(run_dir, "logs"), timeout=args.timeout,
-                            mode=args.mode, cwd=run_dir, output=_RoleOutput(sys.stderr),
-                            max_restarts=args.max_restarts,
-                            restart_window=args.restart_window,
-                            restore_dir=os.path.join(run_dir, "checkpoint"),
-                            restarts=restarts)
+        if hosts is not None:
+            from pyfleet.launch.hosts import DEFAULT_PORT, launch_hosts
+            code = launch_hosts(cmd, args.servers, args.workers, hosts=args.hosts,
+                                hostfile=args.hostfile, mode=args.mode, env=env,
+                                port=DEFAULT_PORT if args.port is None else args.port,
+                                log_dir=os.path.join(run_dir, "logs"), timeout=args.timeout,
+                                cwd=run_dir, messages=_Quiet() if args.quiet else out)
+        else:
+            code = launch_local(lambda role, index: cmd, servers=args.servers,
+                                workers=args.workers, env=env,
+                                log_dir=os.path.join(run_dir, "logs"), timeout=args.timeout,
+                                mode=args.mode, cwd=run_dir, output=_RoleOutput(sys.stderr),
+                                max_restarts=args.max_restarts,
+                                restart_window=args.restart_window,
+                                restore_dir=os.path.join(run_dir, "checkpoint"),
+                                restarts=restarts)
     finally:
         monitor.finish()
         if tensorboard is not None:

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from pyfleet.errors import ConfigError
 from pyfleet.launch.collective import launch_collective
+from pyfleet.launch.hosts import DEFAULT_PORT, launch_hosts
 from pyfleet.launch.local import launch_local
 from pyfleet.role_maker import parse_endpoints
 
@@ -26,7 +27,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 def _build_parser(prog: str = "python -m pyfleet.launch") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog=prog, formatter_class=HelpFormatter,
+        prog=prog, formatter_class=HelpFormatter, allow_abbrev=False,
         description="Start the servers and workers of a pyfleet (Fleet parameter-server) job "
                     "as local processes, with the environment contract of docs/fleet.md. "
                     "Paddle's fleetrun flags are understood: --server_num/--worker_num, "
@@ -51,8 +52,15 @@ def _build_parser(prog: str = "python -m pyfleet.launch") -> argparse.ArgumentPa
     p.add_argument("--collective", action="store_true",
                    help="a collective (all-reduce) job: --workers MPI ranks via mpiexec, no "
                         "server (docs/collective.md)")
-    p.add_argument("--hosts", default=None, help="with --collective: mpiexec's --host list")
-    p.add_argument("--hostfile", default=None, help="with --collective: mpiexec's hostfile")
+    p.add_argument("--hosts", default=None, metavar="H1,H2",
+                   help="run the job on these hosts through mpirun (Open MPI, over ssh): "
+                        "servers and workers placed round-robin; with --collective: "
+                        "mpiexec's --host list (docs/scaleout.md; default: this machine)")
+    p.add_argument("--hostfile", default=None,
+                   help="the same as --hosts, from an Open MPI hostfile (default: none)")
+    p.add_argument("--port", type=int, default=None,
+                   help="with --hosts: server i listens on its host's PORT+i (default: "
+                        "36000)")
     p.add_argument("--mode", choices=("sync", "async", "geo", "hybrid"), default=None,
                    help="default training mode for DistributeTranspilerConfig (PYFLEET_MODE; "
                         "default: the script's own); hybrid: the servers as in any mode, the "
@@ -146,6 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             cmd = [args.script, *args.script_args]
         if args.collective:
             for flag, value in (("--servers", given_servers), ("--mode", args.mode),
+                                ("--port", args.port),
                                 ("--max-restarts", args.max_restarts or None),
                                 ("--restore-dir", args.restore_dir),
                                 ("--server-endpoints", eps), ("--log-dir", args.log_dir)):
@@ -155,9 +164,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             return launch_collective(cmd, workers, hosts=args.hosts,
                                      hostfile=args.hostfile, timeout=args.timeout)
         if args.hosts or args.hostfile:
-            raise ConfigError("--hosts/--hostfile apply to --collective jobs only (a --mode "
-                              "hybrid job runs here; on many hosts start its servers and "
-                              "then the workers with mpirun, docs/collective.md)")
+            for flag, value in (("--server-endpoints/--servers ip:port", eps),
+                                ("--max-restarts", args.max_restarts or None),
+                                ("--restore-dir", args.restore_dir)):
+                if value is not None:
+                    raise ConfigError(f"{flag} does not apply to --hosts (servers listen "
+                                      f"on their host's --port + index; mpirun stops the "
+                                      f"job when a role fails)")
+            return launch_hosts(cmd, servers, workers, hosts=args.hosts,
+                                hostfile=args.hostfile, mode=args.mode,
+                                port=DEFAULT_PORT if args.port is None else args.port,
+                                log_dir=args.log_dir, timeout=args.timeout)
+        if args.port is not None:
+            raise ConfigError("--port is the servers' first port with --hosts")
         return launch_local(cmd, servers, workers, log_dir=args.log_dir,
                             timeout=args.timeout, server_endpoints=eps, mode=args.mode,
                             grace_period=args.grace, stop_timeout=args.stop_timeout,

@@ -69,5 +69,5 @@ def test_hybrid_launch_refuses_other_hosts(tmp_path):
     r = launch(tmp_path, "--mode", "hybrid", "--hosts", "a,b", "--workers", "2", str(SCRIPT),
                "x", timeout=60)
     assert r.returncode == 2
-    assert "--hosts/--hostfile apply to --collective jobs only" in r.stderr
+    assert "--mode hybrid across hosts: start it with mpirun itself" in r.stderr
     assert "mpirun" in r.stderr

@@ -1,0 +1,190 @@
+"""A parameter-server job across several hosts, through ``mpirun`` (Open MPI, the ``mpi``
+extra): ``pyfleet train --hosts h1,h2`` and ``python -m pyfleet.launch --hosts h1,h2``.
+
+mpirun is only the launcher here: it starts every role on its host (over ssh, or
+whatever ``plm_ssh_agent`` / ``PRTE_MCA_plm_ssh_agent`` names), forwards the
+environment, and stops every role when one fails. The roles talk over pyfleet's own
+wire as in a local job and learn their role from the same environment contract
+(:func:`pyfleet.launch.role_env`), set per role with one MPMD application context each::
+
+    mpirun --host h1:2,h2:2 \\
+        -np 1 --host h1 -x PYFLEET_ROLE=server -x PYFLEET_SERVER_INDEX=0 ... CMD : \\
+        -np 1 --host h2 -x PYFLEET_ROLE=server -x PYFLEET_SERVER_INDEX=1 ... CMD : \\
+        -np 1 --host h1 -x PYFLEET_ROLE=worker -x PYFLEET_WORKER_INDEX=0 ... CMD : ...
+
+Placement (:func:`placement`): server ``i`` on host ``i % H``, worker ``j`` on host
+``j % H``, so each host holds its share of both. Server ``i`` listens on
+``<its host>:<port + i>``: the host names given must be the addresses the other hosts
+reach it by. What the hosts must share: the same Python and pyfleet at the same path
+(a container image), and the working directory (the run directory of ``pyfleet
+train``, the job's keys) at the same path (NFS or a volume); docs/scaleout.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+
+from pyfleet.errors import ConfigError
+from pyfleet.launch.collective import mpiexec_command
+from pyfleet.launch.contract import CONTRACT_VARS, EXIT_TIMEOUT, role_env
+from pyfleet.service import auth
+
+__all__ = ["DEFAULT_PORT", "host_list", "placement", "hosts_command", "launch_hosts"]
+
+DEFAULT_PORT = 36000
+_REAP_WAIT = 5.0
+# Forwarded from the launcher to every role, besides PYFLEET_* (mpirun's -x NAME).
+_FORWARD = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "PYTHONUNBUFFERED",
+            "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "HOME")
+
+
+def host_list(hosts: str | None = None, hostfile: str | os.PathLike | None = None) -> list[str]:
+    """The hosts of ``--hosts h1,h2`` (``h1:slots`` allowed, the slots ignored: pyfleet
+    places the roles) or of an Open MPI ``--hostfile`` (``host [slots=N]`` a line,
+    ``#`` comments); each host once, in order."""
+    if bool(hosts) == bool(hostfile):
+        raise ConfigError("give the hosts with --hosts h1,h2 or --hostfile FILE (one of them)")
+    names = []
+    if hosts:
+        names = [h.strip().split(":")[0] for h in hosts.split(",") if h.strip()]
+    else:
+        try:
+            with open(hostfile) as f:
+                for line in f:
+                    line = line.split("#", 1)[0].strip()
+                    if line:
+                        names.append(line.split()[0])
+        except OSError as e:
+            raise ConfigError(f"--hostfile {hostfile}: {e.strerror}") from None
+    names = list(dict.fromkeys(n for n in names if n))
+    if not names:
+        raise ConfigError(f"no host in {'--hosts' if hosts else '--hostfile'}")
+    return names
+
+
+def placement(hosts: Sequence[str], servers: int, workers: int) -> list[tuple[str, int, str]]:
+    """``(role, index, host)`` of every role: servers then workers, round-robin."""
+    return ([("server", i, hosts[i % len(hosts)]) for i in range(servers)]
+            + [("worker", j, hosts[j % len(hosts)]) for j in range(workers)])
+
+
+def hosts_command(cmd: Sequence[str], servers: int, workers: int, hosts: Sequence[str], *,
+                  port: int = DEFAULT_PORT, mode: str | None = None,
+                  log_dir: str | os.PathLike | None = None,
+                  forward: Sequence[str] = (),
+                  environ: Mapping[str, str] | None = None,
+                  ) -> tuple[list[str], dict[str, str], list[str]]:
+    """``(argv, env, endpoints)``: the mpirun command of the job, the variables mpirun
+    itself needs, and the servers' endpoints. ``forward``: more variable names every
+    role gets from the launcher's environment. ``log_dir``: each role's output goes to
+    ``log_dir/<role>.<index>.log`` on its host (a directory all hosts share).
+    ``environ``: the launcher's environment (default ``os.environ``): only the
+    variables it sets are forwarded."""
+    if servers < 1 or workers < 1:
+        raise ConfigError("a job across hosts needs >= 1 server and >= 1 worker")
+    if not (0 < port and port + servers <= 65536):
+        raise ConfigError(f"--port must leave room for {servers} server port(s), got {port}")
+    places = placement(hosts, servers, workers)
+    eps = [f"{host}:{port + i}" for role, i, host in places if role == "server"]
+    mpi, env = mpiexec_command(len(places))  # its path, and Open MPI's root variables
+    argv = [mpi[0]]
+    if "--allow-run-as-root" in mpi:
+        argv.append("--allow-run-as-root")
+    slots = {}
+    for _, _, host in places:
+        slots[host] = slots.get(host, 0) + 1
+    # --bind-to none: a server's handler threads and a worker's prefetch need more than
+    # the one core Open MPI would pin each process to (and a host may hold more roles
+    # than cores)
+    argv += ["--host", ",".join(f"{h}:{n}" for h, n in slots.items()), "--bind-to", "none"]
+    environ = os.environ if environ is None else environ
+    names = [k for k in dict.fromkeys([*forward, *_FORWARD]) if k in environ]
+    for i, (role, index, host) in enumerate(places):
+        if i:
+            argv.append(":")
+        argv += ["-np", "1", "--host", host]
+        for k, v in role_env(role, index, eps, workers, mode).items():
+            argv += ["-x", f"{k}={v}"]
+        for k in names:  # the value mpirun has (not on its command line: keys, paths)
+            argv += ["-x", k]
+        role_cmd = [str(c) for c in cmd]
+        if log_dir is not None:
+            log = os.path.join(os.fspath(log_dir), f"{role}.{index}.log")
+            role_cmd = ["sh", "-c", 'exec "$@" >>"$0" 2>&1', log, *role_cmd]
+        argv += role_cmd
+    return argv, env, eps
+
+
+def _job_keys(where):
+    """A fresh CURVE key directory inside ``where`` (shared by the hosts)."""
+    path = tempfile.mkdtemp(prefix=".pyfleet-keys-", dir=where)
+    try:
+        auth.keygen(path)
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
+    return path
+
+
+def launch_hosts(cmd: Sequence[str], servers: int, workers: int, *, hosts: str | None = None,
+                 hostfile: str | os.PathLike | None = None, port: int = DEFAULT_PORT,
+                 mode: str | None = None, env: Mapping[str, str] | None = None,
+                 log_dir: str | os.PathLike | None = None, timeout: float | None = None,
+                 cwd: str | os.PathLike | None = None, messages=None) -> int:
+    """Run the job's ``servers`` and ``workers`` across ``hosts`` (or ``hostfile``) with
+    mpirun and wait (see the module). ``env`` adds to the launcher's environment (every
+    ``PYFLEET_*`` variable in it reaches every role). A job gets its own CURVE keys, in
+    a directory made in ``cwd`` (which the hosts share), unless the environment names
+    keys or sets ``PYFLEET_JOB_KEYS=0``. Returns mpirun's exit code (a role's failure
+    stops the job), or :data:`EXIT_TIMEOUT` past ``timeout`` seconds."""
+    if mode in ("hybrid", "collective"):
+        raise ConfigError(f"--mode {mode} across hosts: start it with mpirun itself "
+                          f"(docs/collective.md); --hosts places parameter-server jobs "
+                          f"(sync, async, geo)")
+    names = host_list(hosts, hostfile)
+    base = {k: v for k, v in os.environ.items() if k not in CONTRACT_VARS}
+    base.update(env or {})
+    base.setdefault("PYTHONUNBUFFERED", "1")
+    base.setdefault("OPENBLAS_NUM_THREADS", "1")
+    where = os.fspath(cwd) if cwd is not None else os.getcwd()
+    keys = None
+    flag = base.get("PYFLEET_JOB_KEYS", "1").strip()
+    if flag not in ("0", "1"):
+        raise ConfigError(f"PYFLEET_JOB_KEYS must be 0 or 1, got {flag!r}")
+    if flag == "1" and not any(k.startswith("PYFLEET_CURVE_") and v for k, v in base.items()):
+        keys = base["PYFLEET_CURVE_DIR"] = _job_keys(where)
+    if log_dir is not None:
+        os.makedirs(log_dir, exist_ok=True)
+    forward = [k for k in base if k.startswith("PYFLEET_") and k not in CONTRACT_VARS]
+    try:
+        argv, needed, eps = hosts_command(cmd, servers, workers, names, port=port, mode=mode,
+                                          log_dir=log_dir, forward=forward, environ=base)
+        for k, v in needed.items():
+            base.setdefault(k, v)
+        msg = sys.stderr if messages is None else messages
+        print(f"pyfleet.launch: {servers} server(s) and {workers} worker(s) on "
+              f"{len(names)} host(s) through {argv[0]}; servers at {','.join(eps)}",
+              file=msg, flush=True)
+        proc = subprocess.Popen(argv, env=base, cwd=where, stdin=subprocess.DEVNULL)
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            print(f"pyfleet.launch: the job ran past --timeout {timeout:g} s; stopping it",
+                  file=msg, flush=True)
+            return EXIT_TIMEOUT
+        finally:
+            if proc.poll() is None:  # mpirun stops every rank on SIGTERM
+                proc.terminate()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=_REAP_WAIT)
+                proc.kill()
+                proc.wait()
+    finally:
+        if keys is not None:
+            shutil.rmtree(keys, ignore_errors=True)
