@@ -57,6 +57,23 @@ def _placeholder_optimizer(param):
     return SGD(1.0) if opt is None else opt
 
 
+def _file_rule(path):
+    """The update rule whose state a table file of :meth:`SparseTable.save` holds
+    (its header's optimizer kind), with default settings; None when unreadable.
+    A program without an optimizer (inference) loads the weights of a checkpoint
+    trained with any rule: its state rides along, unused."""
+    from pyfleet import _core, optimizer
+    try:
+        with open(path, "rb") as f:
+            header = f.read(24)
+        kind = _core.OptimizerKind(int(np.frombuffer(header, "<u4", 1, 20)[0]))
+    except (OSError, ValueError, IndexError):
+        return None
+    return {"SGD": lambda: SGD(1.0), "Adagrad": optimizer.Adagrad, "Adam": optimizer.Adam,
+            "FTRL": optimizer.FTRL, "Momentum": lambda: optimizer.Momentum(0.0, 0.0),
+            "RMSProp": lambda: optimizer.RMSProp(0.0)}[kind.name]()
+
+
 class Backend:
     """Interface every parameter backend implements.
 
@@ -218,7 +235,10 @@ class LocalBackend(Backend):
                 # A checkpoint replaces the whole table, as Fluid's load does:
                 # rows trained since must not survive beside the loaded ones.
                 old = self.sparse.get(p.name)
-                if old is None:
+                if p.optimizer is None and not getattr(p, "_saved_optimizer", None):
+                    rule = _file_rule(path) or _placeholder_optimizer(p)   # inference
+                    self.create_sparse(p.name, p.dim, rule, p.initializer, p.seed)
+                elif old is None:
                     self.create_sparse(p.name, p.dim, _placeholder_optimizer(p), p.initializer,
                                        p.seed)
                 else:

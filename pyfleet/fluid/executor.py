@@ -333,6 +333,8 @@ class Executor:
                 raise ValueError(f"fetch {v.name!r} was not computed in this step")
             if return_numpy and isinstance(val, LoDTensor):
                 val = val.data
+            elif not return_numpy and not isinstance(val, LoDTensor):
+                val = LoDTensor(val)   # Fluid's return_numpy=False: every fetch a LoDTensor
             results.append(fetched(val) if return_numpy else val)
         return results
 

@@ -158,6 +158,9 @@ class LoDTensor:
     def shape(self):
         return list(self._data.shape)
 
+    def _is_initialized(self):
+        return self._data is not None
+
     def __array__(self, dtype=None, copy=None):
         return self._data if dtype is None else self._data.astype(dtype)
 
