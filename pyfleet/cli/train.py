@@ -167,6 +167,9 @@ def _scale_out_options(args):
         raise SystemExit("pyfleet train: --port is the servers' first port with --hosts")
     if args.image is not None and args.emit_k8s is None:
         raise SystemExit("pyfleet train: --image is the container image of --emit-k8s")
+    if args.emit_k8s is not None and args.resume:
+        raise SystemExit("pyfleet train: --emit-k8s writes a new job; --resume continues a "
+                         "run here (on the cluster, apply the job again with its volume)")
     if args.emit_k8s is not None and many:
         raise SystemExit("pyfleet train: --emit-k8s writes a Kubernetes job (its pods are "
                          "the hosts): drop --hosts/--hostfile")
@@ -390,6 +393,14 @@ def cmd_train(args, argv):
         else:  # saved by save_persistables without the trainer's pass number
             say(f"resuming from {resume}/checkpoint, which does not say which pass it "
                 f"ended: passes are numbered from 1 again")
+    if args.emit_k8s is not None:  # the same job, for a cluster: nothing runs here
+        from pyfleet.launch.k8s import write_manifests
+        path = write_manifests(os.path.abspath(args.emit_k8s), job, args.servers,
+                               args.workers, image=args.image,
+                               generated=(args.rows, args.seed) if train is None else None)
+        print(f"pyfleet train: the job's Kubernetes manifests are in {path} (kubectl apply "
+              f"-f {os.path.dirname(path)}; its header says what to build and create first)")
+        return 0
     # Workers' save and load requests are confined to the run directory (the
     # servers load --resume's checkpoint themselves, from wherever it is).
     env = dict(os.environ, PYFLEET_CHECKPOINT_DIR=run_dir)
