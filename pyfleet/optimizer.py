@@ -104,6 +104,25 @@ class Optimizer(ConfigRecord):
 
     kind = None  # the C++ OptimizerKind name
 
+    def _rate(self, learning_rate):
+        """The rule's learning rate: a positive number, or a Fluid
+        learning-rate schedule (an object with ``lr_schedule_start``, the
+        rate of its first step, e.g. ``fluid.layers.exponential_decay``'s
+        Variable): the rule is configured with that start, and the Fluid
+        side (``Program.attach_optimizer``) applies the schedule's ratio to
+        it at each step, or refuses the combination by name."""
+        start = getattr(learning_rate, "lr_schedule_start", None)
+        if start is None:
+            self._lr_schedule = None
+            return _positive("learning_rate", learning_rate)
+        self._lr_schedule = learning_rate
+        return _positive("learning_rate (the schedule's first rate)", start)
+
+    @property
+    def lr_schedule(self):
+        """The Fluid learning-rate schedule Variable given as ``learning_rate``, or None."""
+        return getattr(self, "_lr_schedule", None)
+
     def _fluid_args(self, regularization=None, grad_clip=None, name=None, parameter_list=None):
         """Record Fluid's keyword arguments (not part of the update rule)."""
         self._regularization = regularization
@@ -161,7 +180,7 @@ class SGD(Optimizer):
 
     def __init__(self, learning_rate=0.01, regularization=None, name=None, grad_clip=None,
                  parameter_list=None):
-        self.learning_rate = _positive("learning_rate", learning_rate)
+        self.learning_rate = self._rate(learning_rate)
         self._fluid_args(regularization, grad_clip, name, parameter_list)
 
 
@@ -170,7 +189,7 @@ class Adagrad(Optimizer):
 
     def __init__(self, learning_rate=0.01, epsilon=1e-6, initial_accumulator_value=0.0,
                  regularization=None, name=None, grad_clip=None, parameter_list=None):
-        self.learning_rate = _positive("learning_rate", learning_rate)
+        self.learning_rate = self._rate(learning_rate)
         self.epsilon = _positive("epsilon", epsilon)
         self.initial_accumulator_value = _non_negative(
             "initial_accumulator_value", initial_accumulator_value)
@@ -183,7 +202,7 @@ class Adam(Optimizer):
     def __init__(self, learning_rate=0.001, beta1=0.9, beta2=0.999, epsilon=1e-8,
                  regularization=None, name=None, lazy_mode=False, grad_clip=None,
                  parameter_list=None):
-        self.learning_rate = _positive("learning_rate", learning_rate)
+        self.learning_rate = self._rate(learning_rate)
         self.beta1 = _in_unit("beta1", beta1)
         self.beta2 = _in_unit("beta2", beta2)
         self.epsilon = _positive("epsilon", epsilon)
@@ -205,7 +224,7 @@ class FTRL(Optimizer):
     def __init__(self, learning_rate=0.05, l1=0.0, l2=0.0, lr_power=-0.5, regularization=None,
                  name=None, grad_clip=None, parameter_list=None):
         self._fluid_args(regularization, grad_clip, name, parameter_list)
-        self.learning_rate = _positive("learning_rate", learning_rate)
+        self.learning_rate = self._rate(learning_rate)
         self.l1 = _non_negative("l1", l1)
         self.l2 = _non_negative("l2", l2)
         lr_power = float(lr_power)
@@ -221,7 +240,7 @@ class Momentum(Optimizer):
 
     def __init__(self, learning_rate, momentum, use_nesterov=False, regularization=None,
                  name=None, grad_clip=None, parameter_list=None):
-        self.learning_rate = _positive("learning_rate", learning_rate)
+        self.learning_rate = self._rate(learning_rate)
         self.momentum = _non_negative("momentum", momentum)
         self.use_nesterov = bool(use_nesterov)
         self._fluid_args(regularization, grad_clip, name, parameter_list)
@@ -234,7 +253,7 @@ class RMSProp(Optimizer):
 
     def __init__(self, learning_rate, rho=0.95, epsilon=1e-6, momentum=0.0, centered=False,
                  regularization=None, name=None, grad_clip=None, parameter_list=None):
-        self.learning_rate = _positive("learning_rate", learning_rate)
+        self.learning_rate = self._rate(learning_rate)
         self.rho = _in_unit("rho", rho)
         self.epsilon = _positive("epsilon", epsilon)
         self.momentum = _non_negative("momentum", momentum)

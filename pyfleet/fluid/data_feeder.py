@@ -71,6 +71,17 @@ class DataFeeder:
                 except (TypeError, ValueError) as e:
                     raise ValueError(f"feed {var.name!r}: cannot make an array of "
                                      f"{var.dtype}: {e}") from None
+                if any(d < 0 for d in tail):
+                    # A dimension sized per batch (DIN's padded history, shape
+                    # [None, -1]): every sample of this batch has the same size
+                    # there, and the known dimensions must match.
+                    if a.ndim != len(tail) + 1 or any(
+                            d >= 0 and d != n for d, n in zip(tail, a.shape[1:])):
+                        raise ValueError(f"feed {var.name!r}: samples must be arrays of "
+                                         f"shape {tail} (-1: any size, equal within the "
+                                         f"batch), got a batch of shape {a.shape}")
+                    out[var.name] = a
+                    continue
                 per = int(np.prod(tail)) if tail else 1
                 if a.size != per * len(samples):
                     raise ValueError(f"feed {var.name!r}: each sample must hold {per} "

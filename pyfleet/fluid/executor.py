@@ -353,6 +353,7 @@ class Executor:
                     _ops.BACKWARD[op.type](op, s)
                     break
         groups = [grp for grp in s.groups if grp.param.name in plan.need]
+        rate = _lr_ratio(program, s)
         rules = has_gradient_rules(program)
         row_sparse = {}   # dense parameter -> rows its is_sparse lookups touched
         for grp in groups:   # embeddings of dense parameters: part of their gradient
@@ -369,7 +370,8 @@ class Executor:
         for name in plan.trained_dense:
             g = s.grads.get(name)
             if g is not None:
-                dense[name] = np.ascontiguousarray(g, dtype=s.env[name].dtype)
+                dense[name] = np.ascontiguousarray(g if rate is None else g * rate,
+                                                   dtype=s.env[name].dtype)
         if dense and not rules:
             # Before the sparse sums: a remote backend's round trip starts sooner.
             backend.push_dense_many(dense)
@@ -378,6 +380,8 @@ class Executor:
         for grp in groups:
             if grp.param.is_sparse_table:
                 summed = s.summed_lookup_grads(grp, with_rows=rules)
+                if summed is not None and rate is not None:
+                    summed = (summed[0], summed[1] * rate) + tuple(summed[2:])
                 if summed is not None:
                     sparse.setdefault(grp.param.name, []).append(summed)
                     row_dtype[grp.param.name] = grp.rows.dtype
@@ -402,6 +406,15 @@ class Executor:
             backend.push_sparse(name, part[0],
                                 np.ascontiguousarray(part[1], dtype=row_dtype[name]))
         backend.step_end()
+
+
+def _lr_ratio(program, s):
+    """This step's learning rate over the rule's (the schedule's first), or
+    None without a schedule (see ``framework._check_lr_schedule``)."""
+    sched = getattr(program._optimizer, "lr_schedule", None)
+    if sched is None:
+        return None
+    return float(np.asarray(s.data(sched)).reshape(-1)[0]) / program._optimizer.learning_rate
 
 
 def keeps_statistics(backend):

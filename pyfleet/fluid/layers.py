@@ -19,7 +19,11 @@ import numpy as np
 
 from pyfleet import initializer as _init
 from pyfleet.fluid import framework, unique_name
+from pyfleet.fluid import layers_lr as _lr
+from pyfleet.fluid import layers_math as _lm
 from pyfleet.fluid.framework import check_variable as _check_var
+from pyfleet.fluid.layers_lr import *  # noqa: F403 (their __all__ joins this module's)
+from pyfleet.fluid.layers_math import *  # noqa: F403
 from pyfleet.fluid.layers_nn import (
     batch_norm,
     continuous_value_model,
@@ -78,7 +82,7 @@ __all__ = [
     "sums",
     "tanh",
     "transpose",
-]
+] + _lm.__all__ + _lr.__all__
 
 
 def _main():
@@ -312,6 +316,10 @@ def cast(x, dtype):
 
 
 def fill_constant(shape, dtype, value, force_cpu=False, out=None):
+    """A tensor of ``value``; ``shape`` may hold int Variables (``shape(x)[0]``),
+    read when the step runs; ``out`` receives the value if given."""
+    if builtins.any(isinstance(d, framework.Variable) for d in shape) or out is not None:
+        return _lm.fill_constant_dynamic(shape, dtype, value, out)
     res = _tmp("fill_constant", tuple(int(s) for s in shape), dtype)
     res.stop_gradient = True
     _op("fill_constant", {}, {"Out": [res]},
@@ -484,9 +492,16 @@ def square_error_cost(input, label):
 # --------------------------------------------------------------------------- metrics
 
 def accuracy(input, label, k=1, correct=None, total=None):
+    """Top-``k`` accuracy of a batch; ``correct`` and ``total`` (e.g.
+    ``create_tensor('int64')``), when given, receive the int64 counts."""
     _check_var(input, "accuracy input")
     out = _tmp("accuracy", (1,), "float32")
-    _op("accuracy", {"Out": [input], "Label": [label]}, {"Accuracy": [out]}, {"k": int(k)})
+    outputs = {"Accuracy": [out]}
+    for slot, var in (("Correct", correct), ("Total", total)):
+        if var is not None:
+            var.shape = (1,)
+            outputs[slot] = [var]
+    _op("accuracy", {"Out": [input], "Label": [label]}, outputs, {"k": int(k)})
     return out
 
 

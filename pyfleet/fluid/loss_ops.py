@@ -147,6 +147,9 @@ def _accuracy_fwd(op, s):
     correct = (topk == label[:, None]).any(axis=1)
     s.set(op.output("Accuracy")[0], np.array([correct.mean() if len(correct) else 0.0],
                                              dtype=np.float32))
+    for slot, count in (("Correct", int(correct.sum())), ("Total", len(correct))):
+        if op.output(slot):
+            s.set(op.output(slot)[0], np.array([count], dtype=np.int64))
 
 
 _register("accuracy", _accuracy_fwd)

@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 
-from pyfleet.fluid import loss_ops, nn_ops
+from pyfleet.fluid import loss_ops, math_ops, nn_ops
 from pyfleet.fluid.loss_ops import sigmoid as _sigmoid
 from pyfleet.fluid.sequence import (
     is_unit,
@@ -479,3 +479,9 @@ BACKWARD.update(loss_ops.BACKWARD)
 FORWARD.update(nn_ops.FORWARD)
 BACKWARD.update(nn_ops.BACKWARD)
 NO_GRAD |= nn_ops.NO_GRAD
+
+# The layers of Fluid 1.8 PaddleRec's models use (their own module).
+FORWARD.update(math_ops.FORWARD)
+BACKWARD.update(math_ops.BACKWARD)
+NO_GRAD |= math_ops.NO_GRAD
+STATEFUL |= math_ops.STATEFUL

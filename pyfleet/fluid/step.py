@@ -36,6 +36,9 @@ class Plan:
         targets = {v.name for v in fetch_vars}
         if training:
             targets.add(program._loss.name)
+            sched = getattr(program._optimizer, "lr_schedule", None)
+            if sched is not None:
+                targets.add(sched.name)
         needed = self._closure(all_ops, targets)
         for op in all_ops:
             if op.type in _ops.STATEFUL and id(op) not in needed:
@@ -192,6 +195,10 @@ class Step:
         try:
             return self.env[var.name]
         except KeyError:
+            # A persistable variable no op of this step wrote (a global
+            # variable, a step counter): its value in the scope.
+            if var.persistable and var.name in self.scope.vars:
+                return self.scope.vars[var.name]
             raise ValueError(f"variable {var.name!r} has no value in this step") from None
 
     def data(self, var):

@@ -66,8 +66,8 @@ def test_other_contrib_names_refused_by_name(name):
 def test_from_import_of_a_refused_name_carries_the_reason():
     with pytest.raises(ConfigError, match="BasicLSTMUnit.*RNN"):
         from pyfleet.fluid.contrib import BasicLSTMUnit  # noqa: F401
-    with pytest.raises(ConfigError, match="contrib.layers.shuffle_batch"):
-        fluid.contrib.layers.shuffle_batch  # noqa: B018
+    with pytest.raises(ConfigError, match="contrib.layers.tdm_sampler"):
+        fluid.contrib.layers.tdm_sampler  # noqa: B018
 
 
 def test_unknown_names_are_attribute_errors():

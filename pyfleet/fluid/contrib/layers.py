@@ -1,11 +1,12 @@
 """``fluid.contrib.layers``: ``fused_embedding_seq_pool`` (the CTR sum of a
-slot's embeddings in one op); the other contrib layers of Fluid 1.5-1.7 are
+slot's embeddings in one op), ``shuffle_batch`` (word2vec's negatives) and
+``sparse_embedding`` (PaddleRec's large-scale table); the other contrib layers of Fluid 1.5-1.7 are
 refused by name."""
 
 from pyfleet.errors import ConfigError
 from pyfleet.fluid import layers as _layers
 
-__all__ = ["fused_embedding_seq_pool"]
+__all__ = ["fused_embedding_seq_pool", "shuffle_batch", "sparse_embedding"]
 
 
 def fused_embedding_seq_pool(input, size, is_sparse=False, padding_idx=None, combiner="sum",
@@ -23,10 +24,41 @@ def fused_embedding_seq_pool(input, size, is_sparse=False, padding_idx=None, com
     return _layers.sequence_pool(emb, "sum")
 
 
+def shuffle_batch(x, seed=None):
+    """The rows of ``x`` in a random order (the gradient flows back to each
+    row's origin). ``seed`` fixes one order for every run; without it each
+    run draws a new one from a generator seeded by the program's
+    ``random_seed``."""
+    from pyfleet.fluid import framework, unique_name
+    framework.check_variable(x, "shuffle_batch x")
+    if isinstance(seed, framework.Variable):
+        raise ValueError("shuffle_batch: a Variable seed is not supported; pass an int")
+    block = framework.default_main_program().global_block()
+    out = block.create_var(unique_name.generate("shuffle_batch.tmp"), x.shape, x.dtype)
+    attrs = {"startup_seed": int(framework.default_main_program().random_seed or 0)}
+    if seed is not None:
+        attrs["seed"] = int(seed)
+    block.append_op("shuffle_batch", {"X": [x]}, {"Out": [out]}, attrs)
+    return out
+
+
+def sparse_embedding(input, size, padding_idx=None, is_test=False, entry=None,
+                     param_attr=None, dtype="float32"):
+    """PaddleRec's large-scale embedding: rows in a sparse table keyed by the
+    raw id (``fluid.layers.embedding(..., is_distributed=True)``). ``entry``
+    (Fluid 2.0's admission rule) is refused unless None: a table's admission
+    is configured on the table (``pyfleet.entry``)."""
+    if entry is not None:
+        raise ValueError("sparse_embedding: entry= is not supported here; configure "
+                         "admission on the table (pyfleet.entry)")
+    return _layers.embedding(input, size, is_sparse=True, is_distributed=True,
+                             padding_idx=padding_idx, param_attr=param_attr, dtype=dtype)
+
+
 _REFUSED = ("sequence_topk_avg_pooling", "var_conv_2d", "match_matrix_tensor", "tree_conv",
             "fused_elemwise_activation", "multiclass_nms2", "search_pyramid_hash",
-            "shuffle_batch", "partial_concat", "partial_sum", "tdm_child", "tdm_sampler",
-            "rank_attention", "batch_fc", "sparse_embedding", "correlation", "bilateral_slice",
+            "partial_concat", "partial_sum", "tdm_child", "tdm_sampler",
+            "rank_attention", "batch_fc", "correlation", "bilateral_slice",
             "_pull_box_extended_sparse", "basic_gru", "basic_lstm", "BasicGRUUnit",
             "BasicLSTMUnit")
 

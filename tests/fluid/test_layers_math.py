@@ -1,0 +1,408 @@
+"""The Fluid 1.8 layers PaddleRec's model zoo uses beyond the CTR basics:
+each forward against a plain numpy reference, each gradient against central
+finite differences (float64 networks, RecordingBackend)."""
+
+import numpy as np
+import pytest
+from support.fluid import check_gradients
+
+from pyfleet import fluid
+from pyfleet.optimizer import SGD
+
+L = fluid.layers
+F64 = "float64"
+
+
+def _program():
+    main, startup = fluid.Program(), fluid.Program()
+    main.random_seed = 7
+    return main, startup
+
+
+def _check(build, feed, **kw):
+    main, startup = _program()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        loss = build()
+        SGD(0.1).minimize(loss)
+    assert check_gradients(main, startup, loss, feed, **kw) > 0
+
+
+def _forward(build, feed):
+    """Run ``build()``'s outputs (a list) once; returns their values."""
+    main, startup = _program()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        outs = build()
+    exe = fluid.Executor()
+    exe.run(startup)
+    return [np.asarray(v) for v in exe.run(main, feed=feed, fetch_list=outs)]
+
+
+def _weighted(y, shape):
+    w = L.data("loss_w", list(shape), dtype=F64, append_batch_size=False)
+    return L.mean(L.elementwise_mul(y, w))
+
+
+def _param(shape, name, scale=1.0):
+    return L.create_parameter(shape, F64, name=name,
+                              default_initializer=fluid.initializer.Uniform(-scale, scale))
+
+
+def _w(shape, seed=3):
+    return np.random.default_rng(seed).normal(size=shape)
+
+
+def _x(shape, seed=0, scale=1.0):
+    return np.random.default_rng(seed).normal(size=shape) * scale
+
+
+def _data(name, shape, dtype=F64):
+    return L.data(name, list(shape), dtype=dtype, append_batch_size=False)
+
+
+# --------------------------------------------------------------------------- forward
+
+def test_elementwise_max_min_pow_compare_forward():
+    x, y = _x((3, 4)), _x((4,), seed=1)
+
+    def build():
+        a, b = _data("x", (3, 4)), _data("y", (4,))
+        return [L.elementwise_max(a, b), L.elementwise_min(a, b), L.less_than(a, b),
+                L.less_equal(a, b), L.greater_than(a, b), L.greater_equal(a, b),
+                L.equal(a, a), L.not_equal(a, b),
+                L.logical_and(L.less_than(a, b), L.greater_than(a, b)),
+                L.logical_not(L.less_than(a, b)),
+                L.elementwise_pow(L.abs(a), b)]
+    got = _forward(build, {"x": x, "y": y})
+    want = [np.maximum(x, y), np.minimum(x, y), x < y, x <= y, x > y, x >= y,
+            np.ones((3, 4), bool), x != y, np.zeros((3, 4), bool), ~(x < y),
+            np.abs(x) ** y]
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w)
+    assert got[2].dtype == np.bool_
+
+
+def test_activations_forward():
+    x = _x((5, 3), scale=4.0)
+
+    def build():
+        a = _data("x", (5, 3))
+        return [L.clip(a, -1.5, 2.0), L.relu6(a), L.softsign(a), L.softplus(a),
+                L.leaky_relu(a, 0.1), L.elu(a, 0.5), L.abs(a), L.sqrt(L.abs(a)),
+                L.pow(L.abs(a), 1.5), L.floor(a), L.ceil(a), L.sign(a), L.logsigmoid(a)]
+    got = _forward(build, {"x": x})
+    want = [np.clip(x, -1.5, 2.0), np.clip(x, 0, 6), x / (1 + np.abs(x)),
+            np.log1p(np.exp(x)), np.where(x > 0, x, 0.1 * x),
+            np.where(x > 0, x, 0.5 * (np.exp(x) - 1)), np.abs(x), np.sqrt(np.abs(x)),
+            np.abs(x) ** 1.5, np.floor(x), np.ceil(x), np.sign(x),
+            -np.log1p(np.exp(-x))]
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-12)
+
+
+def test_cos_sim_l2_normalize_topk_mse_forward():
+    x, y, y1 = _x((4, 6)), _x((4, 6), seed=1), _x((1, 6), seed=2)
+    lab = _x((4, 6), seed=5)
+
+    def build():
+        a, b, c = _data("x", (4, 6)), _data("y", (4, 6)), _data("y1", (1, 6))
+        v, i = L.topk(a, 2)
+        return [L.cos_sim(a, b), L.cos_sim(a, c), L.l2_normalize(a, axis=1),
+                L.l2_normalize(a, axis=0, epsilon=1e-3), v, i,
+                L.mse_loss(a, _data("lab", (4, 6)))]
+    got = _forward(build, {"x": x, "y": y, "y1": y1, "lab": lab})
+
+    def cos(p, q):
+        return ((p * q).sum(1) / np.linalg.norm(p, axis=1) / np.linalg.norm(q, axis=1))[:, None]
+    np.testing.assert_allclose(got[0], cos(x, y))
+    np.testing.assert_allclose(got[1], cos(x, np.repeat(y1, 4, axis=0)))
+    np.testing.assert_allclose(got[2], x / np.sqrt((x * x).sum(1, keepdims=True) + 1e-12))
+    np.testing.assert_allclose(got[3], x / np.sqrt((x * x).sum(0, keepdims=True) + 1e-3))
+    order = np.argsort(-x, axis=1)[:, :2]
+    np.testing.assert_array_equal(got[5], order)
+    assert got[5].dtype == np.int64
+    np.testing.assert_allclose(got[4], np.take_along_axis(x, order, 1))
+    np.testing.assert_allclose(got[6], [np.mean((x - lab) ** 2)])
+
+
+def test_shape_ops_forward():
+    x = _x((2, 1, 3))
+
+    def build():
+        a = _data("x", (2, 1, 3))
+        u = L.unsqueeze(a, axes=[0, 3])
+        return [L.squeeze(a, axes=[1]), u, L.shape(u), L.flatten(a, axis=2),
+                L.stack([a, a * 2.0], axis=1), L.expand(a, [1, 2, 2]),
+                L.unstack(L.squeeze(a, [1]), axis=1)[2], L.reduce_max(a, dim=2),
+                L.reduce_min(a), L.reduce_prod(a, dim=[0], keep_dim=True), L.sum([a, a])]
+    got = _forward(build, {"x": x})
+    np.testing.assert_array_equal(got[0], x.reshape(2, 3))
+    assert got[1].shape == (1, 2, 1, 1, 3)
+    np.testing.assert_array_equal(got[2], [1, 2, 1, 1, 3])
+    assert got[2].dtype == np.int32
+    np.testing.assert_array_equal(got[3], x.reshape(2, 3))
+    np.testing.assert_array_equal(got[4], np.stack([x, 2 * x], axis=1))
+    np.testing.assert_array_equal(got[5], np.tile(x, (1, 2, 2)))
+    np.testing.assert_array_equal(got[6], x[:, 0, 2])
+    np.testing.assert_array_equal(got[7], x.max(axis=2))
+    np.testing.assert_array_equal(got[8], [x.min()])
+    np.testing.assert_allclose(got[9], x.prod(axis=0, keepdims=True))
+    np.testing.assert_array_equal(got[10], 2 * x)
+
+
+def test_squeeze_refuses_a_dimension_not_of_size_one():
+    main, startup = _program()
+    with fluid.program_guard(main, startup):
+        with pytest.raises(ValueError, match="squeeze: axis 0"):
+            L.squeeze(_data("x", (2, 1, 3)), axes=[0])
+
+
+def test_fill_constant_batch_size_like_and_dynamic_shapes():
+    x = _x((5, 3))
+
+    def build():
+        a = L.data("x", [3], dtype=F64)
+        n = L.shape(a)[0]
+        return [L.fill_constant_batch_size_like(a, [-1, 2], "float32", 1.5),
+                L.fill_constant_batch_size_like(a, [4, -1], "int64", 7, input_dim_idx=1,
+                                                output_dim_idx=1),
+                L.fill_constant(shape=[n, 2], dtype="float32", value=0.5),
+                L.zeros([2, 2], "float32"), L.ones([3], "int64"), L.zeros_like(a),
+                L.ones_like(a), a[1], a[1:3, 2], n]
+    got = _forward(build, {"x": x})
+    np.testing.assert_array_equal(got[0], np.full((5, 2), 1.5, np.float32))
+    np.testing.assert_array_equal(got[1], np.full((4, 3), 7, np.int64))
+    np.testing.assert_array_equal(got[2], np.full((5, 2), 0.5, np.float32))
+    np.testing.assert_array_equal(got[3], np.zeros((2, 2)))
+    np.testing.assert_array_equal(got[4], np.ones(3))
+    np.testing.assert_array_equal(got[5], np.zeros((5, 3)))
+    np.testing.assert_array_equal(got[6], np.ones((5, 3)))
+    np.testing.assert_array_equal(got[7], x[1])
+    np.testing.assert_array_equal(got[8], x[1:3, 2])
+    np.testing.assert_array_equal(got[9], [5])
+
+
+def test_fill_constant_batch_size_like_counts_sequences_of_a_lod_input():
+    def build():
+        ids = L.data("ids", [1], dtype="int64", lod_level=1)
+        return [L.fill_constant_batch_size_like(ids, [-1, 1], "float32", 1.0)]
+    got = _forward(build, {"ids": [[1, 2, 3], [4], [5, 6]]})
+    np.testing.assert_array_equal(got[0], np.ones((3, 1), np.float32))
+
+
+def test_global_var_assign_keeps_its_value_between_runs():
+    main, startup = _program()
+    with fluid.program_guard(main, startup):
+        a = L.data("x", [2], dtype="float32")
+        total = L.create_global_var([1], 0.0, "float32", persistable=True, name="total")
+        L.assign(L.elementwise_add(L.reduce_sum(a), total), total)
+        counter = L.autoincreased_step_counter("steps", begin=1)
+        arr = L.assign(np.arange(4).reshape(2, 2))
+    exe = fluid.Executor()
+    exe.run(startup)
+    x = np.ones((3, 2), np.float32)
+    for i in range(3):
+        t, c, v = exe.run(main, feed={"x": x}, fetch_list=[total, counter, arr])
+        np.testing.assert_array_equal(t, [6.0 * (i + 1)])
+        np.testing.assert_array_equal(c, [i + 1])
+    np.testing.assert_array_equal(v, np.arange(4).reshape(2, 2))
+    np.testing.assert_array_equal(np.array(fluid.global_scope().find_var("total").get_tensor()),
+                                  [18.0])
+
+
+def test_accuracy_fills_correct_and_total():
+    p = np.array([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4]])
+    lab = np.array([[0], [0], [0]], np.int64)
+
+    def build():
+        x = _data("p", (3, 2))
+        y = _data("lab", (3, 1), "int64")
+        correct, total = L.create_tensor("int64"), L.create_tensor("int64")
+        return [L.accuracy(x, y, correct=correct, total=total), correct, total]
+    acc, correct, total = _forward(build, {"p": p, "lab": lab})
+    np.testing.assert_allclose(acc, [2 / 3], rtol=1e-6)
+    assert correct.tolist() == [2] and total.tolist() == [3]
+
+
+def test_variable_is_not_iterable():
+    main, startup = _program()
+    with fluid.program_guard(main, startup):
+        with pytest.raises(TypeError, match="not iterable"):
+            list(_data("x", (2, 2)))
+
+
+# --------------------------------------------------------------------------- gradients
+
+@pytest.mark.parametrize("op", ["elementwise_max", "elementwise_min"])
+def test_elementwise_max_min_gradients(op):
+    def build():
+        x = _param([3, 4], "x")
+        y = _param([4], "y")
+        return _weighted(getattr(L, op)(x, y), (3, 4))
+    _check(build, {"loss_w": _w((3, 4))})
+
+
+def test_elementwise_pow_gradients():
+    def build():
+        x = L.scale(_param([3, 4], "x", 0.5), bias=1.5)   # a positive base
+        y = _param([4], "y")
+        return _weighted(L.elementwise_pow(x, y), (3, 4))
+    _check(build, {"loss_w": _w((3, 4))})
+
+
+@pytest.mark.parametrize("name,args", [
+    ("clip", (-0.5, 0.6)), ("relu6", (0.8,)), ("softsign", ()), ("softplus", ()),
+    ("leaky_relu", (0.1,)), ("elu", (0.7,)), ("abs", ()), ("cos", ()), ("sin", ()),
+    ("logsigmoid", ())])
+def test_activation_gradients(name, args):
+    def build():
+        x = _param([4, 5], "x", scale=1.0)
+        return _weighted(getattr(L, name)(x, *args), (4, 5))
+    # jitter: no parameter sits exactly on a kink (0, a bound).
+    _check(build, {"loss_w": _w((4, 5))}, jitter=1e-3)
+
+
+@pytest.mark.parametrize("name", ["sqrt", "rsqrt", "reciprocal"])
+def test_positive_domain_gradients(name):
+    def build():
+        x = L.scale(_param([3, 4], "x", 0.5), bias=2.0)
+        return _weighted(getattr(L, name)(x), (3, 4))
+    _check(build, {"loss_w": _w((3, 4))})
+
+
+def test_pow_gradients():
+    def build():
+        x = L.scale(_param([3, 4], "x", 0.5), bias=2.0)
+        return _weighted(L.pow(x, 2.5), (3, 4))
+    _check(build, {"loss_w": _w((3, 4))})
+
+
+@pytest.mark.parametrize("rows_y", [4, 1])
+def test_cos_sim_gradients(rows_y):
+    def build():
+        x = _param([4, 5], "x")
+        y = _param([rows_y, 5], "y")
+        return _weighted(L.cos_sim(x, y), (4, 1))
+    _check(build, {"loss_w": _w((4, 1))})
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_l2_normalize_gradients(axis):
+    def build():
+        x = _param([3, 4], "x")
+        return _weighted(L.l2_normalize(x, axis=axis), (3, 4))
+    _check(build, {"loss_w": _w((3, 4))})
+
+
+def test_topk_gradients():
+    def build():
+        x = _param([3, 6], "x")
+        v, _ = L.topk(x, 3)
+        return _weighted(v, (3, 3))
+    _check(build, {"loss_w": _w((3, 3))})
+
+
+def test_mse_loss_gradients():
+    def build():
+        x = _param([3, 4], "x")
+        y = _param([3, 4], "y")
+        return L.mse_loss(x, y)
+    _check(build, {})
+
+
+@pytest.mark.parametrize("op", ["reduce_max", "reduce_min", "reduce_prod"])
+def test_reduce_max_min_prod_gradients(op):
+    def build():
+        x = _param([3, 4], "x")
+        return _weighted(getattr(L, op)(x, dim=1, keep_dim=True), (3, 1))
+    _check(build, {"loss_w": _w((3, 1))})
+
+
+def test_shape_op_gradients():
+    def build():
+        x = _param([2, 1, 3], "x")
+        y = _param([2, 1, 3], "y")
+        sq = L.squeeze(x, axes=[1])                        # [2, 3]
+        un = L.unsqueeze(sq, axes=[2])                      # [2, 3, 1]
+        fl = L.flatten(L.stack([x, y], axis=0), axis=2)    # [2*2, 3]
+        ex = L.expand(un, [1, 1, 2])                        # [2, 3, 2]
+        parts = L.unstack(y, axis=2)                        # 3 x [2, 1]
+        return (_weighted(fl, (4, 3)) + L.mean(L.elementwise_mul(ex, ex))
+                + L.mean(L.elementwise_mul(parts[1], parts[2])) + L.mean(x[1]))
+    _check(build, {"loss_w": _w((4, 3))})
+
+
+def test_assign_and_shuffle_batch_gradients():
+    def build():
+        x = _param([5, 3], "x")
+        shuffled = fluid.contrib.layers.shuffle_batch(L.assign(x), seed=4)
+        return _weighted(shuffled, (5, 3))
+    _check(build, {"loss_w": _w((5, 3))}, train_forward=True)
+
+
+def test_shuffle_batch_permutes_rows():
+    x = _x((6, 2))
+
+    def build():
+        return [fluid.contrib.layers.shuffle_batch(_data("x", (6, 2)), seed=1)]
+    got = _forward(build, {"x": x})[0]
+    perm = np.random.default_rng(1).permutation(6)
+    np.testing.assert_array_equal(got, x[perm])
+
+
+# --------------------------------------------------------------------------- learning rates
+
+def _lr_run(make, steps, ratio_of):
+    """Train ``w`` (one weight, gradient 1 each step) with SGD(schedule): the
+    weight's moves are the schedule's rates."""
+    main, startup = _program()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        w = L.create_parameter([1], "float32", name="w",
+                               default_initializer=fluid.initializer.Constant(0.0))
+        x = L.data("x", [1], dtype="float32")
+        loss = L.mean(L.elementwise_mul(x, w))
+        lr = make()
+        SGD(learning_rate=lr).minimize(loss)
+    exe = fluid.Executor()
+    exe.run(startup)
+    rates, prev = [], 0.0
+    for _ in range(steps):
+        got = exe.run(main, feed={"x": np.ones((2, 1), np.float32)}, fetch_list=[lr])[0]
+        cur = float(np.array(fluid.global_scope().find_var("w").get_tensor()).reshape(-1)[0])
+        rates.append((prev - cur, float(got[0])))
+        prev = cur
+    for i, (moved, fetched) in enumerate(rates):
+        assert moved == pytest.approx(ratio_of(i), rel=1e-5), i
+        assert fetched == pytest.approx(ratio_of(i), rel=1e-6), i
+
+
+def test_exponential_decay_staircase_drives_sgd():
+    _lr_run(lambda: L.exponential_decay(0.5, decay_steps=2, decay_rate=0.5, staircase=True),
+            5, lambda i: 0.5 * 0.5 ** (i // 2))
+
+
+@pytest.mark.parametrize("make,ref", [
+    (lambda: L.exponential_decay(0.2, 3, 0.9), lambda i: 0.2 * 0.9 ** (i / 3)),
+    (lambda: L.natural_exp_decay(0.2, 3, 0.5), lambda i: 0.2 * np.exp(-0.5 * i / 3)),
+    (lambda: L.inverse_time_decay(0.2, 2, 0.5, staircase=True),
+     lambda i: 0.2 / (1 + 0.5 * (i // 2))),
+    (lambda: L.polynomial_decay(0.2, 3, 0.01, power=2.0),
+     lambda i: (0.2 - 0.01) * (1 - min(i, 3) / 3) ** 2 + 0.01),
+    (lambda: L.piecewise_decay([2, 3], [0.3, 0.2, 0.1]),
+     lambda i: 0.3 if i < 2 else 0.2 if i < 3 else 0.1),
+    (lambda: L.cosine_decay(0.2, 2, 3),
+     lambda i: 0.2 * 0.5 * (np.cos((i // 2) * np.pi / 3) + 1)),
+    (lambda: L.noam_decay(4, 2, 0.5),
+     lambda i: 0.5 * 4 ** -0.5 * min((i + 1) ** -0.5, 2 ** -1.5 * (i + 1))),
+])
+def test_learning_rate_schedules_follow_fluids_formulas(make, ref):
+    _lr_run(make, 5, ref)
+
+
+def test_learning_rate_schedule_refused_with_other_rules():
+    main, startup = _program()
+    with fluid.program_guard(main, startup):
+        w = L.create_parameter([1], "float32", name="w")
+        loss = L.mean(w)
+        lr = L.exponential_decay(0.1, 10, 0.9)
+        with pytest.raises(ValueError, match="learning-rate schedule with Adam"):
+            fluid.optimizer.Adam(learning_rate=lr).minimize(loss)
