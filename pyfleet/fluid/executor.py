@@ -410,7 +410,7 @@ class Executor:
 
 def _lr_ratio(program, s):
     """This step's learning rate over the rule's (the schedule's first), or
-    None without a schedule (see ``framework._check_lr_schedule``)."""
+    None without a schedule (see ``layers_lr.check_schedule``)."""
     sched = getattr(program._optimizer, "lr_schedule", None)
     if sched is None:
         return None

@@ -164,44 +164,6 @@ class Variable:
     def __neg__(self):
         return self._scale(-1.0)
 
-    def __iter__(self):
-        # Without this, __getitem__ would make every Variable an endless sequence.
-        raise TypeError(f"Variable {self.name!r} is not iterable: index it (var[i]) or use "
-                        "fluid.layers.unstack / split")
-
-    def __getitem__(self, item):
-        """Fluid's ``var[i]``, ``var[a:b, j]``: a ``slice`` op, integer indices
-        dropping their axis (a result with no axis left has shape ``[1]``)."""
-        from pyfleet.fluid import layers
-        items = item if isinstance(item, tuple) else (item,)
-        if len(items) > len(self.shape or ()):
-            raise IndexError(f"{self.name}: {len(items)} indices for shape {self.shape}")
-        axes, starts, ends, drop = [], [], [], []
-        for i, it in enumerate(items):
-            if isinstance(it, slice):
-                if it.step not in (None, 1):
-                    raise ValueError(f"{self.name}[...]: slice steps are not supported")
-                if it.start is None and it.stop is None:
-                    continue
-                axes.append(i)
-                starts.append(int(it.start or 0))
-                ends.append(int(it.stop) if it.stop is not None else 2 ** 31 - 1)
-            elif isinstance(it, (int, np.integer)) and not isinstance(it, bool):
-                it = int(it)
-                axes.append(i)
-                starts.append(it)
-                ends.append(it + 1 if it != -1 else 2 ** 31 - 1)
-                drop.append(i)
-            else:
-                raise ValueError(f"{self.name}[...]: only int and slice indices are "
-                                 f"supported, got {it!r}")
-        out = layers.slice(self, axes, starts, ends) if axes else self
-        if drop and len(drop) < len(self.shape):
-            out = layers.squeeze(out, drop)
-        elif drop and len(self.shape) > 1:
-            out = layers.reshape(out, [1])
-        return out
-
 
 class Parameter(Variable):
     """A trainable value held by the program's backend.
@@ -479,7 +441,8 @@ class Program:
             excluded = {p.name if isinstance(p, Variable) else str(p) for p in no_grad_set}
             base = names if names is not None else {p.name for p in self.all_parameters()}
             names = base - excluded
-        _check_lr_schedule(self, optimizer)
+        from pyfleet.fluid.layers_lr import check_schedule
+        check_schedule(self, optimizer)
         self._optimizer = optimizer
         self._loss = loss
         self._trainable = names
@@ -551,30 +514,6 @@ def program_guard(main_program, startup_program=None):
         switch_main_program(prev_main)
         if startup_program is not None:
             switch_startup_program(prev_startup)
-
-
-def _check_lr_schedule(program, optimizer):
-    """A learning-rate schedule (``fluid.layers.exponential_decay``, ...) is
-    applied as the ratio of its rate at this step to its first rate, scaling
-    the gradient before it is pushed: exact for plain SGD (``w -= lr_t * g``).
-    For another rule, or with a regularizer added to the gradient where the
-    row lives, scaling the gradient is not the same update: refused."""
-    sched = getattr(optimizer, "lr_schedule", None)
-    if sched is None:
-        return
-    if not isinstance(sched, Variable) or sched.block.program is not program:
-        raise ValueError("the optimizer's learning_rate schedule must be a Variable of the "
-                         "loss's program (build it under the same program_guard)")
-    if optimizer.kind != "SGD":
-        raise ValueError(f"a learning-rate schedule with {type(optimizer).__name__} is not "
-                         "supported: pyfleet's tables run the update rule with a fixed rate, "
-                         "and only SGD's update scales exactly with the gradient; use SGD, "
-                         "or a constant learning_rate")
-    regs = [p.name for p in program.all_parameters() if getattr(p, "regularizer", None)]
-    if optimizer.regularization is not None or regs:
-        raise ValueError("a learning-rate schedule together with regularization is not "
-                         "supported (the decay would not follow the schedule): drop the "
-                         "regularizer or use a constant learning_rate")
 
 
 def check_variable(x, what):

@@ -21,6 +21,7 @@ from pyfleet import initializer as _init
 from pyfleet.fluid import framework, unique_name
 from pyfleet.fluid import layers_lr as _lr
 from pyfleet.fluid import layers_math as _lm
+from pyfleet.fluid import layers_tensor as _lt
 from pyfleet.fluid.framework import check_variable as _check_var
 from pyfleet.fluid.layers_lr import *  # noqa: F403 (their __all__ joins this module's)
 from pyfleet.fluid.layers_math import *  # noqa: F403
@@ -32,6 +33,7 @@ from pyfleet.fluid.layers_nn import (
     one_hot,
     transpose,
 )
+from pyfleet.fluid.layers_tensor import *  # noqa: F403
 from pyfleet.fluid.param_attr import ParamAttr, create_parameter_in
 from pyfleet.fluid.reader import PyReader, double_buffer, py_reader, read_file
 from pyfleet.fluid.tensor import convert_dtype
@@ -59,7 +61,6 @@ __all__ = [
     "embedding_v2",
     "exp",
     "fc",
-    "fill_constant",
     "log",
     "log_loss",
     "matmul",
@@ -82,7 +83,7 @@ __all__ = [
     "sums",
     "tanh",
     "transpose",
-] + _lm.__all__ + _lr.__all__
+] + _lm.__all__ + _lt.__all__ + _lr.__all__
 
 
 def _main():
@@ -313,19 +314,6 @@ def cast(x, dtype):
     out = _tmp("cast", x.shape, dtype, x.lod_level)
     _op("cast", {"X": [x]}, {"Out": [out]}, {"out_dtype": convert_dtype(dtype).str})
     return out
-
-
-def fill_constant(shape, dtype, value, force_cpu=False, out=None):
-    """A tensor of ``value``; ``shape`` may hold int Variables (``shape(x)[0]``),
-    read when the step runs; ``out`` receives the value if given."""
-    if builtins.any(isinstance(d, framework.Variable) for d in shape) or out is not None:
-        return _lm.fill_constant_dynamic(shape, dtype, value, out)
-    res = _tmp("fill_constant", tuple(int(s) for s in shape), dtype)
-    res.stop_gradient = True
-    _op("fill_constant", {}, {"Out": [res]},
-        {"shape": [int(s) for s in shape], "dtype": convert_dtype(dtype).str,
-         "value": float(value)})
-    return res
 
 
 # --------------------------------------------------------------------------- math

@@ -1,21 +1,21 @@
 """Fluid 1.8's learning-rate schedules (``fluid.layers.exponential_decay``, ...).
 
 Each returns a float32 ``[1]`` Variable computed from the step counter
-``@LR_DECAY_COUNTER@`` (:func:`~pyfleet.fluid.layers_math.autoincreased_step_counter`,
+``@LR_DECAY_COUNTER@`` (:func:`~pyfleet.fluid.layers_tensor.autoincreased_step_counter`,
 0 on the first training step, as Fluid), to be given to an optimizer as its
 ``learning_rate``. The Variable carries ``lr_schedule_start``, its rate at
 the first step: the rule is configured with it, and each step's gradient is
 scaled by ``rate / start`` before the push (exact for SGD, which is all
 ``Program.attach_optimizer`` accepts a schedule with; see
-``framework._check_lr_schedule``).
+:func:`check_schedule`).
 """
 
 import math
 
 from pyfleet.fluid import framework, unique_name
-from pyfleet.fluid.layers_math import autoincreased_step_counter
+from pyfleet.fluid.layers_tensor import autoincreased_step_counter
 
-__all__ = ["cosine_decay", "exponential_decay", "inverse_time_decay", "natural_exp_decay",
+__all__ = ["check_schedule", "cosine_decay", "exponential_decay", "inverse_time_decay", "natural_exp_decay",
            "noam_decay", "piecewise_decay", "polynomial_decay"]
 
 _COUNTER = "@LR_DECAY_COUNTER@"
@@ -118,3 +118,27 @@ def cosine_decay(learning_rate, step_each_epoch, epochs):
     """``learning_rate * (cos(floor(step / step_each_epoch) * pi / epochs) + 1) / 2``."""
     return _rate("cosine_decay", 0, learning_rate=float(learning_rate),
                  step_each_epoch=float(step_each_epoch), epochs=float(epochs))
+
+
+def check_schedule(program, optimizer):
+    """A learning-rate schedule (``fluid.layers.exponential_decay``, ...) is
+    applied as the ratio of its rate at this step to its first rate, scaling
+    the gradient before it is pushed: exact for plain SGD (``w -= lr_t * g``).
+    For another rule, or with a regularizer added to the gradient where the
+    row lives, scaling the gradient is not the same update: refused."""
+    sched = getattr(optimizer, "lr_schedule", None)
+    if sched is None:
+        return
+    if not isinstance(sched, framework.Variable) or sched.block.program is not program:
+        raise ValueError("the optimizer's learning_rate schedule must be a Variable of the "
+                         "loss's program (build it under the same program_guard)")
+    if optimizer.kind != "SGD":
+        raise ValueError(f"a learning-rate schedule with {type(optimizer).__name__} is not "
+                         "supported: pyfleet's tables run the update rule with a fixed rate, "
+                         "and only SGD's update scales exactly with the gradient; use SGD, "
+                         "or a constant learning_rate")
+    regs = [p.name for p in program.all_parameters() if getattr(p, "regularizer", None)]
+    if optimizer.regularization is not None or regs:
+        raise ValueError("a learning-rate schedule together with regularization is not "
+                         "supported (the decay would not follow the schedule): drop the "
+                         "regularizer or use a constant learning_rate")
