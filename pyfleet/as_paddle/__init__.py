@@ -95,6 +95,9 @@ class PaddleAliasFinder(importlib.abc.MetaPathFinder):
         rest = fullname[len("paddle"):]
         name = "pyfleet" + rest
         found = _exists(name)
+        if not found:   # a module the parent re-exports (pyfleet.fluid.initializer)
+            name = _reexported(name) or name
+            found = name != "pyfleet" + rest
         flat = None
         if not found:
             flat = next((f for f in _FLAT if rest.startswith("." + f + ".")), None)
@@ -113,6 +116,18 @@ def _exists(name):
         return importlib.util.find_spec(name) is not None
     except ModuleNotFoundError:   # a parent is missing, or is not a package
         return False
+
+
+def _reexported(name):
+    """The real name of module ``name`` when its parent package holds it as an
+    attribute without it being a sub-module (``pyfleet.fluid.initializer`` is
+    ``pyfleet.initializer``), else None."""
+    parent, _, child = name.rpartition(".")
+    try:
+        value = getattr(importlib.import_module(parent), child, None)
+    except ImportError:
+        return None
+    return value.__name__ if isinstance(value, types.ModuleType) else None
 
 
 def _is_package(name):

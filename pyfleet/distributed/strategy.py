@@ -39,7 +39,10 @@ Fluid, sync mode takes ``communicator_max_merge_var_num`` and
 ``communicator_send_queue_size`` from ``CPU_NUM`` whatever they are set to,
 and only the flags Fluid passes to the communicator of the strategy's mode
 count (geo: the thread pool size and the send wait times); ``rpc_deadline``
-and ``rpc_retry_times`` are kept but unused, as in Fluid.
+and ``rpc_retry_times`` are kept but unused, as in Fluid. Any
+``communicator_is_sgd_optimizer`` is accepted (PaddleRec sets it from the
+optimizer): it tells Fluid's communicator whether merged gradients are summed
+or averaged, and pyfleet's workers merge none (each step's push goes alone).
 """
 
 import copy
@@ -121,6 +124,7 @@ class TrainerRuntimeConfig:
         if self.mode in (DistributedMode.SYNC, DistributedMode.HALF_ASYNC):
             for k in _SYNC_FORCED:   # Fluid overrides them itself: not the script's change
                 flags.pop(k)
+        flags.pop("communicator_is_sgd_optimizer", None)   # see the module doc
         changed = sorted(k for k, v in flags.items()
                          if k in self._defaults and self._defaults[k] != str(v))
         if changed:

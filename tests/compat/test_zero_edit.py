@@ -41,6 +41,7 @@ SCRIPT = textwrap.dedent('''
     from paddle.fluid.layers.tensor import Variable
     import paddle.fluid.layers.nn as nn
     import paddle.fluid.incubate.data_generator as dg
+    from paddle.fluid.initializer import Constant      # pyfleet.fluid re-exports it
     import pyfleet, pyfleet.fluid, pyfleet.reader
     from pyfleet.distributed import strategy
     checks = {
@@ -49,6 +50,8 @@ SCRIPT = textwrap.dedent('''
         "reader": paddle.reader is pyfleet.reader, "batch": paddle.batch is pyfleet.batch,
         "variable": Variable is pyfleet.fluid.framework.Variable, "nn": nn.fc is fluid.layers.fc,
         "dg": dg.MultiSlotDataGenerator is not None,
+        "initializer": Constant is pyfleet.initializer.Constant
+        and sys.modules["paddle.fluid.initializer"] is pyfleet.initializer,
     }
     print("argv", sys.argv[1:])
     print("checks", sorted(k for k, v in checks.items() if not v) or "all true")

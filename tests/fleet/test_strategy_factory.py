@@ -83,6 +83,8 @@ def test_a_changed_communicator_flag_is_refused_by_name(monkeypatch):
     with pytest.raises(ConfigError, match="communicator_thread_pool_size"):
         SF.create_async_strategy().program_config()
     monkeypatch.delenv("FLAGS_communicator_thread_pool_size")
+    monkeypatch.setenv("FLAGS_communicator_is_sgd_optimizer", "0")   # PaddleRec sets it
+    SF.create_async_strategy().program_config()   # pyfleet merges no gradient: accepted
     # sync: Fluid itself forces the merge count and the queue size to CPU_NUM
     s = SF.create_sync_strategy()
     s.set_trainer_runtime_config({"communicator_send_queue_size": "40"})

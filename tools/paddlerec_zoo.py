@@ -1,0 +1,277 @@
+"""Run PaddleRec 1.8.5's model zoo through PaddleRec's own runner under pyfleet's
+zero-edit mode and print the table of docs/paddlerec.md.
+
+    pip install --no-deps paddle-rec==1.8.5.1 pyyaml     # the framework; not its pinned paddle
+    git clone --branch v1.8.5 --depth 1 https://github.com/PaddlePaddle/PaddleRec
+    python tools/paddlerec_zoo.py --models-dir PaddleRec/models [--only rank/dnn ...]
+
+For every model, in a copy of the models directory (the originals are never
+written): its own ``config.yaml`` with only the runners chosen and their
+output paths set (the network, data, hyper-parameters and PaddleRec's code are
+untouched), run as ``pyfleet run -m paddlerec.run -m CONFIG``:
+
+- single process: the model's CPU ``train`` runner (at most ``--epochs`` epochs,
+  a checkpoint every epoch), then its ``infer`` runner from that checkpoint
+  (``init_model_path``);
+- local cluster: a ``local_cluster_train`` runner, 2 servers and 2 workers,
+  PaddleRec's default ``async`` strategy, the same epochs, a checkpoint each
+  (sample data directories holding one file are split in two, one per worker;
+  the cell shows worker 0's metric).
+
+Each training cell is the first logged and the last value of the model's
+first reported metric (a loss when it reports one, else e.g. AUC); the infer
+cell the last value of the infer phase; or why the run failed: the exception
+PaddleRec's runner caught, as it printed it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+import yaml
+
+MODELS = ["rank/logistic_regression", "rank/dnn", "rank/wide_deep", "rank/deepfm",
+          "rank/xdeepfm", "rank/dcn", "rank/fm", "rank/ffm", "rank/fnn", "rank/nfm", "rank/pnn",
+          "rank/afm", "rank/din", "multitask/mmoe", "multitask/esmm", "multitask/share-bottom",
+          "match/dssm", "match/multiview-simnet", "recall/word2vec", "recall/ncf",
+          "recall/youtube_dnn", "recall/fasttext"]
+
+METRIC = re.compile(r"(\w+): \[?\s*([-+\d.eE]+|nan|inf)")
+GLOBAL = re.compile(r"(\w+)=\[?\s*([-+\d.eE]+|nan|inf)")
+FAILED = re.compile(r"except: (.*)")
+
+
+def _runner(config, kind):
+    for r in config.get("runner", []):
+        if r.get("class") == kind and str(r.get("device", "cpu")).lower() == "cpu":
+            return r
+    return None
+
+
+def _data_dirs(config, workspace, work):
+    for d in config.get("dataset", []):
+        path = os.path.join(work, str(d.get("data_path", "")).replace("{workspace}", workspace))
+        if os.path.isdir(path):
+            yield path
+
+
+def _split_in_two(path):
+    """A data directory of one file becomes two (each worker of the cluster reads one)."""
+    files = [f for f in sorted(os.listdir(path)) if not f.startswith(".")]
+    if len(files) != 1:
+        return
+    src = os.path.join(path, files[0])
+    with open(src, "rb") as f:
+        lines = f.readlines()
+    if len(lines) < 2:
+        return
+    half = len(lines) // 2
+    for i, part in enumerate((lines[:half], lines[half:])):
+        with open(os.path.join(path, f"part-{i}"), "wb") as f:
+            f.writelines(part)
+    os.remove(src)
+
+
+def _series(text, train):
+    """``{metric: [values in order]}`` of the [Train] (or [Infer]) lines and the
+    epoch summaries."""
+    out = {}
+    tag = "[Train]" if train else "[Infer]"
+    for line in text.splitlines():
+        if tag in line:
+            body = line.split(tag, 1)[1]
+            pairs = METRIC.findall(body)
+        elif "global metrics:" in line and (train != line.startswith("Infer")):
+            pairs = GLOBAL.findall(line.split("global metrics:", 1)[1])
+        else:
+            continue
+        for name, value in pairs:
+            if name in ("epoch", "batch", "time_each_interval"):
+                continue
+            out.setdefault(name, []).append(float(value))
+    return out
+
+
+def _pick(series):
+    if not series:
+        return None, []
+    names = sorted(series, key=lambda n: (not re.search("loss|cost", n, re.I), n))
+    return names[0], series[names[0]]
+
+
+def _failure(text):
+    found = FAILED.findall(text)
+    if found:
+        msg = found[-1].strip()
+        lines = text.strip().splitlines()
+        kind = lines[-1].strip() if lines else ""
+        return f"{kind}: {msg}" if re.fullmatch(r"\w+", kind) and kind not in msg else msg
+    tb = [ln for ln in text.splitlines() if re.match(r"^\w+(Error|Exception)\b", ln)]
+    return tb[-1] if tb else None
+
+
+def _cell(text, code, train=True):
+    name, values = _pick(_series(text, train))
+    if code == 0 and values:
+        if train:
+            return {"ok": True, "metric": name, "first": values[0], "last": values[-1]}
+        return {"ok": True, "metric": name, "last": values[-1]}
+    return {"ok": False, "why": _failure(text) or (f"exit code {code}" if code else
+                                                   "no metric reported")}
+
+
+def _run(cmd, cwd, timeout, env):
+    t = time.time()
+    try:
+        r = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True,
+                           timeout=timeout, check=False)
+        return r.returncode, r.stdout + r.stderr, time.time() - t
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) \
+            else (e.stdout or "")
+        return 124, out + f"\ntimed out after {timeout} s", time.time() - t
+
+
+def run_model(model, work, epochs, timeout, env):
+    slug = model.replace("/", "_")
+    out = os.path.join("zoo_out", slug)
+    workspace = os.path.join("models", model)
+    src = os.path.join(work, workspace, "config.yaml")
+    with open(src) as f:
+        config = yaml.safe_load(f)
+    os.makedirs(os.path.join(work, out), exist_ok=True)
+    for path in _data_dirs(config, workspace, work):
+        _split_in_two(path)
+    row = {"model": model}
+    train, infer = _runner(config, "train"), _runner(config, "infer")
+    if train is None:
+        row["single"] = row["cluster"] = row["infer"] = {"ok": False,
+                                                         "why": "no CPU train runner"}
+        return row
+    ckpt = os.path.join(out, "ckpt")
+    single = dict(config)
+    train = dict(train, epochs=min(int(train.get("epochs") or 1), epochs),
+                 save_checkpoint_interval=1, save_checkpoint_path=ckpt)
+    runners = [train]
+    if infer is not None:
+        runners.append(dict(infer, epochs=1, init_model_path=ckpt))
+    single["runner"], single["mode"] = runners, [r["name"] for r in runners]
+    cfg = os.path.join(workspace, "zoo_single.yaml")
+    with open(os.path.join(work, cfg), "w") as f:
+        yaml.safe_dump(single, f)
+    cmd = [sys.executable, "-m", "pyfleet.cli", "run", "-m", "paddlerec.run", "-m", cfg]
+    code, text, secs = _run(cmd, work, timeout, env)
+    with open(os.path.join(work, out, "single.log"), "w") as f:
+        f.write(text)
+    row["single"] = _cell(text.split("Runner " + train["name"] + " Begin")[-1]
+                          .split("PaddleRec: Runner")[0], code if infer is None else 0)
+    if not row["single"]["ok"] and code == 0:
+        row["single"] = _cell(text, code)
+    if infer is None:
+        row["infer"] = {"ok": False, "why": "the model has no infer runner"}
+    else:
+        part = text.split("Runner " + infer["name"] + " Begin")
+        row["infer"] = _cell(part[-1], code, train=False) if len(part) > 1 else \
+            {"ok": False, "why": "not reached (training failed)"}
+    row["seconds_single"] = round(secs, 1)
+
+    cluster = dict(config)
+    run = {"name": "zoo_local_cluster", "class": "local_cluster_train",
+           "epochs": train["epochs"],
+           "device": "cpu", "worker_num": 2, "server_num": 2, "distribute_strategy": "async",
+           "save_checkpoint_interval": 1, "save_checkpoint_path": os.path.join(out, "cluster"),
+           "init_model_path": "", "print_interval": train.get("print_interval", 10),
+           "phases": train.get("phases")}
+    if run["phases"] is None:
+        run.pop("phases")
+    cluster["runner"], cluster["mode"] = [run], [run["name"]]
+    cfg = os.path.join(workspace, "zoo_cluster.yaml")
+    with open(os.path.join(work, cfg), "w") as f:
+        yaml.safe_dump(cluster, f)
+    shutil.rmtree(os.path.join(work, "logs"), ignore_errors=True)
+    cmd = [sys.executable, "-m", "pyfleet.cli", "run", "-m", "paddlerec.run", "-m", cfg]
+    code, text, secs = _run(cmd, work, timeout, env)
+    logs = os.path.join(work, "logs")
+    workers = []
+    if os.path.isdir(logs):
+        shutil.rmtree(os.path.join(work, out, "logs"), ignore_errors=True)
+        shutil.move(logs, os.path.join(work, out, "logs"))
+        for name in sorted(os.listdir(os.path.join(work, out, "logs"))):
+            with open(os.path.join(work, out, "logs", name), errors="replace") as f:
+                if name.startswith("worker"):
+                    workers.append(f.read())
+    with open(os.path.join(work, out, "cluster.log"), "w") as f:
+        f.write(text)
+    failed = [w for w in workers if "PaddleRec Finish" not in w]
+    cell = _cell(failed[0] if failed else workers[0] if workers else text,
+                 1 if failed else code)          # worker 0's metrics, or the first failure
+    if cell["ok"] and len(workers) < 2:
+        cell.update(ok=False, why=f"{len(workers)} of 2 workers ran")
+    row["cluster"] = cell
+    row["seconds_cluster"] = round(secs, 1)
+    return row
+
+
+def _fmt(cell, train=True):
+    if cell.get("ok"):
+        if train:
+            return f"{cell['metric']} {cell['first']:.4g} → {cell['last']:.4g}"
+        return f"{cell['metric']} {cell['last']:.4g}"
+    why = " ".join(str(cell.get("why")).split())
+    return f"✗ {why[:160]}"
+
+
+def table(rows):
+    lines = ["| model | single process (train) | local_cluster 2×2 (train) | infer |",
+             "| --- | --- | --- | --- |"]
+    for r in rows:
+        lines.append(f"| {r['model']} | {_fmt(r['single'])} | {_fmt(r['cluster'])} | "
+                     f"{_fmt(r['infer'], train=False)} |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models-dir", required=True,
+                   help="the models/ directory of PaddleRec's repository at tag v1.8.5")
+    p.add_argument("--only", nargs="*", default=None, help="these models (default: the list)")
+    p.add_argument("--work", default="paddlerec-zoo", help="work directory (recreated)")
+    p.add_argument("--epochs", type=int, default=2, help="at most this many epochs, single")
+    p.add_argument("--timeout", type=float, default=600, help="seconds a run may take")
+    p.add_argument("--json", default=None, help="also write the rows as JSON here")
+    a = p.parse_args(argv)
+    work = os.path.abspath(a.work)
+    shutil.rmtree(work, ignore_errors=True)
+    shutil.copytree(a.models_dir, os.path.join(work, "models"))
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    rows = []
+    for model in a.only or MODELS:
+        if not os.path.isfile(os.path.join(work, "models", model, "config.yaml")):
+            rows.append({"model": model, **{k: {"ok": False, "why": "not in --models-dir"}
+                                            for k in ("single", "cluster", "infer")}})
+            continue
+        print(f"{model} ...", file=sys.stderr, flush=True)
+        try:
+            rows.append(run_model(model, work, a.epochs, a.timeout, env))
+        except (OSError, KeyError, TypeError, yaml.YAMLError) as exc:
+            rows.append({"model": model, **{k: {"ok": False, "why": f"config: {exc!r}"}
+                                            for k in ("single", "cluster", "infer")}})
+        print(f"  {rows[-1]}", file=sys.stderr, flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    print(table(rows))
+    print(f"\n(logs under {work}/zoo_out/; load average {os.getloadavg()[0]:.1f})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
