@@ -47,6 +47,7 @@ load one per thread (or guard it).
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import sys
@@ -57,6 +58,7 @@ from pyfleet import _atomic, metrics
 from pyfleet import initializer as _init
 from pyfleet.data.scoring import score_file
 from pyfleet.endpoint import check_file_name
+from pyfleet.fluid import fluid_format, program_desc
 from pyfleet.fluid.backend import Backend, LocalBackend, LocalSource, param_path
 from pyfleet.fluid.executor import Executor
 from pyfleet.fluid.framework import Parameter, Program, Variable, default_main_program
@@ -64,13 +66,19 @@ from pyfleet.fluid.tensor import Scope
 from pyfleet.optimizer import SGD
 from pyfleet.table import SparseTable
 
-__all__ = ["INFERENCE_FORMAT", "MODEL_FILENAME", "LocalSource", "Predictor", "RemoteSource",
+__all__ = ["FLUID_MODEL_FILENAME", "FLUID_TABLE_MAX_BYTES", "INFERENCE_FORMAT", "MODEL_FILENAME", "LocalSource", "Predictor", "RemoteSource",
            "load", "load_program", "read_model_desc", "resolve_program", "save"]
 
 MODEL_FILENAME = "__model__.json"
+FLUID_MODEL_FILENAME = "__model__"
+# A sparse table is written as Fluid's dense [vocab, dim] tensor up to this size;
+# a larger one (or one holding ids beyond its declared vocab) is left out of the
+# Fluid files, named in __model__.json's "fluid" section and in a warning.
+FLUID_TABLE_MAX_BYTES = 4 << 30
 INFERENCE_FORMAT = "pyfleet-inference"
 INFERENCE_VERSION = 1
 _PAGE_ROWS = 65536
+_log = logging.getLogger("pyfleet.inference")
 
 
 def resolve_program(program):
@@ -209,11 +217,117 @@ def _write_params(dirname, ops, source):
     return section
 
 
-def save(dirname, program, feeded_var_names, target_vars, source, model_filename=None):
+def _fluid_table(dirname, fname, p, cfg, kfile, wfile):
+    """Write sparse table ``p`` (its rows in ``kfile``/``wfile``) as Fluid's dense
+    ``[vocab, dim]`` tensor ``fname``: a row the table never created holds the
+    initial row a server would create for that id. Returns None, or why the
+    table cannot be written so (the file is then not written)."""
+    vocab, dim = int(p.shape[0]), int(cfg["dim"])
+    if vocab * dim * 4 > FLUID_TABLE_MAX_BYTES:
+        return (f"[{vocab}, {dim}] float32 is {vocab * dim * 4:,} bytes, over "
+                f"FLUID_TABLE_MAX_BYTES ({FLUID_TABLE_MAX_BYTES:,})")
+    keys = np.load(os.path.join(dirname, kfile), mmap_mode="r", allow_pickle=False)
+    if keys.shape[0] and int(keys.max()) >= vocab:
+        return (f"it holds ids up to {int(keys.max())}, beyond its declared vocabulary "
+                f"{vocab} (Fluid's table is indexed by id)")
+    weights = np.load(os.path.join(dirname, wfile), mmap_mode="r", allow_pickle=False)
+    order = np.argsort(keys, kind="stable")
+    skeys = np.asarray(keys)[order]
+    init = SparseTable(dim, SGD(1.0), initializer=_init.from_config(cfg["initializer"]),
+                       seed=int(cfg["seed"]), name=p.name)
+    with _atomic.atomic_open(os.path.join(dirname, fname), "wb") as f:
+        f.write(fluid_format.tensor_header(np.float32, (vocab, dim)))
+        for a in range(0, vocab, _PAGE_ROWS):
+            b = min(a + _PAGE_ROWS, vocab)
+            ids = np.arange(a, b, dtype=np.uint64)
+            block = init.initial_values(ids).astype("<f4", copy=False)
+            lo, hi = np.searchsorted(skeys, [a, b])
+            if hi > lo:
+                block[skeys[lo:hi].astype(np.int64) - a] = weights[order[lo:hi]]
+            f.write(np.ascontiguousarray(block).tobytes())
+    return None
+
+
+def _scope_value(v):
+    """A persistable non-parameter variable's value for Fluid's files (an auc
+    op's counters): zeros of its shape, as the loading scope starts them."""
+    if v.shape is None or any(int(s) < 0 for s in v.shape):
+        raise ValueError(f"persistable variable {v.name!r} has shape {v.shape}: Fluid's "
+                         f"files need a known shape")
+    return np.zeros(v.shape, dtype=v.dtype)
+
+
+def _write_fluid_params(dirname, ops, section, params_filename):
+    """Fluid's tensor files of every persistable variable ``ops`` use (one file
+    per variable, named after it, or every one in ``params_filename`` by order
+    of name), from the files of ``section`` just written. Returns ``{"params",
+    "files", "tables_left_out"}``."""
+    used = {}
+    for op in ops:
+        for v in op.input_vars():
+            if v.persistable:
+                used.setdefault(v.name, v)
+    files, left_out = [], {}
+    values = {}
+    for name in sorted(used):
+        v = used[name]
+        if isinstance(v, Parameter) and v.is_sparse_table:
+            cfg = section["sparse"][name]
+            if params_filename is None:
+                fname = check_file_name(name, "parameter name")
+                why = _fluid_table(dirname, fname, v, cfg, cfg["keys"], cfg["weights"])
+                if why is None:
+                    files.append(fname)
+                else:
+                    left_out[name] = why
+            else:
+                values[name] = ("table", v, cfg)
+        elif isinstance(v, Parameter):
+            values[name] = ("array", np.load(os.path.join(dirname, section["dense"][name]),
+                                             allow_pickle=False))
+        else:
+            values[name] = ("array", _scope_value(v))
+    if params_filename is None:
+        for name, (_, value) in values.items():
+            fname = check_file_name(name, "variable name")
+            with _atomic.atomic_open(os.path.join(dirname, fname), "wb") as f:
+                fluid_format.write_tensor(f, value)
+            files.append(fname)
+    else:
+        tables = {n: t for n, t in values.items() if t[0] == "table"}
+        for name, (_, v, cfg) in tables.items():   # a table goes in whole or not at all
+            why = _fluid_table(dirname, f".{name}.fluid.tmp", v, cfg, cfg["keys"],
+                               cfg["weights"])
+            if why is not None:
+                left_out[name] = why
+        try:
+            with _atomic.atomic_open(os.path.join(dirname, params_filename), "wb") as f:
+                for name, entry in values.items():
+                    if entry[0] == "array":
+                        fluid_format.write_tensor(f, entry[1])
+                    elif name not in left_out:
+                        with open(os.path.join(dirname, f".{name}.fluid.tmp"), "rb") as src:
+                            shutil.copyfileobj(src, f, 1 << 20)
+        finally:
+            for name in tables:
+                tmp = os.path.join(dirname, f".{name}.fluid.tmp")
+                if os.path.exists(tmp):
+                    os.remove(tmp)
+        files.append(params_filename)
+    for name, why in left_out.items():
+        _log.warning("inference model %s: sparse table %r is not in Fluid's parameter "
+                     "files (%s); pyfleet's own files hold it", dirname, name, why)
+    return {"params": params_filename, "files": files, "tables_left_out": left_out}
+
+
+def save(dirname, program, feeded_var_names, target_vars, source, model_filename=None,
+         params_filename=None):
     """Write a prediction directory (see the module doc) for ``target_vars``
     computed from ``feeded_var_names``, with parameters from ``source`` (None:
-    the program only). Returns the target names. Raises ValueError if a target
-    needs a variable that is neither fed nor computed."""
+    the program only). ``model_filename`` names Fluid's program file (default
+    ``__model__``), ``params_filename`` the one file holding every Fluid
+    tensor (default: one file per variable). Returns the target names. Raises
+    ValueError if a target needs a variable that is neither fed nor computed."""
     program = resolve_program(program)
     if isinstance(feeded_var_names, str):
         feeded_var_names = [feeded_var_names]
@@ -221,9 +335,17 @@ def save(dirname, program, feeded_var_names, target_vars, source, model_filename
         target_vars = [target_vars]
     feed_names = list(feeded_var_names)
     block = program.global_block()
-    for n in feed_names:
-        block.var(n)
+    feed_vars = [block.var(n) for n in feed_names]
     targets = [block.var(t.name if isinstance(t, Variable) else t) for t in target_vars]
+    fluid_model = check_file_name(os.path.basename(model_filename or FLUID_MODEL_FILENAME),
+                                  "model_filename")
+    if params_filename is not None:
+        params_filename = check_file_name(os.path.basename(params_filename),
+                                          "params_filename")
+    if MODEL_FILENAME in (fluid_model, params_filename) or fluid_model == params_filename:
+        raise ValueError(f"model_filename={model_filename!r}, params_filename="
+                         f"{params_filename!r}: each names its own file, and "
+                         f"{MODEL_FILENAME} is pyfleet's")
     ops = _prune(program, set(feed_names), targets)
     desc = program.to_dict(ops)
     for op in desc["ops"]:   # Fluid's inference program runs dropout/batch_norm as tests
@@ -231,13 +353,23 @@ def save(dirname, program, feeded_var_names, target_vars, source, model_filename
             op["attrs"] = {**op["attrs"], "is_test": True}
     desc["feed"] = feed_names
     desc["fetch"] = [t.name for t in targets]
+    program_bytes = fluid_format.program_to_desc(ops, feed_vars, targets)
     created = not os.path.isdir(dirname)
     os.makedirs(dirname, exist_ok=True)
     try:
         # The parameters first: the model file says the directory is complete.
+        fluid = {"model": fluid_model}
         if source is not None:
-            desc["inference"] = _write_params(dirname, ops, source)
-        _atomic.write_json(os.path.join(dirname, model_filename or MODEL_FILENAME), desc)
+            section = _write_params(dirname, ops, source)
+            fluid.update(_write_fluid_params(dirname, ops, section, params_filename))
+            desc["inference"] = section
+        with _atomic.atomic_open(os.path.join(dirname, fluid_model), "wb") as f:
+            f.write(program_bytes)
+        if source is not None:
+            for fname in [fluid_model] + fluid["files"]:
+                section["sha256"][fname] = _sha256(os.path.join(dirname, fname))
+        desc["fluid"] = fluid
+        _atomic.write_json(os.path.join(dirname, MODEL_FILENAME), desc)
     except BaseException:
         if created:  # nothing of a failed save stays (a full disk gets its space back)
             shutil.rmtree(dirname, ignore_errors=True)
@@ -455,17 +587,98 @@ def _frozen_backend(dirname, section, program):
                            seed=int(cfg["seed"]), name=name)
         sparse[name] = (keys[order], weights[order], init)
         configs[name] = {k: cfg[k] for k in ("dim", "initializer", "seed", "storage") if k in cfg}
+    checked = set(section["dense"].values()) | {
+        t[k] for t in section["sparse"].values() for k in ("keys", "weights")}
+    for fname, digest in (digests or {}).items():   # Fluid's files written beside
+        if fname not in checked:
+            path = os.path.join(dirname, check_file_name(fname, "the inference model's file"))
+            if not os.path.exists(path):
+                raise ValueError(f"inference model file {path} is missing")
+            if _sha256(path) != digest:
+                raise ValueError(f"{path} does not match its sha256 in the model description "
+                                 f"(a damaged or altered file)")
     return _FrozenBackend(dense, sparse, configs)
 
 
-def load_program(dirname, model_filename=None, program_only_ok=True):
+def _is_json(path):
+    try:
+        with open(path, "rb") as f:
+            return f.read(1) == b"{"
+    except FileNotFoundError:
+        raise ValueError(f"no inference model at {path}") from None
+
+
+def read_fluid_params(dirname, persistables, params_filename=None):
+    """``{name: array}`` of Fluid's tensor files for ``persistables`` (``[(name,
+    dtype, dims)]``, in order of name): one file per variable, or all in
+    ``params_filename``. Each header is checked against the program before its
+    values are allocated; ValueError naming the file."""
+    values = {}
+    if params_filename is not None:
+        path = os.path.join(dirname, check_file_name(os.path.basename(params_filename),
+                                                     "params_filename"))
+        try:
+            f = open(path, "rb")  # noqa: SIM115 (closed by the with below)
+        except FileNotFoundError:
+            raise ValueError(f"parameter file {path} is missing") from None
+        with f:
+            for name, dtype, dims in persistables:
+                values[name], _ = fluid_format.read_tensor(
+                    f, f"{path} (variable {name!r})", dtype, dims)
+            if f.read(1):
+                raise ValueError(f"{path} holds more than the program's {len(persistables)} "
+                                 f"persistable variables (another model's parameters?)")
+        return values
+    for name, dtype, dims in persistables:
+        path = os.path.join(dirname, check_file_name(name, "variable name"))
+        try:
+            with open(path, "rb") as f:
+                values[name], _ = fluid_format.read_tensor(f, path, dtype, dims)
+        except FileNotFoundError:
+            raise ValueError(f"parameter file {path} of variable {name!r} is missing") from None
+    return values
+
+
+def _load_fluid(dirname, path, params_filename):
+    """``(program, feeds, fetches)`` of a directory in Fluid's own layout."""
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        program, feeds, fetches, persistables, _ = fluid_format.desc_to_program(
+            data, Program, program_desc.known_op_types(), _init.Constant(0.0))
+        values = read_fluid_params(dirname, persistables, params_filename)
+    except fluid_format.ProgramDescError as e:
+        raise ValueError(f"{path}: {e}") from None
+    for name, value in values.items():
+        if value.dtype.kind == "f":
+            _finite(value, f"parameter {name!r}")
+    program.set_backend(_FrozenBackend(values, {}, {}))
+    return program, feeds, fetches
+
+
+def load_program(dirname, model_filename=None, program_only_ok=True, params_filename=None):
     """``(program, feed names, fetch names)`` of a prediction directory, the
-    program's backend set to its parameters: read-only rows and values of the
-    "inference" section or, for a model saved without it (``program_only``),
-    a :class:`LocalBackend` loaded from the ``<name>.npy``/``<name>.table``
-    files beside it (``program_only_ok=False`` refuses such a model).
-    ValueError naming a missing or malformed file."""
-    path = os.path.join(dirname, model_filename or MODEL_FILENAME)
+    program's backend set to its parameters.
+
+    pyfleet's own description (``__model__.json``, see the module doc) is read
+    when present: read-only rows and values of its "inference" section or, for
+    a model saved without it (``program_only``), a :class:`LocalBackend`
+    loaded from the ``<name>.npy``/``<name>.table`` files beside it
+    (``program_only_ok=False`` refuses such a model). A directory in Fluid's
+    layout alone (``__model__``, or ``model_filename``, and its tensor files
+    or ``params_filename``; written by Fluid) is read from those. ValueError
+    naming a missing or malformed file."""
+    json_path = os.path.join(dirname, MODEL_FILENAME)
+    if model_filename is None:
+        path = json_path if os.path.exists(json_path) else os.path.join(
+            dirname, FLUID_MODEL_FILENAME)
+    else:
+        path = os.path.join(dirname, os.path.basename(model_filename))
+    if not _is_json(path):
+        desc = read_model_desc(json_path) if os.path.exists(json_path) else {}
+        if desc.get("fluid", {}).get("model") != os.path.basename(path):
+            return _load_fluid(dirname, path, params_filename)
+        path = json_path   # written by pyfleet: its own description is complete
     desc = read_model_desc(path)
     section = desc.get("inference")
     if section is None and program_only_ok:
@@ -480,9 +693,10 @@ def load_program(dirname, model_filename=None, program_only_ok=True):
     return program, list(desc.get("feed", [])), list(desc.get("fetch", []))
 
 
-def load(dirname, model_filename=None):
+def load(dirname, model_filename=None, params_filename=None):
     """A :class:`Predictor` for a directory :func:`save` wrote with its
-    parameters (no server needed). Raises ValueError naming a missing or
-    malformed file."""
-    program, feeds, fetches = load_program(dirname, model_filename, program_only_ok=False)
+    parameters (no server needed), or one in Fluid's layout. Raises
+    ValueError naming a missing or malformed file."""
+    program, feeds, fetches = load_program(dirname, model_filename, program_only_ok=False,
+                                           params_filename=params_filename)
     return Predictor(program, feeds, fetches)

@@ -18,10 +18,12 @@ import numpy as np
 from pyfleet import _atomic
 from pyfleet.endpoint import check_file_name
 from pyfleet.fluid import inference
+from pyfleet.fluid.backend import param_path
 from pyfleet.fluid.framework import Parameter, Program, Variable
 from pyfleet.fluid.inference import MODEL_FILENAME, resolve_program
 from pyfleet.fluid.reader import DataLoader, PyReader
 from pyfleet.fluid.tensor import global_scope
+from pyfleet.optimizer import SGD
 
 __all__ = [
     "MODEL_FILENAME",
@@ -85,10 +87,43 @@ def is_persistable(var):
     return bool(getattr(var, "persistable", False))
 
 
-def _load_parameters(dirname, program, params):
+def _fluid_files(dirname, params, filename):
+    """The ``params`` to read from Fluid's tensor files: all with ``filename``
+    (Fluid's combined form), else those without a pyfleet file but with a file
+    named after them (what Fluid's ``save_vars`` writes)."""
+    if filename is not None:
+        return list(params)
+    return [p for p in params if not os.path.exists(param_path(dirname, p)) and
+            os.path.isfile(os.path.join(dirname, check_file_name(p.name, "variable name")))]
+
+
+def _load_fluid_tensors(dirname, program, params, filename):
+    """Read Fluid's tensor files of the dense ``params`` into the program's backend."""
+    sparse = [p.name for p in params if p.is_sparse_table]
+    if sparse:
+        raise ValueError(f"{dirname}: sparse tables {sparse} are read from pyfleet's "
+                         f"<name>.table files, not Fluid's tensor files")
+    order = sorted(params, key=lambda p: p.name)   # Fluid's combined file: by name
+    values = inference.read_fluid_params(
+        dirname, [(p.name, p.dtype.name, list(p.shape)) for p in order], filename)
+    backend = program.backend
+    for p in order:
+        try:
+            backend.set_dense(p.name, values[p.name])
+        except (KeyError, ValueError):   # not created yet (a parsed program)
+            backend.create_dense(p.name, values[p.name], SGD(1.0))
+
+
+def _load_parameters(dirname, program, params, filename=None):
     params = list(params)
     if not params:
         return
+    fluid_params = _fluid_files(dirname, params, filename)
+    if fluid_params:
+        _load_fluid_tensors(dirname, program, fluid_params, filename)
+        params = [p for p in params if p not in fluid_params]
+        if not params:
+            return
     for is_mine, load in _CHECKPOINT_READERS:
         if is_mine(dirname):
             load(dirname, program, params)
@@ -179,13 +214,11 @@ def load_vars(executor, dirname, main_program=None, vars=None, predicate=None, f
     checkpoint, sparse tables included, into a local program) wrote, the
     persistable scope state (auc counters) included; a state without a file
     keeps its value."""
-    if filename is not None:
-        raise ValueError(f"filename={filename!r}: pyfleet saves one file per variable; "
-                         f"leave filename=None")
     check_local_path(dirname, "dirname")
     program = resolve_program(main_program)
     chosen = _select(program, vars, predicate, "load_vars")
-    _load_parameters(dirname, program, [v for v in chosen if isinstance(v, Parameter)])
+    _load_parameters(dirname, program, [v for v in chosen if isinstance(v, Parameter)],
+                     filename)
     load_scope_state(dirname, chosen)
 
 
@@ -251,23 +284,42 @@ def save_inference_model(dirname, feeded_var_names, target_vars, executor, main_
                          model_filename=None, params_filename=None,
                          export_for_deployment=True, program_only=False):
     """Write the program pruned to ``target_vars`` and the parameters it uses
-    (:func:`pyfleet.fluid.inference.save`; ``params_filename`` is accepted for
-    Fluid's signature, the parameters are always one file each). Returns the
-    target variable names. A Fleet worker's program gets its parameters from
-    the servers (what ``fleet.save_inference_model`` writes)."""
+    (:func:`pyfleet.fluid.inference.save`): Fluid's layout (``__model__``, or
+    ``model_filename``, a ProgramDesc; one tensor file per persistable, or
+    every one in ``params_filename``) beside pyfleet's own description
+    (``__model__.json`` and its ``.npy`` files). Returns the target variable
+    names. A Fleet worker's program gets its parameters from the servers
+    (what ``fleet.save_inference_model`` writes). ``export_for_deployment=False``
+    (Fluid's whole-program save for further training) is refused by name."""
+    if not export_for_deployment:
+        raise ValueError("save_inference_model(export_for_deployment=False) saves Fluid's "
+                         "training program for further training: use "
+                         "fluid.io.save_persistables (or fluid.save) for that")
     check_local_path(dirname, "dirname")
     program = resolve_program(main_program)
     if isinstance(target_vars, Variable):
         target_vars = [target_vars]
     source = None if program_only else program.backend.inference_source()
     return inference.save(dirname, program, feeded_var_names, list(target_vars), source,
-                          model_filename=model_filename)
+                          model_filename=model_filename, params_filename=params_filename)
 
 
 def load_inference_model(dirname, executor, model_filename=None, params_filename=None,
                          pserver_endpoints=None):
-    """``[program, feed_names, fetch_vars]``; the program computes only and
-    holds the model's parameters (:func:`pyfleet.fluid.inference.load_program`)."""
-    program, feeds, fetches = inference.load_program(dirname, model_filename)
+    """``[program, feed_target_names, fetch_targets]`` as Fluid returns them; the
+    program computes only and holds the model's parameters
+    (:func:`pyfleet.fluid.inference.load_program`: pyfleet's description when
+    present, else Fluid's ``__model__``/``model_filename`` and tensor files or
+    ``params_filename``). ``pserver_endpoints`` (Fluid's distributed lookup
+    table served by parameter servers at prediction time) is refused by name."""
+    if pserver_endpoints:
+        raise ValueError(f"load_inference_model(pserver_endpoints={pserver_endpoints!r}): "
+                         f"the model directory holds every embedding row; load it without "
+                         f"pserver_endpoints")
+    check_local_path(dirname, "dirname")
+    if not os.path.isdir(dirname):
+        raise ValueError(f"There is no directory named {os.fspath(dirname)!r}")
+    program, feeds, fetches = inference.load_program(dirname, model_filename,
+                                                     params_filename=params_filename)
     block = program.global_block()
     return [program, feeds, [block.var(n) for n in fetches]]

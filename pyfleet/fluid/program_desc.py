@@ -15,7 +15,7 @@ from pyfleet import initializer as _init
 from pyfleet import optimizer as _opt
 from pyfleet.fluid import ops as _ops
 
-__all__ = ["PROGRAM_FORMAT", "PROGRAM_FORMAT_VERSION", "from_dict", "to_dict"]
+__all__ = ["PROGRAM_FORMAT", "PROGRAM_FORMAT_VERSION", "from_dict", "known_op_types", "to_dict"]
 
 PROGRAM_FORMAT = "pyfleet.fluid.program"
 PROGRAM_FORMAT_VERSION = 1
@@ -57,6 +57,11 @@ def to_dict(program, ops=None):
             "random_seed": int(program.random_seed), "vars": out_vars, "ops": out_ops}
 
 
+def known_op_types():
+    """The op types a program may hold: every kernel's, the lookups and auc."""
+    return set(_ops.FORWARD) | {"lookup_table", "auc"}
+
+
 def from_dict(d, program_class):
     """A new ``program_class()`` rebuilt from :func:`to_dict` output (no
     optimizer attached; parameters keep their recorded optimizer in
@@ -80,7 +85,7 @@ def from_dict(d, program_class):
         else:
             block.create_var(v["name"], v["shape"], v["dtype"], v["lod_level"],
                              v["persistable"], v["stop_gradient"], v["is_data"])
-    known = set(_ops.FORWARD) | {"lookup_table", "auc"}
+    known = known_op_types()
     for op in d["ops"]:
         if op["type"] not in known:
             raise ValueError(f"program description has unknown op type {op['type']!r}")

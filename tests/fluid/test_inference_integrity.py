@@ -56,18 +56,25 @@ def test_every_file_has_its_sha256_and_a_changed_byte_is_refused(tmp_path):
     _save(where)
     desc = json.loads((where / "__model__.json").read_text())
     digests = desc["inference"]["sha256"]
-    npys = sorted(f for f in os.listdir(where) if f.endswith(".npy"))
-    assert sorted(digests) == npys
+    files = sorted(f for f in os.listdir(where) if f != "__model__.json")
+    assert any(f.endswith(".npy") for f in files) and "__model__" in files  # both layouts
+    assert sorted(digests) == files
     import hashlib
-    for f in npys:
+    for f in files:
         assert digests[f] == hashlib.sha256((where / f).read_bytes()).hexdigest()
     inference.load(where)  # intact: loads
-    w = next(f for f in npys if ".w_" in f)
-    data = bytearray((where / w).read_bytes())
-    data[-3] ^= 0x40  # one bit of one weight: same size, same header
-    (where / w).write_bytes(bytes(data))
-    with pytest.raises(ValueError, match=rf"{w} does not match its sha256"):
-        inference.load(where)
+    # one bit of one weight (pyfleet's .npy, then Fluid's tensor file of the same
+    # weight), then of Fluid's program: same size, same header, refused by name
+    w = next(f for f in files if ".w_" in f and f.endswith(".npy"))
+    for changed in (w, w[:-len(".npy")], "__model__"):
+        original = (where / changed).read_bytes()
+        data = bytearray(original)
+        data[-3] ^= 0x40
+        (where / changed).write_bytes(bytes(data))
+        with pytest.raises(ValueError, match=rf"{changed} does not match its sha256"):
+            inference.load(where)
+        (where / changed).write_bytes(original)
+    inference.load(where)
 
 
 @needs_data
