@@ -256,8 +256,12 @@ def _encode_attr(name, atype, value):
         out += _f_varint(10, bool(value))
     elif atype == A_BOOLEANS:
         out += b"".join(_f_varint(11, bool(x)) for x in value)
+    elif atype == A_BLOCK:
+        out += _f_varint(12, value)
     elif atype == A_LONG:
         out += _f_varint(13, value)
+    elif atype == A_BLOCKS:
+        out += b"".join(_f_varint(14, x) for x in value)
     elif atype == A_LONGS:
         out += b"".join(_f_varint(15, x) for x in value)
     else:
@@ -527,6 +531,40 @@ def _attr(op_type, name, value):
                            f"attribute type")
 
 
+# Outputs Fluid's kernels require that pyfleet's ops do not produce (an argmax,
+# a shape record, a mask, batch_norm's updated statistics): written as
+# variables of their own (or, for batch_norm's statistics, the inputs they
+# update, as Fluid does), dropped again on read.
+_EXTRA_OUTPUTS = {"sequence_pool": ("MaxIndex",), "reshape2": ("XShape",),
+                  "transpose2": ("XShape",), "dropout": ("Mask",),
+                  "batch_norm": ("MeanOut", "VarianceOut", "SavedMean", "SavedVariance")}
+
+
+def _extra_outputs(op, out_name, in_vars, x):
+    """``({slot: [name]}, [var entries])`` Fluid needs beside ``op``'s outputs."""
+    slots, new = {}, []
+    shape = [-1] if x.shape is None else [int(d) for d in x.shape]
+
+    def var(slot, dtype, dims):
+        name = f"{out_name}.{slot}"
+        slots[slot] = [name]
+        new.append({"name": name, "type": LOD_TENSOR, "persistable": False, "dtype": dtype,
+                    "dims": dims, "lod_level": 0})
+    if op.type == "sequence_pool":
+        var("MaxIndex", np.dtype(np.int32), shape)
+    elif op.type in ("reshape2", "transpose2"):
+        var("XShape", x.dtype, [0] + shape)
+    elif op.type == "dropout":
+        var("Mask", np.dtype(np.uint8), shape)
+    elif op.type == "batch_norm":
+        slots["MeanOut"] = [in_vars["Mean"][0].name]
+        slots["VarianceOut"] = [in_vars["Variance"][0].name]
+        channels = list(in_vars["Scale"][0].shape)
+        var("SavedMean", np.dtype(np.float32), channels)
+        var("SavedVariance", np.dtype(np.float32), channels)
+    return slots, new
+
+
 def _var_entry(v):
     shape = [-1] if v.shape is None else [int(s) for s in v.shape]
     return {"name": v.name, "type": LOD_TENSOR, "persistable": bool(v.persistable),
@@ -547,6 +585,7 @@ def program_to_desc(ops, feed_vars, fetch_vars):
         used.setdefault(v.name, v)
     holders = [{"name": "feed", "type": FEED_MINIBATCH, "persistable": True},
                {"name": "fetch", "type": FETCH_LIST, "persistable": True}]
+    extra_vars = []
     out_ops = [{"type": "feed", "inputs": {"X": ["feed"]}, "outputs": {"Out": [v.name]},
                 "attrs": {"col": (A_INT, i)}} for i, v in enumerate(feed_vars)]
     for op in ops:
@@ -562,14 +601,21 @@ def program_to_desc(ops, feed_vars, fetch_vars):
             a = _attr(op_type, name, value)
             if a is not None:
                 enc[name] = a
+        outputs = {k: [v.name for v in vs] for k, vs in op.outputs.items()}
+        if op.type in _EXTRA_OUTPUTS:
+            first_out = next(iter(op.outputs.values()))[0].name
+            x = next(iter(op.inputs.values()))[0]
+            slots, new = _extra_outputs(op, first_out, op.inputs, x)
+            outputs.update((k, v) for k, v in slots.items() if k not in outputs)
+            extra_vars.extend(new)
         out_ops.append({"type": op_type,
                         "inputs": {k: [v.name for v in vs] for k, vs in op.inputs.items()},
-                        "outputs": {k: [v.name for v in vs] for k, vs in op.outputs.items()},
-                        "attrs": enc})
+                        "outputs": outputs, "attrs": enc})
     out_ops += [{"type": "fetch", "inputs": {"X": [v.name]}, "outputs": {"Out": ["fetch"]},
                  "attrs": {"col": (A_INT, i)}} for i, v in enumerate(fetch_vars)]
     block = {"idx": 0, "parent_idx": -1,
-             "vars": holders + [_var_entry(v) for v in used.values()], "ops": out_ops}
+             "vars": holders + [_var_entry(v) for v in used.values()] + extra_vars,
+             "ops": out_ops}
     return encode_program([block])
 
 
@@ -632,6 +678,8 @@ def desc_to_program(data, program_class, known_ops, constant_initializer):
         for key in ("inputs", "outputs"):
             slots[key] = {}
             for slot, names in op[key].items():
+                if key == "outputs" and slot in _EXTRA_OUTPUTS.get(op_type, ()):
+                    continue
                 missing = [n for n in names if not pb.has_var(n)]
                 if missing:
                     raise ProgramDescError(f"op {op['type']!r} uses {missing}, not declared "
