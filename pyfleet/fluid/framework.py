@@ -29,9 +29,8 @@ import zlib
 
 import numpy as np
 
-from pyfleet import initializer as _init
 from pyfleet import optimizer as _opt
-from pyfleet.fluid import fluid_format, program_desc, unique_name
+from pyfleet.fluid import fluid_model, program_desc, unique_name
 from pyfleet.fluid.backend import LocalBackend
 from pyfleet.fluid.clip import check_clip
 from pyfleet.fluid.optimizer import minimize
@@ -472,20 +471,8 @@ class Program:
 
     @classmethod
     def parse_from_string(cls, binary_str):
-        """Fluid's ``Program.parse_from_string``: the program of a ProgramDesc
-        (the bytes of a ``__model__`` file, :mod:`pyfleet.fluid.fluid_format`).
-        Its persistable variables are dense parameters without values until
-        ``fluid.io.load_persistables`` (or ``load_vars``) reads their tensor
-        files; the feed and fetch ops are kept as ``_feed_target_names`` and
-        ``_fetch_target_names``. ValueError for bytes that are not a program
-        pyfleet can run (naming the op type it has no kernel for)."""
-        try:
-            p, feeds, fetches, _, _ = fluid_format.desc_to_program(
-                binary_str, cls, program_desc.known_op_types(), _init.Constant(0.0))
-        except fluid_format.ProgramDescError as e:
-            raise ValueError(f"Program.parse_from_string: {e}") from None
-        p._feed_target_names, p._fetch_target_names = feeds, fetches
-        return p
+        """Fluid's: the program of ProgramDesc bytes (see :func:`fluid_model.parse`)."""
+        return fluid_model.parse(binary_str, cls)
 
     def __repr__(self):
         return "\n".join(repr(op) for op in self.global_block().ops)

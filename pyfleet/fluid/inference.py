@@ -12,6 +12,8 @@ train`` and :func:`save` all write a prediction directory::
     <table>.keys.npy        uint64[n]: every key of each sparse table the network reads
     <table>.weights.npy     float32[n, dim]: their embedding rows (optimizer state dropped;
                             the section records the storage type they were trained in)
+    __model__, <var name>   Fluid's layout of the same model (or ``model_filename`` and
+                            ``params_filename``): :mod:`pyfleet.fluid.fluid_model`
 
 Nothing is pickled; every ``.npy`` is read with ``allow_pickle=False``. Loading
 checks each file before it allocates anything for it: its ``.npy`` header's dtype
@@ -58,7 +60,7 @@ from pyfleet import _atomic, metrics
 from pyfleet import initializer as _init
 from pyfleet.data.scoring import score_file
 from pyfleet.endpoint import check_file_name
-from pyfleet.fluid import fluid_format, program_desc
+from pyfleet.fluid import fluid_model
 from pyfleet.fluid.backend import Backend, LocalBackend, LocalSource, param_path
 from pyfleet.fluid.executor import Executor
 from pyfleet.fluid.framework import Parameter, Program, Variable, default_main_program
@@ -66,15 +68,11 @@ from pyfleet.fluid.tensor import Scope
 from pyfleet.optimizer import SGD
 from pyfleet.table import SparseTable
 
-__all__ = ["FLUID_MODEL_FILENAME", "FLUID_TABLE_MAX_BYTES", "INFERENCE_FORMAT", "MODEL_FILENAME", "LocalSource", "Predictor", "RemoteSource",
+__all__ = ["FLUID_MODEL_FILENAME", "INFERENCE_FORMAT", "MODEL_FILENAME", "LocalSource", "Predictor", "RemoteSource",
            "load", "load_program", "read_model_desc", "resolve_program", "save"]
 
 MODEL_FILENAME = "__model__.json"
-FLUID_MODEL_FILENAME = "__model__"
-# A sparse table is written as Fluid's dense [vocab, dim] tensor up to this size;
-# a larger one (or one holding ids beyond its declared vocab) is left out of the
-# Fluid files, named in __model__.json's "fluid" section and in a warning.
-FLUID_TABLE_MAX_BYTES = 4 << 30
+FLUID_MODEL_FILENAME = fluid_model.FLUID_MODEL_FILENAME
 INFERENCE_FORMAT = "pyfleet-inference"
 INFERENCE_VERSION = 1
 _PAGE_ROWS = 65536
@@ -217,109 +215,6 @@ def _write_params(dirname, ops, source):
     return section
 
 
-def _fluid_table(dirname, fname, p, cfg, kfile, wfile):
-    """Write sparse table ``p`` (its rows in ``kfile``/``wfile``) as Fluid's dense
-    ``[vocab, dim]`` tensor ``fname``: a row the table never created holds the
-    initial row a server would create for that id. Returns None, or why the
-    table cannot be written so (the file is then not written)."""
-    vocab, dim = int(p.shape[0]), int(cfg["dim"])
-    if vocab * dim * 4 > FLUID_TABLE_MAX_BYTES:
-        return (f"[{vocab}, {dim}] float32 is {vocab * dim * 4:,} bytes, over "
-                f"FLUID_TABLE_MAX_BYTES ({FLUID_TABLE_MAX_BYTES:,})")
-    keys = np.load(os.path.join(dirname, kfile), mmap_mode="r", allow_pickle=False)
-    if keys.shape[0] and int(keys.max()) >= vocab:
-        return (f"it holds ids up to {int(keys.max())}, beyond its declared vocabulary "
-                f"{vocab} (Fluid's table is indexed by id)")
-    weights = np.load(os.path.join(dirname, wfile), mmap_mode="r", allow_pickle=False)
-    order = np.argsort(keys, kind="stable")
-    skeys = np.asarray(keys)[order]
-    init = SparseTable(dim, SGD(1.0), initializer=_init.from_config(cfg["initializer"]),
-                       seed=int(cfg["seed"]), name=p.name)
-    with _atomic.atomic_open(os.path.join(dirname, fname), "wb") as f:
-        f.write(fluid_format.tensor_header(np.float32, (vocab, dim)))
-        for a in range(0, vocab, _PAGE_ROWS):
-            b = min(a + _PAGE_ROWS, vocab)
-            ids = np.arange(a, b, dtype=np.uint64)
-            block = init.initial_values(ids).astype("<f4", copy=False)
-            lo, hi = np.searchsorted(skeys, [a, b])
-            if hi > lo:
-                block[skeys[lo:hi].astype(np.int64) - a] = weights[order[lo:hi]]
-            f.write(np.ascontiguousarray(block).tobytes())
-    return None
-
-
-def _scope_value(v):
-    """A persistable non-parameter variable's value for Fluid's files (an auc
-    op's counters): zeros of its shape, as the loading scope starts them."""
-    if v.shape is None or any(int(s) < 0 for s in v.shape):
-        raise ValueError(f"persistable variable {v.name!r} has shape {v.shape}: Fluid's "
-                         f"files need a known shape")
-    return np.zeros(v.shape, dtype=v.dtype)
-
-
-def _write_fluid_params(dirname, ops, section, params_filename):
-    """Fluid's tensor files of every persistable variable ``ops`` use (one file
-    per variable, named after it, or every one in ``params_filename`` by order
-    of name), from the files of ``section`` just written. Returns ``{"params",
-    "files", "tables_left_out"}``."""
-    used = {}
-    for op in ops:
-        for v in op.input_vars():
-            if v.persistable:
-                used.setdefault(v.name, v)
-    files, left_out = [], {}
-    values = {}
-    for name in sorted(used):
-        v = used[name]
-        if isinstance(v, Parameter) and v.is_sparse_table:
-            cfg = section["sparse"][name]
-            if params_filename is None:
-                fname = check_file_name(name, "parameter name")
-                why = _fluid_table(dirname, fname, v, cfg, cfg["keys"], cfg["weights"])
-                if why is None:
-                    files.append(fname)
-                else:
-                    left_out[name] = why
-            else:
-                values[name] = ("table", v, cfg)
-        elif isinstance(v, Parameter):
-            values[name] = ("array", np.load(os.path.join(dirname, section["dense"][name]),
-                                             allow_pickle=False))
-        else:
-            values[name] = ("array", _scope_value(v))
-    if params_filename is None:
-        for name, (_, value) in values.items():
-            fname = check_file_name(name, "variable name")
-            with _atomic.atomic_open(os.path.join(dirname, fname), "wb") as f:
-                fluid_format.write_tensor(f, value)
-            files.append(fname)
-    else:
-        tables = {n: t for n, t in values.items() if t[0] == "table"}
-        for name, (_, v, cfg) in tables.items():   # a table goes in whole or not at all
-            why = _fluid_table(dirname, f".{name}.fluid.tmp", v, cfg, cfg["keys"],
-                               cfg["weights"])
-            if why is not None:
-                left_out[name] = why
-        try:
-            with _atomic.atomic_open(os.path.join(dirname, params_filename), "wb") as f:
-                for name, entry in values.items():
-                    if entry[0] == "array":
-                        fluid_format.write_tensor(f, entry[1])
-                    elif name not in left_out:
-                        with open(os.path.join(dirname, f".{name}.fluid.tmp"), "rb") as src:
-                            shutil.copyfileobj(src, f, 1 << 20)
-        finally:
-            for name in tables:
-                tmp = os.path.join(dirname, f".{name}.fluid.tmp")
-                if os.path.exists(tmp):
-                    os.remove(tmp)
-        files.append(params_filename)
-    for name, why in left_out.items():
-        _log.warning("inference model %s: sparse table %r is not in Fluid's parameter "
-                     "files (%s); pyfleet's own files hold it", dirname, name, why)
-    return {"params": params_filename, "files": files, "tables_left_out": left_out}
-
-
 def save(dirname, program, feeded_var_names, target_vars, source, model_filename=None,
          params_filename=None):
     """Write a prediction directory (see the module doc) for ``target_vars``
@@ -337,12 +232,12 @@ def save(dirname, program, feeded_var_names, target_vars, source, model_filename
     block = program.global_block()
     feed_vars = [block.var(n) for n in feed_names]
     targets = [block.var(t.name if isinstance(t, Variable) else t) for t in target_vars]
-    fluid_model = check_file_name(os.path.basename(model_filename or FLUID_MODEL_FILENAME),
+    model_file = check_file_name(os.path.basename(model_filename or FLUID_MODEL_FILENAME),
                                   "model_filename")
     if params_filename is not None:
         params_filename = check_file_name(os.path.basename(params_filename),
                                           "params_filename")
-    if MODEL_FILENAME in (fluid_model, params_filename) or fluid_model == params_filename:
+    if MODEL_FILENAME in (model_file, params_filename) or model_file == params_filename:
         raise ValueError(f"model_filename={model_filename!r}, params_filename="
                          f"{params_filename!r}: each names its own file, and "
                          f"{MODEL_FILENAME} is pyfleet's")
@@ -353,20 +248,20 @@ def save(dirname, program, feeded_var_names, target_vars, source, model_filename
             op["attrs"] = {**op["attrs"], "is_test": True}
     desc["feed"] = feed_names
     desc["fetch"] = [t.name for t in targets]
-    program_bytes = fluid_format.program_to_desc(ops, feed_vars, targets)
+    program_bytes = fluid_model.program_to_desc(ops, feed_vars, targets)
     created = not os.path.isdir(dirname)
     os.makedirs(dirname, exist_ok=True)
     try:
         # The parameters first: the model file says the directory is complete.
-        fluid = {"model": fluid_model}
+        fluid = {"model": model_file}
         if source is not None:
             section = _write_params(dirname, ops, source)
-            fluid.update(_write_fluid_params(dirname, ops, section, params_filename))
+            fluid.update(fluid_model.write_params(dirname, ops, section, params_filename))
             desc["inference"] = section
-        with _atomic.atomic_open(os.path.join(dirname, fluid_model), "wb") as f:
+        with _atomic.atomic_open(os.path.join(dirname, model_file), "wb") as f:
             f.write(program_bytes)
         if source is not None:
-            for fname in [fluid_model] + fluid["files"]:
+            for fname in [model_file] + fluid["files"]:
                 section["sha256"][fname] = _sha256(os.path.join(dirname, fname))
         desc["fluid"] = fluid
         _atomic.write_json(os.path.join(dirname, MODEL_FILENAME), desc)
@@ -600,55 +495,10 @@ def _frozen_backend(dirname, section, program):
     return _FrozenBackend(dense, sparse, configs)
 
 
-def _is_json(path):
-    try:
-        with open(path, "rb") as f:
-            return f.read(1) == b"{"
-    except FileNotFoundError:
-        raise ValueError(f"no inference model at {path}") from None
-
-
-def read_fluid_params(dirname, persistables, params_filename=None):
-    """``{name: array}`` of Fluid's tensor files for ``persistables`` (``[(name,
-    dtype, dims)]``, in order of name): one file per variable, or all in
-    ``params_filename``. Each header is checked against the program before its
-    values are allocated; ValueError naming the file."""
-    values = {}
-    if params_filename is not None:
-        path = os.path.join(dirname, check_file_name(os.path.basename(params_filename),
-                                                     "params_filename"))
-        try:
-            f = open(path, "rb")  # noqa: SIM115 (closed by the with below)
-        except FileNotFoundError:
-            raise ValueError(f"parameter file {path} is missing") from None
-        with f:
-            for name, dtype, dims in persistables:
-                values[name], _ = fluid_format.read_tensor(
-                    f, f"{path} (variable {name!r})", dtype, dims)
-            if f.read(1):
-                raise ValueError(f"{path} holds more than the program's {len(persistables)} "
-                                 f"persistable variables (another model's parameters?)")
-        return values
-    for name, dtype, dims in persistables:
-        path = os.path.join(dirname, check_file_name(name, "variable name"))
-        try:
-            with open(path, "rb") as f:
-                values[name], _ = fluid_format.read_tensor(f, path, dtype, dims)
-        except FileNotFoundError:
-            raise ValueError(f"parameter file {path} of variable {name!r} is missing") from None
-    return values
-
-
 def _load_fluid(dirname, path, params_filename):
     """``(program, feeds, fetches)`` of a directory in Fluid's own layout."""
-    with open(path, "rb") as f:
-        data = f.read()
-    try:
-        program, feeds, fetches, persistables, _ = fluid_format.desc_to_program(
-            data, Program, program_desc.known_op_types(), _init.Constant(0.0))
-        values = read_fluid_params(dirname, persistables, params_filename)
-    except fluid_format.ProgramDescError as e:
-        raise ValueError(f"{path}: {e}") from None
+    program, feeds, fetches, values = fluid_model.load_dir(dirname, path, Program,
+                                                           params_filename)
     for name, value in values.items():
         if value.dtype.kind == "f":
             _finite(value, f"parameter {name!r}")
@@ -674,7 +524,7 @@ def load_program(dirname, model_filename=None, program_only_ok=True, params_file
             dirname, FLUID_MODEL_FILENAME)
     else:
         path = os.path.join(dirname, os.path.basename(model_filename))
-    if not _is_json(path):
+    if not fluid_model.is_json(path):
         desc = read_model_desc(json_path) if os.path.exists(json_path) else {}
         if desc.get("fluid", {}).get("model") != os.path.basename(path):
             return _load_fluid(dirname, path, params_filename)

@@ -17,7 +17,7 @@ import numpy as np
 
 from pyfleet import _atomic
 from pyfleet.endpoint import check_file_name
-from pyfleet.fluid import inference
+from pyfleet.fluid import fluid_model, inference
 from pyfleet.fluid.backend import param_path
 from pyfleet.fluid.framework import Parameter, Program, Variable
 from pyfleet.fluid.inference import MODEL_FILENAME, resolve_program
@@ -104,7 +104,7 @@ def _load_fluid_tensors(dirname, program, params, filename):
         raise ValueError(f"{dirname}: sparse tables {sparse} are read from pyfleet's "
                          f"<name>.table files, not Fluid's tensor files")
     order = sorted(params, key=lambda p: p.name)   # Fluid's combined file: by name
-    values = inference.read_fluid_params(
+    values = fluid_model.read_params(
         dirname, [(p.name, p.dtype.name, list(p.shape)) for p in order], filename)
     backend = program.backend
     for p in order:

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from pyfleet import fluid
-from pyfleet.fluid import fluid_format, inference
+from pyfleet.fluid import fluid_model, fluid_proto, inference
 
 HERE = Path(__file__).parent
 FIXTURE = HERE / "data" / "fluid18_fc"
@@ -165,10 +165,10 @@ def test_the_tensor_file_layout_byte_by_byte(tmp_path):
     value = np.arange(6, dtype=np.float32).reshape(2, 3)
     path = tmp_path / "t"
     with open(path, "wb") as f:
-        fluid_format.write_tensor(f, value)
+        fluid_proto.write_tensor(f, value)
     assert path.read_bytes() == _tensor_bytes(value)
     with open(path, "rb") as f:
-        back, lod = fluid_format.read_tensor(f, "t", np.float32, (2, 3))
+        back, lod = fluid_proto.read_tensor(f, "t", np.float32, (2, 3))
     np.testing.assert_array_equal(back, value)
     assert lod == []
 
@@ -179,9 +179,9 @@ def test_a_tensor_header_claiming_a_huge_shape_is_refused_before_allocating(tmp_
     path.write_bytes(struct.pack("<IQIi", 0, 0, 0, len(tdesc)) + tdesc + b"\0" * 64)
     with open(path, "rb") as f, pytest.raises(ValueError, match=r"needs 16,000,000,000,000 "
                                                                   r"bytes, 64 remain"):
-        fluid_format.read_tensor(f, str(path))
+        fluid_proto.read_tensor(f, str(path))
     with open(path, "rb") as f, pytest.raises(ValueError, match=r"expected \(3, 2\)"):
-        fluid_format.read_tensor(f, str(path), np.float32, (3, 2))
+        fluid_proto.read_tensor(f, str(path), np.float32, (3, 2))
 
 
 def test_every_attribute_type_round_trips_through_the_wire_encoding():
@@ -194,7 +194,7 @@ def test_every_attribute_type_round_trips_through_the_wire_encoding():
                          "dims": [-1, 5], "lod_level": 1}],
                "ops": [{"type": "t", "inputs": {"X": ["v", "v"]}, "outputs": {},
                         "attrs": attrs}]}]
-    back, version = fluid_format.decode_program(fluid_format.encode_program(blocks, 3))
+    back, version = fluid_proto.decode_program(fluid_proto.encode_program(blocks, 3))
     assert version == 3
     (blk,) = back
     assert blk["parent_idx"] == -1
@@ -276,14 +276,14 @@ def test_pyfleet_writes_fluids_layout_and_reads_it_back_alone(tmp_path, combined
     np.testing.assert_allclose(_predict(program, exe, fetches, f), ref, rtol=1e-6)
 
     # the ProgramDesc: feed ops first (col i), fetch last, Fluid's attribute types
-    blocks, _ = fluid_format.decode_program((where / ("model" if combined else
+    blocks, _ = fluid_proto.decode_program((where / ("model" if combined else
                                                        "__model__")).read_bytes())
     ops = blocks[0]["ops"]
     assert [(o["type"], o["attrs"]["col"][1]) for o in ops[:3]] == [("feed", 0), ("feed", 1),
                                                                     ("feed", 2)]
     assert ops[-1]["type"] == "fetch" and ops[-1]["inputs"]["X"] == [pred.name]
     lookup = next(o for o in ops if o["type"] == "lookup_table")
-    assert lookup["attrs"]["padding_idx"] == (fluid_format.A_LONG, -1)
+    assert lookup["attrs"]["padding_idx"] == (fluid_proto.A_LONG, -1)
     pool = next(o for o in ops if o["type"] == "sequence_pool")
     assert "MaxIndex" in pool["outputs"]   # Fluid 1.8's kernel requires it
 
@@ -378,4 +378,4 @@ def test_inference_load_reads_a_fluid_directory_too(tmp_path):
     x = np.ones((2, 3), dtype=np.float32)
     np.testing.assert_allclose(np.asarray(p.predict({"x": x})[0]), _softmax(x @ w + b),
                                rtol=1e-6)
-    assert sys.modules["pyfleet.fluid.fluid_format"] is fluid_format
+    assert sys.modules["pyfleet.fluid.fluid_model"] is fluid_model
