@@ -508,15 +508,13 @@ def _load_fluid(dirname, path, params_filename):
 
 def load_program(dirname, model_filename=None, program_only_ok=True, params_filename=None):
     """``(program, feed names, fetch names)`` of a prediction directory, the
-    program's backend set to its parameters.
-
-    pyfleet's own description (``__model__.json``, see the module doc) is read
-    when present: read-only rows and values of its "inference" section or, for
-    a model saved without it (``program_only``), a :class:`LocalBackend`
-    loaded from the ``<name>.npy``/``<name>.table`` files beside it
-    (``program_only_ok=False`` refuses such a model). A directory in Fluid's
-    layout alone (``__model__``, or ``model_filename``, and its tensor files
-    or ``params_filename``; written by Fluid) is read from those. ValueError
+    program's backend set to its parameters. pyfleet's ``__model__.json`` is
+    read when present: read-only rows and values of its "inference" section
+    or, for a model saved without it (``program_only``; refused with
+    ``program_only_ok=False``), a :class:`LocalBackend` loaded from the
+    ``<name>.npy``/``<name>.table`` files beside it. A directory in Fluid's
+    layout alone (written by Fluid: ``__model__`` or ``model_filename``, its
+    tensor files or ``params_filename``) is read from those. ValueError
     naming a missing or malformed file."""
     json_path = os.path.join(dirname, MODEL_FILENAME)
     if model_filename is None:
