@@ -21,6 +21,7 @@ trainer and Fluid are imported inside the commands that need them, never here:
 import sys
 
 from pyfleet.cli.data import cmd_gen_data
+from pyfleet.cli.export import cmd_export
 from pyfleet.cli.keygen import cmd_keygen
 from pyfleet.cli.parser import build_parser, subcommand_parser, unknown_options_message
 from pyfleet.cli.plan import cmd_plan
@@ -56,6 +57,7 @@ def main(argv=None):
             args._parser = train
             return cmd_train(args, rest)
         return {"gen-data": cmd_gen_data, "predict": cmd_predict, "plan": cmd_plan,
+                "export": cmd_export,
                 "serve": cmd_serve,
                 "keygen": cmd_keygen}[args.command](args)
     except KeyboardInterrupt:  # (pyfleet train's roles are stopped by its launcher)

@@ -293,7 +293,9 @@ def build_parser():
     p.add_argument("--skip-malformed", action="store_true",
                    help="skip malformed lines (default: stop at the first, naming it: a "
                         "skipped line shifts every later prediction against its input line)")
+    from pyfleet.cli.export import add_export_parser
     from pyfleet.cli.plan import add_plan_parser
+    add_export_parser(sub, _add_parser)
     add_plan_parser(sub, _add_parser)
     r = _add_parser(sub, "run", "run Fleet-era code unchanged (`paddle` is pyfleet)",
                     "pyfleet run SCRIPT.py [ARGS...] | pyfleet run -m MODULE [ARGS...]:\n"

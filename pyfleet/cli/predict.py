@@ -26,6 +26,11 @@ def cmd_predict(args):
     if args.json and args.out == "-":
         raise SystemExit("pyfleet predict: --json and --out - both write to stdout: give "
                          "--out a file")
+    if os.path.isfile(os.path.join(args.model, "MANIFEST.json")):
+        raise SystemExit(f"pyfleet predict: --model {args.model} is a checkpoint (tables with "
+                         f"their optimizer state), not an inference model: write one with "
+                         f"pyfleet export --checkpoint {args.model} --out MODEL, then "
+                         f"pyfleet predict --model MODEL")
     try:
         model = inference.load(args.model)
     except (OSError, ValueError) as e:

@@ -147,13 +147,22 @@ def _healing_options(args):
 
 
 class _Quiet:
-    """A stream for the launcher's lines under --quiet: dropped."""
+    """The launcher's lines under --quiet: its start line (where the roles are) is
+    dropped, its reports of failures, stops and restarts go to ``stream``."""
+
+    START = re.compile(r"pyfleet\.launch: (\d+ server\(s\)|no server, )[^\n]* worker\(s\)")
+
+    def __init__(self, stream=None):
+        self.stream = stream
 
     def write(self, text):
+        if self.stream is not None and not self.START.match(text):
+            self.stream.write(text)
         return len(text)
 
     def flush(self):
-        pass
+        if self.stream is not None:
+            self.stream.flush()
 
 
 def _scale_out_options(args):
@@ -199,6 +208,23 @@ def _scale_out_options(args):
                          f"is none beside {sys.executable} nor on PATH: "
                          f"{install_hint('mpi')}")
     return names
+
+
+def _best_model(run_dir, summary, job, say):
+    """--keep-best: RUN_DIR/model becomes the best pass's inference model (exported from
+    checkpoints/best), replacing the last pass's."""
+    from pyfleet.cli.export import export_checkpoint
+    model = os.path.join(run_dir, "model")
+    say(f"pass {summary['best_pass']} had the best test AUC: exporting its model to {model}")
+    fresh = export_checkpoint(summary["best_checkpoint"], os.path.join(run_dir, ".model-best"),
+                              job)
+    old = os.path.join(run_dir, ".model-last")
+    shutil.rmtree(old, ignore_errors=True)
+    if os.path.exists(model):
+        os.replace(model, old)
+    os.replace(fresh, model)
+    shutil.rmtree(old, ignore_errors=True)
+    summary["inference_model_pass"] = summary["best_pass"]
 
 
 def cmd_train(args, argv):
@@ -471,12 +497,13 @@ def cmd_train(args, argv):
                                 hostfile=args.hostfile, mode=args.mode, env=env,
                                 port=DEFAULT_PORT if args.port is None else args.port,
                                 log_dir=os.path.join(run_dir, "logs"), timeout=args.timeout,
-                                cwd=run_dir, messages=_Quiet() if args.quiet else out)
+                                cwd=run_dir, messages=_Quiet(sys.stderr) if args.quiet else out)
         else:
             code = launch_local(lambda role, index: cmd, servers=args.servers,
                                 workers=args.workers, env=env,
                                 log_dir=os.path.join(run_dir, "logs"), timeout=args.timeout,
                                 mode=args.mode, cwd=run_dir, output=_RoleOutput(sys.stderr),
+                                messages=_Quiet(sys.stderr) if args.quiet else None,
                                 max_restarts=args.max_restarts,
                                 restart_window=args.restart_window,
                                 restore_dir=os.path.join(run_dir, "checkpoint"),
@@ -501,6 +528,16 @@ def cmd_train(args, argv):
     if truth is not None:
         summary["truth_auc_test"] = truth["truth_auc_test"]
         summary["truth_logloss_test"] = truth["truth_logloss_test"]
+    if not args.no_model:
+        summary["inference_model_pass"] = last_pass
+        if args.keep_best and summary.get("best_pass") not in (None, last_pass):
+            try:
+                _best_model(run_dir, summary, job, say)
+            except (OSError, ValueError) as e:
+                print(f"pyfleet train: --keep-best: cannot export the best pass's model: "
+                      f"{_one_line(e)}; {run_dir}/model is pass {last_pass}'s",
+                      file=sys.stderr)
+                return 1
     try:
         plot = plot_run(run_dir, {**job, "servers": args.servers, "workers": args.workers,
                                   "generated": truth is not None},

@@ -121,3 +121,12 @@ def test_mpiexec_beside_the_interpreter_is_used_when_path_has_none(tmp_path):
     assert f"through {venv / 'bin' / 'mpiexec'}" in r.stderr
     assert sorted(ln for ln in r.stdout.splitlines() if ln.startswith("rank")) == [
         "rank 0", "rank 1"]
+
+
+@pytest.mark.slow
+def test_quiet_prints_the_summary_only(tmp_path):
+    r = pyfleet("train", "--rows", 2000, "--layers", "8", "--embedding-dim", 4, "-q",
+                "--run-dir", tmp_path / "run", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == ""  # no launcher line, no progress
+    assert "test AUC" in r.stdout and "pass 1" not in r.stdout
