@@ -14,6 +14,12 @@ path feed :mod:`pyfleet.data` batches to ``Executor.run`` directly.
 ``set_thread`` is accepted; one background thread runs the pipe and parsing
 while the executor trains in the calling thread. A failing pipe command is a
 ``ValueError`` naming the command, the file and its stderr.
+
+An ``hdfs:``/``afs:`` file of the list is read as Fluid read it: ``hadoop fs
+-cat PATH`` (``-text`` for ``.gz``) piped into the pipe command, with the
+``-D fs.default.name``/``-D hadoop.job.ugi`` options of ``set_hdfs_config``
+(or the command of ``set_download_cmd``); a failing read is a ValueError naming
+the path, the command and its stderr (:mod:`pyfleet.fluid.hadoop`).
 """
 
 import logging
@@ -23,6 +29,7 @@ import threading
 
 import numpy as np
 
+from pyfleet.fluid import hadoop
 from pyfleet.fluid.reader import PyReader
 
 __all__ = ["CHUNK_BYTES", "DatasetFactory", "InMemoryDataset", "QueueDataset", "parse_multislot"]
@@ -128,6 +135,7 @@ class DatasetBase:
         self.batch_size = 1
         self.thread_num = 1
         self.filelist = []
+        self._hadoop = hadoop.HadoopFS()   # hadoop's own configuration until set_hdfs_config
 
     def set_use_var(self, var_list):
         self.use_vars = list(var_list)
@@ -148,7 +156,15 @@ class DatasetBase:
         self.filelist = [str(f) for f in filelist]
 
     def set_hdfs_config(self, fs_name, fs_ugi):
-        raise ValueError("HDFS is not supported: copy the files locally and set_filelist")
+        """Read the ``hdfs:``/``afs:`` files of the list with ``hadoop fs -D
+        fs.default.name=fs_name -D hadoop.job.ugi=fs_ugi -cat`` (:mod:`pyfleet.fluid.hadoop`);
+        local files are read as before."""
+        self._hadoop = hadoop.HadoopFS(fs_name, fs_ugi, download_cmd=self._hadoop.download_cmd)
+
+    def set_download_cmd(self, download_cmd):
+        """Read ``hdfs:``/``afs:`` files with ``download_cmd PATH`` (its stdout)
+        instead of ``hadoop fs -cat``, as Fluid's ``set_download_cmd``."""
+        self._hadoop.download_cmd = str(download_cmd) or None
 
     def desc(self):
         return (f"{type(self).__name__}(files={len(self.filelist)}, batch_size="
@@ -159,15 +175,34 @@ class DatasetBase:
         if not self.use_vars:
             raise ValueError("dataset has no variables: call set_use_var([...]) first")
 
-    def _read_file(self, path):
-        """Yield ``(columns, n)`` per chunk of the pipe's output (bounded memory)."""
+    def _open(self, path):
+        """``(binary stream of the file, reader process or None)``: a local file,
+        or the stdout of ``hadoop fs -cat`` for an ``hdfs:``/``afs:`` path."""
+        if hadoop.is_remote(path):
+            return self._hadoop.open_read(path)
         try:
-            src = open(path, "rb")  # noqa: SIM115 (closed by the with below)
+            return open(path, "rb"), None  # noqa: SIM115 (closed by _read_file)
         except OSError as e:
             raise ValueError(f"cannot read {path}: {e}") from None
+
+    def _read_file(self, path):
+        """Yield ``(columns, n)`` per chunk of the pipe's output (bounded memory)."""
+        src, reader = self._open(path)
+        if reader is not None:   # (process, its stderr file)
+            reader, reader_err = src, reader
+            src = reader.stdout
         with src, tempfile.TemporaryFile() as err:
-            proc = subprocess.Popen(self.pipe_command, shell=True, stdin=src,
-                                    stdout=subprocess.PIPE, stderr=err)
+            try:
+                proc = subprocess.Popen(self.pipe_command, shell=True, stdin=src,
+                                        stdout=subprocess.PIPE, stderr=err)
+            except BaseException:
+                if reader is not None:
+                    reader.kill()
+                    reader.wait()
+                    reader_err.close()
+                raise
+            src.close()   # the pipe command holds it now (a reader sees it stop early)
+            complete = False
             try:
                 rest = b""
                 while True:
@@ -181,9 +216,16 @@ class DatasetBase:
                         yield self._parse(block[:cut], path)
                 if rest.strip():
                     yield self._parse(rest, path)
+                complete = True
             finally:
                 proc.stdout.close()
                 code = proc.wait()
+                if reader is not None and not complete:   # stopped early: no error
+                    reader.kill()
+                    reader.wait()
+                    reader_err.close()
+            if reader is not None:   # the read of the file itself first: its stderr
+                self._hadoop.check(reader, reader_err, path)
             if code != 0:
                 err.seek(0)
                 msg = err.read().decode(errors="replace").strip()[-2000:]
