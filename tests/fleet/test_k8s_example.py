@@ -41,7 +41,8 @@ def test_dockerfile_builds_the_wheel_from_the_checkout_and_holds_the_example():
     text = (K8S / "Dockerfile").read_text()
     for quote in ("", "'", '"'):  # never the index's project of that name
         assert "pip install " + quote + "pyfleet" not in text
-    build, run = _stages()
+    stages = _stages()
+    build, run = stages[0], stages[-1]  # (the serve stage between: tests/serving)
     assert build[0][1].endswith(" AS build")
     # the build stage: the whole checkout as the context, the wheel built from it
     assert ("COPY", ". /src") in build and ("WORKDIR", "/src") in build

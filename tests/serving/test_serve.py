@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -321,3 +322,33 @@ def test_refused_options_and_an_unloadable_model_are_named(models, tmp_path):
     (broken / "fc_0.b_0.npy").unlink()
     r = serve("--model", broken)
     assert r.returncode == 1 and "fc_0.b_0.npy is missing" in r.stderr
+
+
+def test_follow_a_training_run_serves_its_storage_type_and_swaps_in_a_retrained_model(tmp_path):
+    run = tmp_path / "run"
+
+    def train(*extra):
+        r = subprocess.run([sys.executable, "-m", "pyfleet.cli", "train", "--rows", "4000",
+                            "--workers", "1", "--storage", "fp16", "--embedding-dim", "4",
+                            "--layers", "8", "--run-dir", run, "--quiet", *extra],
+                           capture_output=True, text=True, timeout=240,
+                           env={**os.environ, "OPENBLAS_NUM_THREADS": "1",
+                                "PYFLEET_CACHE_DIR": str(tmp_path / "cache")})
+        assert r.returncode == 0, r.stderr
+    train()
+    data = Path(json.loads((run / "job.json").read_text())["test"])  # the generated test rows
+    want = pyfleet_predict(run / "model", data, "criteo", tmp_path)
+    with ServeProcess("--follow", run, "--poll-interval", "0.2", cwd=tmp_path) as s:
+        info = json.loads(request(s.url + "/model")[2])
+        assert info["path"] == str(run / "model")
+        assert info["tables"]["SparseFeatFactors"]["storage"] == "fp16"  # as trained
+        got, first = predict(s.url, data.read_bytes(), "text/tab-separated-values")
+        # fp16 rows hold the trained weights exactly: the same numbers as pyfleet predict
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+        train("--overwrite", "--seed", "7")
+        want2 = pyfleet_predict(run / "model", data, "criteo", tmp_path)
+        s.wait_for(lambda: predict(s.url, b"\t" * 38, "text/tab-separated-values")[1] != first,
+                   what="the retrained model")
+        got, second = predict(s.url, data.read_bytes(), "text/tab-separated-values")
+        assert second.startswith("model@") and second != first
+        np.testing.assert_allclose(got, want2, rtol=1e-6, atol=1e-7)
