@@ -39,7 +39,9 @@ Where the parameters come from is a *source*:
 :class:`RemoteSource` (the parameter servers of a Fleet job: sparse rows are
 streamed from every server in bounded pages with ``Client.export_sparse``,
 dense values come from ``Client.pull_dense``). Memory while saving is one page
-per table; a loaded :class:`Predictor` holds every row in memory.
+per table; a loaded :class:`Predictor` holds every key and its position in
+memory (16 bytes a row) and maps the weights file read-only (its pages are read
+where rows are used, and belong to the page cache).
 
 Thread safety: :func:`save` must not run concurrently with training on the
 same parameters if a consistent snapshot is wanted (rows pushed during the
@@ -277,14 +279,20 @@ class _FrozenBackend(Backend):
 
     def __init__(self, dense, sparse, sparse_configs):
         self.dense = dense    # name -> float32 array
-        self.sparse = sparse  # name -> (sorted keys, weights, empty SparseTable for initial rows)
+        # name -> (sorted keys, their rows in the weights file, the weights file mapped
+        # read-only, an empty SparseTable for initial rows)
+        self.sparse = sparse
         self.sparse_configs = sparse_configs  # name -> {dim, initializer, seed[, storage]}
 
     def sparse_rows(self, name):
-        """``(keys, weights)``: every row of table ``name`` the model holds, in key
-        order (read-only; for a server that moves them into tables of its own)."""
-        skeys, weights, _ = self.sparse[name]
-        return skeys, weights
+        """``(keys, weights)``: every row of table ``name`` the model holds, in the
+        file's order; ``weights`` is the file mapped read-only, so a caller that
+        reads it in pages (a server moving the rows into tables of its own) holds
+        one page in memory, not the table."""
+        skeys, order, weights, _ = self.sparse[name]
+        keys = np.empty_like(skeys)
+        keys[order] = skeys
+        return keys, weights
 
     def _refuse(self, *_):
         raise ValueError("an inference model is read-only: it cannot create, train or "
@@ -300,7 +308,7 @@ class _FrozenBackend(Backend):
 
     def pull_sparse(self, name, keys, create=True):  # never creates: the model is read-only
         try:
-            skeys, weights, init = self.sparse[name]
+            skeys, order, weights, init = self.sparse[name]
         except KeyError:
             raise ValueError(f"the inference model has no sparse table {name!r}") from None
         keys = np.ascontiguousarray(keys, dtype=np.uint64)
@@ -308,7 +316,7 @@ class _FrozenBackend(Backend):
         if skeys.shape[0]:
             pos = np.minimum(np.searchsorted(skeys, keys), skeys.shape[0] - 1)
             hit = skeys[pos] == keys
-            out[hit] = weights[pos[hit]]
+            out[hit] = weights[order[pos[hit]]]
         else:
             hit = np.zeros(keys.shape[0], dtype=bool)
         miss = ~hit
@@ -317,7 +325,7 @@ class _FrozenBackend(Backend):
         return out
 
 
-def _load_npy(dirname, name, dtype, shape, digests):
+def _load_npy(dirname, name, dtype, shape, digests, mmap=False):
     """The array of ``dirname/name``, after checking (before allocating it) that its
     header holds ``dtype`` and ``shape`` (None: any length on that axis), that the
     file is as long as its header says and that its sha256 is the recorded one."""
@@ -350,11 +358,17 @@ def _load_npy(dirname, name, dtype, shape, digests):
         if _sha256(path) != digests[name]:
             raise ValueError(f"{path} does not match its sha256 in the model description "
                              f"(a damaged or altered file)")
-    return np.load(path, allow_pickle=False)
+    mapped = mmap and want_size > header_end  # numpy cannot map an array of no element
+    return np.load(path, mmap_mode="r" if mapped else None, allow_pickle=False)
 
 
-def _finite(value, what):
-    bad = np.size(value) - int(np.count_nonzero(np.isfinite(value)))
+def _finite(value, what, page_rows=_PAGE_ROWS):
+    """ValueError naming ``what`` if ``value`` holds NaN or infinity (read in pages
+    of rows: a mapped file is not brought into memory whole)."""
+    bad = 0
+    for a in range(0, max(value.shape[0] if value.ndim else 1, 1), page_rows):
+        part = value[a:a + page_rows] if value.ndim else value
+        bad += np.size(part) - int(np.count_nonzero(np.isfinite(part)))
     if bad:
         raise ValueError(f"{what} holds {bad:,} NaN or infinite value(s) of {np.size(value):,}: "
                          f"the model is damaged (or diverged in training)")
@@ -475,12 +489,13 @@ def _frozen_backend(dirname, section, program):
         dim, rows = int(cfg["dim"]), cfg.get("rows")
         rows = int(rows) if isinstance(rows, int) and not isinstance(rows, bool) else None
         keys = _load_npy(dirname, cfg["keys"], "<u8", (rows,), digests)
-        weights = _load_npy(dirname, cfg["weights"], "<f4", (keys.shape[0], dim), digests)
+        weights = _load_npy(dirname, cfg["weights"], "<f4", (keys.shape[0], dim), digests,
+                            mmap=True)  # rows are read where they are used
         _finite(weights, f"sparse table {name!r} ({cfg['weights']})")
         order = np.argsort(keys, kind="stable")
         init = SparseTable(dim, SGD(1.0), initializer=_init.from_config(cfg["initializer"]),
                            seed=int(cfg["seed"]), name=name)
-        sparse[name] = (keys[order], weights[order], init)
+        sparse[name] = (keys[order], order, weights, init)
         configs[name] = {k: cfg[k] for k in ("dim", "initializer", "seed", "storage") if k in cfg}
     checked = set(section["dense"].values()) | {
         t[k] for t in section["sparse"].values() for k in ("keys", "weights")}
