@@ -12,7 +12,7 @@
 #include "pyfleet/hash.h"
 #include "pyfleet/initializer.h"
 #include "pyfleet/optimizer.h"
-#include "pyfleet/row_storage.h"
+#include "pyfleet/row_encoding.h"
 #include "pyfleet/sparse_table.h"
 #include "pyfleet/table_io.h"
 
@@ -35,15 +35,75 @@ void CheckSize(const char* what, size_t got, size_t want) {
   if (got != want) ThrowInvalid(what, " has ", got, " elements, expected ", want);
 }
 
-}  // namespace
+// SparseTable.stats() as a dict; the disk tier's counters only with a budget.
+py::dict StatsDict(const pyfleet::SparseTable& t) {
+  pyfleet::SparseTableStats s;
+  {
+    py::gil_scoped_release release;
+    s = t.Stats();
+  }
+  py::dict d;
+  d["rows"] = s.rows;
+  d["pull_calls"] = s.pull_calls;
+  d["pull_keys"] = s.pull_keys;
+  d["push_calls"] = s.push_calls;
+  d["push_keys"] = s.push_keys;
+  d["inserted_rows"] = s.inserted_rows;
+  d["candidate_pulls"] = s.candidate_pulls;
+  d["dropped_push_keys"] = s.dropped_push_keys;
+  d["rejected_pushes"] = s.rejected_pushes;
+  d["shrunk_rows"] = s.shrunk_rows;
+  d["candidates"] = s.candidates;
+  d["memory_bytes"] = s.memory_bytes;
+  if (t.memory_budget() != 0) {
+    d["memory_budget"] = t.memory_budget();
+    d["spilled_rows"] = s.spilled_rows;
+    d["spill_file_bytes"] = s.spill_file_bytes;
+    d["spill_reads"] = s.spill_reads;
+    d["spill_writes"] = s.spill_writes;
+    d["spill_clean_reads"] = s.spill_clean_reads;
+    d["spill_clean_moves"] = s.spill_clean_moves;
+    d["spill_slot_bytes"] = s.spill_slot_bytes;
+    d["spill_extent_bytes"] = s.spill_extent_bytes;
+    d["relocated_rows"] = s.relocated_rows;
+    d["prefetch_calls"] = s.prefetch_calls;
+    d["prefetched_rows"] = s.prefetched_rows;
+    d["spill_ghost_hits"] = s.spill_ghost_hits;
+  }
+  d["dim"] = t.dim();
+  d["state_dim"] = t.state_dim();
+  d["storage"] = pyfleet::StorageName(t.storage());
+  return d;
+}
 
-void RegisterBatchOps(py::module_& m);  // src/bindings_batch.cc
+// SparseTable.export(): the rows of keys that exist, column by column.
+py::dict ExportDict(const pyfleet::SparseTable& t, Keys keys, bool with_state) {
+  pyfleet::RowExport e;
+  {
+    const uint64_t* k = keys.data();
+    const size_t n = keys.size();
+    py::gil_scoped_release release;
+    e = t.Export(k, n, with_state);
+  }
+  py::dict d;
+  const auto rows = static_cast<py::ssize_t>(e.keys.size());
+  d["keys"] = ToArray(e.keys);
+  d["weights"] = ToArray(e.weights).reshape({rows, static_cast<py::ssize_t>(t.dim())});
+  if (with_state) {
+    d["state"] = ToArray(e.state).reshape({rows, static_cast<py::ssize_t>(t.state_dim())});
+  }
+  d["update_count"] = ToArray(e.update_count);
+  d["show"] = ToArray(e.show);
+  d["click"] = ToArray(e.click);
+  d["unseen_passes"] = ToArray(e.unseen_passes);
+  return d;
+}
 
-PYBIND11_MODULE(_core, m) {
-  m.doc() = "pyfleet's C++ core: sparse and dense tables, optimizers, routing.";
-  m.attr("FORMAT_VERSION") = pyfleet::kFormatVersion;
-  RegisterBatchOps(m);
+using SparseClass = py::class_<pyfleet::SparseTable>;
 
+// The module's parts, one concept each: the optimizer, initializer and entry
+// configurations, the row encodings, routing, the two tables.
+void BindOptimizer(py::module_& m) {
   py::enum_<pyfleet::OptimizerKind>(m, "OptimizerKind")
       .value("SGD", pyfleet::OptimizerKind::kSGD)
       .value("Adagrad", pyfleet::OptimizerKind::kAdagrad)
@@ -77,7 +137,9 @@ PYBIND11_MODULE(_core, m) {
     pyfleet::ValidateOptimizer(c);
     return pyfleet::OptimizerStateDim(c, dim);
   });
+}
 
+void BindInitializer(py::module_& m) {
   py::enum_<pyfleet::InitializerKind>(m, "InitializerKind")
       .value("Constant", pyfleet::InitializerKind::kConstant)
       .value("Uniform", pyfleet::InitializerKind::kUniform)
@@ -92,7 +154,9 @@ PYBIND11_MODULE(_core, m) {
                              Floats out) {
     pyfleet::InitialValues(c, seed, key, out.mutable_data(), static_cast<size_t>(out.size()));
   }, py::arg("config"), py::arg("seed"), py::arg("key"), py::arg("out").noconvert());
+}
 
+void BindEntry(py::module_& m) {
   py::enum_<pyfleet::EntryKind>(m, "EntryKind")
       .value("All", pyfleet::EntryKind::kAll)
       .value("CountFilter", pyfleet::EntryKind::kCountFilter)
@@ -102,7 +166,9 @@ PYBIND11_MODULE(_core, m) {
       .def_readwrite("kind", &pyfleet::EntryConfig::kind)
       .def_readwrite("count", &pyfleet::EntryConfig::count)
       .def_readwrite("probability", &pyfleet::EntryConfig::probability);
+}
 
+void BindStorage(py::module_& m) {
   py::enum_<pyfleet::StorageKind>(m, "StorageKind")
       .value("fp32", pyfleet::StorageKind::kFP32)
       .value("fp16", pyfleet::StorageKind::kFP16)
@@ -121,7 +187,7 @@ PYBIND11_MODULE(_core, m) {
     if (random_bits.is_none()) {
       for (size_t i = 0; i < n; ++i) o[i] = pyfleet::NarrowNearest(kind, v[i]);
     } else {
-      // 16 bits per element (row_storage.h); a wider array is refused, not truncated.
+      // 16 bits per element (row_encoding.h); a wider array is refused, not truncated.
       if (!py::isinstance<py::array_t<uint16_t>>(random_bits)) {
         ThrowInvalid("random_bits must be a uint16 array (16 random bits per element)");
       }
@@ -140,7 +206,9 @@ PYBIND11_MODULE(_core, m) {
     pyfleet::WidenN(kind, bits.data(), n, out.mutable_data());
     return out;
   }, py::arg("kind"), py::arg("bits").noconvert());
+}
 
+void BindRouting(py::module_& m) {
   m.def("route", [](Keys keys, uint32_t num_servers, py::array_t<int32_t, py::array::c_style> out) {
     if (num_servers == 0) ThrowInvalid("num_servers must be >= 1");
     CheckSize("out", out.size(), keys.size());
@@ -150,14 +218,12 @@ PYBIND11_MODULE(_core, m) {
     py::gil_scoped_release release;
     pyfleet::Route(k, n, num_servers, o);
   }, py::arg("keys").noconvert(), py::arg("num_servers"), py::arg("out").noconvert());
+}
 
+// The batched calls on keys (numpy in, the GIL released around the core call).
+void BindSparseCalls(SparseClass& c) {
   using pyfleet::SparseTable;
-  py::class_<SparseTable>(m, "SparseTable")
-      .def(py::init<size_t, const pyfleet::OptimizerConfig&, const pyfleet::InitializerConfig&,
-                    uint64_t, const pyfleet::EntryConfig&, pyfleet::StorageKind>(),
-           py::arg("dim"), py::arg("optimizer"), py::arg("initializer"), py::arg("seed"),
-           py::arg("entry"), py::arg("storage") = pyfleet::StorageKind::kFP32)
-      .def("pull", [](SparseTable& t, Keys keys, Floats out, bool create) {
+  c.def("pull", [](SparseTable& t, Keys keys, Floats out, bool create) {
         CheckSize("out", out.size(), keys.size() * t.dim());
         const uint64_t* k = keys.data();
         float* o = out.mutable_data();
@@ -196,8 +262,13 @@ PYBIND11_MODULE(_core, m) {
         const size_t n = keys.size();
         py::gil_scoped_release release;
         t.InitialValues(k, n, o);
-      }, py::arg("keys").noconvert(), py::arg("out").noconvert())
-      .def("size", &SparseTable::Size, py::call_guard<py::gil_scoped_release>())
+      }, py::arg("keys").noconvert(), py::arg("out").noconvert());
+}
+
+// Everything else: size, keys, rows out, counters, the disk tier, files.
+void BindSparseState(SparseClass& c) {
+  using pyfleet::SparseTable;
+  c.def("size", &SparseTable::Size, py::call_guard<py::gil_scoped_release>())
       .def("memory_bytes", &SparseTable::MemoryBytes, py::call_guard<py::gil_scoped_release>())
       .def("keys", [](const SparseTable& t) {
         std::vector<uint64_t> k;
@@ -207,66 +278,8 @@ PYBIND11_MODULE(_core, m) {
         }
         return ToArray(k);
       })
-      .def("export", [](const SparseTable& t, Keys keys, bool with_state) {
-        pyfleet::RowExport e;
-        {
-          const uint64_t* k = keys.data();
-          const size_t n = keys.size();
-          py::gil_scoped_release release;
-          e = t.Export(k, n, with_state);
-        }
-        py::dict d;
-        const auto rows = static_cast<py::ssize_t>(e.keys.size());
-        d["keys"] = ToArray(e.keys);
-        d["weights"] = ToArray(e.weights).reshape({rows, static_cast<py::ssize_t>(t.dim())});
-        if (with_state) {
-          d["state"] = ToArray(e.state).reshape({rows, static_cast<py::ssize_t>(t.state_dim())});
-        }
-        d["update_count"] = ToArray(e.update_count);
-        d["show"] = ToArray(e.show);
-        d["click"] = ToArray(e.click);
-        d["unseen_passes"] = ToArray(e.unseen_passes);
-        return d;
-      }, py::arg("keys").noconvert(), py::arg("with_state"))
-      .def("stats", [](const SparseTable& t) {
-        pyfleet::SparseTableStats s;
-        {
-          py::gil_scoped_release release;
-          s = t.Stats();
-        }
-        py::dict d;
-        d["rows"] = s.rows;
-        d["pull_calls"] = s.pull_calls;
-        d["pull_keys"] = s.pull_keys;
-        d["push_calls"] = s.push_calls;
-        d["push_keys"] = s.push_keys;
-        d["inserted_rows"] = s.inserted_rows;
-        d["candidate_pulls"] = s.candidate_pulls;
-        d["dropped_push_keys"] = s.dropped_push_keys;
-        d["rejected_pushes"] = s.rejected_pushes;
-        d["shrunk_rows"] = s.shrunk_rows;
-        d["candidates"] = s.candidates;
-        d["memory_bytes"] = s.memory_bytes;
-        if (t.memory_budget() != 0) {
-          d["memory_budget"] = t.memory_budget();
-          d["spilled_rows"] = s.spilled_rows;
-          d["spill_file_bytes"] = s.spill_file_bytes;
-          d["spill_reads"] = s.spill_reads;
-          d["spill_writes"] = s.spill_writes;
-          d["spill_clean_reads"] = s.spill_clean_reads;
-          d["spill_clean_moves"] = s.spill_clean_moves;
-          d["spill_slot_bytes"] = s.spill_slot_bytes;
-          d["spill_extent_bytes"] = s.spill_extent_bytes;
-          d["relocated_rows"] = s.relocated_rows;
-          d["prefetch_calls"] = s.prefetch_calls;
-          d["prefetched_rows"] = s.prefetched_rows;
-          d["spill_ghost_hits"] = s.spill_ghost_hits;
-        }
-        d["dim"] = t.dim();
-        d["state_dim"] = t.state_dim();
-        d["storage"] = pyfleet::StorageName(t.storage());
-        return d;
-      })
+      .def("export", &ExportDict, py::arg("keys").noconvert(), py::arg("with_state"))
+      .def("stats", &StatsDict)
       .def("enable_spill", &SparseTable::EnableSpill, py::arg("memory_budget"),
            py::arg("spill_dir"), py::call_guard<py::gil_scoped_release>())
       .def("min_memory_budget", &SparseTable::MinMemoryBudget)
@@ -276,7 +289,20 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("dim", &SparseTable::dim)
       .def_property_readonly("state_dim", &SparseTable::state_dim)
       .def_property_readonly("storage", &SparseTable::storage);
+}
 
+void BindSparseTable(py::module_& m) {
+  using pyfleet::SparseTable;
+  SparseClass c(m, "SparseTable");
+  c.def(py::init<size_t, const pyfleet::OptimizerConfig&, const pyfleet::InitializerConfig&,
+                 uint64_t, const pyfleet::EntryConfig&, pyfleet::StorageKind>(),
+        py::arg("dim"), py::arg("optimizer"), py::arg("initializer"), py::arg("seed"),
+        py::arg("entry"), py::arg("storage") = pyfleet::StorageKind::kFP32);
+  BindSparseCalls(c);
+  BindSparseState(c);
+}
+
+void BindDenseTable(py::module_& m) {
   using pyfleet::DenseTable;
   py::class_<DenseTable>(m, "DenseTable")
       .def(py::init<size_t, const pyfleet::OptimizerConfig&>())
@@ -309,4 +335,21 @@ PYBIND11_MODULE(_core, m) {
       .def("save", &DenseTable::Save, py::call_guard<py::gil_scoped_release>())
       .def("load", &DenseTable::Load, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("size", &DenseTable::size);
+}
+
+}  // namespace
+
+void RegisterBatchOps(py::module_& m);  // src/bindings_batch.cc
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "pyfleet's C++ core: sparse and dense tables, optimizers, routing.";
+  m.attr("FORMAT_VERSION") = pyfleet::kFormatVersion;
+  RegisterBatchOps(m);
+  BindOptimizer(m);
+  BindInitializer(m);
+  BindEntry(m);
+  BindStorage(m);
+  BindRouting(m);
+  BindSparseTable(m);
+  BindDenseTable(m);
 }

@@ -45,9 +45,8 @@ py::array_t<uint64_t> Shrunk(py::array_t<uint64_t> full, size_t m) {
   return a;
 }
 
-}  // namespace
-
-void RegisterBatchOps(py::module_& m) {
+// The distinct keys of a batch: with the inverse, and grouped by server.
+void BindUniqueKeys(py::module_& m) {
   m.def("unique_inverse", [](py::object keys_obj) {
     auto keys = Require<uint64_t>(keys_obj, "keys", 1);
     const size_t n = static_cast<size_t>(keys.size());
@@ -65,30 +64,6 @@ void RegisterBatchOps(py::module_& m) {
   }, py::arg("keys"),
   "(uniq uint64[m], inverse int64[n]) with uniq[inverse] == keys: the distinct keys\n"
   "in first-occurrence order. Hash-based, O(n); releases the GIL.");
-
-  m.def("sum_rows", [](py::object values_obj, py::object inverse_obj, py::ssize_t count) {
-    auto values = Require<float>(values_obj, "values", 2);
-    auto inverse = Require<int64_t>(inverse_obj, "inverse", 1);
-    if (count < 0) ThrowInvalid("m must be >= 0, got ", count);
-    if (inverse.size() != values.shape(0)) {
-      ThrowInvalid("inverse has ", inverse.size(), " entries for ", values.shape(0),
-                   " rows of values");
-    }
-    const size_t n = static_cast<size_t>(values.shape(0));
-    const size_t d = static_cast<size_t>(values.shape(1));
-    py::array_t<float> out({count, static_cast<py::ssize_t>(d)});
-    const float* v = values.data();
-    const int64_t* inv = inverse.data();
-    float* o = out.mutable_data();
-    {
-      py::gil_scoped_release release;
-      pyfleet::SumRows(v, n, d, inv, static_cast<size_t>(count), o);
-    }
-    return out;
-  }, py::arg("values"), py::arg("inverse"), py::arg("m"),
-  "float32[m, d]: row k the sum of values[i] over every i with inverse[i] == k\n"
-  "(added in input order). ValueError if an inverse entry is outside [0, m).");
-
   m.def("unique_route", [](py::object keys_obj, int64_t num_servers) {
     auto keys = Require<uint64_t>(keys_obj, "keys", 1);
     if (num_servers < 1 || num_servers > (int64_t{1} << 31) - 1) {
@@ -113,7 +88,32 @@ void RegisterBatchOps(py::module_& m) {
   "distinct keys grouped by owner (pyfleet.route), server s's keys being\n"
   "grouped[offsets[s]:offsets[s + 1]] in first-occurrence order, and\n"
   "grouped[inverse] == keys. One O(n) pass; releases the GIL.");
+}
 
+// Rows summed or gathered by an inverse (a batch's gradients, pulled rows).
+void BindRowGathers(py::module_& m) {
+  m.def("sum_rows", [](py::object values_obj, py::object inverse_obj, py::ssize_t count) {
+    auto values = Require<float>(values_obj, "values", 2);
+    auto inverse = Require<int64_t>(inverse_obj, "inverse", 1);
+    if (count < 0) ThrowInvalid("m must be >= 0, got ", count);
+    if (inverse.size() != values.shape(0)) {
+      ThrowInvalid("inverse has ", inverse.size(), " entries for ", values.shape(0),
+                   " rows of values");
+    }
+    const size_t n = static_cast<size_t>(values.shape(0));
+    const size_t d = static_cast<size_t>(values.shape(1));
+    py::array_t<float> out({count, static_cast<py::ssize_t>(d)});
+    const float* v = values.data();
+    const int64_t* inv = inverse.data();
+    float* o = out.mutable_data();
+    {
+      py::gil_scoped_release release;
+      pyfleet::SumRows(v, n, d, inv, static_cast<size_t>(count), o);
+    }
+    return out;
+  }, py::arg("values"), py::arg("inverse"), py::arg("m"),
+  "float32[m, d]: row k the sum of values[i] over every i with inverse[i] == k\n"
+  "(added in input order). ValueError if an inverse entry is outside [0, m).");
   m.def("gather_rows", [](py::list pieces_obj, py::object inverse_obj, py::ssize_t dim) {
     auto inverse = Require<int64_t>(inverse_obj, "inverse", 1);
     if (dim < 1) ThrowInvalid("dim must be >= 1, got ", dim);
@@ -142,4 +142,11 @@ void RegisterBatchOps(py::module_& m) {
   }, py::arg("pieces"), py::arg("inverse"), py::arg("dim"),
   "float32[n, dim]: row i is row inverse[i] of the pieces' rows laid end to end\n"
   "(pieces: float32[m_j, dim] arrays). ValueError if an index is out of range.");
+}
+
+}  // namespace
+
+void RegisterBatchOps(py::module_& m) {
+  BindUniqueKeys(m);
+  BindRowGathers(m);
 }

@@ -1,9 +1,9 @@
-#include "pyfleet/key_index.h"
+#include "pyfleet/internal/key_index.h"
 
 #include "pyfleet/error.h"
 #include "pyfleet/hash.h"
-#include "pyfleet/row_store.h"
-#include "pyfleet/slab_arena.h"
+#include "pyfleet/internal/row_store.h"
+#include "pyfleet/internal/slab_arena.h"
 
 namespace pyfleet {
 

@@ -1,4 +1,4 @@
-#include "pyfleet/row_q8.h"
+#include "pyfleet/internal/row_q8.h"
 
 #include <algorithm>
 #include <atomic>

@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "pyfleet/row_storage.h"
+#include "pyfleet/row_encoding.h"
 #include "row_simd.h"
 
 #if defined(__x86_64__)
@@ -25,7 +25,7 @@ namespace pyfleet::q8 {
 // updates, never tear one. On x86-64 (not under ThreadSanitizer) the
 // 8-byte-aligned pairs of words are one 8-byte access written in asm (opaque
 // to the compiler, so no C++ data race is formed; an aligned 8-byte access
-// is single-copy atomic, so no word is split), as row_storage.cc's Load16s.
+// is single-copy atomic, so no word is split), as row_encoding.cc's Load16s.
 inline void LoadWords(const void* p, size_t bytes, uint8_t* out) {
   auto* w = const_cast<uint32_t*>(static_cast<const uint32_t*>(p));
   const size_t n = bytes / 4;

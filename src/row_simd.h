@@ -1,4 +1,4 @@
-// Four-lane SSE2 forms of row_storage.h's conversions, for the row codecs
+// Four-lane SSE2 forms of row_encoding.h's conversions, for the row codecs
 // and the pull path. SSE2 is part of x86-64, so nothing here needs a build
 // flag or a runtime check; elsewhere PYFLEET_ROW_SIMD is undefined and the
 // callers use the scalar rule. Each function computes exactly what the
@@ -24,11 +24,11 @@
 
 #include <cstdint>
 
-#include "pyfleet/row_storage.h"
+#include "pyfleet/row_encoding.h"
 
 namespace pyfleet {
 
-// Whether the AVX2 forms of the row codecs run (row_storage.cc's 16-bit
+// Whether the AVX2 forms of the row codecs run (row_encoding.cc's 16-bit
 // loads and stores, row_q8.cc's blocks): the CPU has AVX2 and F16C (checked
 // at run time; the build assumes x86-64's SSE2 only) and the environment
 // variable PYFLEET_NO_AVX2 is unset, empty or "0" (the tests set it to run
@@ -44,7 +44,7 @@ inline __m128i Select(__m128i mask, __m128i yes, __m128i no) {
 }
 
 // Four 16-bit elements (zero-extended in 32-bit lanes) -> four floats, as
-// row_storage.h's scalar rule: bf16 is a shift; fp16 rebiases the exponent,
+// row_encoding.h's scalar rule: bf16 is a shift; fp16 rebiases the exponent,
 // converts a subnormal's mantissa as an integer, maps exponent 31 to Inf/NaN.
 template <StorageKind S>
 inline __m128 Widen4(__m128i x) {

@@ -1,4 +1,4 @@
-#include "pyfleet/row_store.h"
+#include "pyfleet/internal/row_store.h"
 
 #include <sys/mman.h>
 

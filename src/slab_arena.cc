@@ -1,11 +1,11 @@
-#include "pyfleet/slab_arena.h"
+#include "pyfleet/internal/slab_arena.h"
 
 #include <sys/mman.h>
 
 #include <cstdint>
 
 #include "pyfleet/error.h"
-#include "pyfleet/row_store.h"
+#include "pyfleet/internal/row_store.h"
 
 namespace pyfleet {
 

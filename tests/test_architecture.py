@@ -3,10 +3,12 @@
 Every module of ``pyfleet`` belongs to one room; a room may import only from
 rooms below it, never from a sibling room of the same level (the service and
 Fluid know nothing of each other), and module-level imports form no circle.
-A new module must be given a room here: the test names it otherwise.
+A new module must be given a room here: the test names it otherwise. Python
+modules and classes, C++ files and functions have a size limit.
 """
 
 import ast
+import re
 
 import pytest
 from support import REPO
@@ -38,6 +40,13 @@ COMPAT = ["pyfleet.server", "pyfleet.client", "pyfleet.protocol", "pyfleet.auth"
 
 MAX_MODULE_LINES = 550
 MAX_CLASS_LINES = 420
+# The C++ core: a file holds one path of a table (sparse_table_pull.cc, ...),
+# a function one step of it (PushShard's steps, EvictLocked's, the
+# bindings' Bind* functions).
+MAX_CXX_FILE_LINES = 700
+MAX_CXX_FUNCTION_LINES = 80
+CXX_FILES = sorted([*(REPO / "src").glob("*.cc"), *(REPO / "src").glob("*.h"),
+                    *(REPO / "include").rglob("*.h")])
 
 
 def _modules():
@@ -183,3 +192,56 @@ def test_module_and_class_sizes(module):
             size = node.end_lineno - node.lineno + 1
             assert size <= MAX_CLASS_LINES, (
                 f"{path.relative_to(REPO)}: class {node.name} has {size} lines")
+
+
+def _cxx_functions(text):
+    """``[(name, first line, lines)]`` of the functions a C++ file defines at column 0.
+
+    The project's format puts a definition's first line and its closing brace
+    at column 0 (clang-format's Google style): a definition runs from a line
+    at column 0 that opens a parameter list, through the line its body's
+    ``{`` ends, to the next ``}`` at column 0. Declarations (ending in ``;``),
+    types and preprocessor lines are not functions.
+    """
+    lines = [re.sub(r"\s*//.*$", "", line) for line in text.split("\n")]  # comments off
+    found, i = [], 0
+    skip = ("#", "//", "}", "namespace", "using", "static_assert", "struct", "class", "enum")
+    while i < len(lines):
+        line = lines[i]
+        if line and not line[0].isspace() and "(" in line and not line.startswith(skip):
+            j = i
+            while j < len(lines) and not lines[j].rstrip().endswith(("{", ";")):
+                j += 1
+            if j < len(lines) and lines[j].rstrip().endswith("{") and "= {" not in lines[j]:
+                k = j + 1
+                while k < len(lines) and not lines[k].startswith("}"):
+                    k += 1
+                m = re.search(r"([A-Za-z_][\w:]*)\s*\(", line)
+                found.append((m.group(1) if m else line, i + 1, k - i + 1))
+                i = k + 1
+                continue
+        i += 1
+    return found
+
+
+def test_cxx_function_finder_sees_definitions_not_declarations():
+    text = ("void Declared(int a);  // elsewhere\n"
+            "size_t Table::Pull(const uint64_t* keys,\n"
+            "                   size_t n) {\n"
+            "  if (n) {\n"
+            "  }\n"
+            "}\n"
+            "PYBIND11_MODULE(_core, m) {\n"
+            "  m.doc() = \"x\";\n"
+            "}\n")
+    assert _cxx_functions(text) == [("Table::Pull", 2, 5), ("PYBIND11_MODULE", 7, 3)]
+
+
+@pytest.mark.parametrize("path", CXX_FILES, ids=lambda p: str(p.relative_to(REPO)))
+def test_cxx_file_and_function_sizes(path):
+    text = path.read_text()
+    lines = text.count("\n")
+    assert lines <= MAX_CXX_FILE_LINES, f"{path.relative_to(REPO)} has {lines} lines"
+    for name, first, size in _cxx_functions(text):
+        assert size <= MAX_CXX_FUNCTION_LINES, (
+            f"{path.relative_to(REPO)}:{first}: {name} has {size} lines")

@@ -26,14 +26,16 @@
 
 #include "pyfleet/entry.h"
 #include "pyfleet/initializer.h"
-#include "pyfleet/key_index.h"
+#include "pyfleet/internal/key_index.h"
 #include "pyfleet/optimizer.h"
-#include "pyfleet/row_storage.h"
-#include "pyfleet/row_store.h"
-#include "pyfleet/slab_arena.h"
-#include "pyfleet/spill_store.h"
+#include "pyfleet/row_encoding.h"
+#include "pyfleet/internal/row_store.h"
+#include "pyfleet/internal/slab_arena.h"
+#include "pyfleet/internal/shard_spill.h"
 
 namespace pyfleet {
+
+struct FileHeader;  // table_io.h
 
 struct SparseTableStats {
   uint64_t rows = 0;
@@ -75,7 +77,7 @@ class SparseTable {
   // The shard of a key by its hash, Mix64(key): the top kShardBits bits.
   static size_t ShardOf(uint64_t h) { return h >> (64 - kShardBits); }
 
-  // storage: how rows hold their weights and state (row_storage.h); every
+  // storage: how rows hold their weights and state (row_encoding.h); every
   // call still takes and returns fp32.
   SparseTable(size_t dim, const OptimizerConfig& opt, const InitializerConfig& init,
               uint64_t seed, const EntryConfig& entry,
@@ -171,6 +173,17 @@ class SparseTable {
   // not). Key j's gradient is the caller's, grads + b.pos[j] * dim.
   void PushShard(Shard& s, Batch& b, size_t lo, size_t hi, const float* grads,
                  bool add_delta, uint64_t seen);
+  // PushShard's steps (sparse_table_push.cc): equal keys chained to their
+  // first (b.is_dup, b.dup_next); the rows of keys[lo, hi) looked up into
+  // b.rows (returns how many are missing or spilled); the gradients applied
+  // row by row, each row's lines prefetched kPrefetch keys ahead and equal
+  // keys' gradients summed first (into b.g; returns the sum).
+  void MarkEqualKeys(Batch& b, size_t lo, size_t hi);
+  size_t FindPushRows(const Shard& s, Batch& b, size_t lo, size_t hi) const;
+  void ApplyPush(Batch& b, size_t lo, size_t hi, const float* grads, bool add_delta);
+  void PrefetchPushRow(const Batch& b, size_t j, const float* grads) const;
+  const float* SumEqualKeyGrads(Batch& b, size_t j, const float* grads) const;
+  void UpdatePushedRow(Batch& b, uint32_t row, uint64_t key, const float* g, bool add_delta);
   // Under the exclusive lock: the row of key, creating it if the entry policy
   // admits it now; kEmpty when it stays a candidate.
   uint32_t AdmitLocked(Shard& s, uint64_t key, uint64_t h, uint64_t draw_salt);
@@ -202,6 +215,33 @@ class SparseTable {
   // its share of the budget plus slack rows (a load's, which spares no row
   // of its own).
   void EvictLocked(KeyIndex& index, ShardSpill& sp, size_t slack = 0);
+  // EvictLocked's steps (spill_table.cc): the victims chosen (probation
+  // from its front, then CLOCK's hand, in the order its comment gives),
+  // then written to the shard's open extent and their rows freed.
+  struct Victims;
+  void ChooseVictimsLocked(KeyIndex& index, ShardSpill& sp, Victims& v, bool spare);
+  // Probation's victims of positions before young (returns how many) and
+  // CLOCK's hand over `moves` keys (sparing rows that came within `spare`
+  // calls; only while victims are wanted, if `wanted`).
+  size_t ProbationVictimsLocked(KeyIndex& index, ShardSpill& sp, Victims& v, uint64_t young,
+                                bool spare);
+  void ClockVictimsLocked(KeyIndex& index, ShardSpill& sp, Victims& v, size_t moves,
+                          unsigned spare, bool wanted);
+  // The row behind key, or null if it was evicted or erased since the key
+  // was queued (the key is dropped) or is already a victim (a second entry
+  // of a key erased and added again).
+  uint32_t* UnchosenRowLocked(KeyIndex& index, uint64_t key) const;
+  void ChooseVictim(Victims& v, uint32_t* value, uint64_t key) const;
+  void WriteVictimsLocked(ShardSpill& sp, Victims& v);
+  // Save's and Load's steps (sparse_table_file.cc): the file's header against this
+  // table; the row key will be loaded into (made, or made again in RAM if
+  // spilled); a record [RowMeta | weights | state] of layout fl stored in it
+  // (converted to this table's layout if `convert`, through cw and cs).
+  void CheckLoadHeader(const std::string& path, const FileHeader& h) const;
+  FileHeader SaveHeader(bool delta) const;  // Save's header of this table
+  uint32_t LoadedRowLocked(Shard& s, uint64_t key, uint64_t hk);
+  void StoreLoadedRow(const RowLayout& fl, bool convert, const char* rec, uint32_t row, float* cw,
+                      float* cs);
   // A push's eviction: never throws; a failed write leaves the rows in RAM
   // and is remembered for RaisePendingSpillError.
   void EvictForPush(KeyIndex& index, ShardSpill& sp) noexcept;
@@ -211,7 +251,7 @@ class SparseTable {
   // A push's spilled rows, every shard's, back in RAM before any is updated
   // (b grouped by shard); the rows of shards with none in b.rows, b.seen.
   void ReloadForPush(Batch& b);
-  // Moves live records out of the shard's emptiest extents (spill_store.h).
+  // Moves live records out of the shard's emptiest extents (shard_log.h).
   void CleanLocked(KeyIndex& index, ShardSpill& sp);
   // A shard's rows in RAM out of RowBudget()'s total; the row store's limit.
   size_t ShardRowCap(size_t total) const;
@@ -223,7 +263,7 @@ class SparseTable {
   // bytes one costs.
   size_t RowBudget() const;
   size_t RowBytesInRam() const;
-  static size_t ShardBytes();  // sizeof(Shard), which only sparse_table.cc sees
+  static size_t ShardBytes();  // sizeof(Shard), which only the sparse_table*.cc files see
   // Moves the shard's rows at or above the row store's limit below it.
   void RelocateLocked(KeyIndex& index, ShardSpill& sp);
   // A spilled row's slot: [RowMeta | weights | state] (the shard held shared).
@@ -316,7 +356,7 @@ class SparseTable {
   }
   std::atomic<size_t> spill_own_{0};  // the shards' ShardSpill::own, summed
   // The working memory of the last pull, push and prefetch (Batch::Note
-  // in sparse_table.cc), which a memory budget pays for. A thread's pull
+  // in sparse_table_shard.h), which a memory budget pays for. A thread's pull
   // and push share one Batch (CallBatch): a call's NoteCall zeroes the
   // other kind's bytes if they were the same Batch's, so it is paid once.
   std::atomic<size_t> pull_bytes_{0}, push_bytes_{0}, prefetch_bytes_{0};

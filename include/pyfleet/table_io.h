@@ -2,7 +2,7 @@
 //
 //   +--------------------+  FileHeader, 64 bytes
 //   | body               |  sparse: records {key u64, RowMeta, weight bytes, state bytes}
-//   |                    |    (the RowLayout of the header's storage: row_storage.h)
+//   |                    |    (the RowLayout of the header's storage: row_encoding.h)
 //   |                    |  dense:  weights[size], state[state_dim]
 //   | dropped keys u64[] |  sparse delta files: keys removed since the previous save
 //   +--------------------+  FileTrailer, 32 bytes: counts, checksum of all before it

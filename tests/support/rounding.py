@@ -1,4 +1,4 @@
-"""A plain numpy reference of the compact rows' rounding rule (row_storage.h):
+"""A plain numpy reference of the compact rows' rounding rule (row_encoding.h):
 the random bits of an update, stochastic and nearest rounding to fp16/bf16,
 and equal keys' gradients summed in the core's order."""
 

@@ -1,4 +1,4 @@
-"""Which rows the disk tier keeps in RAM (spill_table.cc's CLOCK with use
+"""Which rows the disk tier keeps in RAM (spill_evict.cc's CLOCK with use
 counts): rows used step after step stay, a new hot set takes the place of
 the old one within a few steps, and a step's rows are read back once, not
 again for the push after its pull, also on a uniform stream where nearly
@@ -45,7 +45,7 @@ def in_ram(t):
 def step(t, keys, split=False):
     """A training step: pull the keys, push gradients to them; rows read
     (by the pull and by the push if split). The reads count a cleaner's too
-    (spill_store.h), which runs after a call's rows went to disk."""
+    (internal/shard_log.h), which runs after a call's rows went to disk."""
     r0 = reads(t)
     t.pull(keys)
     r1 = reads(t)

@@ -1,5 +1,5 @@
 // 8-bit block-quantised optimizer state ("fp16_q8" / "bf16_q8" storage):
-// the weights stay 16-bit (row_storage.h), Adam's moments and Adagrad's
+// the weights stay 16-bit (row_encoding.h), Adam's moments and Adagrad's
 // accumulator become one byte per element plus a bf16 scale per block of
 // kQ8Block elements, and Adam's beta powers are not stored at all but derived
 // from the row's update count. At dim 16 with Adam a row's state is 36 bytes
@@ -27,7 +27,7 @@
 #include <cstdint>
 
 #include "pyfleet/optimizer.h"
-#include "pyfleet/row_storage.h"
+#include "pyfleet/row_encoding.h"
 
 namespace pyfleet {
 

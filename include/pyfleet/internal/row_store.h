@@ -11,7 +11,7 @@
 //   chunk: weights[rows][weight_bytes]    state[rows][state_bytes]    meta[rows]
 //
 // What a row's weight and state bytes hold (fp32, or a compact 16-bit form)
-// is the RowLayout of row_storage.h; the store only keeps the columns.
+// is the RowLayout of row_encoding.h; the store only keeps the columns.
 //
 // Pages are touched only as rows are allocated. A pull or push reads random
 // rows, and on small pages nearly every one is also a TLB miss (measured:

@@ -59,7 +59,6 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -151,82 +150,5 @@ class SpillFile {
 // Deletes dir/.pyfleet-spill-<pid>-* files whose process is gone (left by a
 // crash in the instant between creating and unlinking a SpillFile).
 void RemoveStaleSpillFiles(const std::string& dir);
-
-// A shard's extents of the spill file: where its next evicted rows go and
-// how many live slots each extent holds (its shard's lock guards it).
-class ShardLog {
- public:
-  static constexpr double kGarbageRatio = 1.0;  // garbage slots per live slot, at most
-  static constexpr uint32_t kNone = 0xFFFFFFFFu;
-
-  explicit ShardLog(SpillFile* f) : file_(f) {}
-  ShardLog(const ShardLog&) = delete;
-  ShardLog& operator=(const ShardLog&) = delete;
-
-  // Appends n records (data, slot_bytes apart) to the open extent (and the
-  // next ones): one write per extent touched; slots[i] is where record i
-  // went, live from then on. A failed write throws with no slot taken.
-  void Append(const char* data, size_t n, uint32_t* slots);
-  // A live slot's row left it (read back or erased).
-  void Free(uint32_t slot);
-  // The same for n slots (the file's count of live slots, shared by the
-  // shards, changed once).
-  void Free(const uint32_t* slots, size_t n);
-  // Garbage in the full extents beyond the ratio and at least an extent of
-  // it: worth cleaning.
-  bool NeedsCleaning() const;
-  // The full extent with the fewest live slots (kNone if none), to clean.
-  uint32_t EmptiestExtent() const;
-  size_t live() const { return live_; }
-  size_t extents() const { return extents_.size(); }
-  size_t MemoryBytes() const { return sizeof(*this) + extents_.capacity() * sizeof(uint32_t); }
-
- private:
-  void Release(uint32_t extent);  // an extent with no live slot back to the file
-
-  SpillFile* file_;
-  std::vector<uint32_t> extents_;  // the shard's extents (the open one too)
-  uint32_t open_ = kNone;            // the extent being appended to
-  uint32_t fill_ = 0;                // its slots written
-  size_t live_ = 0;
-};
-
-// A shard's part of a table's disk tier (its lock guards it).
-struct ShardSpill {
-  explicit ShardSpill(SpillFile* f) : file(f), log(f) {}
-  SpillFile* file;      // the table's, shared by its shards
-  ShardLog log;         // the shard's extents in it
-  size_t shard = 0;     // which of the table's shards (the top bits of Mix64(key))
-  size_t resident = 0;  // rows of the shard in RAM
-  // The keys of the shard's rows in RAM, each in one of two FIFO queues
-  // (with keys erased or spilled since they were queued, dropped at the
-  // front): probation, for rows new or read back long after they left, and
-  // ring, CLOCK's queue, for rows used again on probation or read back soon
-  // after they left (spill_table.cc).
-  std::deque<uint64_t> ring;
-  std::deque<uint64_t> probation;
-  uint64_t evictions = 0;  // rows the shard has sent to disk, ever
-  // Keys queued on probation, ever: the front key is the
-  // (probation_pushed - probation.size())-th. For each of the last calls
-  // (slot call % kProbationCalls) that queued keys there, the call (its
-  // number, SparseTable::CallCount) and the position its first key got, or
-  // kNoCall: which rows came in within the last few calls, told by position
-  // (the use byte's 5-bit epoch repeats every 32 calls).
-  static constexpr size_t kProbationCalls = 4;
-  static constexpr uint64_t kNoCall = ~uint64_t{0};
-  uint64_t probation_pushed = 0;
-  uint64_t probation_call[kProbationCalls] = {kNoCall, kNoCall, kNoCall, kNoCall};
-  uint64_t probation_start[kProbationCalls] = {};
-  // The budget's bookkeeping (spill_table.cc): this shard's bytes besides
-  // its rows, as last added to the table's sum; the row store's limit epoch
-  // it last moved its rows under; the keys of rows it was given at or above
-  // the limit since then, or could not move below it then (only these are
-  // looked at again until the limit moves: a pass over every key queued
-  // took 26% of a table's CPU while its index grew and new rows landed
-  // above the limit every few calls).
-  size_t own = 0;
-  uint64_t epoch_seen = 0;
-  std::vector<uint64_t> above;
-};
 
 }  // namespace pyfleet

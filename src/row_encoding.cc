@@ -1,4 +1,4 @@
-#include "pyfleet/row_storage.h"
+#include "pyfleet/row_encoding.h"
 
 #include <algorithm>
 #include <atomic>
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "pyfleet/error.h"
-#include "pyfleet/row_q8.h"
+#include "pyfleet/internal/row_q8.h"
 #include "row_simd.h"
 
 #if defined(__x86_64__)

@@ -174,7 +174,7 @@ inline uint16_t HalfRound(float f, uint16_t r, bool nearest) {
   return sign | static_cast<uint16_t>((sig >> shift) + ((r + frac16) >> 16));
 }
 
-// The storage kind's weights kind (row_storage's 16-bit codecs take it).
+// The storage kind's weights kind (row_encoding's 16-bit codecs take it).
 inline StorageKind WeightKind(StorageKind s) { return RowLayout(s, 0, 0, 0).weight_kind(); }
 
 inline float WidenElem(StorageKind s, uint16_t h) {
@@ -198,7 +198,7 @@ inline constexpr uint64_t kRoundStep = 0x9E3779B97F4A7C15ULL;
 // 16 bits of a counter-seeded generator: four 32-bit xorshift lanes (<< 13,
 // >> 17, << 5) seeded with the halves of z and of Mix64(z + kRoundStep),
 // lowest bit set; step t + 1 gives elements 8t .. 8t + 7, lane k's low half
-// to 8t + 2k and its high half to 8t + 2k + 1 (row_storage.cc's Draws).
+// to 8t + 2k and its high half to 8t + 2k + 1 (row_encoding.cc's Draws).
 inline uint64_t RoundStreamOf(uint64_t table_salt, uint64_t key, uint32_t count) {
   return Mix64(Mix64(table_salt ^ key) ^ count);
 }
