@@ -15,7 +15,7 @@ import os
 import shutil
 import tempfile
 
-__all__ = ["export_checkpoint", "find_job_file", "cmd_export"]
+__all__ = ["export_checkpoint", "find_job_file", "model_of_best_pass", "cmd_export"]
 
 
 def find_job_file(checkpoint):
@@ -57,6 +57,22 @@ def export_checkpoint(checkpoint, out, job):
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def model_of_best_pass(run_dir, summary, job, say):
+    """--keep-best: RUN_DIR/model becomes the best pass's inference model (exported from
+    checkpoints/best), replacing the last pass's."""
+    model = os.path.join(run_dir, "model")
+    say(f"pass {summary['best_pass']} had the best test AUC: exporting its model to {model}")
+    fresh = export_checkpoint(summary["best_checkpoint"], os.path.join(run_dir, ".model-best"),
+                              job)
+    old = os.path.join(run_dir, ".model-last")
+    shutil.rmtree(old, ignore_errors=True)
+    if os.path.exists(model):
+        os.replace(model, old)
+    os.replace(fresh, model)
+    shutil.rmtree(old, ignore_errors=True)
+    summary["inference_model_pass"] = summary["best_pass"]
 
 
 def cmd_export(args):

@@ -47,3 +47,48 @@ def check_mode_options(args, explicit):
     if importlib.util.find_spec("mpi4py") is None:
         raise SystemExit(f"pyfleet train: --mode {args.mode} needs mpi4py: "
                          f"{install_hint('mpi')}")
+
+
+def check_scale_out_options(args):
+    """Check --hosts/--hostfile/--port and --emit-k8s with every other option; the hosts
+    (None: this machine)."""
+    from pyfleet.errors import ConfigError
+    from pyfleet.launch.collective import find_mpiexec
+    from pyfleet.launch.hosts import host_list
+    many = args.hosts is not None or args.hostfile is not None
+    if args.port is not None and not many:
+        raise SystemExit("pyfleet train: --port is the servers' first port with --hosts")
+    if args.image is not None and args.emit_k8s is None:
+        raise SystemExit("pyfleet train: --image is the container image of --emit-k8s")
+    if args.emit_k8s is not None and args.resume:
+        raise SystemExit("pyfleet train: --emit-k8s writes a new job; --resume continues a "
+                         "run here (on the cluster, apply the job again with its volume)")
+    if args.emit_k8s is not None and many:
+        raise SystemExit("pyfleet train: --emit-k8s writes a Kubernetes job (its pods are "
+                         "the hosts): drop --hosts/--hostfile")
+    if args.emit_k8s is not None and args.mode in ("hybrid", "collective"):
+        raise SystemExit(f"pyfleet train: --emit-k8s writes parameter-server jobs (sync, "
+                         f"async, geo); --mode {args.mode} runs under the MPI Operator "
+                         f"(examples/k8s/pyfleet-mpijob.yaml)")
+    if not many:
+        return None
+    if args.mode in ("hybrid", "collective"):
+        raise SystemExit(f"pyfleet train: --hosts places parameter-server jobs (sync, async, "
+                         f"geo); --mode {args.mode} across hosts is not available yet")
+    if args.max_restarts:
+        raise SystemExit("pyfleet train: --max-restarts is not available with --hosts "
+                         "(mpirun stops the whole job when a role fails; --resume continues "
+                         "it from its checkpoint)")
+    if args.port is not None and not 1024 <= args.port <= 65535 - args.servers:
+        raise SystemExit(f"pyfleet train: --port must be in 1024..{65535 - args.servers} "
+                         f"(server i listens on PORT+i), got {args.port}")
+    try:
+        names = host_list(args.hosts, args.hostfile)
+    except ConfigError as e:
+        raise SystemExit(f"pyfleet train: {e}") from None
+    if find_mpiexec() is None:
+        from pyfleet._extras import install_hint
+        raise SystemExit(f"pyfleet train: --hosts starts the job through mpirun and there "
+                         f"is none beside {sys.executable} nor on PATH: "
+                         f"{install_hint('mpi')}")
+    return names

@@ -105,3 +105,22 @@ class _LogFile(logging.FileHandler):
             stream.close()
         except OSError:
             pass
+
+
+class QuietLauncher:
+    """The launcher's lines under --quiet: its start line (where the roles are) is
+    dropped, its reports of failures, stops and restarts go to ``stream``."""
+
+    START = re.compile(r"pyfleet\.launch: (\d+ server\(s\)|no server, )[^\n]* worker\(s\)")
+
+    def __init__(self, stream=None):
+        self.stream = stream
+
+    def write(self, text):
+        if self.stream is not None and not self.START.match(text):
+            self.stream.write(text)
+        return len(text)
+
+    def flush(self):
+        if self.stream is not None:
+            self.stream.flush()

@@ -20,9 +20,17 @@ from pyfleet.cli.data import (
     _default_cache_dir,
     _split_paths,
 )
-from pyfleet.cli.modes import check_mode_options
+from pyfleet.cli.export import model_of_best_pass
+from pyfleet.cli.modes import check_mode_options, check_scale_out_options
 from pyfleet.cli.plot import SIDECAR, plot_run
-from pyfleet.cli.report import _format_summary, _LogFile, _one_line, _RoleOutput, _why_no_example
+from pyfleet.cli.report import (
+    QuietLauncher,
+    _format_summary,
+    _LogFile,
+    _one_line,
+    _RoleOutput,
+    _why_no_example,
+)
 from pyfleet.cli.resume import INHERITED, _explicit_dests, _inherit, _interrupted, _resumed_settings
 from pyfleet.cli.tensorboard import TensorBoard, check_available
 from pyfleet.data import synthetic
@@ -146,87 +154,6 @@ def _healing_options(args):
     return parse_duration(args.checkpoint_every, "--checkpoint-every")
 
 
-class _Quiet:
-    """The launcher's lines under --quiet: its start line (where the roles are) is
-    dropped, its reports of failures, stops and restarts go to ``stream``."""
-
-    START = re.compile(r"pyfleet\.launch: (\d+ server\(s\)|no server, )[^\n]* worker\(s\)")
-
-    def __init__(self, stream=None):
-        self.stream = stream
-
-    def write(self, text):
-        if self.stream is not None and not self.START.match(text):
-            self.stream.write(text)
-        return len(text)
-
-    def flush(self):
-        if self.stream is not None:
-            self.stream.flush()
-
-
-def _scale_out_options(args):
-    """Check --hosts/--hostfile/--port and --emit-k8s with every other option; the hosts
-    (None: this machine)."""
-    from pyfleet.errors import ConfigError
-    from pyfleet.launch.collective import find_mpiexec
-    from pyfleet.launch.hosts import host_list
-    many = args.hosts is not None or args.hostfile is not None
-    if args.port is not None and not many:
-        raise SystemExit("pyfleet train: --port is the servers' first port with --hosts")
-    if args.image is not None and args.emit_k8s is None:
-        raise SystemExit("pyfleet train: --image is the container image of --emit-k8s")
-    if args.emit_k8s is not None and args.resume:
-        raise SystemExit("pyfleet train: --emit-k8s writes a new job; --resume continues a "
-                         "run here (on the cluster, apply the job again with its volume)")
-    if args.emit_k8s is not None and many:
-        raise SystemExit("pyfleet train: --emit-k8s writes a Kubernetes job (its pods are "
-                         "the hosts): drop --hosts/--hostfile")
-    if args.emit_k8s is not None and args.mode in ("hybrid", "collective"):
-        raise SystemExit(f"pyfleet train: --emit-k8s writes parameter-server jobs (sync, "
-                         f"async, geo); --mode {args.mode} runs under the MPI Operator "
-                         f"(examples/k8s/pyfleet-mpijob.yaml)")
-    if not many:
-        return None
-    if args.mode in ("hybrid", "collective"):
-        raise SystemExit(f"pyfleet train: --hosts places parameter-server jobs (sync, async, "
-                         f"geo); --mode {args.mode} across hosts is not available yet")
-    if args.max_restarts:
-        raise SystemExit("pyfleet train: --max-restarts is not available with --hosts "
-                         "(mpirun stops the whole job when a role fails; --resume continues "
-                         "it from its checkpoint)")
-    if args.port is not None and not 1024 <= args.port <= 65535 - args.servers:
-        raise SystemExit(f"pyfleet train: --port must be in 1024..{65535 - args.servers} "
-                         f"(server i listens on PORT+i), got {args.port}")
-    try:
-        names = host_list(args.hosts, args.hostfile)
-    except ConfigError as e:
-        raise SystemExit(f"pyfleet train: {e}") from None
-    if find_mpiexec() is None:
-        from pyfleet._extras import install_hint
-        raise SystemExit(f"pyfleet train: --hosts starts the job through mpirun and there "
-                         f"is none beside {sys.executable} nor on PATH: "
-                         f"{install_hint('mpi')}")
-    return names
-
-
-def _best_model(run_dir, summary, job, say):
-    """--keep-best: RUN_DIR/model becomes the best pass's inference model (exported from
-    checkpoints/best), replacing the last pass's."""
-    from pyfleet.cli.export import export_checkpoint
-    model = os.path.join(run_dir, "model")
-    say(f"pass {summary['best_pass']} had the best test AUC: exporting its model to {model}")
-    fresh = export_checkpoint(summary["best_checkpoint"], os.path.join(run_dir, ".model-best"),
-                              job)
-    old = os.path.join(run_dir, ".model-last")
-    shutil.rmtree(old, ignore_errors=True)
-    if os.path.exists(model):
-        os.replace(model, old)
-    os.replace(fresh, model)
-    shutil.rmtree(old, ignore_errors=True)
-    summary["inference_model_pass"] = summary["best_pass"]
-
-
 def cmd_train(args, argv):
     # Deliberately lazy: the trainer imports Fluid and the models, which `pyfleet --help`
     # and `pyfleet gen-data` must not pay for.
@@ -313,7 +240,7 @@ def cmd_train(args, argv):
     if args.keep is not None and args.keep < 1:
         raise SystemExit(f"pyfleet train: --keep must be >= 1, got {args.keep}")
     checkpoint_seconds = _healing_options(args)
-    hosts = _scale_out_options(args)
+    hosts = check_scale_out_options(args)
     if not args.log_interval > 0:
         raise SystemExit(f"pyfleet train: --log-interval must be > 0 seconds, got "
                          f"{args.log_interval}")
@@ -497,13 +424,13 @@ def cmd_train(args, argv):
                                 hostfile=args.hostfile, mode=args.mode, env=env,
                                 port=DEFAULT_PORT if args.port is None else args.port,
                                 log_dir=os.path.join(run_dir, "logs"), timeout=args.timeout,
-                                cwd=run_dir, messages=_Quiet(sys.stderr) if args.quiet else out)
+                                cwd=run_dir, messages=QuietLauncher(sys.stderr) if args.quiet else out)
         else:
             code = launch_local(lambda role, index: cmd, servers=args.servers,
                                 workers=args.workers, env=env,
                                 log_dir=os.path.join(run_dir, "logs"), timeout=args.timeout,
                                 mode=args.mode, cwd=run_dir, output=_RoleOutput(sys.stderr),
-                                messages=_Quiet(sys.stderr) if args.quiet else None,
+                                messages=QuietLauncher(sys.stderr) if args.quiet else None,
                                 max_restarts=args.max_restarts,
                                 restart_window=args.restart_window,
                                 restore_dir=os.path.join(run_dir, "checkpoint"),
@@ -532,7 +459,7 @@ def cmd_train(args, argv):
         summary["inference_model_pass"] = last_pass
         if args.keep_best and summary.get("best_pass") not in (None, last_pass):
             try:
-                _best_model(run_dir, summary, job, say)
+                model_of_best_pass(run_dir, summary, job, say)
             except (OSError, ValueError) as e:
                 print(f"pyfleet train: --keep-best: cannot export the best pass's model: "
                       f"{_one_line(e)}; {run_dir}/model is pass {last_pass}'s",
