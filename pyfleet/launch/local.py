@@ -22,6 +22,7 @@ from pyfleet.launch.contract import CONTRACT_VARS, EXIT_TIMEOUT, free_ports, rol
 from pyfleet.launch.restart import RESTART_PAUSE, RestartPolicy, restart_vars
 from pyfleet.role_maker import parse_endpoints
 from pyfleet.service import auth
+from pyfleet.service.wire import check_ipc_dir
 
 _REAP_WAIT = 5.0
 _POLL = 0.05
@@ -151,6 +152,9 @@ def launch_local(cmd_for_role: CmdForRole, servers: int, workers: int,
     (``PYFLEET_CURVE_*``) or sets ``PYFLEET_JOB_KEYS=0``: every role's
     ``PYFLEET_CURVE_DIR`` is a fresh key directory (mode 0700, removed at the
     end), so the servers admit only this job's roles, on loopback too.
+    Unless the environment sets ``PYFLEET_IPC_DIR`` (empty: off), every role's
+    ``PYFLEET_IPC_DIR`` is a fresh 0700 directory where the servers also listen on
+    Unix sockets: the roles talk through them, without TCP or encryption.
 
     Blocks until the job ends; returns 0 on success, else the failing role's exit code,
     :data:`EXIT_TIMEOUT` on timeout, or 128 + signal when interrupted. Every child process
@@ -207,7 +211,7 @@ def launch_local(cmd_for_role: CmdForRole, servers: int, workers: int,
             if k not in CONTRACT_VARS and k not in restart_vars()}
     base.update(env or {})
     base.setdefault("PYTHONUNBUFFERED", "1")
-    job_keys = None
+    job_keys = job_ipc = None
     if log_dir is not None:
         Path(log_dir).mkdir(parents=True, exist_ok=True)
 
@@ -220,6 +224,7 @@ def launch_local(cmd_for_role: CmdForRole, servers: int, workers: int,
     deadline = None if timeout is None else time.monotonic() + timeout
     try:
         job_keys = _job_keys(base) if servers else None
+        job_ipc = _job_ipc(base) if servers else None
         while True:
             roles = ([_Role("server", i) for i in range(servers)]
                      + ([_Role("worker", 0, "workers")] if mode in ("hybrid", "collective")
@@ -250,8 +255,28 @@ def launch_local(cmd_for_role: CmdForRole, servers: int, workers: int,
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        if job_keys is not None:
-            shutil.rmtree(job_keys, ignore_errors=True)
+        for path in (job_keys, job_ipc):
+            if path is not None:
+                shutil.rmtree(path, ignore_errors=True)
+
+
+def _job_ipc(base):
+    """Every role's ``PYFLEET_IPC_DIR`` unless the environment sets it (empty:
+    none): a fresh directory (mode 0700, removed when the job ends) in which the
+    servers, all on this machine, listen on Unix sockets beside their loopback
+    TCP ports, so the roles' traffic skips TCP and CURVE's encryption; the
+    directory's permissions admit the same user the job's keys do. Returns the
+    directory (None when none was made)."""
+    if "PYFLEET_IPC_DIR" in base:
+        return None
+    path = tempfile.mkdtemp(prefix="pyfleet-ipc-")
+    try:
+        check_ipc_dir(path)
+    except ValueError:   # a temporary directory too deep for a socket's path: TCP
+        os.rmdir(path)
+        return None
+    base["PYFLEET_IPC_DIR"] = path
+    return path
 
 
 def _job_keys(base):

@@ -35,6 +35,11 @@ variable                                role     meaning
 ``PYFLEET_CURVE_SERVER_PUBLIC``         worker   the servers' public key (certificate or Z85)
 ``PYFLEET_CURVE_CLIENT_SECRET``         worker   this client's secret certificate (without it a
                                                  throwaway pair is used: fine for encryption only)
+``PYFLEET_IPC_DIR``                     both     a directory of this user, mode 0700: servers on
+                                                 loopback also listen on Unix sockets there, and
+                                                 clients on this machine use them (no TCP, no
+                                                 CURVE: the directory admits). The launcher
+                                                 sets one per job; empty: off
 ======================================  =======  ==================================================
 
 Everything here is stateless apart from :class:`ZapAuthenticator`, whose
@@ -48,6 +53,8 @@ import os
 import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
+
+from pyfleet.service.wire import check_ipc_dir
 
 __all__ = [
     "ENV_VARS",
@@ -64,7 +71,7 @@ __all__ = [
 log = logging.getLogger("pyfleet.auth")
 
 ENV_VARS = ("PYFLEET_CURVE_DIR", "PYFLEET_CURVE_SERVER_SECRET", "PYFLEET_CURVE_CLIENT_KEYS_DIR",
-            "PYFLEET_CURVE_SERVER_PUBLIC", "PYFLEET_CURVE_CLIENT_SECRET")
+            "PYFLEET_CURVE_SERVER_PUBLIC", "PYFLEET_CURVE_CLIENT_SECRET", "PYFLEET_IPC_DIR")
 AUTHORIZED_DIR = "authorized_clients"
 _NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
 
@@ -150,12 +157,19 @@ def _env_path(env, var, default_name):
     return None
 
 
+def _ipc_from_env(env):
+    """``{"ipc_dir": ...}`` from ``PYFLEET_IPC_DIR`` (checked), or {}."""
+    path = env.get("PYFLEET_IPC_DIR", "")
+    return {"ipc_dir": check_ipc_dir(path, "PYFLEET_IPC_DIR")} if path else {}
+
+
 def server_options_from_env(env=None):
-    """``Server`` keyword arguments (``curve_secret_key``, ``curve_client_keys``)
+    """``Server`` keyword arguments (``curve_secret_key``, ``curve_client_keys``,
+    ``ipc_dir``)
     from the environment contract; empty when no variable is set. A variable
     naming a missing or bad file is a ValueError naming the variable."""
     env = os.environ if env is None else env
-    out = {}
+    out = _ipc_from_env(env)
     secret = _env_path(env, "PYFLEET_CURVE_SERVER_SECRET", "server.key_secret")
     clients = _env_path(env, "PYFLEET_CURVE_CLIENT_KEYS_DIR", AUTHORIZED_DIR)
     base = env.get("PYFLEET_CURVE_DIR")
@@ -190,10 +204,11 @@ def server_options_from_env(env=None):
 
 
 def client_options_from_env(env=None):
-    """``Client`` keyword arguments (``curve_server_keys``, ``curve_client_key``)
+    """``Client`` keyword arguments (``curve_server_keys``, ``curve_client_key``,
+    ``ipc_dir``)
     from the environment contract; empty when no variable is set."""
     env = os.environ if env is None else env
-    out = {}
+    out = _ipc_from_env(env)
     public = _env_path(env, "PYFLEET_CURVE_SERVER_PUBLIC", "server.key")
     secret = _env_path(env, "PYFLEET_CURVE_CLIENT_SECRET", "client.key_secret")
     if public:

@@ -20,7 +20,9 @@ Thread safety: a channel is guarded by its own lock, so a call (and a
 
 import itertools
 import logging
+import os
 import secrets
+import stat
 import threading
 import time
 from concurrent.futures import Future
@@ -29,9 +31,11 @@ import numpy as np
 import zmq
 
 from pyfleet import _core
+from pyfleet.endpoint import split_endpoint
 from pyfleet.errors import BarrierError, PeerTimeout, PyfleetError, RemoteError
 from pyfleet.service import protocol as P
 from pyfleet.service import wire as Z
+from pyfleet.service.auth import is_loopback_host
 from pyfleet.service.protocol import Op, Status
 
 __all__ = ["Channel", "Connection", "Done", "PullFuture", "Pusher", "ReplyFuture", "pull_rows"]
@@ -84,12 +88,28 @@ class Channel:
         # A blocking receive (wait's one-call path) gives up after this slice
         # to check its deadline; after a poll a receive never waits.
         s.setsockopt(zmq.RCVTIMEO, _SLICE_MS)
+        path = self.conn.ipc_path(i)
+        if path is not None:  # the server's socket on this machine: no TCP, no CURVE
+            s.connect("ipc://" + path)
+            return s
         keys = self.conn.curve
         if keys is not None:
             s.curve_serverkey = keys[0][i]
             s.curve_publickey, s.curve_secretkey = keys[1]
         s.connect("tcp://" + self.conn.endpoints[i])
         return s
+
+    def reopen_near(self):
+        """Replace each idle TCP socket to a server that now listens in the
+        connection's ``ipc_dir`` by one on its Unix socket (a server that was
+        still starting when this channel was made)."""
+        with self.lock:
+            busy = {c.server for c in self.pending.values()}
+            for i, sock in enumerate(self.socks):
+                if i not in busy and self.conn.ipc_path(i) is not None and \
+                        sock.getsockopt(zmq.LAST_ENDPOINT).startswith(b"tcp://"):
+                    sock.close(linger=0)
+                    self.socks[i] = self._socket(i)
 
     def send(self, server, frames, op, timeout, rid, retries=0):
         """Send ``frames`` (request id ``rid``) to ``server``. ``retries``: how
@@ -395,10 +415,14 @@ class Connection:
 
     ``endpoints``: ``"host:port"`` of server ``i`` at index ``i``; requests
     carry ``worker_index``; ``timeout``: seconds one request may take;
-    ``curve``: None, or ``(server public keys, (public, secret))`` Z85 bytes."""
+    ``curve``: None, or ``(server public keys, (public, secret))`` Z85 bytes;
+    ``ipc_dir``: where servers on this machine listen on Unix sockets too (see
+    :func:`pyfleet.service.wire.bind_router`)."""
 
-    def __init__(self, endpoints, worker_index, timeout, curve=None, context=None):
+    def __init__(self, endpoints, worker_index, timeout, curve=None, context=None,
+                 ipc_dir=None):
         self.endpoints = endpoints
+        self.ipc_dir = ipc_dir
         self.num_servers = len(endpoints)
         self.worker_index = worker_index
         self.timeout = timeout
@@ -413,6 +437,21 @@ class Connection:
         self._hb_thread = None
         self._answered = []  # per server: when it last answered a heartbeat
 
+    def ipc_path(self, server):
+        """The Unix socket of ``server`` when it is on this machine (a loopback
+        endpoint) and listens in :attr:`ipc_dir`, else None (TCP). Asked at each
+        socket's creation: a server that has not bound it yet is reached over TCP."""
+        if self.ipc_dir is None:
+            return None
+        host, port = split_endpoint(self.endpoints[server], "server endpoint")
+        if not is_loopback_host(host):
+            return None
+        path = Z.ipc_path(self.ipc_dir, host, port)
+        try:
+            return path if stat.S_ISSOCK(os.stat(path).st_mode) else None
+        except OSError:
+            return None
+
     def channel(self):
         """This thread's channel (made on first use)."""
         ch = getattr(self._local, "channel", None)
@@ -423,6 +462,16 @@ class Connection:
             with self._channels_lock:
                 self._channels.append(ch)
         return ch
+
+    def reopen_near(self):
+        """:meth:`Channel.reopen_near` on every channel: called once the servers
+        answered, so every server on this machine has bound its Unix socket."""
+        if self.ipc_dir is None:
+            return
+        with self._channels_lock:
+            channels = list(self._channels)
+        for ch in channels:
+            ch.reopen_near()
 
     def timeout_error(self, server, op, timeout, why):
         return PeerTimeout(f"server {server} ({self.endpoints[server]}) did not answer "

@@ -88,6 +88,9 @@ class Client:
             the path of its secret certificate (``pyfleet keygen``); needed by
             servers that authenticate clients (``curve_client_keys``). Default:
             a throwaway pair (enough for encryption only).
+        ipc_dir: the directory servers on this machine listen in on Unix
+            sockets (``Server(ipc_dir=...)``): a loopback endpoint whose socket
+            is there is reached through it (no TCP, no CURVE); others over TCP.
 
     The constructor returns once every server answered (or raises PeerTimeout).
     Use as a context manager, or call :meth:`close`.
@@ -96,7 +99,7 @@ class Client:
     def __init__(self, endpoints, worker_index=0, timeout=30.0, connect_deadline=60.0,
                  heartbeat_interval=None, max_queued_pushes=16, max_request_keys=32768,
                  curve_server_keys=None, curve_client_key=None, context=None,
-                 max_pull_keys=1 << 20, push_retries=0):
+                 max_pull_keys=1 << 20, push_retries=0, ipc_dir=None):
         if isinstance(endpoints, str):
             endpoints = [e for e in endpoints.split(",") if e]
         self.endpoints = [e.removeprefix("tcp://") for e in endpoints]
@@ -117,7 +120,8 @@ class Client:
             raise ValueError(f"max_pull_keys must be >= 1, got {max_pull_keys!r}")
         curve = _auth.client_curve_keys(curve_server_keys, curve_client_key,
                                         self.num_servers)
-        self._conn = Connection(self.endpoints, self.worker_index, self.timeout, curve, context)
+        self._conn = Connection(self.endpoints, self.worker_index, self.timeout, curve, context,
+                                ipc_dir)
         self._map = TableMap(self.num_servers, lambda: self._control_all(Op.TABLES, {}))
         try:
             hello = self._control_all(Op.HEARTBEAT, {"worker": self.worker_index},
@@ -132,6 +136,7 @@ class Client:
             self._conn.close_channels()
             raise
         self.server_info = hello
+        self._conn.reopen_near()   # the servers answered: their Unix sockets are bound
         self.mode = hello[0].get("mode")
         self.barrier_timeout = max(float(h.get("barrier_timeout", 300.0)) for h in hello)
         hb = min(float(h.get("heartbeat_timeout", 10.0)) for h in hello)

@@ -92,6 +92,7 @@ def main(argv=None):
                         inline_limit=a.inline_limit, curve_secret_key=curve,
                         curve_client_keys=clients, split_pull_keys=a.split_pull_keys,
                         insecure=a.insecure or None, spill_root=a.spill_dir,
+                        ipc_dir=env_auth.get("ipc_dir"),
                         **{k: getattr(a, k) for k in Limits._fields if k != "max_message_bytes"})
     except (PyfleetError, ValueError) as e:  # a taken port, a bad table config
         print(f"pyfleet.server: {e}", file=sys.stderr)

@@ -110,6 +110,13 @@ class Server:
             ``curve_secret_key``. A ZAP authenticator thread then refuses the
             handshake of any other client. The server uses its own ZeroMQ
             context (ZAP handlers are per context) unless ``context`` is given.
+        ipc_dir: a directory of this user closed to everyone else (mode 0700):
+            a server bound to a loopback host also listens on a Unix socket in
+            it (``ipc_dir/HOST-PORT``), unencrypted, so clients on this machine
+            given the same directory skip TCP and CURVE (whoever may enter the
+            directory may connect; a directory open to others is refused).
+            Ignored for other hosts: they are reached over TCP. Default:
+            environment ``PYFLEET_IPC_DIR`` through ``fleet.init_server``.
 
     Binding a host other than loopback without ``curve_client_keys`` is
     refused (ValueError) unless ``insecure=True`` (default: environment
@@ -125,7 +132,7 @@ class Server:
                  heartbeat_timeout=10.0, barrier_timeout=300.0, checkpoint_dir=None,
                  inline_limit=INLINE_LIMIT, curve_secret_key=None, curve_client_keys=None,
                  context=None, split_pull_keys=SPLIT_PULL_KEYS, insecure=None,
-                 spill_root=None, **limits):
+                 spill_root=None, ipc_dir=None, **limits):
         self.server_index, self.server_num = int(server_index), int(server_num)
         self.worker_num = int(worker_num)
         if not 0 <= self.server_index < self.server_num:
@@ -177,6 +184,9 @@ class Server:
         self.failure = None  # why run() ended before every worker stopped (None: it did not)
 
         host, port = split_endpoint(endpoint, "server endpoint", allow_zero=True)
+        if ipc_dir is not None:
+            ipc_dir = Z.check_ipc_dir(os.fspath(ipc_dir), "ipc_dir")
+        self.ipc_dir = ipc_dir if ipc_dir is not None and _auth.is_loopback_host(host) else None
         if curve_client_keys is not None and curve_secret_key is None:
             raise ValueError("curve_client_keys needs curve_secret_key (the server's key pair)")
         if insecure is None:
@@ -203,11 +213,13 @@ class Server:
                 self._zap = _auth.ZapAuthenticator(self._ctx, curve_client_keys).start()
             try:
                 port = Z.bind_router(self._frontend, host, port, self.max_message_bytes,
-                                     curve_secret_key, self.limits.max_queued_replies)
+                                     curve_secret_key, self.limits.max_queued_replies,
+                                     self.ipc_dir)
             except zmq.ZMQError as e:
                 hint = (" (another process listens there: stop it or choose another port)"
                         if e.errno == zmq.EADDRINUSE else "")
-                raise PyfleetError(f"server {server_index}: cannot serve on {host}:{port}: "
+                where = f"{host}:{port}" + (f" and in {self.ipc_dir}" if self.ipc_dir else "")
+                raise PyfleetError(f"server {server_index}: cannot serve on {where}: "
                                    f"{e.strerror}{hint}") from None
             self.endpoint = f"{host}:{port}"
             self._loop = SocketLoop(self._ctx, self._frontend,

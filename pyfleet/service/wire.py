@@ -7,10 +7,14 @@ are sent and received atomically. Not thread-safe beyond the socket's own rules
 (use a socket from one thread at a time).
 """
 
+import os
+import stat
+
 import numpy as np
 import zmq
 
-__all__ = ["COPY_LIMIT", "bind_router", "readable", "recv_frames", "send_frames"]
+__all__ = ["COPY_LIMIT", "IPC_PATH_MAX", "bind_router", "check_ipc_dir", "ipc_path", "readable", "recv_frames",
+           "send_frames"]
 
 _SNDMORE = int(zmq.SNDMORE)
 _POLLIN = int(zmq.POLLIN)
@@ -54,15 +58,51 @@ def readable(socks, timeout_ms):
             if ev & _POLLIN]
 
 
+# The longest path of a Unix socket (sockaddr_un's sun_path less its NUL).
+IPC_PATH_MAX = 107
+
+
+def ipc_path(ipc_dir, host, port):
+    """The Unix socket a server bound to loopback ``host:port`` also listens
+    on in ``ipc_dir`` (see :func:`bind_router`)."""
+    return os.path.join(ipc_dir, f"{host.strip('[]')}-{int(port)}")
+
+
+def check_ipc_dir(ipc_dir, what="PYFLEET_IPC_DIR"):
+    """``ipc_dir`` if it is a directory of this user that nobody else may enter
+    (what admits a peer to its sockets, instead of CURVE keys); else ValueError
+    naming ``what``."""
+    try:
+        st = os.stat(ipc_dir)
+    except OSError as e:
+        raise ValueError(f"{what}: {ipc_dir!r}: {e.strerror}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise ValueError(f"{what}: {ipc_dir!r} is not a directory")
+    longest = ipc_path(ipc_dir, "255.255.255.255", 65535)
+    if len(os.fsencode(longest)) > IPC_PATH_MAX:
+        raise ValueError(f"{what}: {ipc_dir!r} is too long for a Unix socket's path "
+                         f"({longest!r} would exceed {IPC_PATH_MAX} bytes)")
+    if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise ValueError(f"{what}: {ipc_dir!r} must belong to this user with no access for "
+                         f"group or others (mode 0700; it is {stat.S_IMODE(st.st_mode):04o}): "
+                         f"its sockets admit whoever can enter it, without CURVE keys")
+    return ipc_dir
+
+
 def bind_router(sock, host, port, max_message_bytes, curve_secret_key=None,
-                max_queued_replies=16):
+                max_queued_replies=16, ipc_dir=None):
     """Set up ROUTER ``sock`` as a server endpoint and bind it to ``host:port``
     (port 0: a free port); returns the port. ``max_message_bytes``: a peer
     sending a larger frame is disconnected; ``curve_secret_key``: the Z85
     secret key of an encrypted (CURVE) endpoint; ``max_queued_replies``:
     replies queued for one peer, beyond which a non-blocking send raises
     ``zmq.Again`` (``ROUTER_MANDATORY``: never a silent drop). Raises
-    ``zmq.ZMQError``."""
+    ``zmq.ZMQError``.
+
+    ``ipc_dir`` (checked by :func:`check_ipc_dir`) with a loopback ``host``:
+    the socket also listens on :func:`ipc_path` in it, in the clear (the
+    directory's permissions admit its peers; nothing leaves the machine):
+    processes on one machine skip TCP and CURVE's encryption."""
     sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
     sock.setsockopt(zmq.LINGER, 1000)
     sock.setsockopt(zmq.SNDHWM, max_queued_replies)
@@ -73,8 +113,13 @@ def bind_router(sock, host, port, max_message_bytes, curve_secret_key=None,
         sock.curve_server = True
         sock.curve_secretkey = _z85(curve_secret_key)
     if port == 0:
-        return sock.bind_to_random_port(f"tcp://{host}")
-    sock.bind(f"tcp://{host}:{port}")
+        port = sock.bind_to_random_port(f"tcp://{host}")
+    else:
+        sock.bind(f"tcp://{host}:{port}")
+    if ipc_dir is not None:
+        # Options are taken by each bind: the TCP endpoint keeps CURVE.
+        sock.curve_server = False
+        sock.bind("ipc://" + ipc_path(ipc_dir, host, port))
     return port
 
 
