@@ -36,7 +36,7 @@ import os
 import sys
 
 from pyfleet import config as _config
-from pyfleet.distributed import hybrid
+from pyfleet.distributed import hybrid, remote_paths
 from pyfleet.distributed.remote_backend import NoServers, RemoteBackend
 from pyfleet.distributed.strategy import job_config
 from pyfleet.distributed.tables import server_table_configs, servers_regularize, table_configs
@@ -183,9 +183,9 @@ class Fleet:
         return files[start:start + n // w + (i < n % w)]
 
     def set_hdfs_config(self, fs_name=None, fs_ugi=None, **kwargs):
-        """Fluid's HDFS settings, recorded as given (``fleet._hdfs_config``).
-        pyfleet has no HDFS client: a path with an ``hdfs:``/``afs:`` scheme given
-        later to a save or load is refused, naming HDFS."""
+        """Fluid's HDFS settings (``fleet._hdfs_config``): the ``hadoop fs -D`` options of
+        saves and loads at ``hdfs:``/``afs:`` paths (:mod:`pyfleet.distributed.remote_paths`;
+        other Hadoop settings as keyword arguments)."""
         self._hdfs_config = {"fs_name": fs_name, "fs_ugi": fs_ugi, **kwargs}
 
     # ------------------------------------------------------------- programs
@@ -544,4 +544,5 @@ def _install_exit_hook(fleet_):
         atexit.register(fleet_._stop_at_exit)
 
 
+remote_paths.install(Fleet, checkpoint_root)   # saves and loads at hdfs:/afs: paths
 fleet = Fleet()

@@ -53,13 +53,14 @@ _REMOTE_SCHEMES = ("hdfs:", "afs:", "viewfs:")
 
 def check_local_path(path, what="path"):
     """``path`` as a local path; a Hadoop URI (``hdfs:``, ``afs:``,
-    ``viewfs:``) is a ValueError naming HDFS: pyfleet reads and writes local or
-    mounted file systems only (``fleet.set_hdfs_config`` is recorded, not used)."""
+    ``viewfs:``) is a ValueError naming HDFS: ``fluid.io`` reads and writes
+    local (or mounted) file systems, as Fluid's save and load ops did."""
     text = os.fspath(path)
     if isinstance(text, str) and text.lower().startswith(_REMOTE_SCHEMES):
-        raise ValueError(f"{what} {text!r} is an HDFS/AFS path: pyfleet has no HDFS client "
-                         f"(fleet.set_hdfs_config only records its arguments); mount the "
-                         f"file system, or copy to and from a local directory")
+        raise ValueError(f"{what} {text!r} is an HDFS/AFS path: fluid.io reads and writes "
+                         f"local paths (as Fluid's did); fleet.save_persistables, "
+                         f"save_inference_model, load_persistables, init_server and Dataset "
+                         f"file lists take hdfs:/afs: paths (through the hadoop command)")
     return text
 
 

@@ -58,14 +58,16 @@ def test_worker_endpoints_from_the_environment_or_empty():
     assert f.worker_endpoints(to_string=True) == "10.0.0.1:7000,10.0.0.2:7000"
 
 
-def test_set_hdfs_config_is_recorded_and_an_hdfs_path_is_refused_naming_hdfs():
+def test_set_hdfs_config_is_kept_and_hdfs_paths_go_through_the_hadoop_command(
+        tmp_path, monkeypatch):
     f = _fleet(0, 1)
     f.set_hdfs_config("hdfs://nn:9000", "user,passwd")
     assert f._hdfs_config == {"fs_name": "hdfs://nn:9000", "fs_ugi": "user,passwd"}
-    with pytest.raises(ValueError, match="HDFS"):
+    monkeypatch.setenv("PATH", str(tmp_path))   # no hadoop: the error says what is missing
+    with pytest.raises(ValueError, match="'hadoop' is not on PATH"):
         f.save_persistables(None, "hdfs://nn:9000/user/model")
     server = _fleet(0, 1, Role.SERVER)
-    with pytest.raises(ValueError, match="HDFS"):
+    with pytest.raises(ValueError, match="'hadoop' is not on PATH"):
         server.init_server("afs:/user/model")
     with pytest.raises(ValueError, match="HDFS"):
         fluid.io.save_persistables(None, "hdfs://nn/x", fluid.Program())
