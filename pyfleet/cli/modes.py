@@ -2,6 +2,7 @@
 before anything is written (docs/collective.md)."""
 
 import importlib.util
+import os
 import sys
 
 from pyfleet._extras import install_hint
@@ -92,3 +93,33 @@ def check_scale_out_options(args):
                          f"is none beside {sys.executable} nor on PATH: "
                          f"{install_hint('mpi')}")
     return names
+
+
+def check_tables_start(job):
+    """With --memory-budget: build each sparse table of the job here as a server would
+    (its share of the budget, a disk tier in --spill-dir), so that a budget below the
+    table's minimum or a spill directory the tables cannot write is refused before the
+    cluster starts, not by every server after it did."""
+    if job.get("memory_budget") is None:
+        return
+    from pyfleet.table import SparseTable
+    from pyfleet.trainer.job import tables_of
+    spill = job.get("spill_dir")
+    if spill is not None and not os.path.isdir(spill):
+        try:  # the servers make it too; making it here shows it can be made
+            os.makedirs(spill, exist_ok=True)
+        except OSError as e:
+            raise SystemExit(f"pyfleet train: --spill-dir {spill}: cannot create it: "
+                             f"{e.strerror}") from None
+    for cfg in tables_of(job):
+        if cfg.get("kind") != "sparse":
+            continue
+        try:
+            table = SparseTable.from_config({k: v for k, v in cfg.items() if k != "kind"})
+        except (OSError, ValueError, RuntimeError) as e:
+            share = "" if cfg.get("memory_budget") == job["memory_budget"] else (
+                f" (its share of --memory-budget: {cfg.get('memory_budget'):,} bytes)")
+            raise SystemExit(f"pyfleet train: the sparse table {cfg['name']!r} cannot start "
+                             f"with --memory-budget {job['memory_budget']:,} and --spill-dir "
+                             f"{spill}{share}: {e}") from None
+        del table

@@ -21,7 +21,7 @@ from pyfleet.cli.data import (
     _split_paths,
 )
 from pyfleet.cli.export import model_of_best_pass
-from pyfleet.cli.modes import check_mode_options, check_scale_out_options
+from pyfleet.cli.modes import check_mode_options, check_scale_out_options, check_tables_start
 from pyfleet.cli.plot import SIDECAR, plot_run
 from pyfleet.cli.report import (
     QuietLauncher,
@@ -326,6 +326,7 @@ def cmd_train(args, argv):
            "checkpoint_steps": args.checkpoint_steps,
            "checkpoint_seconds": checkpoint_seconds,
            "progress_interval": args.log_interval}
+    check_tables_start(job)
     if resume:  # another model's checkpoint: refused here, not in every server
         from pyfleet.trainer import tables_of  # lazy, as above
         try:
