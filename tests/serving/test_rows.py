@@ -1,0 +1,142 @@
+"""Request bodies into batches (pyfleet.serving.rows), in one process: every form
+gives the ids and dense values the file readers give the same rows, micro-batches
+join requests exactly, and any body is a batch or a BadRequest, never a crash."""
+
+import io
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from support import DATA
+
+from pyfleet.data import Dataset
+from pyfleet.serving.rows import CONTENT_TYPES, BadRequest, RowSchema, concat_batches
+
+TSV = DATA / "criteo-paddlerec-part0" / "part-0.tsv"
+SLOT = DATA / "criteo-paddlerec-dnn-slot" / "sample_train.txt"
+needs_data = pytest.mark.skipif(not (TSV.exists() and SLOT.exists()),
+                                reason="shared Criteo samples missing")
+SCHEMA = RowSchema(13, 26, max_rows=1000)
+
+
+def _same(a, b):
+    np.testing.assert_array_equal(a.dense, b.dense)
+    assert len(a.sparse) == len(b.sparse)
+    for (ia, oa), (ib, ob) in zip(a.sparse, b.sparse):
+        np.testing.assert_array_equal(ia, ib)
+        np.testing.assert_array_equal(oa, ob)
+
+
+@needs_data
+def test_tsv_json_and_npz_bodies_give_the_readers_batch():
+    want = next(iter(Dataset(str(TSV), format="criteo", batch_size=1000)))
+    _same(SCHEMA.parse("text/tab-separated-values", TSV.read_bytes()), want)
+    # CRLF line ends and no final newline
+    crlf = TSV.read_bytes().replace(b"\n", b"\r\n").rstrip()
+    _same(SCHEMA.parse("text/tab-separated-values", crlf), want)
+    rows = []
+    for line in TSV.read_text().splitlines():
+        f = line.split("\t")
+        row = {"label": int(f[0])}
+        row.update({f"I{i}": int(f[i]) for i in range(1, 14) if f[i]})
+        row.update({f"c{i}": f[13 + i] for i in range(1, 27) if f[13 + i]})  # any case
+        rows.append(row)
+    _same(SCHEMA.parse("application/json", json.dumps({"rows": rows}).encode()), want)
+    buf = io.BytesIO()
+    np.savez(buf, dense=want.dense, ids=want.ids_matrix())
+    _same(SCHEMA.parse("application/x-npz", buf.getvalue()), want)
+
+
+@needs_data
+def test_slot_lines_and_slot_json_rows_give_the_readers_batch():
+    want = next(iter(Dataset(str(SLOT), format="slot", batch_size=1000)))
+    _same(SCHEMA.parse("text/plain", SLOT.read_bytes()), want)
+    rows = []
+    for line in SLOT.read_text().splitlines():
+        row = {"dense_feature": []}
+        for tok in line.split():
+            name, value = tok.split(":")
+            if name == "dense_feature":
+                row["dense_feature"].append(float(value))
+            elif name != "click":
+                ids = row.setdefault(name, [])
+                ids.append(int(value))
+        rows.append({k: (v[0] if k != "dense_feature" and len(v) == 1 else v)
+                     for k, v in row.items()})
+    _same(SCHEMA.parse("application/json", json.dumps({"rows": rows}).encode()), want)
+
+
+@needs_data
+def test_a_micro_batch_is_its_requests_joined_in_order():
+    lines = TSV.read_bytes().splitlines(keepends=True)
+    parts = [SCHEMA.parse("text/tab-separated-values", b"".join(lines[a:b]))
+             for a, b in ((0, 1), (1, 40), (40, 41), (41, 100))]
+    _same(concat_batches(parts), SCHEMA.parse("text/tab-separated-values", b"".join(lines)))
+    slot = SLOT.read_bytes().splitlines(keepends=True)  # several ids per slot
+    parts = [SCHEMA.parse("text/plain", b"".join(slot[a:b])) for a, b in ((0, 3), (3, 80))]
+    _same(concat_batches(parts), SCHEMA.parse("text/plain", b"".join(slot)))
+
+
+def _npz(**arrays):
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("body, message", [
+    (_npz(dense=np.zeros((2, 13), np.float32)), "it must hold exactly 'dense' and 'ids'"),
+    (_npz(dense=np.zeros((2, 13), np.float64), ids=np.zeros((2, 26), np.uint64)),
+     "npz 'dense' is float64 (2, 13)"),
+    (_npz(dense=np.zeros((2, 13), np.float32), ids=np.zeros((3, 26), np.uint64)),
+     "npz 'ids' is uint64 (3, 26)"),
+    (_npz(dense=np.full((2, 13), np.nan, np.float32), ids=np.zeros((2, 26), np.uint64)),
+     "npz 'dense' row 1 holds NaN"),
+    (b"PK\x03\x04 not a zip", "not a numpy.savez file"),
+])
+def test_bad_npz_bodies_are_named(body, message):
+    with pytest.raises(BadRequest, match=message.replace("(", r"\(").replace(")", r"\)")):
+        SCHEMA.parse("application/x-npz", body)
+
+
+def test_compressed_npz_is_refused_before_it_is_inflated():
+    buf = io.BytesIO()
+    np.savez_compressed(buf, dense=np.zeros((2, 13), np.float32),
+                        ids=np.zeros((2, 26), np.uint64))
+    with pytest.raises(BadRequest, match="compressed"):
+        SCHEMA.parse("application/x-npz", buf.getvalue())
+
+
+@pytest.mark.parametrize("rows, message", [
+    ([{"I1": True}], "row 1: column 'I1' holds a boolean"),
+    ([{"C1": "a\tb"}], "row 1: column 'C1' holds a tab or a line break"),
+    ([{"I1": float("inf")}], "row 1: column 'I1' holds inf"),
+    ([{"I1": 1}, 5], "row 2 is a int, not an object of columns"),
+    ([{"dense_feature": [0.1] * 13, "1": -5}], "row 1: slot '1' holds -5"),
+    ([{"dense_feature": [0.1] * 12}], "row 1: 'dense_feature' must be a list of 13 numbers"),
+    ([{"dense_feature": [0.1] * 13, "zz": 1}], "row 1: unknown slot 'zz'"),
+    ([{"I1": 1}, {"dense_feature": [0.1] * 13}], "row 2 has 'dense_feature'"),
+])
+def test_bad_json_rows_are_named(rows, message):
+    body = json.dumps({"rows": rows}, allow_nan=True).encode()
+    with pytest.raises(BadRequest, match=message.replace("(", r"\(")):
+        SCHEMA.parse("application/json", body)
+
+
+def test_more_rows_than_the_limit_is_413_before_parsing():
+    with pytest.raises(BadRequest, match="1,001 rows, more than --max-rows 1,000") as e:
+        SCHEMA.parse("application/json", json.dumps({"rows": [{}] * 1001}).encode())
+    assert e.value.status == 413
+
+
+@settings(max_examples=300, deadline=None)
+@given(ctype=st.sampled_from(CONTENT_TYPES), body=st.binary(max_size=600))
+def test_any_body_is_a_batch_or_a_bad_request(ctype, body):
+    try:
+        batch = SCHEMA.parse(ctype, body)
+    except BadRequest as e:
+        assert 400 <= e.status < 500 and "\n" not in str(e)
+        return
+    assert len(batch) >= 1 and batch.dense.shape == (len(batch), 13)
+    assert all(o.shape == (len(batch) + 1,) for _, o in batch.sparse)
