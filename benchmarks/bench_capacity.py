@@ -2,7 +2,7 @@
 all-in-RAM table, pulled and pushed with Zipf(1.1) ids, measured in one run.
 
     python benchmarks/bench_capacity.py [--rows 2000000] [--dim 16] [--ratio 4]
-                                        [--batch 100000] [--steps 30] [--warm-steps 300]
+                                        [--batch 100000 16384] [--steps 30] [--warm-steps 300]
                                         [--spill-dir DIR]
 
 Each table lives in its own child process (so RSS is its own): the all-in-RAM
@@ -184,7 +184,9 @@ def main():
     ap.add_argument("--dim", type=int, default=16)
     ap.add_argument("--ratio", type=float, default=4.0,
                     help="the RAM table's memory_bytes / the spilling table's budget")
-    ap.add_argument("--batch", type=int, default=100_000)
+    ap.add_argument("--batch", type=int, nargs="+", default=[100_000, 16_384],
+                    help="keys a step; each size is a comparison of its own (16,384: about "
+                         "what a worker's training step of 512 examples x 26 ids pulls)")
     ap.add_argument("--steps", type=int, default=30, help="measured steps of each phase")
     ap.add_argument("--warm-steps", type=int, default=300,
                     help="unmeasured steps between the cold-start and the steady phase")
@@ -195,7 +197,23 @@ def main():
                          "whose all-in-RAM table would not fit)")
     args = ap.parse_args()
     if args.child:
+        args.batch = args.batch[0]
         return child(args)
+    sizes, ratios, spill_root = args.batch, [], args.spill_dir
+    for batch in sizes:
+        args.batch, args.spill_dir = batch, spill_root
+        ratios.append((batch, compare(args)))
+        print(flush=True)
+    if len(sizes) > 1 and args.budget is None:
+        print("throughput ratio spilling/RAM by batch size (wall, cpu)")
+        for batch, r in ratios:
+            print(f"  {batch:>9,} keys: " + "; ".join(
+                f"{PHASES[phase]} {w:.2f}, {c:.2f}" for phase, (w, c) in r.items()))
+    return None
+
+
+def compare(args):
+    """One batch size: the two tables' report; ``{phase: (wall ratio, cpu ratio)}``."""
     if args.budget is not None:
         with tempfile.TemporaryDirectory(dir=args.spill_dir) as d:
             args.spill_dir = d
@@ -256,6 +274,8 @@ def main():
           f"(process peak incl. Python and the benchmark's id batches: "
           f"{disk['peak_rss'] / budget:.2f}; target <= 1.1)")
     print(f"files left in the spill directory: {len(left)}")
+    return {phase: (disk[phase]["wall_keys_s"] / ram[phase]["wall_keys_s"],
+                    disk[phase]["cpu_keys_s"] / ram[phase]["cpu_keys_s"]) for phase in PHASES}
 
 
 if __name__ == "__main__":

@@ -1,0 +1,435 @@
+"""pyfleet against single-process PyTorch and TorchRec on the same rows, alternating.
+
+```
+python benchmarks/bench_vs_torchrec.py [--rows 1000000] [--rounds 2]
+        [--runs async sync collective hybrid torch fusedebc fbgemm]
+        [--torch-threads 2] [--sparse-lr 0.05] [--cache DIR] [--json out.json]
+```
+
+Generates ``--rows`` synthetic Criteo rows once (``pyfleet gen-data``, cached
+under ``--cache``: every run and every later invocation reads the same rows),
+then trains the reference DNN (26 slots sharing one dim-16 table, sum-pooled,
+concatenated with the 13 dense features, fc 256-128-64 relu, a 2-way softmax,
+batch 512, dense Adam 0.001) for one pass with each trainer, one after the
+other, ``--rounds`` times (``async sync ... fbgemm``, then again), and prints
+each run's training examples/s, test AUC (exact) and the load average around it:
+
+- ``async``, ``sync``: ``pyfleet train`` with its default layout, 1 server + 2
+  workers on this machine (``--mode``; the sparse rows with Adam on the server);
+  ``collective``: ``--mode collective --workers 2`` (no server, MPI);
+  ``hybrid``: ``--mode hybrid`` (1 server + 2 workers, dense all-reduced);
+- ``async-tcp``, ``sync-tcp``: the same over loopback TCP with the job's CURVE
+  keys (``PYFLEET_IPC_DIR=`` empty) instead of the Unix sockets ``pyfleet train``
+  uses on one machine;
+- ``torch``: one PyTorch process, ``torch.set_num_threads(--torch-threads)``,
+  ``nn.EmbeddingBag(sparse=True)`` with ``torch.optim.SparseAdam`` and the fc
+  layers with ``torch.optim.Adam`` (both lr 0.001);
+- ``fusedebc``: TorchRec's ``FusedEmbeddingBagCollection`` on CPU, the table's
+  optimizer (row-wise Adagrad, ``--sparse-lr``) applied inside the backward by
+  FBGEMM, the fc layers with ``torch.optim.Adam``;
+- ``fbgemm``: FBGEMM's batched embedding kernel
+  (``SplitTableBatchedEmbeddingBagsCodegen``, the same optimizer) called
+  directly, without TorchRec's modules around it.
+
+Every torch trainer reads the batches :class:`pyfleet.data.Dataset` yields a
+pyfleet worker (the same parser, shuffle and hashed ids, in a reader thread as
+a worker has), maps each batch's hashed ids to rows of a fixed-size table with
+one ``np.searchsorted`` over the sorted ids of the data set (a torch table has
+a fixed number of rows; the index is built before the clock starts), and
+counts examples/s over its training loop, as ``pyfleet train`` does. Each
+trainer runs in a process and session of its own (Linux's autogroup scheduler
+shares a loaded machine between sessions). ``fusedebc`` and ``fbgemm`` need
+``torch``, ``fbgemm-gpu-cpu`` and ``torchrec`` (see benchmarks/README.md for
+a matching set); a trainer whose packages are missing is reported as skipped.
+
+The ratios are to the faster TorchRec path (``fusedebc`` or ``fbgemm``) of the
+same round, or to ``torch`` when neither ran. Then, for each pyfleet run, where
+its CPU went per batch of 512 training examples, from ``/proc`` (each role's
+whole life: start, the training pass and the test pass): the workers' user and
+kernel time, the servers' user and kernel time, and the launcher's; a sum over
+2 cores says how far from the machine's limit a configuration is.
+Not a timed test: nothing fails on a figure.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+
+BATCH = 512
+PYFLEET_RUNS = {"async": ["--mode", "async"], "sync": ["--mode", "sync"],
+                "collective": ["--mode", "collective", "--servers", "0"],
+                "hybrid": ["--mode", "hybrid"],
+                "async-tcp": ["--mode", "async"], "sync-tcp": ["--mode", "sync"]}
+# ...-tcp: the roles talk over loopback TCP with the job's CURVE keys, as every
+# job did before the launcher gave each one a directory of Unix sockets
+PYFLEET_ENV = {"async-tcp": {"PYFLEET_IPC_DIR": ""}, "sync-tcp": {"PYFLEET_IPC_DIR": ""}}
+TORCH_RUNS = ("torch", "fusedebc", "fbgemm")
+
+
+def _env(threads=1):
+    env = dict(os.environ)
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        env[var] = str(threads)
+    # An OpenMP thread that spins at a barrier holds the core its partner waits
+    # for when other processes share the cores: measured here, torch with 2
+    # threads at load 8 trained 1,500 examples/s spinning and 15,000 passive.
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    return env
+
+
+def generated(cache, rows, seed):
+    """The cached ``pyfleet gen-data`` rows: {"train", "test", "truth_auc"}."""
+    out = Path(cache) / f"generated-{rows}-{seed}"
+    if not (out / "truth.json").exists():
+        subprocess.run([sys.executable, "-m", "pyfleet.cli", "gen-data", "--out", str(out),
+                        "--rows", str(rows), "--seed", str(seed)], check=True, env=_env(),
+                       stdout=subprocess.DEVNULL)
+    truth = json.loads((out / "truth.json").read_text())
+    return {"train": str(out / "train.tsv"), "test": str(out / "test.tsv"),
+            "truth_auc": truth.get("truth_auc_test", truth.get("auc_test"))}
+
+
+# ---------------------------------------------------------------- pyfleet
+
+def _proc_tree(root):
+    """Pids of ``root`` and every process below it."""
+    children = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(pid))
+    out, todo = [], [root]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, ()))
+    return out
+
+
+def _role_of(pid):
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        cmd = f.read()
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        env = f.read().split(b"\0")
+    if b"TRAINING_ROLE=PSERVER" in env or b"pyfleet.server" in cmd:
+        return "server"
+    if b"pyfleet.trainer" in cmd:
+        return "worker"
+    return "other"
+
+
+def _sample(root, seen):
+    """Record in ``seen`` {pid: (role, user s, kernel s)} of the tree under ``root``."""
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid in _proc_tree(root):
+        try:
+            # asked again while "other": a child forked but not yet exec'd still
+            # shows the launcher's command line and environment
+            role = seen[pid][0] if seen.get(pid, ("other",))[0] != "other" else _role_of(pid)
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        seen[pid] = (role, int(fields[11]) / tick, int(fields[12]) / tick)
+
+
+def run_pyfleet(name, data, run_root, timeout):
+    run_dir = os.path.join(run_root, f"pyfleet-{name}-{time.monotonic_ns()}")
+    cmd = [sys.executable, "-m", "pyfleet.cli", "train", "--train", data["train"],
+           "--test", data["test"], "--format", "criteo", "--workers", "2",
+           *PYFLEET_RUNS[name], "--run-dir", run_dir, "--json", "--quiet", "--no-model",
+           "--timeout", str(timeout)]
+    seen = {}
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        p = subprocess.Popen(cmd, env={**_env(), **PYFLEET_ENV.get(name, {})}, stdout=out,
+                             stderr=err, text=True)
+        deadline = time.monotonic() + timeout + 60
+        while p.poll() is None:
+            _sample(p.pid, seen)
+            if time.monotonic() > deadline:
+                p.kill()
+                p.wait()
+                raise RuntimeError(f"{' '.join(cmd)} did not finish in {timeout + 60:.0f} s")
+            time.sleep(0.1)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    if p.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{stdout[-2000:]}\n{stderr[-2000:]}")
+    r = json.loads(stdout)
+    cpu = {}
+    for role, user, kernel in seen.values():
+        cpu[f"{role}_user"] = cpu.get(f"{role}_user", 0.0) + user
+        cpu[f"{role}_kernel"] = cpu.get(f"{role}_kernel", 0.0) + kernel
+    return {"examples_per_sec": r["train_examples_per_sec"], "test_auc": r["test_auc"],
+            "train_examples": r["train_examples"], "cpu_seconds": cpu,
+            "worker_train_cpu_seconds": r.get("train_cpu_seconds")}
+
+
+# ---------------------------------------------------------------- torch side
+
+def _dataset(path, shuffle):
+    from pyfleet.data import Dataset
+    return Dataset(path, format="criteo", batch_size=BATCH, shuffle=shuffle, seed=0,
+                   prefetch=4)
+
+
+def _id_index(paths):
+    """The sorted distinct hashed ids of ``paths``: a row of the table for each."""
+    seen = []
+    for path in paths:
+        for b in _dataset(path, False):
+            seen.append(np.unique(np.concatenate([ids for ids, _ in b.sparse])))
+    return np.unique(np.concatenate(seen))
+
+
+def _rows_of(batch, index):
+    """Slot-major row indices and offsets of a batch (every slot one id a row)."""
+    ids = np.concatenate([ids for ids, _ in batch.sparse])
+    return np.searchsorted(index, ids).astype(np.int64)
+
+
+def train_torch(kind, data, threads, sparse_lr):
+    """One trainer of TORCH_RUNS in this process; returns its summary."""
+    import torch
+
+    from pyfleet.metrics import exact_auc
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    index = _id_index([data["train"], data["test"]])
+    n_rows, n_slots, dim, n_dense = len(index), 26, 16, 13
+    sizes = [n_slots * dim + n_dense, 256, 128, 64]
+    layers = []
+    for a, b in zip(sizes, sizes[1:]):
+        layers += [torch.nn.Linear(a, b), torch.nn.ReLU()]
+    mlp = torch.nn.Sequential(*layers, torch.nn.Linear(sizes[-1], 2))
+    dense_opt = torch.optim.Adam(mlp.parameters(), lr=1e-3)
+    sparse_opt = None
+    if kind == "torch":
+        emb = torch.nn.EmbeddingBag(n_rows, dim, mode="sum", sparse=True)
+        torch.nn.init.uniform_(emb.weight, -0.01, 0.01)
+        sparse_opt = torch.optim.SparseAdam(emb.parameters(), lr=1e-3)
+
+        def pooled(rows, batch_size):
+            offsets = torch.arange(0, rows.numel(), dtype=torch.int64)
+            return emb(rows, offsets).view(n_slots, batch_size, dim).transpose(0, 1) \
+                .reshape(batch_size, n_slots * dim)
+    elif kind == "fusedebc":
+        from torchrec import EmbeddingBagConfig, KeyedJaggedTensor
+        from torchrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection
+        from torchrec.optim import RowWiseAdagrad
+        keys = [f"C{i}" for i in range(1, n_slots + 1)]
+        emb = FusedEmbeddingBagCollection(
+            tables=[EmbeddingBagConfig(name="t", embedding_dim=dim, num_embeddings=n_rows,
+                                       feature_names=keys)],
+            optimizer_type=RowWiseAdagrad, optimizer_kwargs={"lr": sparse_lr},
+            device=torch.device("cpu"))
+
+        def pooled(rows, batch_size):
+            kjt = KeyedJaggedTensor.from_lengths_sync(
+                keys=keys, values=rows, lengths=torch.ones(rows.numel(), dtype=torch.int32))
+            return emb(kjt).values()
+    elif kind == "fbgemm":
+        from fbgemm_gpu.split_embedding_configs import EmbOptimType
+        from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
+        from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+            ComputeDevice,
+            SplitTableBatchedEmbeddingBagsCodegen,
+        )
+        emb = SplitTableBatchedEmbeddingBagsCodegen(
+            embedding_specs=[(n_rows, dim, EmbeddingLocation.HOST, ComputeDevice.CPU)],
+            feature_table_map=[0] * n_slots, optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+            learning_rate=sparse_lr)
+
+        def pooled(rows, batch_size):
+            offsets = torch.arange(0, rows.numel() + 1, dtype=torch.int64)
+            return emb(rows, offsets)
+    else:
+        raise ValueError(f"unknown torch trainer {kind!r}")
+
+    def forward(batch):
+        rows = torch.from_numpy(_rows_of(batch, index))
+        x = torch.cat([pooled(rows, len(batch)), torch.from_numpy(batch.dense)], dim=1)
+        return mlp(x)
+
+    examples = 0
+    train = _dataset(data["train"], True)
+    t0, c0 = time.perf_counter(), time.process_time()
+    for batch in train:
+        logits = forward(batch)
+        loss = torch.nn.functional.cross_entropy(logits, torch.from_numpy(batch.labels).long())
+        dense_opt.zero_grad(set_to_none=True)
+        if sparse_opt is not None:
+            sparse_opt.zero_grad(set_to_none=True)
+        loss.backward()
+        dense_opt.step()
+        if sparse_opt is not None:
+            sparse_opt.step()
+        examples += len(batch)
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+    preds, labels = [], []
+    with torch.no_grad():
+        for batch in _dataset(data["test"], False):
+            preds.append(torch.softmax(forward(batch), 1)[:, 1].numpy())
+            labels.append(batch.labels)
+    return {"examples_per_sec": examples / seconds, "train_examples": examples,
+            "train_cpu_seconds": cpu,
+            "test_auc": exact_auc(np.concatenate(preds), np.concatenate(labels))}
+
+
+def run_torch(kind, data, args):
+    """``train_torch`` in a child process and session of its own; None if its
+    packages are not installed."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", kind,
+           "--child-data", json.dumps(data), "--torch-threads", str(args.torch_threads),
+           "--sparse-lr", str(args.sparse_lr)]
+    p = subprocess.run(cmd, env=_env(args.torch_threads), capture_output=True, text=True,
+                       timeout=args.timeout, start_new_session=True, check=False)
+    if p.returncode == 3:
+        return {"skipped": p.stdout.strip().splitlines()[-1]}
+    if p.returncode:
+        raise RuntimeError(f"{kind} failed:\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def _child(kind, data, threads, sparse_lr):
+    need = {"torch": ["torch"], "fusedebc": ["torch", "fbgemm_gpu", "torchrec"],
+            "fbgemm": ["torch", "fbgemm_gpu"]}[kind]
+    for mod in need:
+        try:
+            __import__(mod)
+        except Exception as e:  # an ABI mismatch raises OSError, not ImportError
+            print(f"{mod} not usable: {type(e).__name__}: {str(e)[:200]}")
+            return 3
+    sys.path.insert(0, str(REPO))
+    print(json.dumps(train_torch(kind, data, threads, sparse_lr)))
+    return 0
+
+
+# ---------------------------------------------------------------- main
+
+def _versions():
+    out = {}
+    for mod in ("torch", "fbgemm_gpu", "torchrec"):
+        p = subprocess.run([sys.executable, "-c", f"import {mod}; print({mod}.__version__)"],
+                           capture_output=True, text=True, check=False)
+        out[mod] = p.stdout.strip() if p.returncode == 0 else "not usable"
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--runs", nargs="+", default=["async", "sync", "torch", "fusedebc",
+                                                  "fbgemm"],
+                    choices=[*PYFLEET_RUNS, *TORCH_RUNS])
+    ap.add_argument("--torch-threads", type=int, default=2)
+    ap.add_argument("--sparse-lr", type=float, default=0.05,
+                    help="row-wise Adagrad's learning rate of the TorchRec and FBGEMM "
+                         "tables (default: %(default)s)")
+    ap.add_argument("--seed", type=int, default=0, help="pyfleet gen-data --seed")
+    ap.add_argument("--timeout", type=float, default=1800.0)
+    ap.add_argument("--cache", default=os.path.join(tempfile.gettempdir(),
+                                                    "pyfleet-bench-vs-torchrec"))
+    ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--child", choices=TORCH_RUNS, help=argparse.SUPPRESS)
+    ap.add_argument("--child-data", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        return _child(args.child, json.loads(args.child_data), args.torch_threads,
+                      args.sparse_lr)
+
+    data = generated(args.cache, args.rows, args.seed)
+    print(f"{args.rows:,} generated rows in {Path(data['train']).parent}; ground-truth test "
+          f"AUC {data['truth_auc']:.4f}; {os.cpu_count()} cores; versions "
+          f"{_versions()}", flush=True)
+    results = []
+    with tempfile.TemporaryDirectory(prefix="bench-vs-torchrec-") as run_root:
+        for rnd in range(1, args.rounds + 1):
+            for name in args.runs:
+                load0 = os.getloadavg()[0]
+                r = (run_pyfleet(name, data, run_root, args.timeout) if name in PYFLEET_RUNS
+                     else run_torch(name, data, args))
+                r.update(round=rnd, run=name, load=(load0, os.getloadavg()[0]))
+                results.append(r)
+                if "skipped" in r:
+                    print(f"  round {rnd} {name:>10}: skipped ({r['skipped']})", flush=True)
+                else:
+                    print(f"  round {rnd} {name:>10}: {r['examples_per_sec']:>9,.0f} "
+                          f"examples/s  test AUC {r['test_auc']:.4f}  load "
+                          f"{r['load'][0]:.1f}-{r['load'][1]:.1f}", flush=True)
+    _report(results, args.rounds)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rows": args.rows, "truth_auc": data["truth_auc"],
+                       "results": results}, f, indent=1)
+    return 0
+
+
+def _anchor(rows):
+    """The round's reference: the faster TorchRec path, else single-process torch."""
+    trec = [r for r in rows if r["run"] in ("fusedebc", "fbgemm") and "skipped" not in r]
+    if trec:
+        best = max(trec, key=lambda r: r["examples_per_sec"])
+        return best["run"], best
+    plain = [r for r in rows if r["run"] == "torch" and "skipped" not in r]
+    return ("torch", plain[0]) if plain else (None, None)
+
+
+def _report(results, rounds):
+    print()
+    print(f"{'round':>5} {'run':>11} {'examples/s':>11} {'ratio':>6} {'vs':>9} "
+          f"{'test AUC':>9} {'AUC diff':>9} {'load':>9}")
+    for rnd in range(1, rounds + 1):
+        rows = [r for r in results if r["round"] == rnd]
+        name, ref = _anchor(rows)
+        for r in rows:
+            if "skipped" in r:
+                print(f"{rnd:>5} {r['run']:>11} {'skipped':>11}")
+                continue
+            ratio = r["examples_per_sec"] / ref["examples_per_sec"] if ref else float("nan")
+            diff = r["test_auc"] - ref["test_auc"] if ref else float("nan")
+            print(f"{rnd:>5} {r['run']:>11} {r['examples_per_sec']:>11,.0f} {ratio:>6.2f} "
+                  f"{name or '-':>9} {r['test_auc']:>9.4f} {diff:>+9.4f} "
+                  f"{r['load'][0]:>4.1f}-{r['load'][1]:<4.1f}")
+    pf = [r for r in results if r["run"] in PYFLEET_RUNS]
+    if not pf:
+        return
+    print()
+    print("CPU per batch of 512 training examples, ms (whole life of every process: "
+          "start, train pass, test pass)")
+    print(f"{'round':>5} {'run':>11} {'worker':>7} {'w.kern':>7} {'server':>7} "
+          f"{'s.kern':>7} {'other':>7} {'total':>7} {'kern %':>7} {'limit/2c':>9}")
+    for r in pf:
+        c, batches = r["cpu_seconds"], r["train_examples"] / BATCH
+        ms = {k: v / batches * 1e3 for k, v in c.items()}
+        total = sum(ms.values())
+        kern = sum(v for k, v in ms.items() if k.endswith("_kernel"))
+        other = ms.get("other_user", 0.0) + ms.get("other_kernel", 0.0)
+        print(f"{r['round']:>5} {r['run']:>11} {ms.get('worker_user', 0):>7.2f} "
+              f"{ms.get('worker_kernel', 0):>7.2f} {ms.get('server_user', 0):>7.2f} "
+              f"{ms.get('server_kernel', 0):>7.2f} {other:>7.2f} {total:>7.2f} "
+              f"{kern / total if total else 0:>7.0%} {2 * BATCH / total * 1e3:>9,.0f}")
+    print("(worker/server: user time, w.kern/s.kern: kernel time of those processes; "
+          "other: the launcher and mpirun; limit/2c: the examples/s two idle cores would "
+          "give at that CPU per batch)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
