@@ -403,10 +403,11 @@ def _report(results, rounds):
             if "skipped" in r:
                 print(f"{rnd:>5} {r['run']:>11} {'skipped':>11}")
                 continue
-            ratio = r["examples_per_sec"] / ref["examples_per_sec"] if ref else float("nan")
-            diff = r["test_auc"] - ref["test_auc"] if ref else float("nan")
-            print(f"{rnd:>5} {r['run']:>11} {r['examples_per_sec']:>11,.0f} {ratio:>6.2f} "
-                  f"{name or '-':>9} {r['test_auc']:>9.4f} {diff:>+9.4f} "
+            ratio = f"{r['examples_per_sec'] / ref['examples_per_sec']:>6.2f}" if ref else \
+                f"{'-':>6}"
+            diff = f"{r['test_auc'] - ref['test_auc']:>+9.4f}" if ref else f"{'-':>9}"
+            print(f"{rnd:>5} {r['run']:>11} {r['examples_per_sec']:>11,.0f} {ratio} "
+                  f"{name or '-':>9} {r['test_auc']:>9.4f} {diff} "
                   f"{r['load'][0]:>4.1f}-{r['load'][1]:<4.1f}")
     pf = [r for r in results if r["run"] in PYFLEET_RUNS]
     if not pf:
