@@ -15,6 +15,7 @@ about 100 MiB), and the working memory of the requests in flight.
 
 import json
 import math
+import os
 import sys
 import tempfile
 
@@ -152,11 +153,10 @@ def cmd_plan(args):
                          f"state in 8 bits; --optimizer {args.optimizer} is not supported by it")
     p = plan(args.rows, args.dim, args.optimizer, args.storage, args.memory_budget,
              args.servers)
-    if args.json:
-        print(json.dumps(p))
-    else:
-        print(format_plan(p))
-    sys.stdout.flush()
+    try:
+        print(json.dumps(p) if args.json else format_plan(p), flush=True)
+    except BrokenPipeError:  # | head
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 
