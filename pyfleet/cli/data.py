@@ -5,6 +5,7 @@ import os
 
 from pyfleet.data import Dataset, _parse, synthetic
 from pyfleet.data import files as data_files
+from pyfleet.data.files import MAX_LINE_BYTES
 from pyfleet.data.readers import list_files
 
 
@@ -19,15 +20,15 @@ def _split_paths(value):
 FIRST_LINES = 20
 
 
-def _check_first_lines(paths, fmt, flag, labels="required"):
+def _check_first_lines(paths, fmt, flag, labels="required", max_line=MAX_LINE_BYTES):
     """Every input file's format (one for all) and first lines, before any
     process starts: a file whose first lines hold no valid example is refused,
     naming its first bad line. Returns the (resolved) format and schema."""
     schema, requested = None, fmt
     for path in list_files(paths):
-        if not data_files.read_first_line(path):
+        if not data_files.read_first_line(path, max_line):
             continue  # an empty file (or shard) adds nothing and breaks nothing
-        ds = Dataset(path, format=requested, labels=labels)
+        ds = Dataset(path, format=requested, labels=labels, max_line_bytes=max_line)
         if labels == "required" and ds.format == "criteo" and \
                 not data_files.criteo_labelled(path):
             raise ValueError(f"{path}:1: 39 fields, the unlabelled rows of Criteo's test "
@@ -42,7 +43,7 @@ def _check_first_lines(paths, fmt, flag, labels="required"):
             schema = ds.schema
         f, raw = data_files.open_data(path)
         try:
-            lines = [f.readline(1 << 20) for _ in range(FIRST_LINES + 1)]
+            lines = [f.readline(max_line or -1) for _ in range(FIRST_LINES + 1)]
         finally:
             f.close()
             if raw is not None:
@@ -62,11 +63,27 @@ def _check_first_lines(paths, fmt, flag, labels="required"):
             raise ValueError(
                 f"none of the first {len(lines)} lines of {path} reads as {ds.format} "
                 f"({path}:{bad}: {_parse.REASONS[int(r['bad_reasons'][0])]}); see "
-                f"docs/formats.md" + ("" if flag is None else ", or pass --format"))
+                f"docs/formats.md" + _format_hint(path, requested, flag))
     return fmt, schema
 
 
-def _check_whole_files(train, test, fmt):
+def _format_hint(path, requested, flag):
+    """What to do about the format: pass one (auto guessed wrong), or the one the file
+    looks like (the one given is not it)."""
+    if flag is None:
+        return ""
+    if requested == "auto":
+        return f", or pass {flag}"
+    try:
+        seen = data_files.detect_format(path)
+    except (OSError, ValueError):
+        seen = None
+    if seen and seen != requested:
+        return f"; it looks like {seen}: pass {flag} {seen} (or {flag} auto)"
+    return f"; {flag} {requested} was given ({flag} auto reads the format from the file)"
+
+
+def _check_whole_files(train, test, fmt, max_line=MAX_LINE_BYTES):
     """Read --train and --test whole when they are small enough to count (a
     truncated gzip file, an unreadable shard or an overlong line is refused by
     name before anything is written); --train's data lines, or None."""
@@ -79,7 +96,8 @@ def _check_whole_files(train, test, fmt):
             names = list_files(paths)
             if sum(os.path.getsize(f) for f in names) > COUNT_LIMIT:
                 continue  # the workers' readers name what they cannot read
-            n = data_files.count_data_lines(names, header_lines=1 if fmt == "csv" else 0)
+            n = data_files.count_data_lines(names, header_lines=1 if fmt == "csv" else 0,
+                                            max_line=max_line)
         except (OSError, ValueError) as e:
             raise SystemExit(f"pyfleet train: {flag}: {e}") from None
         total = n if flag == "--train" else total

@@ -210,8 +210,20 @@ def _train_parser(sub):
                         "--restart-window; 0: the first death fails the job")
     p.add_argument("--restart-window", type=float, default=3600.0, metavar="SECONDS",
                    help="the window --max-restarts counts restarts in")
+    add_data_options(p)
     add_scale_out_options(p)
     return p
+
+
+def add_data_options(p):
+    """``pyfleet train``'s limits on the data it reads."""
+    p.add_argument("--max-malformed", type=int, default=None, metavar="N",
+                   help="stop the job when a worker's share of the data has more than N "
+                        "malformed lines (0: stop at the first); the first is reported when "
+                        "it is read (default: skip and count every one)")
+    p.add_argument("--max-line-bytes", type=byte_count, default=1 << 20, metavar="BYTES",
+                   help="the longest data line read (e.g. 64M); a longer one stops the job, "
+                        "naming it (a damaged or binary file) (default: 1M)")
 
 
 def add_scale_out_options(p):

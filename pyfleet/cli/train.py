@@ -248,6 +248,10 @@ def cmd_train(args, argv):
         raise SystemExit("pyfleet train: --keep-best needs test data to rank the passes: "
                          "--test or --valid-fraction")
     truth = total_lines = None
+    max_line = args.max_line_bytes
+    if args.max_malformed is not None and args.max_malformed < 0:
+        raise SystemExit(f"pyfleet train: --max-malformed must be >= 0 (0: stop at the first "
+                         f"malformed line), got {args.max_malformed}")
     train, test, fmt = _split_paths(args.train), _split_paths(args.test), args.format
     for flag, paths in (("--train", train), ("--test", test)):
         for path in [paths] if isinstance(paths, str) else paths or []:
@@ -256,7 +260,7 @@ def cmd_train(args, argv):
     if train is not None:  # every file's format and first lines before anything is written
         say(f"checking the data: {args.train}" + (f", {args.test}" if args.test else ""))
         try:
-            fmt, schema = _check_first_lines(train, fmt, "--format")
+            fmt, schema = _check_first_lines(train, fmt, "--format", max_line=max_line)
         except (OSError, ValueError) as e:
             raise SystemExit(f"pyfleet train: --train: {e}") from None
         if schema is None:
@@ -264,11 +268,11 @@ def cmd_train(args, argv):
         if test is not None:
             try:
                 if args.format == "auto":
-                    tfmt, _ = _check_first_lines(test, "auto", "--format")
+                    tfmt, _ = _check_first_lines(test, "auto", "--format", max_line=max_line)
                     if tfmt not in (fmt, "auto"):
                         raise ValueError(f"it looks like {tfmt}, --train like {fmt}: they "
                                          f"must be in the same format")
-                _, test_schema = _check_first_lines(test, fmt, "--format")
+                _, test_schema = _check_first_lines(test, fmt, "--format", max_line=max_line)
             except (OSError, ValueError) as e:
                 raise SystemExit(f"pyfleet train: --test: {e}") from None
             if test_schema is not None and (test_schema.n_dense, test_schema.n_slots) != (
@@ -278,7 +282,7 @@ def cmd_train(args, argv):
                     f"{test_schema.n_slots} slots read as {fmt}, --train {schema.n_dense} and "
                     f"{schema.n_slots}: they must be in the same format")
         n_dense, n_slots = schema.n_dense, schema.n_slots
-        total_lines = _check_whole_files(train, test, fmt)
+        total_lines = _check_whole_files(train, test, fmt, max_line)
     elif test is not None:
         raise SystemExit("pyfleet train: --test needs --train (without --train the generated "
                          "data set's own test split is used)")
@@ -322,6 +326,7 @@ def cmd_train(args, argv):
            "spill_dir": None if args.spill_dir is None else os.path.abspath(args.spill_dir),
            "config": getattr(args, "_config", None),
            "valid_fraction": args.valid_fraction, "keep": args.keep,
+           "max_line_bytes": args.max_line_bytes, "max_malformed": args.max_malformed,
            "keep_best": args.keep_best, "log_level": args.log_level,
            "checkpoint_steps": args.checkpoint_steps,
            "checkpoint_seconds": checkpoint_seconds,

@@ -57,7 +57,8 @@ def _read_error(path: str, e: BaseException, after_line: int = 0) -> DataError:
 
 def _too_long(path: str, line: int, max_line: int) -> DataError:
     return DataError(f"{path}:{line}: a line longer than {max_line:,} bytes (a damaged or "
-                     f"binary file? the limit is Dataset's max_line_bytes)")
+                     f"binary file? the limit is max_line_bytes: pyfleet train --max-line-bytes, "
+                     f"Dataset(max_line_bytes=))")
 
 
 @dataclass(frozen=True)

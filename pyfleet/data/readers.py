@@ -13,6 +13,7 @@ objects may be used from different threads (parsing runs without the GIL).
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator, Sequence
 from typing import Union
@@ -37,6 +38,8 @@ from pyfleet.data.files import (
     split_header,
 )
 from pyfleet.data.prefetch import prefetched
+
+log = logging.getLogger("pyfleet.data")
 
 __all__ = [
     "Batch",
@@ -197,7 +200,8 @@ class Dataset:
                  slots: Sequence[str] | None = None, label_name: str = "click",
                  dense_name: str = "dense_feature", block_size: int = BLOCK_SIZE,
                  max_reported: int = 10, prefetch: int = 0, holdout=None,
-                 max_line_bytes: int = MAX_LINE_BYTES, labels: str = "required"):
+                 max_line_bytes: int = MAX_LINE_BYTES, labels: str = "required",
+                 max_malformed: int | None = None):
         if holdout is not None:
             fraction, side = holdout
             if not 0.0 < float(fraction) < 1.0 or side not in ("train", "valid"):
@@ -214,6 +218,11 @@ class Dataset:
             raise ValueError(f"max_line_bytes must be an integer >= 0 (0: no limit), got "
                              f"{max_line_bytes!r}")
         self.max_line_bytes = int(max_line_bytes)
+        if max_malformed is not None and (isinstance(max_malformed, bool) or not isinstance(
+                max_malformed, (int, np.integer)) or max_malformed < 0):
+            raise ValueError(f"max_malformed must be an integer >= 0 or None, got "
+                             f"{max_malformed!r}")
+        self.max_malformed = None if max_malformed is None else int(max_malformed)
         if not isinstance(prefetch, (int, np.integer)) or prefetch < 0:
             raise ValueError(f"prefetch must be a non-negative integer, got {prefetch!r}")
         self.all_files = list_files(paths)
@@ -393,7 +402,19 @@ class Dataset:
         if self.strict:
             raise ValueError(f"{path}:{int(bad[0])}: malformed line "
                              f"({_parse.REASONS[int(reasons[0])]})")
+        before = st["malformed"]
         st["malformed"] += r["malformed"]
+        limit = self.max_malformed
+        if limit is not None and st["malformed"] > limit:
+            at = limit - before  # the first line past the limit
+            raise DataError(f"{path}:{int(bad[at])}: malformed line "
+                            f"({_parse.REASONS[int(reasons[at])]}), more than the "
+                            f"{limit} allowed (max_malformed, pyfleet train's --max-malformed)")
+        if before == 0:  # said at the first, not only in the end's count
+            log.warning("%s:%d: malformed line (%s), skipped; %s", path, int(bad[0]),
+                        _parse.REASONS[int(reasons[0])],
+                        "every malformed line is skipped and counted" if limit is None else
+                        f"more than {limit} stop the job")
         codes, counts = np.unique(reasons, return_counts=True)
         for code, count in zip(codes.tolist(), counts.tolist()):
             word = _parse.REASONS[code]

@@ -7,6 +7,7 @@ from pyfleet import fluid, models
 from pyfleet import optimizer as _opt
 from pyfleet.config import DistributeTranspilerConfig
 from pyfleet.data import Dataset
+from pyfleet.data.files import MAX_LINE_BYTES
 from pyfleet.distributed.fleet import table_configs
 from pyfleet.entry import CountFilterEntry
 
@@ -57,7 +58,9 @@ def _dataset(job, paths, worker_index, worker_num, shuffle=False, prefetch=4, si
         holdout = (float(job["valid_fraction"]), side)
     return Dataset(paths, format=job["format"], batch_size=job["batch_size"],
                    worker_index=worker_index, worker_num=worker_num, shuffle=shuffle,
-                   seed=job["seed"], prefetch=prefetch, holdout=holdout)
+                   seed=job["seed"], prefetch=prefetch, holdout=holdout,
+                   max_line_bytes=job.get("max_line_bytes") or MAX_LINE_BYTES,
+                   max_malformed=job.get("max_malformed"))
 
 
 def build_program(job, n_dense, n_slots):
