@@ -39,7 +39,8 @@ Where the CPU goes, per batch of 512 training examples: ``worker ms`` is the
 workers' training loops (every thread: parsing, compute, client), measured
 by each worker; ``server ms`` is every server process's whole-life CPU
 (sampled from ``/proc`` on Linux, so it includes start-up and the test
-pass; blank elsewhere); ``server %`` its share of all the run's CPU. With
+pass; blank elsewhere); ``kernel ms`` of all the roles' whole-life CPU, the
+part in the kernel (``SxW`` rows); ``server %`` the servers' share of all the run's CPU. With
 W workers and S servers on C cores, examples/s can reach at most
 ``C * 512 / (worker ms + server ms) * 1000`` when nothing else runs.
 ``queued %`` says how far from that the machine was: of the time the workers'
@@ -160,7 +161,8 @@ def _role_cpu(run_dir, seen):
                 sched = tuple(int(x) / 1e9 for x in f.read().split()[:2])
         except OSError:   # gone meanwhile
             continue
-        seen[pid] = (role, (int(fields[11]) + int(fields[12])) / tick, sched)
+        seen[pid] = (role, (int(fields[11]) + int(fields[12])) / tick, sched,
+                     int(fields[12]) / tick)
 
 
 def run_cluster(data, servers, workers, mode, epochs, timeout, run_dir, storage="fp32",
@@ -190,12 +192,14 @@ def run_cluster(data, servers, workers, mode, epochs, timeout, run_dir, storage=
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{stdout[-2000:]}\n{stderr[-2000:]}")
     r = _last_json(stdout)
     if seen:
-        r["server_cpu_seconds"] = sum(c for role, c, _ in seen.values() if role == "server")
-        r["all_cpu_seconds"] = sum(c for _, c, _ in seen.values())
+        r["server_cpu_seconds"] = sum(c for role, c, _, _ in seen.values() if role == "server")
+        r["all_cpu_seconds"] = sum(c for _, c, _, _ in seen.values())
+        # of all the roles' CPU, the part in the kernel (sockets, page faults, reads)
+        r["kernel_cpu_seconds"] = sum(k for _, _, _, k in seen.values())
         # the workers' main threads over their whole life
-        r["main_thread_ran_seconds"] = sum(q[0] for role, _, q in seen.values()
+        r["main_thread_ran_seconds"] = sum(q[0] for role, _, q, _ in seen.values()
                                            if role == "worker")
-        r["main_thread_queued_seconds"] = sum(q[1] for role, _, q in seen.values()
+        r["main_thread_queued_seconds"] = sum(q[1] for role, _, q, _ in seen.values()
                                               if role == "worker")
     return r
 
@@ -310,6 +314,8 @@ def _row(r, name, srv, wrk, mode, storage, t, budget=None):
                                    if "train_cpu_seconds" in r else None),
            "server_ms_per_batch": (r["server_cpu_seconds"] / batches * 1e3
                                    if "server_cpu_seconds" in r else None),
+           "kernel_ms_per_batch": (r["kernel_cpu_seconds"] / batches * 1e3
+                                   if "kernel_cpu_seconds" in r else None),
            "server_cpu_share": (r["server_cpu_seconds"] / r["all_cpu_seconds"]
                                 if r.get("all_cpu_seconds") else None),
            "queued_share": _queued_share(r),
@@ -417,7 +423,8 @@ def main(argv=None):
     by = {(r["cluster"], r["mode"]): r for r in results}
     print()
     print(f"{'cluster':>14} {'mode':>6} {'examples/s':>12} {'/ single':>9} {'test AUC':>9} "
-          f"{'worker ms':>10} {'server ms':>10} {'server %':>9} {'queued %':>9}")
+          f"{'worker ms':>10} {'server ms':>10} {'kernel ms':>10} {'server %':>9} "
+          f"{'queued %':>9}")
 
     def cell(v, fmt, width):
         return f"{'-':>{width}}" if v is None else f"{v:>{width}{fmt}}"
@@ -427,10 +434,12 @@ def main(argv=None):
         print(f"{r['cluster']:>14} {r['mode']:>6} {r['examples_per_sec']:>12,.0f} {ratio} "
               f"{r['test_auc']:>9.4f} {cell(r['worker_ms_per_batch'], '.1f', 10)} "
               f"{cell(r['server_ms_per_batch'], '.1f', 10)} "
+              f"{cell(r['kernel_ms_per_batch'], '.1f', 10)} "
               f"{cell(r['server_cpu_share'], '.0%', 9)} {cell(r['queued_share'], '.0%', 9)}")
     print("(worker ms: the workers' training CPU per batch of 512; server ms: the "
-          "servers' whole-run CPU per batch; queued %: of the time the workers' main "
-          "threads were runnable, the share spent waiting for a core)")
+          "servers' whole-run CPU per batch; kernel ms: of every role's whole-run CPU, the "
+          "kernel's per batch; queued %: of the time the workers' main threads were "
+          "runnable, the share spent waiting for a core)")
     one = next((r["examples_per_sec"] for r in results
                 if r["cluster"] == "1x1" and r["mode"] == "async"), None)
     two = next((r["examples_per_sec"] for r in results
