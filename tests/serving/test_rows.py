@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support import DATA
+from support.serving import criteo_json_rows, slot_json_rows
 
 from pyfleet.data import Dataset
 from pyfleet.serving.rows import CONTENT_TYPES, BadRequest, RowSchema, concat_batches
@@ -36,13 +37,8 @@ def test_tsv_json_and_npz_bodies_give_the_readers_batch():
     # CRLF line ends and no final newline
     crlf = TSV.read_bytes().replace(b"\n", b"\r\n").rstrip()
     _same(SCHEMA.parse("text/tab-separated-values", crlf), want)
-    rows = []
-    for line in TSV.read_text().splitlines():
-        f = line.split("\t")
-        row = {"label": int(f[0])}
-        row.update({f"I{i}": int(f[i]) for i in range(1, 14) if f[i]})
-        row.update({f"c{i}": f[13 + i] for i in range(1, 27) if f[13 + i]})  # any case
-        rows.append(row)
+    rows = [{"label": 1, **{k.lower(): v for k, v in row.items()}}  # any case, label ignored
+            for row in criteo_json_rows(TSV.read_text().splitlines())]
     _same(SCHEMA.parse("application/json", json.dumps({"rows": rows}).encode()), want)
     buf = io.BytesIO()
     np.savez(buf, dense=want.dense, ids=want.ids_matrix())
@@ -53,18 +49,7 @@ def test_tsv_json_and_npz_bodies_give_the_readers_batch():
 def test_slot_lines_and_slot_json_rows_give_the_readers_batch():
     want = next(iter(Dataset(str(SLOT), format="slot", batch_size=1000)))
     _same(SCHEMA.parse("text/plain", SLOT.read_bytes()), want)
-    rows = []
-    for line in SLOT.read_text().splitlines():
-        row = {"dense_feature": []}
-        for tok in line.split():
-            name, value = tok.split(":")
-            if name == "dense_feature":
-                row["dense_feature"].append(float(value))
-            elif name != "click":
-                ids = row.setdefault(name, [])
-                ids.append(int(value))
-        rows.append({k: (v[0] if k != "dense_feature" and len(v) == 1 else v)
-                     for k, v in row.items()})
+    rows = slot_json_rows(SLOT.read_text().splitlines())
     _same(SCHEMA.parse("application/json", json.dumps({"rows": rows}).encode()), want)
 
 

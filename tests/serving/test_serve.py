@@ -18,7 +18,13 @@ import numpy as np
 import pytest
 from support import DATA
 from support.cli import save_small_model
-from support.serving import ServeProcess, predict, request
+from support.serving import (
+    ServeProcess,
+    criteo_json_rows,
+    predict,
+    request,
+    slot_json_rows,
+)
 
 pytest.importorskip("aiohttp")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -47,17 +53,6 @@ def pyfleet_predict(model, data, fmt, tmp_path):
     return np.loadtxt(out)
 
 
-def json_rows(tsv_lines):
-    """The Criteo TSV lines as JSON rows of named columns (absent values left out)."""
-    rows = []
-    for line in tsv_lines:
-        f = line.split("\t")
-        row = {f"I{i}": float(f[i]) for i in range(1, 14) if f[i]}
-        row.update({f"C{i}": f[13 + i] for i in range(1, 27) if f[13 + i]})
-        rows.append(row)
-    return rows
-
-
 def test_predictions_equal_pyfleet_predict_in_every_request_form(models, tmp_path):
     v1 = models[0]
     want_tsv = pyfleet_predict(v1, TSV, "criteo", tmp_path)
@@ -75,25 +70,16 @@ def test_predictions_equal_pyfleet_predict_in_every_request_form(models, tmp_pat
         np.testing.assert_allclose(got, want_csv, rtol=1e-6, atol=1e-7)
         got, _ = predict(s.url, SLOT.read_bytes(), "text/plain")
         np.testing.assert_allclose(got, want_slot, rtol=1e-6, atol=1e-7)
-        body = json.dumps({"rows": json_rows(lines)}).encode()
+        body = json.dumps({"rows": criteo_json_rows(lines)}).encode()
         got, _ = predict(s.url, body, "application/json")
         np.testing.assert_allclose(got, want_tsv, rtol=1e-6, atol=1e-7)
         # one row at a time: the same numbers as inside a batch
         for i in (0, 17, 99):
-            got, _ = predict(s.url, json.dumps({"rows": json_rows(lines[i:i + 1])}).encode(),
-                             "application/json")
+            one = {"rows": criteo_json_rows(lines[i:i + 1])}
+            got, _ = predict(s.url, json.dumps(one).encode(), "application/json")
             assert got == pytest.approx([want_tsv[i]], rel=1e-6, abs=1e-7)
         # slot-form JSON rows: dense_feature as is, ids per slot
-        slot_rows = []
-        for line in SLOT.read_text().splitlines()[:5]:
-            row = {"dense_feature": []}
-            for tok in line.split():
-                name, value = tok.split(":")
-                if name == "dense_feature":
-                    row["dense_feature"].append(float(value))
-                elif name != "click":
-                    row.setdefault(name, []).append(int(value))
-            slot_rows.append(row)
+        slot_rows = slot_json_rows(SLOT.read_text().splitlines()[:5])
         got, _ = predict(s.url, json.dumps({"rows": slot_rows}).encode(), "application/json")
         np.testing.assert_allclose(got, want_slot[:5], rtol=1e-6, atol=1e-7)
         # the numpy form: a Batch's arrays in, float32 .npy out

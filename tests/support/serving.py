@@ -102,6 +102,34 @@ def request(url, body=None, content_type=None, accept=None, timeout=30, method=N
         return None, {}, b""
 
 
+def criteo_json_rows(tsv_lines):
+    """Criteo TSV lines (str) as JSON rows of named columns (absent values left out)."""
+    rows = []
+    for line in tsv_lines:
+        f = line.split("\t")
+        row = {f"I{i}": float(f[i]) for i in range(1, 14) if f[i]}
+        row.update({f"C{i}": f[13 + i] for i in range(1, 27) if f[13 + i]})
+        rows.append(row)
+    return rows
+
+
+def slot_json_rows(slot_lines):
+    """PaddleRec slot-format lines (str) as JSON rows: ``dense_feature`` and a list
+    of ids per slot (a single id as a number)."""
+    rows = []
+    for line in slot_lines:
+        row = {"dense_feature": []}
+        for tok in line.split():
+            name, value = tok.split(":")
+            if name == "dense_feature":
+                row["dense_feature"].append(float(value))
+            elif name != "click":
+                row.setdefault(name, []).append(int(value))
+        rows.append({k: (v[0] if k != "dense_feature" and len(v) == 1 else v)
+                     for k, v in row.items()})
+    return rows
+
+
 def predict(url, body, content_type, timeout=30):
     """``(predictions list, model version)`` of a 200 answer; AssertionError otherwise."""
     status, _, out = request(url + "/predict", body, content_type, timeout=timeout)
