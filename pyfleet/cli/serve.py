@@ -48,6 +48,8 @@ def add_serve_parser(sub, add_parser):
                    help="most rows in one request (more: 413)")
     p.add_argument("--max-concurrent", type=int, default=256,
                    help="most requests answered at once (more: 429)")
+    p.add_argument("--read-timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="how long a request's body may take to arrive (longer: 408)")
     p.add_argument("--batch-wait-ms", type=float, default=1.0, metavar="MS",
                    help="how long a model step waits for requests still arriving, to answer "
                         "them together (0: never waits)")
@@ -86,7 +88,8 @@ def cmd_serve(args):
     try:
         options = ServeOptions(args.max_body_bytes, args.max_rows, args.max_concurrent,
                                args.batch_wait_ms / 1000.0, args.max_batch_rows,
-                               None if args.slots is None else args.slots.split(","))
+                               None if args.slots is None else args.slots.split(","),
+                               args.read_timeout)
     except ValueError as e:
         _fail(str(e).replace("_", "-"))
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,

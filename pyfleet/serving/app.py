@@ -41,13 +41,16 @@ class ServeOptions:
     """The limits and batching of a server (``pyfleet serve``'s options)."""
 
     def __init__(self, max_body_bytes=16 << 20, max_rows=16384, max_concurrent=256,
-                 batch_wait=0.001, max_batch_rows=4096, slots=None):
+                 batch_wait=0.001, max_batch_rows=4096, slots=None, read_timeout=30.0):
         for name, v in (("max_body_bytes", max_body_bytes), ("max_rows", max_rows),
                         ("max_concurrent", max_concurrent), ("max_batch_rows", max_batch_rows)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
         if not 0 <= batch_wait <= 1:
             raise ValueError(f"batch_wait must be between 0 and 1 second, got {batch_wait!r}")
+        if not read_timeout > 0:
+            raise ValueError(f"read_timeout must be > 0 seconds, got {read_timeout!r}")
+        self.read_timeout = float(read_timeout)
         self.max_body_bytes, self.max_rows = max_body_bytes, max_rows
         self.max_concurrent, self.max_batch_rows = max_concurrent, max_batch_rows
         self.batch_wait, self.slots = float(batch_wait), slots
@@ -183,7 +186,11 @@ class Server:
         self._waiting_bodies += 1
         queued = False
         try:
-            body = await request.read()
+            try:  # a client that stalls mid-body must not hold its slot for ever
+                body = await asyncio.wait_for(request.read(), self.options.read_timeout)
+            except asyncio.TimeoutError:
+                return _error(408, f"the body did not arrive within --read-timeout "
+                                   f"{self.options.read_timeout:g} s", "timeout")
             schema = self.schema
             try:
                 if len(body) > _PARSE_IN_THREAD:
@@ -201,6 +208,8 @@ class Server:
                 prob, version = await fut
             except ValueError as e:  # the model's own refusal of these rows (non-finite)
                 return _error(422, str(e), "model")
+            except Exception as e:  # logged with its trace by the batcher
+                return _error(500, f"the model step failed: {type(e).__name__}: {e}", "model")
         finally:
             m.in_flight -= 1
             if not queued:

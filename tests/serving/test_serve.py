@@ -305,9 +305,10 @@ def test_refused_options_and_an_unloadable_model_are_named(models, tmp_path):
     assert r.returncode != 0 and "max-rows must be an integer >= 1" in r.stderr
     broken = tmp_path / "broken"
     shutil.copytree(models[0], broken)
-    (broken / "fc_0.b_0.npy").unlink()
+    bias = sorted(broken.glob("fc_*.b_0.npy"))[0]
+    bias.unlink()
     r = serve("--model", broken)
-    assert r.returncode == 1 and "fc_0.b_0.npy is missing" in r.stderr
+    assert r.returncode == 1 and f"{bias.name} is missing" in r.stderr
 
 
 def test_follow_a_training_run_serves_its_storage_type_and_swaps_in_a_retrained_model(tmp_path):
@@ -338,3 +339,17 @@ def test_follow_a_training_run_serves_its_storage_type_and_swaps_in_a_retrained_
         got, second = predict(s.url, data.read_bytes(), "text/tab-separated-values")
         assert second.startswith("model@") and second != first
         np.testing.assert_allclose(got, want2, rtol=1e-6, atol=1e-7)
+
+
+def test_a_stalled_body_is_408_and_frees_its_slot(models, tmp_path):
+    with ServeProcess("--model", models[0], "--read-timeout", "1", "--max-concurrent", "1",
+                      cwd=tmp_path) as s:
+        with socket.create_connection(("127.0.0.1", s.port), timeout=30) as sock:
+            sock.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: text/csv\r\n"
+                         b"Content-Length: 1000\r\n\r\nI1,C1\n")  # then nothing more
+            # while it stalls, it holds the one slot
+            status, _, out = request(s.url + "/predict", b"\t" * 38, "text/tab-separated-values")
+            assert status == 429 and b"--max-concurrent 1" in out
+            reply = sock.recv(4096)
+        assert reply.startswith(b"HTTP/1.1 408") and b"--read-timeout 1 s" in reply
+        assert predict(s.url, b"\t" * 38, "text/tab-separated-values")[0]

@@ -1,0 +1,56 @@
+"""A served model version in one process: its tables hold exactly the model's rows
+in the storage type asked for, and an id the model never saw gets the row training
+would have created for it (the table's initializer with its seed), never zeros."""
+
+import numpy as np
+import pytest
+from support import DATA
+from support.cli import save_small_model
+
+from pyfleet.fluid.inference import load_program
+from pyfleet.serving.model import ModelVersion
+from pyfleet.table import SparseTable
+
+CSV = DATA / "criteo-kaggle-tiny" / "train.tiny.csv"
+pytestmark = pytest.mark.skipif(not CSV.exists(), reason="shared Criteo samples missing")
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return save_small_model(tmp_path_factory.mktemp("m") / "model", CSV, format="csv",
+                            batch_size=200)
+
+
+def test_rows_are_the_models_and_unseen_ids_get_the_initial_row(model, tmp_path):
+    program, _, _ = load_program(model)
+    keys, weights = program.backend.sparse_rows("SparseFeatFactors")
+    cfg = program.backend.sparse_configs["SparseFeatFactors"]
+    for kwargs in ({}, {"memory_budget": 64 << 10, "spill_dir": tmp_path / "spill"}):
+        v = ModelVersion(model, **kwargs)
+        table = v.tables["SparseFeatFactors"]
+        np.testing.assert_array_equal(table.pull(keys, create=False), weights)  # exact
+        unseen = np.setdiff1d(np.arange(1, 5000, dtype=np.uint64), keys)[:1000]
+        got = v.program.backend.pull_sparse("SparseFeatFactors", unseen)
+        from pyfleet import initializer
+        ref = SparseTable(int(cfg["dim"]), table.optimizer,
+                          initializer=initializer.from_config(cfg["initializer"]),
+                          seed=int(cfg["seed"]))
+        np.testing.assert_array_equal(got, ref.initial_values(unseen))
+        assert np.abs(got).max() > 0 and len(table) == keys.shape[0]  # nothing created
+    assert table.stats()["spilled_rows"] > 0
+
+
+def test_fp16_storage_holds_each_weight_rounded_to_fp16(model):
+    program, _, _ = load_program(model)
+    keys, weights = program.backend.sparse_rows("SparseFeatFactors")
+    v = ModelVersion(model, storage="fp16")
+    got = v.tables["SparseFeatFactors"].pull(keys, create=False)
+    assert v.tables["SparseFeatFactors"].storage == "fp16"
+    # stochastic rounding: each value is one of the two fp16 neighbours of the weight
+    w = np.asarray(weights)
+    near = w.astype(np.float16)
+    wide = near.astype(np.float32)
+    below = np.where(wide > w, np.nextafter(near, np.float16(-np.inf)), near).astype(np.float32)
+    above = np.where(wide < w, np.nextafter(near, np.float16(np.inf)), near).astype(np.float32)
+    assert np.all((got == below) | (got == above))
+    assert not np.array_equal(got, w)
