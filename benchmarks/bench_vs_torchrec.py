@@ -43,7 +43,11 @@ shares a loaded machine between sessions). ``fusedebc`` and ``fbgemm`` need
 a matching set); a trainer whose packages are missing is reported as skipped.
 
 The ratios are to the faster TorchRec path (``fusedebc`` or ``fbgemm``) of the
-same round, or to ``torch`` when neither ran. Then, for each pyfleet run, where
+same round, or to ``torch`` when neither ran. Each row also gives its CPU per
+batch (a torch process's training loop, every thread; pyfleet's workers'
+training loops plus its servers' whole life) and the examples/s two idle cores
+would allow at that CPU: on a machine shared with other jobs, the figure that
+moves least. ``--report FILE`` prints the tables of a ``--json`` file again. Then, for each pyfleet run, where
 its CPU went per batch of 512 training examples, from ``/proc`` (each role's
 whole life: start, the training pass and the test pass): the workers' user and
 kernel time, the servers' user and kernel time, and the launcher's; a sum over
@@ -348,6 +352,8 @@ def main(argv=None):
     ap.add_argument("--cache", default=os.path.join(tempfile.gettempdir(),
                                                     "pyfleet-bench-vs-torchrec"))
     ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--report", metavar="JSON", help="print the tables of a run's --json "
+                                                     "file again, and run nothing")
     ap.add_argument("--child", choices=TORCH_RUNS, help=argparse.SUPPRESS)
     ap.add_argument("--child-data", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -355,6 +361,11 @@ def main(argv=None):
         return _child(args.child, json.loads(args.child_data), args.torch_threads,
                       args.sparse_lr)
 
+    if args.report:
+        with open(args.report) as f:
+            results = json.load(f)["results"]
+        _report(results, max(r["round"] for r in results))
+        return 0
     data = generated(args.cache, args.rows, args.seed)
     print(f"{args.rows:,} generated rows in {Path(data['train']).parent}; ground-truth test "
           f"AUC {data['truth_auc']:.4f}; {os.cpu_count()} cores; versions "
@@ -392,10 +403,23 @@ def _anchor(rows):
     return ("torch", plain[0]) if plain else (None, None)
 
 
+def _train_cpu_ms(r):
+    batches = r["train_examples"] / BATCH
+    if r["run"] in PYFLEET_RUNS:
+        c = r["cpu_seconds"]
+        worker = r.get("worker_train_cpu_seconds")
+        if worker is None:   # the workers' whole life instead
+            worker = c.get("worker_user", 0) + c.get("worker_kernel", 0)
+        cpu = worker + c.get("server_user", 0) + c.get("server_kernel", 0)
+    else:
+        cpu = r["train_cpu_seconds"]
+    return cpu / batches * 1e3
+
+
 def _report(results, rounds):
     print()
     print(f"{'round':>5} {'run':>11} {'examples/s':>11} {'ratio':>6} {'vs':>9} "
-          f"{'test AUC':>9} {'AUC diff':>9} {'load':>9}")
+          f"{'test AUC':>9} {'AUC diff':>9} {'load':>9} {'cpu ms':>7} {'limit/2c':>9}")
     for rnd in range(1, rounds + 1):
         rows = [r for r in results if r["round"] == rnd]
         name, ref = _anchor(rows)
@@ -406,9 +430,15 @@ def _report(results, rounds):
             ratio = f"{r['examples_per_sec'] / ref['examples_per_sec']:>6.2f}" if ref else \
                 f"{'-':>6}"
             diff = f"{r['test_auc'] - ref['test_auc']:>+9.4f}" if ref else f"{'-':>9}"
+            cpu = _train_cpu_ms(r)
             print(f"{rnd:>5} {r['run']:>11} {r['examples_per_sec']:>11,.0f} {ratio} "
                   f"{name or '-':>9} {r['test_auc']:>9.4f} {diff} "
-                  f"{r['load'][0]:>4.1f}-{r['load'][1]:<4.1f}")
+                  f"{r['load'][0]:>4.1f}-{r['load'][1]:<4.1f} {cpu:>7.2f} "
+                  f"{2 * BATCH / cpu * 1e3:>9,.0f}")
+    print("(cpu ms: CPU per batch of 512, all threads: the training loop of a torch "
+          "process; pyfleet's workers' training loops plus its servers' whole life; "
+          "limit/2c: the examples/s two idle cores would give at that CPU: on a loaded "
+          "machine the figure that moves least)")
     pf = [r for r in results if r["run"] in PYFLEET_RUNS]
     if not pf:
         return
