@@ -152,7 +152,7 @@ class Monitor(threading.Thread):
                      f"({e.get('test_examples', 0):,} examples)")
             self._record({"time": e["time"], "pass": n, "test_auc": auc, "test_logloss": loss,
                           "test_examples": e.get("test_examples"),
-                          "examples": self.prev[1] if self.prev else None})
+                          "examples": self._examples_at_end(n)})
         elif kind == "saving":
             self.say(f"pass {n}: saving the checkpoint to {e['path']}")
         elif kind == "saved":
@@ -166,6 +166,14 @@ class Monitor(threading.Thread):
                                                        else ""))
         elif kind == "export":
             self.say(f"exporting the inference model to {e['path']}")
+
+    def _examples_at_end(self, n):
+        """The job's examples when pass ``n`` ended (every worker's count then), the
+        step its test belongs to; the last progress line's when a worker does not say."""
+        ends = [s.get("pass_ends", {}).get(str(n)) for s in self._statuses()]
+        if len(ends) == self.workers and all(isinstance(x, int) for x in ends):
+            return sum(ends)
+        return self.prev[1] if self.prev else None
 
     def _statuses(self):
         out = []

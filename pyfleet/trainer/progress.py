@@ -39,6 +39,7 @@ class _Progress:
         self.pass_start = 0  # examples before this pass
         # counts restored from a checkpoint's position, before this process trained
         self.base_examples, self.base_loss_sum = 0, 0.0
+        self.pass_ends = {}  # pass -> examples when it ended (the test's step)
         self._preds, self._labels, self._buffered = [], [], 0
 
     def update(self, epoch, pred, labels, loss):
@@ -67,9 +68,11 @@ class _Progress:
         self.drain()
         now = now or time.perf_counter()
         self.last = now
+        if done:
+            self.pass_ends[str(epoch)] = self.examples
         if not self.status_path:
             return
-        status = {"time": time.time(), "worker": self.worker, "pass": epoch,
+        status = {"pass_ends": self.pass_ends, "time": time.time(), "worker": self.worker, "pass": epoch,
                   "pass_done": done, "pass_examples": self.examples - self.pass_start,
                   "step": self.steps,
                   "examples": self.examples, "loss_sum": self.loss_sum,

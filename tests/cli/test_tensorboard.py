@@ -60,6 +60,20 @@ def test_tensorboard_scalars_match_the_metrics(tmp_path):
         [x["test_logloss"] for x in tests], rel=1e-6)
 
 
+def test_a_pass_test_is_logged_at_the_examples_its_pass_ended(tmp_path):
+    """Passes shorter than the progress interval: no progress line came before the test
+    (pass 1's test AUC was logged at step 0)."""
+    pytest.importorskip("tensorboardX", reason="tensorboardX missing")
+    run = tmp_path / "run"
+    args = [a if a != "0.05" else "600" for a in SMALL]
+    r = pyfleet("train", *args, "--epochs", "2", "--tensorboard", "--run-dir", run, "--json",
+                cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    per_pass = json.loads(r.stdout)["train_examples"] // 2
+    scalars = _scalars(run / "tensorboard")
+    assert [s for s, _ in scalars["test/auc"]] == [per_pass, 2 * per_pass]
+
+
 def test_without_tensorboardx_the_option_is_refused_by_name(tmp_path):
     fake = tmp_path / "fake" / "tensorboardX"
     fake.mkdir(parents=True)
