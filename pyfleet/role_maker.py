@@ -24,6 +24,7 @@ from __future__ import annotations
 import enum
 import os
 import socket
+import sys
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -165,6 +166,36 @@ class RoleMakerBase:
         if self._info is None:
             return f"<{type(self).__name__} (role not generated yet)>"
         return f"<{type(self).__name__} {self.to_string()}>"
+
+
+class NoRoleError(ConfigError):
+    """A role maker found no role in the environment: most often a Fleet script run by
+    itself instead of by a launcher. The message says how to launch it; uncaught, it is
+    that one line on stderr instead of a traceback (:func:`_one_line_when_uncaught`)."""
+
+    def __init__(self, what: str):
+        script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "script.py"
+        super().__init__(
+            f"{what}. A Fleet script is one role of a job: start every role with the "
+            f"launcher, `python -m pyfleet.launch --server_num 1 --worker_num 2 {script}` "
+            f"(or fleetrun; --hosts h1,h2 across hosts), or under mpirun")
+        _one_line_when_uncaught()
+
+
+def _one_line_when_uncaught():
+    """Make an uncaught :class:`NoRoleError` print its message alone (exit status 1)."""
+    previous = sys.excepthook
+    if getattr(previous, "_pyfleet_no_role", False):
+        return
+
+    def hook(exc_type, exc, tb):
+        if isinstance(exc, NoRoleError):
+            print(f"{os.path.basename(sys.argv[0]) or 'python'}: {exc}", file=sys.stderr)
+            return
+        previous(exc_type, exc, tb)
+
+    hook._pyfleet_no_role = True
+    sys.excepthook = hook
 
 
 def _validate(info: RoleInfo, who: str) -> None:
@@ -332,7 +363,7 @@ class PaddleCloudRoleMaker(RoleMakerBase):
             return Role.WORKER if raw == "worker" else Role.SERVER
         name = _first_set(env, ("TRAINING_ROLE", "PADDLE_TRAINING_ROLE"))
         if name is None:
-            raise ConfigError("no role in the environment: set PYFLEET_ROLE=worker|server "
+            raise NoRoleError("no role in the environment: set PYFLEET_ROLE=worker|server "
                               "(or Paddle's TRAINING_ROLE=TRAINER|PSERVER)")
         raw = env[name].strip().upper()
         if raw not in ("TRAINER", "PSERVER"):
@@ -542,8 +573,7 @@ def default_role_maker(env: Mapping[str, str] | None = None) -> RoleMakerBase:
         return MPISymetricRoleMaker()
     if _first_set(env, ("TRAINING_ROLE", "PADDLE_TRAINING_ROLE")) is not None:
         return PaddleCloudRoleMaker(env=None if env is os.environ else env)
-    raise ConfigError("fleet.init() got no role maker and found no role in the environment: "
-                      "pass role_maker=UserDefinedRoleMaker(...), start the job with "
-                      "`python -m pyfleet.launch` or mpirun, or set PYFLEET_ROLE, "
+    raise NoRoleError("fleet.init() got no role maker and found no role in the environment: "
+                      "pass role_maker=UserDefinedRoleMaker(...), or set PYFLEET_ROLE, "
                       "PYFLEET_SERVER_ENDPOINTS, PYFLEET_WORKER_NUM and "
                       "PYFLEET_WORKER_INDEX/PYFLEET_SERVER_INDEX (see docs/fleet.md)")
