@@ -152,6 +152,19 @@ def _extra_outputs(op, out_name, in_vars, x):
     return slots, new
 
 
+def _fluid_attrs(op, attrs):
+    """``attrs`` as Fluid's kernels of an inference program read them: every
+    ``is_test`` true, a reduction's ``dim`` a list, a cast's ``in_dtype``."""
+    if "is_test" in attrs:
+        attrs["is_test"] = True
+    if op.type.startswith("reduce_") and "dim" in attrs:
+        dim = attrs["dim"]
+        attrs["reduce_all"] = bool(attrs.get("reduce_all")) or dim is None
+        attrs["dim"] = [0] if dim is None else [int(d) for d in np.atleast_1d(dim)]
+    if op.type == "cast":
+        attrs["in_dtype"] = op.inputs["X"][0].dtype.str
+
+
 def _var_entry(v):
     shape = [-1] if v.shape is None else [int(s) for s in v.shape]
     return {"name": v.name, "type": LOD_TENSOR, "persistable": bool(v.persistable),
@@ -183,6 +196,7 @@ def program_to_desc(ops, feed_vars, fetch_vars):
                 op_type = "lookup_table_v2"
             if attrs.get("padding_idx") is None:
                 attrs["padding_idx"] = -1
+        _fluid_attrs(op, attrs)
         enc = {}
         for name, value in attrs.items():
             a = _attr(op_type, name, value)
