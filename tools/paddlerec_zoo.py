@@ -100,9 +100,12 @@ def _series(text, train):
 
 
 def _pick(series):
+    """The metric a cell shows: a loss when the model reports one, else the first
+    (by name) that is not 0 throughout (Fluid's AUC of a label with no positive)."""
     if not series:
         return None, []
-    names = sorted(series, key=lambda n: (not re.search("loss|cost", n, re.I), n))
+    names = sorted(series, key=lambda n: (not re.search("loss|cost", n, re.I),
+                                          not any(series[n]), n))
     return names[0], series[names[0]]
 
 

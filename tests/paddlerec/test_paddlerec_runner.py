@@ -1,10 +1,10 @@
 """PaddleRec 1.8.5's own runner (``python -m paddlerec.run -m config.yaml``, the
 ``paddle-rec`` wheel installed with ``--no-deps``) under ``pyfleet run``: a model
-written for these tests in PaddleRec's model interface (ctr_dnn/model.py) on
-generated slot data, in PaddleRec's single-process mode (train, checkpoints,
+written for pyfleet in PaddleRec's model interface on generated slot data, in PaddleRec's single-process mode (train, checkpoints,
 an inference model, infer from ``init_model_path``) and its ``local_cluster``
 mode (2 servers + 2 workers as new interpreters; a warm start from a cluster
-checkpoint), and a layer pyfleet refuses under Fleet failing by name.
+checkpoint), and a layer pyfleet refuses under Fleet failing by name. The model,
+its config and its data generator are examples/paddlerec/ctr_dnn.
 
 CI installs the wheel (.ci/run) and sets PYFLEET_REQUIRE_PADDLEREC=1: there a
 missing paddlerec fails the module instead of skipping it."""
@@ -27,59 +27,38 @@ if importlib.util.find_spec("paddlerec") is None:
     pytest.skip("paddle-rec is not installed: pip install --no-deps paddle-rec==1.8.5.1",
                 allow_module_level=True)
 
-MODEL = REPO / "tests" / "paddlerec" / "ctr_dnn"
+EXAMPLE = REPO / "examples" / "paddlerec" / "ctr_dnn"
 SPARSE = [f"s{i}" for i in range(1, 7)]
-VOCAB = 200
 
 
-def _lines(rng, n, weights):
-    """Slot lines ``click:y dense_var:x1 .. s1:id ...``; clicks drawn from a logistic
-    model of the ids and the dense values, so a model can learn them."""
-    ids = rng.integers(1, VOCAB, (n, len(SPARSE)))
-    dense = rng.normal(size=(n, 3))
-    logit = weights[ids].sum(axis=1) + dense @ np.array([1.5, -1.0, 0.5])
-    clicks = (rng.random(n) < 1 / (1 + np.exp(-logit))).astype(int)
-    out = []
-    for y, row, x in zip(clicks, ids, dense):
-        fields = [f"click:{y}"] + [f"dense_var:{v:.4f}" for v in x]
-        fields += [f"{s}:{i}" for s, i in zip(SPARSE, row)]
-        out.append(" ".join(fields) + "\n")
-    return out
+def _example():
+    spec = importlib.util.spec_from_file_location("ctr_dnn_gen_data", EXAMPLE / "gen_data.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     d = tmp_path_factory.mktemp("slots")
-    rng = np.random.default_rng(7)
-    weights = rng.normal(scale=1.2, size=VOCAB)
-    (d / "train").mkdir()
-    (d / "test").mkdir()
-    for i in range(2):   # two files: one a worker in the local cluster
-        (d / "train" / f"part-{i}").write_text("".join(_lines(rng, 320, weights)))
-    (d / "test" / "part-0").write_text("".join(_lines(rng, 320, weights)))
+    _example().write(str(d))
     return d
 
 
 def _config(data, runners, batch_norm=False):
-    slots = "click " + " ".join(SPARSE)
-    return {
-        "workspace": str(MODEL),
-        "dataset": [{"name": n, "batch_size": 16, "type": "DataLoader",
-                     "data_path": str(data / part), "sparse_slots": slots,
-                     "dense_slots": "dense_var:3"}
-                    for n, part in (("train_set", "train"), ("test_set", "test"))],
-        # 100001 rows: a sparse table (PaddleRec's Adam is lazy: pyfleet refuses it on a
-        # dense embedding); only the ids seen get rows.
-        "hyper_parameters": {"optimizer": {"class": "Adam", "learning_rate": 0.02},
-                             "sparse_feature_number": 100001, "sparse_feature_dim": 4,
-                             "hidden": 16, "batch_norm": batch_norm},
-        "mode": [r["name"] for r in runners],
-        "runner": runners,
-        "phase": [{"name": "train_phase", "model": "{workspace}/model.py",
-                   "dataset_name": "train_set", "thread_num": 1},
-                  {"name": "infer_phase", "model": "{workspace}/model.py",
-                   "dataset_name": "test_set", "thread_num": 1}],
-    }
+    """The example's config.yaml with these runners, its data in ``data``."""
+    config = yaml.safe_load((EXAMPLE / "config.yaml").read_text())
+    config["workspace"] = str(EXAMPLE)
+    for ds in config["dataset"]:
+        ds["data_path"] = str(data / ds["data_path"].rsplit("/", 1)[1])
+    config["hyper_parameters"]["batch_norm"] = batch_norm
+    config["runner"], config["mode"] = runners, [r["name"] for r in runners]
+    return config
+
+
+def _runner(example_name, **changes):
+    config = yaml.safe_load((EXAMPLE / "config.yaml").read_text())
+    return {**next(r for r in config["runner"] if r["name"] == example_name), **changes}
 
 
 def _run(cwd, config, timeout=300):
@@ -106,17 +85,10 @@ def _global(text, name, what="Infer"):
 
 
 def test_single_process_trains_saves_and_infers(tmp_path, data):
+    """The example's own runners: 3 epochs, a checkpoint each, an inference model
+    at the third, then infer from each checkpoint."""
     from pyfleet import fluid
-    runners = [
-        {"name": "train_runner", "class": "train", "epochs": 3, "device": "cpu",
-         "save_checkpoint_interval": 1, "save_checkpoint_path": "ckpt",
-         "save_inference_interval": 3, "save_inference_path": "inference",
-         "save_inference_feed_varnames": ["dense_var", *SPARSE],
-         "save_inference_fetch_varnames": ["ctr_prob"],
-         "print_interval": 5, "phases": ["train_phase"]},
-        {"name": "infer_runner", "class": "infer", "device": "cpu", "init_model_path": "ckpt",
-         "phases": ["infer_phase"]},
-    ]
+    runners = [_runner("train_runner"), _runner("infer_runner")]
     code, out = _run(tmp_path, _config(data, runners))
     assert code == 0 and "except:" not in out, out[-4000:]
     loss = _values(out, "LOSS")
@@ -132,11 +104,10 @@ def test_single_process_trains_saves_and_infers(tmp_path, data):
     assert len(aucs) == 3 and all(a > 0.6 for a in aucs), aucs
 
 
-def _cluster(name, epochs, strategy, init="", path="cluster", phases=("train_phase",)):
-    return {"name": name, "class": "local_cluster_train", "epochs": epochs, "device": "cpu",
-            "worker_num": 2, "server_num": 2, "distribute_strategy": strategy,
-            "save_checkpoint_interval": 1, "save_checkpoint_path": path,
-            "init_model_path": init, "print_interval": 5, "phases": list(phases)}
+def _cluster(name, epochs, strategy, init="", path="cluster"):
+    return _runner("local_cluster_runner", name=name, epochs=epochs,
+                   distribute_strategy=strategy, init_model_path=init,
+                   save_checkpoint_path=path)
 
 
 def _logs(cwd):

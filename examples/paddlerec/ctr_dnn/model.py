@@ -1,4 +1,4 @@
-"""A CTR DNN written for pyfleet's tests in PaddleRec 1.8.5's model interface
+"""A CTR DNN in PaddleRec 1.8.5's model interface (pyfleet's example, and its tests' model)
 (``paddlerec.core.model.ModelBase``), importing ``paddle`` as PaddleRec models
 do: run by ``paddlerec.run`` under ``pyfleet run``.
 
