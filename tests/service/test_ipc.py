@@ -3,12 +3,9 @@ a loopback server listens on both, clients given the directory use the socket (n
 TCP, no CURVE), the rows are the same either way, the directory is what admits
 a peer, and the launcher gives every job one."""
 
-import io
-import json
 import os
 import shutil
 import stat
-import sys
 import tempfile
 import textwrap
 import threading
@@ -17,9 +14,9 @@ import numpy as np
 import pytest
 import zmq
 from support.reference import init_state, update
+from support.service import run_launched_script
 
 from pyfleet.errors import PeerTimeout
-from pyfleet.launch import free_ports, launch_local
 from pyfleet.optimizer import SGD, Adam
 from pyfleet.service import auth
 from pyfleet.service import wire as Z
@@ -162,28 +159,22 @@ WORKER = textwrap.dedent("""
 """)
 
 
+@pytest.fixture
+def clean_env(monkeypatch):
+    for k in list(os.environ):
+        if k.startswith("PYFLEET_"):
+            monkeypatch.delenv(k)
+
+
 @pytest.mark.parametrize("env", [{}, {"PYFLEET_IPC_DIR": ""}], ids=["default", "off"])
-def test_a_launched_job_talks_through_its_own_directory(tmp_path, env):
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
-    report = tmp_path / "report.json"
-    port = free_ports(1, "127.0.0.1")[0]
-
-    def cmd(role, index):
-        if role == "server":
-            return [sys.executable, "-m", "pyfleet.server", "--endpoint", f"127.0.0.1:{port}",
-                    "--index", str(index), "--num-servers", "1", "--workers", "1"]
-        return [sys.executable, str(script), str(report)]
-
-    code = launch_local(cmd, servers=1, workers=1, env=env, log_dir=tmp_path / "logs",
-                        timeout=120, server_endpoints=[f"127.0.0.1:{port}"],
-                        output=io.StringIO(), messages=io.StringIO())
-    assert code == 0, (tmp_path / "logs").glob("*")
-    out = json.loads(report.read_text())
+def test_a_launched_job_talks_through_its_own_directory(tmp_path, env, clean_env):
+    out = run_launched_script(tmp_path, WORKER, env)
     assert out["servers"] == 1
     if env:
         assert out["dir"] == "" and out["via"].startswith("tcp://")
     else:
         assert out["mode"] == 0o700
-        assert out["via"] == f"ipc://{out['dir']}/127.0.0.1-{port}"
+        host_port = out["via"].rsplit("/", 1)[1]
+        assert out["via"] == f"ipc://{out['dir']}/{host_port}"
+        assert host_port.startswith("127.0.0.1-")
         assert not os.path.exists(out["dir"])   # removed with the job

@@ -5,15 +5,14 @@ the keys are removed when the job ends. ``PYFLEET_JOB_KEYS=0`` (or keys named by
 environment) turns it off."""
 
 import io
-import json
 import os
-import sys
 import textwrap
 
 import pytest
+from support.service import run_launched_script
 
 from pyfleet.errors import ConfigError
-from pyfleet.launch import free_ports, launch_local
+from pyfleet.launch import launch_local
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -43,24 +42,7 @@ WORKER = textwrap.dedent("""
 
 
 def _run(tmp_path, env):
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
-    report = tmp_path / "report.json"
-
-    port = free_ports(1, "127.0.0.1")[0]
-
-    def cmd(role, index):
-        if role == "server":
-            return [sys.executable, "-m", "pyfleet.server", "--endpoint", f"127.0.0.1:{port}",
-                    "--index", str(index), "--num-servers", "1", "--workers", "1"]
-        return [sys.executable, str(script), str(report)]
-
-    code = launch_local(cmd, servers=1, workers=1, env=env, log_dir=tmp_path / "logs",
-                        timeout=120, server_endpoints=[f"127.0.0.1:{port}"],
-                        output=io.StringIO(), messages=io.StringIO())
-    logs = "".join(p.read_text() for p in sorted((tmp_path / "logs").iterdir()))
-    assert code == 0, logs
-    return json.loads(report.read_text())
+    return run_launched_script(tmp_path, WORKER, env)
 
 
 @pytest.fixture

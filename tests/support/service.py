@@ -155,3 +155,31 @@ SCENARIOS = {"async_push": _async_push, "sync_steps": _sync_steps}
 
 if __name__ == "__main__":
     SCENARIOS[sys.argv[1]](**json.loads(sys.argv[2]))
+
+
+def run_launched_script(tmp_path, script, env):
+    """Launch one ``python -m pyfleet.server`` on a free loopback port and
+    ``script`` (Python source, given the path of a report file to write as its
+    argument) as the job's one worker, through ``launch_local`` with ``env``;
+    the report file's JSON (asserting the job succeeded)."""
+    import io
+
+    from pyfleet.launch import free_ports, launch_local
+
+    path = tmp_path / "worker.py"
+    path.write_text(script)
+    report = tmp_path / "report.json"
+    port = free_ports(1, "127.0.0.1")[0]
+
+    def cmd(role, index):
+        if role == "server":
+            return [sys.executable, "-m", "pyfleet.server", "--endpoint", f"127.0.0.1:{port}",
+                    "--index", str(index), "--num-servers", "1", "--workers", "1"]
+        return [sys.executable, str(path), str(report)]
+
+    code = launch_local(cmd, servers=1, workers=1, env=env, log_dir=tmp_path / "logs",
+                        timeout=120, server_endpoints=[f"127.0.0.1:{port}"],
+                        output=io.StringIO(), messages=io.StringIO())
+    logs = "".join(p.read_text() for p in sorted((tmp_path / "logs").iterdir()))
+    assert code == 0, logs
+    return json.loads(report.read_text())
