@@ -64,6 +64,10 @@ def count_lines(files, header_lines=0):
     return total
 
 
+def _finite(x):
+    return x if x == x and abs(x) != float("inf") else None
+
+
 def _fmt(x):
     return "-" if x is None else f"{x:.4f}"
 
@@ -148,9 +152,11 @@ class Monitor(threading.Thread):
             self.say(f"pass {n}: evaluating on the test data")
         elif kind == "tested":
             auc, loss = e.get("test_auc"), e.get("test_logloss")
-            self.say(f"pass {n}: test AUC {_fmt(auc)} logloss {_fmt(loss)} "
-                     f"({e.get('test_examples', 0):,} examples)")
+            cal, ne = e.get("test_calibration"), e.get("test_ne")
+            self.say(f"pass {n}: test AUC {_fmt(auc)} logloss {_fmt(loss)} calibration "
+                     f"{_fmt(cal)} NE {_fmt(ne)} ({e.get('test_examples', 0):,} examples)")
             self._record({"time": e["time"], "pass": n, "test_auc": auc, "test_logloss": loss,
+                          "test_calibration": cal, "test_ne": ne,
                           "test_examples": e.get("test_examples"),
                           "examples": self._examples_at_end(n)})
         elif kind == "saving":
@@ -204,14 +210,17 @@ class Monitor(threading.Thread):
         self.prev = (now, examples, loss_sum)
         loss = (loss_sum - l0) / (examples - e0)
         rate = (examples - e0) / max(now - t0, 1e-9)
-        auc = MetricStats.sum([MetricStats.from_json(s["stats"]) for s in st]).auc()
+        merged = MetricStats.sum([MetricStats.from_json(s["stats"]) for s in st])
+        auc = merged.auc()
         pass_now = min(s["pass"] for s in st)
         if len(st) == self.workers and all(s["pass_done"] for s in st) and (
                 self.total is None or all(s["pass"] == pass_now for s in st)):
             # a whole pass was read: its exact size for the next passes' %
             self.total = sum(s["pass_examples"] for s in st) or self.total
         record = {"time": now, "pass": pass_now, "examples": examples,
-                  "examples_per_sec": rate, "loss": loss, "auc": auc}
+                  "examples_per_sec": rate, "loss": loss, "auc": auc,
+                  "calibration": _finite(merged.calibration()),
+                  "ne": _finite(merged.normalized_entropy())}
         line = f"pass {pass_now}/{self.last}"
         if self.total:
             share = self.total / self.workers

@@ -21,6 +21,8 @@ import numpy as np
 __all__ = [
     "DEFAULT_NUM_THRESHOLDS",
     "MetricStats",
+    "calibration",
+    "normalized_entropy",
     "SlidingAuc",
     "bucket_counts",
     "bucket_index",
@@ -128,6 +130,31 @@ def logloss(pred, label, eps=1e-15):
     if p.shape[0] == 0:
         return float("nan")
     return float(_logloss_sum(p, y, eps) / p.shape[0])
+
+
+def _entropy(ctr):
+    """The logloss of predicting the constant ``ctr`` for labels whose mean it is."""
+    if not 0.0 < ctr < 1.0:
+        return float("nan")
+    return float(-(ctr * np.log(ctr) + (1 - ctr) * np.log1p(-ctr)))
+
+
+def calibration(pred, label):
+    """Predicted CTR over actual CTR, ``sum(pred) / sum(label)`` (TorchRec's
+    calibration; 1 is calibrated, above 1 over-predicts); nan without a click."""
+    p, y = _check_pair(pred, label)
+    clicks = float(y.sum())
+    return float(p.astype(np.float64).sum() / clicks) if clicks else float("nan")
+
+
+def normalized_entropy(pred, label, eps=1e-15):
+    """Logloss over the entropy of the labels' CTR (TorchRec's NE): below 1 the
+    model beats predicting the average CTR for everyone; nan when every label is
+    the same."""
+    p, y = _check_pair(pred, label)
+    if p.shape[0] == 0:
+        return float("nan")
+    return float(_logloss_sum(p, y, eps) / p.shape[0] / _entropy(float(y.mean())))
 
 
 def _logloss_sum(p, y, eps):
@@ -292,6 +319,14 @@ class MetricStats:
 
     def predicted_ctr(self):
         return self.pred_sum / self.count if self.count else float("nan")
+
+    def calibration(self):
+        """Predicted over actual CTR (see :func:`calibration`)."""
+        return self.pred_sum / self.label_sum if self.label_sum else float("nan")
+
+    def normalized_entropy(self):
+        """Logloss over the entropy of the actual CTR (see :func:`normalized_entropy`)."""
+        return self.logloss() / _entropy(self.ctr()) if self.count else float("nan")
 
     def summary(self):
         return {"auc": self.auc(), "logloss": self.logloss(), "count": self.count,

@@ -107,7 +107,7 @@ def plot_run(run_dir, job, truth_auc=None):
         return None
     ends = _pass_ends(lines, tests)
     x = [r["examples"] for r in lines]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.2))
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(16, 4.2))
     a.plot(x, [r["loss"] for r in lines], label="train logloss (window)")
     b.plot(x, [r["auc"] for r in lines], label="train AUC (running)")
     if tests:
@@ -115,7 +115,15 @@ def plot_run(run_dir, job, truth_auc=None):
                [r["test_auc"] for r in tests], "o", color="C3", label="test AUC after each pass")
     if truth_auc is not None:
         b.axhline(truth_auc, color="C2", linestyle=":", label="ground truth's test AUC")
-    for ax in (a, b):
+    cal = [r for r in lines if r.get("calibration") is not None]
+    c.plot([r["examples"] for r in cal], [r["calibration"] for r in cal],
+           label="train calibration (running)")
+    tested = [r for r in tests if r.get("test_calibration") is not None]
+    if tested:
+        c.plot([ends.get(r["pass"], 0) for r in tested], [r["test_calibration"] for r in tested],
+               "o", color="C3", label="test calibration after each pass")
+    c.axhline(1.0, color="C2", linestyle=":", label="calibrated")
+    for ax in (a, b, c):
         for _pass, end in sorted(ends.items())[:-1]:
             ax.axvline(end, color="grey", linestyle="--", linewidth=0.8, gid="pass boundary")
         ax.set_xlabel("examples trained")
@@ -123,6 +131,7 @@ def plot_run(run_dir, job, truth_auc=None):
         ax.legend(loc="best", fontsize="small")
     a.set_ylabel("logloss")
     b.set_ylabel("AUC")
+    c.set_ylabel("predicted / actual CTR")
     fig.suptitle(title_of(job), fontsize="medium")
     fig.tight_layout()
     out = os.path.join(run_dir, PNG)

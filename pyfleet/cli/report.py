@@ -12,6 +12,12 @@ from pyfleet._extras import install_hint
 def _format_summary(s):
     rows = [("test AUC", f"{s['test_auc']:.4f}" if "test_auc" in s else "-"),
             ("test logloss", f"{s['test_logloss']:.4f}" if "test_logloss" in s else "-")]
+    if s.get("test_calibration") is not None:  # TorchRec's calibration and NE
+        rows.append(("test calibration", f"{s['test_calibration']:.4f} (predicted / actual "
+                                          f"CTR)"))
+    if s.get("test_ne") is not None:
+        rows.append(("test normalized entropy", f"{s['test_ne']:.4f} (logloss / the "
+                                                 f"actual CTR's entropy)"))
     if "truth_auc_test" in s:
         rows.append(("ground-truth AUC", f"{s['truth_auc_test']:.4f}"))
     rows += [("train AUC", f"{s['train_auc']:.4f}"),

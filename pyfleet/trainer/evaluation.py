@@ -7,7 +7,7 @@ import os
 import numpy as np
 
 from pyfleet.data.readers import describe_malformed
-from pyfleet.metrics import MetricStats, exact_auc, logloss
+from pyfleet.metrics import MetricStats, calibration, exact_auc, logloss, normalized_entropy
 from pyfleet.trainer.job import feed_of
 
 
@@ -36,10 +36,13 @@ def _pass_metrics(run_dir, epoch, workers):
     pred = np.concatenate([p["pred"] for p in parts])
     label = np.concatenate([p["label"] for p in parts])
     if label.shape[0] == 0:
-        return {"pass": epoch, "test_examples": 0, "test_auc": None, "test_logloss": None}
+        return {"pass": epoch, "test_examples": 0, "test_auc": None, "test_logloss": None,
+                "test_calibration": None, "test_ne": None}
     return {"pass": epoch, "test_examples": int(label.shape[0]),
             "test_auc": _finite(exact_auc(pred, label)),
-            "test_logloss": _finite(logloss(pred, label))}
+            "test_logloss": _finite(logloss(pred, label)),
+            "test_calibration": _finite(calibration(pred, label)),
+            "test_ne": _finite(normalized_entropy(pred, label))}
 
 
 def _remove(path):
@@ -76,6 +79,8 @@ def summarize(run_dir, workers):
     summary["train_examples_per_sec"] = summary["train_examples"] / max(seconds, 1e-9)
     summary["train_logloss"] = train.logloss()
     summary["train_auc"] = train.auc()
+    summary["train_calibration"] = _finite(train.calibration())
+    summary["train_ne"] = _finite(train.normalized_entropy())
     # Malformed lines skipped in the last pass (each worker reads its own share).
     last = [r["passes"][-1] for r in results if r.get("passes")]
     summary["train_malformed"] = sum(p.get("malformed", 0) for p in last)
@@ -93,6 +98,8 @@ def summarize(run_dir, workers):
         summary["test_auc"] = float(exact_auc(pred, label))
         summary["test_auc_bucketed"] = test.auc()
         summary["test_logloss"] = float(logloss(pred, label))
+        summary["test_calibration"] = _finite(calibration(pred, label))
+        summary["test_ne"] = _finite(normalized_entropy(pred, label))
     # Each pass's mean training loss over every worker's examples (cumulative sums).
     by_pass = {}
     for r in results:

@@ -42,7 +42,8 @@ def test_plot_shows_what_ran(tmp_path):
     for part in ("widedeep", "emb 4", "layers 8", "adam", "1 server(s) x 1 worker(s) sync",
                  "generated data"):
         assert part in title, title
-    loss_ax, auc_ax = drawn["axes"]
+    loss_ax, auc_ax, calibration_ax = drawn["axes"]
+    assert calibration_ax["ylabel"] == "predicted / actual CTR"
     assert loss_ax["xlabel"] == auc_ax["xlabel"] == "examples trained"
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     progress = [x for x in records if "loss" in x]
@@ -57,7 +58,12 @@ def test_plot_shows_what_ran(tmp_path):
     assert tests["x"] == pytest.approx([per_pass, 2 * per_pass, 3 * per_pass])
     truth = auc_ax["lines"]["ground truth's test AUC"]["y"]
     assert truth == pytest.approx([summary["truth_auc_test"]] * 2)
-    for ax in (loss_ax, auc_ax):  # the ends of passes 1 and 2
+    cal = calibration_ax["lines"]
+    assert cal["train calibration (running)"]["y"] == pytest.approx(
+        [x["calibration"] for x in progress])
+    assert cal["test calibration after each pass"]["y"] == pytest.approx(
+        [p["test_calibration"] for p in summary["passes"]])
+    for ax in (loss_ax, auc_ax, calibration_ax):  # the ends of passes 1 and 2
         assert ax["pass_boundaries"] == pytest.approx([per_pass, 2 * per_pass])
 
 
