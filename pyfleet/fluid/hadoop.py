@@ -33,7 +33,9 @@ def is_remote(path):
 
 
 class HadoopError(ValueError):
-    """A hadoop command failed (or is not installed)."""
+    """A hadoop command failed (``missing``: it is not installed)."""
+
+    missing = False
 
 
 def _tail(data):
@@ -73,9 +75,12 @@ class HadoopFS:
         try:
             return subprocess.Popen(argv, **kwargs)
         except FileNotFoundError:
-            raise HadoopError(f"cannot read or write {path}: the command {argv[0]!r} is not "
-                              f"on PATH (hdfs:/afs: paths go through Hadoop's client; put "
-                              f"$HADOOP_HOME/bin on PATH)") from None
+            where = ("does not exist" if os.sep in argv[0] else
+                     "is not on PATH (put $HADOOP_HOME/bin on PATH)")
+            e = HadoopError(f"cannot read or write {path}: the command {argv[0]!r} {where}: "
+                            f"hdfs:/afs: paths go through Hadoop's client")
+            e.missing = True
+            raise e from None
 
     def open_read(self, path):
         """``(process, stderr file)`` streaming remote ``path`` on ``process.stdout``;

@@ -75,14 +75,6 @@ def test_unknown_names_are_attribute_errors():
     assert not hasattr(fluid.contrib.layers, "no_such_layer")
 
 
-def test_hdfs_utils_import_and_refuse_on_use():
-    from pyfleet.fluid.contrib.utils import hdfs_utils
-    with pytest.raises(ConfigError, match="HDFSClient: HDFS is not supported"):
-        hdfs_utils.HDFSClient("/opt/hadoop", {"fs.default.name": "hdfs://x"})
-    with pytest.raises(ConfigError, match="multi_download"):
-        fluid.contrib.multi_download(None, "/a", "/b", 0, 1)
-
-
 def _ctr(main, startup):
     with fluid.program_guard(main, startup), fluid.unique_name.guard():
         dense = L.data("dense", [2])

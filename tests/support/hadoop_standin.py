@@ -4,7 +4,7 @@ Serves ``hdfs:``/``afs:`` paths (and bare absolute ones) from the local
 directory ``$HADOOP_STANDIN_ROOT``: ``hdfs://nn:9000/a/b`` and ``afs:/a/b`` are
 ``$HADOOP_STANDIN_ROOT/a/b``. Implements the subcommands pyfleet and Fluid
 use: ``-cat``, ``-text`` (gunzips), ``-ls``, ``-test -e|-d``, ``-mkdir [-p]``,
-``-put [-f]``, ``-get``, ``-rm [-r] [-f]``. Every call's argv is appended, as
+``-put [-f]``, ``-get``, ``-rm [-r] [-f]``, ``-mv``, ``-ls -R``. Every call's argv is appended, as
 one JSON line, to ``$HADOOP_STANDIN_LOG``. A path containing ``BROKEN`` fails
 as an unreachable name node does (exit 255, a message on stderr).
 """
@@ -16,6 +16,7 @@ import re
 import shutil
 import stat
 import sys
+import time
 
 
 def install(bin_dir, root, log):
@@ -54,7 +55,7 @@ def main(argv):
     while args and args[0].startswith("-D"):   # generic options: -D k=v or -Dk=v
         args = args[2:] if args[0] == "-D" else args[1:]
     cmd, rest = args[0], args[1:]
-    flags = {a for a in rest if a in ("-f", "-p", "-r", "-e", "-d")}
+    flags = {a for a in rest if a in ("-f", "-p", "-r", "-R", "-e", "-d")}
     paths = [a for a in rest if a not in flags]
     out = sys.stdout.buffer
     if cmd in ("-cat", "-text"):
@@ -74,14 +75,24 @@ def main(argv):
         local = _local(paths[0])
         if not os.path.exists(local):
             _missing("ls", paths[0])
-        names = sorted(os.listdir(local)) if os.path.isdir(local) else [""]
         base = paths[0].rstrip("/")
+        if "-R" in flags:
+            names = sorted(os.path.relpath(os.path.join(d, n), local)
+                           for d, dirs, files in os.walk(local) for n in dirs + files)
+        else:
+            names = sorted(os.listdir(local)) if os.path.isdir(local) else [""]
         for n in names:
             full = os.path.join(local, n)
             kind = "d" if os.path.isdir(full) else "-"
             size = 0 if kind == "d" else os.path.getsize(full)
-            out.write(f"{kind}rw-r--r--   3 user group {size} 2020-01-01 00:00 "
-                      f"{base}/{n}\n".encode())
+            when = time.strftime("%Y-%m-%d %H:%M", time.gmtime(os.path.getmtime(full)))
+            out.write(f"{kind}rw-r--r--   3 user group {size} {when} {base}/{n}\n".encode())
+        return 0
+    if cmd == "-mv":
+        src, dst = (_local(p) for p in paths)
+        if not os.path.exists(src):
+            _missing("mv", paths[0])
+        os.rename(src, dst)
         return 0
     if cmd == "-mkdir":
         os.makedirs(_local(paths[0]), exist_ok=True)
