@@ -6,7 +6,8 @@ dead or unreachable peer, a timed-out barrier, an error reply from a server) is
 a :class:`PyfleetError` naming the endpoint and the operation.
 """
 
-__all__ = ["PyfleetError", "PeerTimeout", "RemoteError", "BarrierError", "ConfigError"]
+__all__ = ["PyfleetError", "PeerTimeout", "RemoteError", "BarrierError", "ConfigError",
+           "UnsupportedError"]
 
 
 class PyfleetError(RuntimeError):
@@ -27,3 +28,8 @@ class BarrierError(PyfleetError):
 
 class ConfigError(PyfleetError, ValueError):
     """A role, environment variable or configuration value is missing or malformed."""
+
+
+class UnsupportedError(ConfigError, NotImplementedError):
+    """A Fluid name or option pyfleet does not provide, named with the reason
+    (see :mod:`pyfleet.fluid.refusals`)."""

@@ -13,9 +13,9 @@ from pyfleet import _core
 from pyfleet._record import ConfigRecord
 from pyfleet._record import from_config as _from_config
 
-__all__ = ["Initializer", "Constant", "Uniform", "Normal", "TruncatedNormal", "Xavier",
+__all__ = ["Initializer", "Constant", "Uniform", "Normal", "TruncatedNormal", "Xavier", "MSRA",
            "ConstantInitializer", "UniformInitializer", "NormalInitializer",
-           "TruncatedNormalInitializer", "XavierInitializer"]
+           "TruncatedNormalInitializer", "XavierInitializer", "MSRAInitializer"]
 
 
 class Initializer(ConfigRecord):
@@ -97,7 +97,27 @@ class Xavier(Initializer):
         return Normal(0.0, float(np.sqrt(2.0 / (fi + fo))))._core_config()
 
 
+class MSRA(Initializer):
+    """He/Kaiming: uniform in ``±sqrt(6 / fan_in)`` (or normal with ``std =
+    sqrt(2 / fan_in)`` when ``uniform=False``); ``fan_in`` is the weight's
+    first dimension unless given, as Fluid's MSRAInitializer."""
+
+    kind = "Uniform"
+
+    def __init__(self, uniform=True, fan_in=None, seed=0):
+        self.uniform = bool(uniform)
+        self.fan_in = fan_in
+
+    def _core_config(self, fan_in=None, fan_out=None):
+        fi = self.fan_in or fan_in or 1
+        if self.uniform:
+            limit = float(np.sqrt(6.0 / fi))
+            return Uniform(-limit, limit)._core_config()
+        return Normal(0.0, float(np.sqrt(2.0 / fi)))._core_config()
+
+
 ConstantInitializer = Constant
+MSRAInitializer = MSRA
 UniformInitializer = Uniform
 NormalInitializer = Normal
 TruncatedNormalInitializer = TruncatedNormal
@@ -106,5 +126,5 @@ XavierInitializer = Xavier
 
 def from_config(config):
     """Rebuild an initializer from :meth:`Initializer.to_config` output."""
-    return _from_config(config, (Constant, Uniform, Normal, TruncatedNormal, Xavier),
+    return _from_config(config, (Constant, Uniform, Normal, TruncatedNormal, Xavier, MSRA),
                         "initializer")

@@ -26,7 +26,7 @@ ROOMS = [
     ("data", 1, ["pyfleet.data", "pyfleet.reader"]),
     ("config", 2, ["pyfleet.config", "pyfleet.role_maker", "pyfleet._transpiler_flags"]),
     ("service", 3, ["pyfleet.service"]),
-    ("fluid", 3, ["pyfleet.fluid"]),
+    ("fluid", 3, ["pyfleet.fluid", "pyfleet.dataset"]),
     ("distributed", 4, ["pyfleet.distributed", "pyfleet.models"]),
     ("serving", 4, ["pyfleet.serving"]),
     ("fluid facade", 5, ["pyfleet.fluid.__init__", "pyfleet.fluid.incubate.fleet",

@@ -26,6 +26,7 @@ import math
 
 import numpy as np
 
+from pyfleet.fluid import refusals as _refusals
 from pyfleet.fluid.regularizer import WeightDecayRegularizer
 
 __all__ = [
@@ -207,3 +208,6 @@ def has_gradient_rules(program):
     return any(getattr(p, "regularizer", None) is not None or
                getattr(p, "gradient_clip_attr", None) is not None
                for p in program.all_parameters())
+
+
+_refusals.install(globals(), "paddle.fluid.clip")

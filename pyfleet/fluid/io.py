@@ -324,3 +324,12 @@ def load_inference_model(dirname, executor, model_filename=None, params_filename
                                                      params_filename=params_filename)
     block = program.global_block()
     return [program, feeds, [block.var(n) for n in fetches]]
+
+
+# Fluid 1.8's fluid.io also holds the reader decorators and program queries.
+from pyfleet.fluid import io_readers as _io_readers  # noqa: E402
+from pyfleet.fluid import refusals as _refusals  # noqa: E402
+from pyfleet.fluid.io_readers import *  # noqa: E402,F403
+
+__all__ += _io_readers.__all__
+_refusals.install(globals(), "paddle.fluid.io")

@@ -22,6 +22,7 @@ from pyfleet.fluid import framework, unique_name
 from pyfleet.fluid import layers_lr as _lr
 from pyfleet.fluid import layers_math as _lm
 from pyfleet.fluid import layers_tensor as _lt
+from pyfleet.fluid import refusals as _refusals
 from pyfleet.fluid.framework import check_variable as _check_var
 from pyfleet.fluid.layers_lr import *  # noqa: F403 (their __all__ joins this module's)
 from pyfleet.fluid.layers_math import *  # noqa: F403
@@ -302,7 +303,7 @@ def slice(input, axes, starts, ends):
     shape = list(input.shape)
     for a, b, e in zip(axes, starts, ends):
         if shape[a] >= 0:
-            shape[a] = len(range(*builtins.slice(b, e).indices(shape[a])))
+            shape[a] = len(builtins.range(*builtins.slice(b, e).indices(shape[a])))
     out = _tmp("slice", tuple(shape), input.dtype)
     _op("slice", {"Input": [input]}, {"Out": [out]},
         {"axes": list(axes), "starts": list(starts), "ends": list(ends)})
@@ -538,3 +539,8 @@ def auc(input, label, curve="ROC", num_thresholds=2 ** 12 - 1, topk=1, slide_ste
         {"AUC": [auc_out], "StatPosOut": [stat_pos], "StatNegOut": [stat_neg]},
         {"curve": curve, "num_thresholds": num_thresholds, "slide_steps": 0})
     return auc_out, batch_auc_out, [batch_pos, batch_neg, stat_pos, stat_neg]
+
+
+# Placeholders named like builtins (range, hash) shadow them in this module:
+# its code spells those builtins.range, builtins.hash.
+_refusals.install(globals(), "paddle.fluid.layers")

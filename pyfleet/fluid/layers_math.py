@@ -13,6 +13,7 @@ from pyfleet.fluid.framework import Variable
 from pyfleet.fluid.framework import check_variable as _check_var
 
 __all__ = [
+    "sequence_first_step", "sequence_last_step",
     "abs", "ceil", "clip", "cos", "cos_sim", "elementwise_max", "elementwise_min",
     "elementwise_pow", "elu", "equal", "floor", "greater_equal", "greater_than",
     "l2_normalize", "leaky_relu", "less_equal", "less_than", "logical_and", "logical_not",
@@ -291,3 +292,15 @@ def sum(x):
     """Fluid's ``layers.sum``: the elementwise sum of a list of tensors."""
     from pyfleet.fluid.layers import sums
     return sums(x if isinstance(x, (list, tuple)) else [x])
+
+
+def sequence_first_step(input):
+    """The first row of each sequence (``sequence_pool(input, "first")``)."""
+    from pyfleet.fluid.layers import sequence_pool
+    return sequence_pool(input, "first")
+
+
+def sequence_last_step(input):
+    """The last row of each sequence (``sequence_pool(input, "last")``)."""
+    from pyfleet.fluid.layers import sequence_pool
+    return sequence_pool(input, "last")

@@ -14,6 +14,7 @@ loss's program (:meth:`pyfleet.fluid.framework.Program.attach_optimizer`):
   ``distributed_optimizer(opt).minimize(loss)`` uses).
 """
 
+from pyfleet.fluid import refusals as _refusals
 from pyfleet.optimizer import (
     FTRL,
     SGD,
@@ -32,19 +33,10 @@ from pyfleet.optimizer import (
 )
 
 __all__ = ["FTRL", "SGD", "Adagrad", "AdagradOptimizer", "Adam", "AdamOptimizer", "Ftrl",
-           "FtrlOptimizer", "ModelAverage", "Momentum", "MomentumOptimizer", "Optimizer",
+           "FtrlOptimizer", "Momentum", "MomentumOptimizer", "Optimizer",
            "RMSProp", "RMSPropOptimizer", "SGDOptimizer", "from_config", "minimize"]
 
 Ftrl = FTRL
-
-
-class ModelAverage:
-    """Refused: pyfleet keeps no running average of parameters."""
-
-    def __init__(self, *args, **kwargs):
-        raise ValueError("fluid.optimizer.ModelAverage is not supported by pyfleet: "
-                         "parameters keep no running average (ParamAttr's "
-                         "do_model_average therefore changes nothing)")
 
 
 def minimize(optimizer, loss, startup_program=None, parameter_list=None, no_grad_set=None):
@@ -54,3 +46,7 @@ def minimize(optimizer, loss, startup_program=None, parameter_list=None, no_grad
         raise ValueError(f"optimizer must be a pyfleet.optimizer rule, got {optimizer!r}")
     return optimizer.minimize(loss, startup_program=startup_program,
                               parameter_list=parameter_list, no_grad_set=no_grad_set)
+
+
+# ModelAverage and the rules pyfleet's tables lack: refused by name when used.
+_refusals.install(globals(), "paddle.fluid.optimizer")

@@ -89,4 +89,6 @@ def _sparse_initializer(init, shape):
             limit = float(np.sqrt(6.0 / (fan_in + fan_out)))
             return _init.Uniform(-limit, limit)
         return _init.Normal(0.0, float(np.sqrt(2.0 / (fan_in + fan_out))))
+    if isinstance(init, _init.MSRA):
+        return _init.MSRA(init.uniform, init.fan_in or shape[0])
     return init

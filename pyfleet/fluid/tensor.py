@@ -13,6 +13,7 @@ import numpy as np
 
 __all__ = [
     "CPUPlace",
+    "create_random_int_lodtensor",
     "CUDAPlace",
     "FetchedArray",
     "LoDTensor",
@@ -220,6 +221,18 @@ class LoDTensor:
     def __repr__(self):
         shape = None if self._data is None else self._data.shape
         return f"LoDTensor(shape={shape}, lod={self.recursive_sequence_lengths()})"
+
+
+def create_random_int_lodtensor(recursive_seq_lens, base_shape, place=None, low=0, high=1):
+    """Fluid's test helper: a LoDTensor of random ints in ``[low, high]``,
+    ``sum(lengths)`` rows of ``base_shape``, sequences of the given lengths."""
+    if len(recursive_seq_lens) != 1:
+        raise ValueError("create_random_int_lodtensor: only one LoD level is supported, got "
+                         f"{len(recursive_seq_lens)}")
+    lens = [int(n) for n in recursive_seq_lens[0]]
+    data = np.random.randint(low, high + 1, size=[sum(lens)] + list(base_shape)).astype(
+        np.int64)
+    return create_lod_tensor(data, [lens], place)
 
 
 def create_lod_tensor(data, recursive_seq_lens, place=None):

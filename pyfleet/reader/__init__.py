@@ -28,7 +28,7 @@ import random
 import threading
 
 __all__ = ["ComposeNotAligned", "buffered", "cache", "chain", "compose", "firstn",
-           "map_readers", "shuffle", "xmap_readers"]
+           "map_readers", "multiprocess_reader", "shuffle", "xmap_readers"]
 
 _END = object()
 
@@ -191,4 +191,42 @@ def cache(reader):
             data.extend(reader())
             filled.append(True)
         return iter(data)
+    return read
+
+
+def multiprocess_reader(readers, use_pipe=True, queue_size=1000):
+    """Read several readers at once; samples come in arrival order. Fluid runs
+    each reader in a forked process (``use_pipe`` picks its pipe or queue
+    transport); here each runs in a thread of this process, so no sample is
+    pickled, and both ``use_pipe`` values give the same samples. A reader's
+    exception is raised again by the iterating caller."""
+    if not isinstance(readers, (list, tuple)) or not readers:
+        raise ValueError("multiprocess_reader: readers must be a non-empty list of readers")
+    if int(queue_size) < 1:
+        raise ValueError(f"multiprocess_reader: queue_size must be >= 1, got {queue_size}")
+
+    def read():
+        q, errors = queue.Queue(int(queue_size)), []
+
+        def run(r):
+            try:
+                for item in r():
+                    q.put(item)
+            except BaseException as e:  # noqa: BLE001 - handed to the consumer
+                errors.append(e)
+            finally:
+                q.put(_END)
+
+        for r in readers:
+            threading.Thread(target=run, args=(r,), daemon=True,
+                             name="paddle-multiprocess-reader").start()
+        finished = 0
+        while finished < len(readers):
+            item = q.get()
+            if item is _END:
+                finished += 1
+                continue
+            yield item
+        if errors:
+            raise errors[0]
     return read

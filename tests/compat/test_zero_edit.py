@@ -135,13 +135,16 @@ def test_a_paddle_path_pyfleet_lacks_names_the_module_it_looked_for(tmp_path):
 
 def test_fluid_layers_submodule_names_do_not_shadow_pyfleet_layers():
     """Importing ``paddle.fluid.layers.<m>`` sets ``layers.<m>``: none of Fluid's
-    layers sub-module names may be one of pyfleet's layer names."""
+    layers sub-module names may be one of pyfleet's working layer names (``rnn``,
+    both a module and a function in Fluid 1.8, is a refused name's placeholder)."""
     import pyfleet.fluid.layers as layers
+    from pyfleet.fluid.refusals import is_refused
     fluid_submodules = ("collective", "control_flow", "detection", "device", "distributions",
                         "io", "layer_function_generator", "learning_rate_scheduler", "loss",
                         "math_op_patch", "metric_op", "nn", "ops", "rnn", "sequence_lod",
                         "tensor", "utils")
-    assert [m for m in fluid_submodules if m in vars(layers)] == []
+    assert [m for m in fluid_submodules
+            if m in vars(layers) and not is_refused(vars(layers)[m])] == []
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
 """``fluid.contrib`` (Fluid 1.5-1.7): the names CTR scripts of the era import.
 
-Provided: :mod:`~pyfleet.fluid.contrib.layers` (``fused_embedding_seq_pool``),
+Provided: :mod:`~pyfleet.fluid.contrib.layers` (``fused_embedding_seq_pool``,
+``shuffle_batch``, ``sparse_embedding``, ``ctr_metric_bundle``),
 :mod:`~pyfleet.fluid.contrib.utils` (``lookup_table_utils``: the infer
 scripts' ``load_persistables_for_inference`` / ``..._for_increment`` and
 ``convert_dist_to_sparse_program``; ``hdfs_utils``, whose HDFS client is
@@ -10,13 +11,19 @@ re-exports its submodules' names, so does this package.
 
 Every other name Fluid's contrib had (the RNN decoders and units,
 quantization and slim, ``memory_usage``, ``extend_with_decoupled_weight_decay``,
-the ctr_reader, ...) is refused by name when a script reaches for it, with
-the reason; an unknown name is an AttributeError.
+the ctr_reader, ...) resolves to a placeholder that raises
+:class:`~pyfleet.errors.UnsupportedError` with the reason when used; an
+unknown name is an AttributeError.
 """
 
-from pyfleet.errors import ConfigError
+from pyfleet.fluid import refusals as _refusals
 from pyfleet.fluid.contrib import layers, mixed_precision, utils
-from pyfleet.fluid.contrib.layers import fused_embedding_seq_pool
+from pyfleet.fluid.contrib.layers import (
+    ctr_metric_bundle,
+    fused_embedding_seq_pool,
+    shuffle_batch,
+    sparse_embedding,
+)
 from pyfleet.fluid.contrib.utils import (
     HDFSClient,
     convert_dist_to_sparse_program,
@@ -28,6 +35,9 @@ from pyfleet.fluid.contrib.utils import (
 
 __all__ = [
     "HDFSClient",
+    "ctr_metric_bundle",
+    "shuffle_batch",
+    "sparse_embedding",
     "convert_dist_to_sparse_program",
     "fused_embedding_seq_pool",
     "layers",
@@ -39,43 +49,6 @@ __all__ = [
     "utils",
 ]
 
-_RNN = "RNN decoders and units are not part of pyfleet's CTR layer set (no recurrent layers)"
-_QUANT = "quantization and model compression (slim) target GPU and mobile inference"
-REFUSED = {
-    "BasicLSTMUnit": _RNN, "basic_lstm": _RNN, "BasicGRUUnit": _RNN, "basic_gru": _RNN,
-    "InitState": _RNN, "StateCell": _RNN, "TrainingDecoder": _RNN, "BeamSearchDecoder": _RNN,
-    "decoder": _RNN,
-    "QuantizeTranspiler": _QUANT, "quantize": _QUANT, "slim": _QUANT, "Compressor": _QUANT,
-    "Calibrator": _QUANT, "int8_inference": _QUANT,
-    "memory_usage": "pyfleet does not estimate a program's device memory",
-    "memory_usage_calc": "pyfleet does not estimate a program's device memory",
-    "op_freq_statistic": "pyfleet's programs have no Fluid op statistics to count",
-    "op_frequence": "pyfleet's programs have no Fluid op statistics to count",
-    "summary": "pyfleet's programs have no Fluid op statistics to count",
-    "model_stat": "pyfleet's programs have no Fluid op statistics to count",
-    "extend_with_decoupled_weight_decay": "decoupled weight decay (AdamW) is not an optimizer "
-                                          "rule of pyfleet's tables; use regularization=L2Decay",
-    "extend_optimizer": "decoupled weight decay (AdamW) is not an optimizer rule of "
-                        "pyfleet's tables; use regularization=L2Decay",
-    "reader": "fluid.contrib.reader's ctr_reader and distributed_batch_reader are C++ "
-              "readers; use fluid.DatasetFactory or pyfleet.data",
-    "ctr_reader": "fluid.contrib.reader's ctr_reader is a C++ reader; use "
-                  "fluid.DatasetFactory or pyfleet.data",
-    "distributed_batch_reader": "use fleet.split_files to give each worker its files",
-    "trainer": "fluid.contrib.trainer (the high-level Trainer API) was removed in Fluid 1.6; "
-               "use Executor.run",
-    "inferencer": "fluid.contrib.inferencer was removed in Fluid 1.6; use "
-                  "fluid.io.load_inference_model",
-}
-
-
-def refusal(module, name, reason):
-    """The error for a Fluid contrib name pyfleet does not provide."""
-    return ConfigError(f"fluid.{module}.{name} is not supported by pyfleet: {reason}")
-
-
-def __getattr__(name):
-    if name in REFUSED:
-        raise refusal("contrib", name, REFUSED[name])
-    raise AttributeError(f"module 'pyfleet.fluid.contrib' has no attribute {name!r} "
-                         f"(provided: {', '.join(__all__)})")
+# The RNN units, quantization, memory estimates, ... : refused by name when used
+# (one table, pyfleet.fluid.refusals).
+_refusals.install(globals(), "paddle.fluid.contrib")

@@ -3,10 +3,12 @@ slot's embeddings in one op), ``shuffle_batch`` (word2vec's negatives) and
 ``sparse_embedding`` (PaddleRec's large-scale table); the other contrib layers of Fluid 1.5-1.7 are
 refused by name."""
 
-from pyfleet.errors import ConfigError
 from pyfleet.fluid import layers as _layers
+from pyfleet.fluid import refusals as _refusals
+from pyfleet.fluid import unique_name as _unique_name
 
-__all__ = ["fused_embedding_seq_pool", "shuffle_batch", "sparse_embedding"]
+__all__ = ["ctr_metric_bundle", "fused_embedding_seq_pool", "shuffle_batch",
+           "sparse_embedding"]
 
 
 def fused_embedding_seq_pool(input, size, is_sparse=False, padding_idx=None, combiner="sum",
@@ -55,16 +57,28 @@ def sparse_embedding(input, size, padding_idx=None, is_test=False, entry=None,
                              padding_idx=padding_idx, param_attr=param_attr, dtype=dtype)
 
 
-_REFUSED = ("sequence_topk_avg_pooling", "var_conv_2d", "match_matrix_tensor", "tree_conv",
-            "fused_elemwise_activation", "multiclass_nms2", "search_pyramid_hash",
-            "partial_concat", "partial_sum", "tdm_child", "tdm_sampler",
-            "rank_attention", "batch_fc", "correlation", "bilateral_slice",
-            "_pull_box_extended_sparse", "basic_gru", "basic_lstm", "BasicGRUUnit",
-            "BasicLSTMUnit")
+def ctr_metric_bundle(input, label):
+    """Fluid's CTR metric accumulators over every run: ``(local_sqrerr,
+    local_abserr, local_prob, local_q, local_pos_num, local_ins_num)``, each a
+    persistable ``[1]`` float32 sum of, per batch, ``sum((input - label)^2)``,
+    ``sum(|input - label|)``, ``sum(input)``, ``sum(sigmoid(input))``,
+    ``sum(label)`` and the number of rows."""
+    from pyfleet.fluid import layers as L
+    if tuple(input.shape) != tuple(label.shape):
+        raise ValueError(f"ctr_metric_bundle: input {input.shape} and label {label.shape} "
+                         "must have the same shape")
+    diff = L.elementwise_sub(input, label)
+    batch = [L.reduce_sum(L.square(diff)), L.reduce_sum(L.abs(diff)), L.reduce_sum(input),
+             L.reduce_sum(L.sigmoid(input)), L.reduce_sum(label),
+             L.reduce_sum(L.fill_constant_batch_size_like(label, [-1, 1], "float32", 1.0))]
+    totals = []
+    for value in batch:
+        total = L.create_global_var([1], 0.0, "float32", persistable=True,
+                                    name=_unique_name.generate("ctr_metric_bundle"))
+        L.assign(L.elementwise_add(L.cast(value, "float32"), total), total)
+        totals.append(total)
+    return tuple(totals)
 
 
-def __getattr__(name):
-    if name in _REFUSED:
-        raise ConfigError(f"fluid.contrib.layers.{name} is not supported by pyfleet: its "
-                          f"layers are those of docs/layers.md plus fused_embedding_seq_pool")
-    raise AttributeError(f"module 'pyfleet.fluid.contrib.layers' has no attribute {name!r}")
+# Every other contrib layer: refused by name when used (pyfleet.fluid.refusals).
+_refusals.install(globals(), "paddle.fluid.contrib", shown_as="paddle.fluid.contrib.layers")

@@ -55,3 +55,9 @@ class GeneralRoleMaker(PaddleCloudRoleMaker):
 
     def _barrier_all(self):
         self._no_gloo("_barrier_all")
+
+
+# Fluid 1.8 names pyfleet does not provide: refused by name when used.
+from pyfleet.fluid import refusals as _refusals  # noqa: E402
+
+_refusals.install(globals(), "paddle.fluid.incubate.fleet.base.role_maker")

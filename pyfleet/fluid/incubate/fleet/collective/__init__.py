@@ -13,3 +13,9 @@ from pyfleet.distributed.collective import (
 )
 
 __all__ = ["Collective", "CollectiveOptimizer", "DistributedStrategy", "fleet"]
+
+
+# Fluid 1.8 names pyfleet does not provide: refused by name when used.
+from pyfleet.fluid import refusals as _refusals  # noqa: E402
+
+_refusals.install(globals(), "paddle.fluid.incubate.fleet.collective")

@@ -8,4 +8,10 @@ gives the same object as ``from pyfleet import fleet``."""
 from pyfleet.config import DistributeTranspilerConfig
 from pyfleet.distributed.fleet import DistributedOptimizer, Fleet, fleet
 
-__all__ = ["DistributeTranspilerConfig", "DistributedOptimizer", "Fleet", "fleet"]
+__all__ = ["DistributeTranspilerConfig", "DistributedOptimizer", "DistributedTranspiler",
+           "Fleet", "TranspilerOptimizer", "fleet"]
+
+# Fluid 1.8's names of the same two classes: fleet = DistributedTranspiler(), and
+# fleet.distributed_optimizer(...) returns a TranspilerOptimizer.
+DistributedTranspiler = type(fleet)
+TranspilerOptimizer = DistributedOptimizer

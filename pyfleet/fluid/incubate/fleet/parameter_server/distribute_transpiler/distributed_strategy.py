@@ -13,3 +13,10 @@ from pyfleet.distributed.strategy import (
 
 __all__ = ["AsyncStrategy", "DistributedStrategy", "GeoStrategy", "ServerRuntimeConfig",
            "StrategyFactory", "SyncStrategy", "TrainerRuntimeConfig"]
+
+
+# Fluid 1.8 names pyfleet does not provide: refused by name when used.
+from pyfleet.fluid import refusals as _refusals  # noqa: E402
+
+_refusals.install(globals(), "paddle.fluid.incubate.fleet.parameter_server."
+                             "distribute_transpiler.distributed_strategy")
