@@ -31,8 +31,7 @@ ROOMS = [
     ("serving", 4, ["pyfleet.serving"]),
     ("fluid facade", 5, ["pyfleet.fluid.__init__", "pyfleet.fluid.incubate.fleet",
                          "pyfleet.fluid.transpiler"]),
-    ("app", 6, ["pyfleet.trainer", "pyfleet.launch", "pyfleet.cli", "pyfleet._monitor",
-                "pyfleet.as_paddle"]),
+    ("app", 6, ["pyfleet.trainer", "pyfleet.launch", "pyfleet.cli", "pyfleet.as_paddle"]),
     ("facade", 7, ["pyfleet.__init__"]),
 ]
 # Old import paths kept for users and docs: thin re-exports of a module's new home.

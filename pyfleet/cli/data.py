@@ -87,7 +87,7 @@ def _check_whole_files(train, test, fmt, max_line=MAX_LINE_BYTES):
     """Read --train and --test whole when they are small enough to count (a
     truncated gzip file, an unreadable shard or an overlong line is refused by
     name before anything is written); --train's data lines, or None."""
-    from pyfleet._monitor import COUNT_LIMIT
+    from pyfleet.cli.monitor import COUNT_LIMIT
     total = None
     for flag, paths in (("--train", train), ("--test", test)):
         if paths is None:

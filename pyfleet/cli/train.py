@@ -13,7 +13,6 @@ import sys
 import time
 
 from pyfleet import _atomic
-from pyfleet._monitor import Monitor, count_lines
 from pyfleet.cli.data import (
     _check_first_lines,
     _check_whole_files,
@@ -22,6 +21,7 @@ from pyfleet.cli.data import (
 )
 from pyfleet.cli.export import model_of_best_pass
 from pyfleet.cli.modes import check_mode_options, check_scale_out_options, check_tables_start
+from pyfleet.cli.monitor import Monitor, count_lines
 from pyfleet.cli.plot import SIDECAR, plot_run
 from pyfleet.cli.report import (
     QuietLauncher,

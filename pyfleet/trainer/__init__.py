@@ -26,10 +26,10 @@ workers' progress files), ``evaluation`` (per-pass tests and :func:`summarize`),
 from pyfleet.trainer.evaluation import summarize
 from pyfleet.trainer.job import (
     JOB_DEFAULTS,
-    _dataset,  # noqa: F401  (tests build the role's datasets)
     build_program,
     entry_of,
     feed_of,
+    job_dataset,
     optimizer_of,
     show_click_of,
     strategy_of,
@@ -38,6 +38,6 @@ from pyfleet.trainer.job import (
 from pyfleet.trainer.keeper import snapshot_checkpoint
 from pyfleet.trainer.role import main, run_role, train_local
 
-__all__ = ["JOB_DEFAULTS", "build_program", "entry_of", "feed_of", "main", "optimizer_of",
+__all__ = ["JOB_DEFAULTS", "build_program", "entry_of", "feed_of", "job_dataset", "main", "optimizer_of",
            "run_role", "show_click_of", "snapshot_checkpoint", "strategy_of", "summarize",
            "tables_of", "train_local"]

@@ -50,7 +50,7 @@ def feed_of(batch, model):
     return feed
 
 
-def _dataset(job, paths, worker_index, worker_num, shuffle=False, prefetch=4, side=None):
+def job_dataset(job, paths, worker_index, worker_num, shuffle=False, prefetch=4, side=None):
     """``side``: "train" or "valid" with ``job["valid_fraction"]``: that side of
     the rows held out (by their content, whatever reads them)."""
     holdout = None

@@ -19,10 +19,10 @@ from pyfleet.trainer import mpi as _mpi
 from pyfleet.trainer.evaluation import _evaluate, _malformed_of, _pass_metrics, _remove, _test_file
 from pyfleet.trainer.job import (
     JOB_DEFAULTS,
-    _dataset,
     _shrink_args,
     build_program,
     feed_of,
+    job_dataset,
     optimizer_of,
     show_click_of,
 )
@@ -33,7 +33,7 @@ from pyfleet.trainer.rounds import Rounds, counters, restore_counters, restore_p
 log = logging.getLogger("pyfleet.trainer")
 
 
-def _prefetching(batches, exe, program, model):
+def prefetched_feeds(batches, exe, program, model):
     """``(batch, feed)`` pairs, each yielded after :meth:`Executor.prefetch` of
     the next one: its ids are deduplicated and (async remote backend) its
     sparse pull started, so that pull travels while this step computes."""
@@ -59,7 +59,7 @@ def run_role(job):
     run_dir = job["run_dir"]
     n_dense, n_slots = job.get("n_dense"), job.get("n_slots")
     if n_dense is None or n_slots is None:  # servers may not see the data: the CLI fills these
-        schema = _dataset(job, job["train"], 0, 1, prefetch=0).schema
+        schema = job_dataset(job, job["train"], 0, 1, prefetch=0).schema
         n_dense, n_slots = schema.n_dense, schema.n_slots
     main, startup, model = build_program(job, n_dense, n_slots)
     fleet.init()
@@ -126,12 +126,12 @@ def run_role(job):
         log.info("worker %d: restored at pass %d batch %d (%d examples of the pass, %d in "
                  "all)", wi, first, position["batches"], position["pass_examples"],
                  position["examples"])
-    data = _dataset(job, job["train"], wi, wn, shuffle=True, side="train")
+    data = job_dataset(job, job["train"], wi, wn, shuffle=True, side="train")
     data.set_pass(first)
     if job["test"]:
-        test_data = _dataset(job, job["test"], wi, wn)
+        test_data = job_dataset(job, job["test"], wi, wn)
     elif job.get("valid_fraction"):
-        test_data = _dataset(job, job["train"], wi, wn, side="valid")
+        test_data = job_dataset(job, job["train"], wi, wn, side="valid")
     else:
         test_data = None
     pred = label = None
@@ -172,7 +172,7 @@ def run_role(job):
                                     mode=mode)
 
         rounds.start_pass(epoch)
-        for batch, feed in _prefetching(_mpi.equal_steps(it, _mpi.group_of(fleet, job)), exe,
+        for batch, feed in prefetched_feeds(_mpi.equal_steps(it, _mpi.group_of(fleet, job)), exe,
                                         main, model):
             loss, out = exe.run(main, feed=feed, fetch_list=[model.avg_cost, model.predict])
             progress.update(epoch, out.reshape(-1), batch.labels, loss.reshape(-1)[0])
@@ -276,7 +276,7 @@ def train_local(job):
     job = {**JOB_DEFAULTS, **job}
     n_dense, n_slots = job.get("n_dense"), job.get("n_slots")
     if n_dense is None or n_slots is None:
-        schema = _dataset(job, job["train"], 0, 1, prefetch=0).schema
+        schema = job_dataset(job, job["train"], 0, 1, prefetch=0).schema
         n_dense, n_slots = schema.n_dense, schema.n_slots
     main, startup, model = build_program(job, n_dense, n_slots)
     with fluid.program_guard(main, startup):
@@ -286,7 +286,7 @@ def train_local(job):
     progress = _Progress(float("inf"), None, 0)   # the workers' bookkeeping, never printed
     gc.freeze()   # as run_role
     seconds = cpu = 0.0
-    data = _dataset(job, job["train"], 0, 1, shuffle=True)  # as run_role: one for every pass
+    data = job_dataset(job, job["train"], 0, 1, shuffle=True)  # as run_role: one for every pass
     for epoch in range(1, int(job["epochs"]) + 1):
         t0, c0 = time.perf_counter(), time.process_time()
         for batch in data:
@@ -305,7 +305,7 @@ def train_local(job):
         test_program = main.clone(for_test=True)
         test_program.set_backend(main.backend)
         preds, labels = [], []
-        for batch in _dataset(job, job["test"], 0, 1):
+        for batch in job_dataset(job, job["test"], 0, 1):
             (pred,) = exe.run(test_program, feed=feed_of(batch, model),
                               fetch_list=[model.predict])
             preds.append(pred.reshape(-1))

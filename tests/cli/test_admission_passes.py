@@ -1,4 +1,4 @@
-"""`pyfleet train --admission-count 2` without any shrink option (issue 18): candidate
+"""`pyfleet train --admission-count 2` without any shrink option: candidate
 counts are forgotten at every pass end, so an id must be pulled twice within one pass
 to become a row. Before, counts carried over and every id seen once per pass was
 admitted in pass 2: the table held every id, as with no policy at all."""

@@ -1,5 +1,5 @@
 """Every bad input of `pyfleet train` and `pyfleet predict` is one line on stderr naming
-the file (and line), with no traceback, and nothing is written (issue 18)."""
+the file (and line), with no traceback, and nothing is written."""
 
 import gzip
 import os

@@ -1,4 +1,4 @@
-"""`pyfleet train` during training (issue 16): a test after every pass over every
+"""`pyfleet train` during training: a test after every pass over every
 worker's predictions, --keep/--keep-best, one progress line for the job, the phases,
 --quiet, logs per role, and Ctrl-C naming what was kept and how to go on."""
 

@@ -1,4 +1,4 @@
-"""A full disk (issue 18). Under the logs: the launcher keeps draining every role's
+"""A full disk. Under the logs: the launcher keeps draining every role's
 output, says so in one line, and cleans up without a traceback. Under ``pyfleet
 train``'s run directory, at each stage (job.json, the logs and progress files, a
 checkpoint the servers save, the inference model): one line naming the file and

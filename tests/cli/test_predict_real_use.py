@@ -1,4 +1,4 @@
-"""`pyfleet predict` for real use (issue 16): unlabelled rows (Criteo's 39-field test
+"""`pyfleet predict` for real use: unlabelled rows (Criteo's 39-field test
 file, a CSV with an Id and no label), an id column carried through (a Kaggle-style
 submission), standard input and output, and AUC / logloss for labelled rows."""
 

@@ -126,11 +126,11 @@ FLEET_SCRIPT = textwrap.dedent("""
     from pyfleet import fluid
     from pyfleet.distributed.fleet import fleet
     from pyfleet.trainer import JOB_DEFAULTS, build_program, feed_of, optimizer_of, strategy_of
-    from pyfleet.trainer import _dataset
+    from pyfleet.trainer import job_dataset
     data, out = sys.argv[1], sys.argv[2]
     job = {**JOB_DEFAULTS, "train": data, "format": "csv", "embedding_dim": 4,
            "layers": [8], "batch_size": 64, "lr": 0.01}
-    ds = _dataset(job, data, int(os.environ.get("PYFLEET_WORKER_INDEX", 0)), 2)
+    ds = job_dataset(job, data, int(os.environ.get("PYFLEET_WORKER_INDEX", 0)), 2)
     main, startup, model = build_program(job, ds.schema.n_dense, ds.schema.n_slots)
     fleet.init()
     with fluid.program_guard(main, startup):

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from pyfleet._monitor import Monitor
+from pyfleet.cli.monitor import Monitor
 from pyfleet.metrics import MetricStats
 
 

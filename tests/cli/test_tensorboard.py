@@ -1,4 +1,4 @@
-"""`pyfleet train --tensorboard` (issue 16): the progress and every pass's test as
+"""`pyfleet train --tensorboard`: the progress and every pass's test as
 TensorBoard scalars in RUN_DIR/tensorboard, read back from the event files (TFRecord
 framing, tensorboardX's Event protobuf) and checked against metrics.jsonl; without
 tensorboardX the option is refused by name before anything is written."""

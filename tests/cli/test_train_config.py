@@ -1,4 +1,4 @@
-"""`pyfleet train --config FILE -o key=value` (issue 16): TOML, YAML and JSON files with
+"""`pyfleet train --config FILE -o key=value`: TOML, YAML and JSON files with
 the options' names as keys, -o overrides, command-line flags winning, unknown keys and
 missing readers refused by name before anything is written, settings in job.json."""
 

@@ -1,4 +1,4 @@
-"""The training plot of `pyfleet train` (issue 16): the summary names it; it draws the
+"""The training plot of `pyfleet train`: the summary names it; it draws the
 train loss and AUC against the examples, every pass's test AUC, the pass boundaries,
 the ground truth's AUC of generated data and a title saying what ran. What it drew is
 read back from the figure into training.plot.json, which the test checks against the

@@ -1,4 +1,4 @@
-"""benchmarks/bench_headline.py's training file: the synthetic rows with some columns
+"""benchmarks/disk_tier/bench_headline.py's training file: the synthetic rows with some columns
 unique per example, so a small file holds as many distinct ids as asked."""
 
 import importlib.util
@@ -12,7 +12,7 @@ from pyfleet.data import Dataset, feature_hash, synthetic
 
 def _bench():
     spec = importlib.util.spec_from_file_location(
-        "bench_headline", REPO / "benchmarks" / "bench_headline.py")
+        "bench_headline", REPO / "benchmarks" / "disk_tier" / "bench_headline.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

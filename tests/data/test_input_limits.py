@@ -1,6 +1,6 @@
 """Damaged or hostile input files: a line length cap, no quadratic copying of a line
 that spans blocks, non-regular files among the shards named, and truncated gzip
-data as one DataError naming the file (issue 18)."""
+data as one DataError naming the file."""
 
 import gzip
 import io

@@ -1,4 +1,4 @@
-"""The Kubernetes example can run (issue 16): examples/k8s/Dockerfile builds pyfleet's
+"""The Kubernetes example can run: examples/k8s/Dockerfile builds pyfleet's
 wheel from the checkout and holds examples/fleet_ctr.py, the manifest runs that script
 with the image's paths and keeps its checkpoints on a persistent volume; the pods'
 commands, with the volumes as local directories, train and save on 127.0.0.1."""

@@ -1,4 +1,4 @@
-"""A prediction directory is checked before it is trusted (issue 18): a sha256 per file
+"""A prediction directory is checked before it is trusted: a sha256 per file
 recorded and verified, .npy headers checked against the model before anything is
 allocated, non-finite parameters refused by name, non-finite predictions refused,
 and a write that fails (a full disk) names the file."""

@@ -1,4 +1,4 @@
-"""A checkpoint's damage check stays inside the checkpoint (issue 18): a generation that
+"""A checkpoint's damage check stays inside the checkpoint: a generation that
 is a symbolic link to another directory, or a listed file that is a link, is refused
 before anything there is hashed or stat'ed, and the error reveals nothing of it."""
 

@@ -1,4 +1,4 @@
-"""Control requests a peer must not be able to abuse (issue 18, "Secure by default"):
+"""Control requests a peer must not be able to abuse ("Secure by default"):
 
 - a SAVE never writes into an existing save, a checkpoint's directory or a committed
   generation (the attack: a SAVE into the committed generation overwrote the only

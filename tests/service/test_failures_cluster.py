@@ -195,7 +195,7 @@ SAVER = r"""
 import os, sys
 from pyfleet import fleet, fluid
 from pyfleet.optimizer import Adam
-from pyfleet.trainer import build_program, feed_of, strategy_of, _dataset
+from pyfleet.trainer import build_program, feed_of, strategy_of, job_dataset
 import json
 job = json.load(open(sys.argv[1]))
 main, startup, model = build_program(job, job["n_dense"], job["n_slots"])
@@ -205,7 +205,7 @@ with fluid.program_guard(main, startup):
 fleet.init_worker()
 exe = fluid.Executor(fluid.CPUPlace())
 exe.run(fleet.startup_program)
-for batch in _dataset(job, job["train"], 0, 1):
+for batch in job_dataset(job, job["train"], 0, 1):
     exe.run(main, feed=feed_of(batch, model), fetch_list=[model.avg_cost])
 fleet.save_persistables(exe, os.path.join(job["run_dir"], "ck"))
 print("saved", flush=True)

@@ -1,4 +1,4 @@
-"""Per-job CURVE keys by default (issue 18, "Secure by default"): a job the launcher starts
+"""Per-job CURVE keys by default ("Secure by default"): a job the launcher starts
 (``pyfleet train`` runs its roles through it) gets a fresh key directory, so its servers
 admit only its own roles, on loopback too; an unauthenticated local client cannot connect;
 the keys are removed when the job ends. ``PYFLEET_JOB_KEYS=0`` (or keys named by the

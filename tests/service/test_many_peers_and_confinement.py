@@ -1,4 +1,4 @@
-"""Kept tested (issue 18): a real server keeps serving 500 concurrent connections, and save
+"""Kept tested: a real server keeps serving 500 concurrent connections, and save
 and load request paths stay inside the checkpoint root (``..``, absolute paths, NUL,
 symbolic links at any depth, a list naming one bad path, a link planted where a save would
 write), with nothing written or changed outside it.

@@ -1,4 +1,4 @@
-"""A server's memory stays bounded whatever a peer sends (issue 18, "Server memory has no
+"""A server's memory stays bounded whatever a peer sends ("Server memory has no
 bound"), checked on a real ``python -m pyfleet.server`` process on 127.0.0.1 by its peak
 RSS (``VmHWM``):
 

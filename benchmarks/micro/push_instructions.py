@@ -1,7 +1,7 @@
 """Instructions per pushed key of each row storage (dim 16, Adam), counted by
 callgrind: a figure that does not depend on the machine's load.
 
-    python benchmarks/push_instructions.py [--storages fp32,fp16,bf16,fp16_q8,bf16_q8]
+    python benchmarks/micro/push_instructions.py [--storages fp32,fp16,bf16,fp16_q8,bf16_q8]
 
 For each storage the same program (20,000 rows pulled, then PUSHES pushes of
 all of them) runs under `valgrind --tool=callgrind

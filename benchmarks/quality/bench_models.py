@@ -1,7 +1,7 @@
 """Model quality: the model zoo trained by ``pyfleet train`` against PyTorch.
 
 ```
-python benchmarks/bench_models.py [--rows 200000] [--models lr dnn wide_deep deepfm]
+python benchmarks/quality/bench_models.py [--rows 200000] [--models lr dnn wide_deep deepfm]
                                   [--data generated criteo] [--seed 0] [--epochs 1]
 ```
 
@@ -44,14 +44,14 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]  # the checkout
 DATA = REPO.parent / "shared" / "data"
 sys.path.insert(0, str(REPO))
 
 from pyfleet import fluid  # noqa: E402
 from pyfleet.metrics import exact_auc, logloss  # noqa: E402
 from pyfleet.table import SparseTable  # noqa: E402
-from pyfleet.trainer.job import JOB_DEFAULTS, _dataset, build_program, optimizer_of  # noqa: E402
+from pyfleet.trainer.job import JOB_DEFAULTS, build_program, job_dataset, optimizer_of  # noqa: E402
 
 
 def _env():
@@ -215,14 +215,14 @@ def run_torch(data, model, args):
     torch.set_num_threads(1)
     job = {**JOB_DEFAULTS, "train": data["train"], "test": data["test"],
            "format": data["format"], "model": model, "seed": args.seed}
-    train = _dataset(job, job["train"], 0, 1, shuffle=True, prefetch=0)
-    test = _dataset(job, job["test"], 0, 1, prefetch=0)
+    train = job_dataset(job, job["train"], 0, 1, shuffle=True, prefetch=0)
+    test = job_dataset(job, job["test"], 0, 1, prefetch=0)
     n_dense, n_slots = train.schema.n_dense, train.schema.n_slots
     # Every id of both files, sorted: a row index per id.
     # (Read by other Dataset objects: each iteration of one is a pass, shuffled
     # by its pass number.)
     keys = [np.concatenate([i for i, _ in b.sparse])
-            for path in (job["train"], job["test"]) for b in _dataset(job, path, 0, 1, prefetch=0)]
+            for path in (job["train"], job["test"]) for b in job_dataset(job, path, 0, 1, prefetch=0)]
     index_of = np.unique(np.concatenate(keys))
     # pyfleet's initial values: the startup program's dense parameters, each
     # id's row from its table's initializer and seed.

@@ -1,7 +1,7 @@
 """Push cost of each optimizer rule, and of a table's regularizer, relative to
 SGD in the same run (process CPU time, one thread).
 
-    python benchmarks/bench_rules.py [--rows 200000] [--dim 16] [--pushes 20]
+    python benchmarks/micro/bench_rules.py [--rows 200000] [--dim 16] [--pushes 20]
 
 Every rule pushes the same batches of --rows distinct keys (rows already
 created) into a fresh fp32 table; the figure is the best of 3 CPU times of

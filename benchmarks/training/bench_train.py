@@ -1,6 +1,6 @@
 """Training throughput of the reference DNN: one process against parameter-server clusters.
 
-    python benchmarks/bench_train.py [--rows 1000000] [--epochs 1]
+    python benchmarks/training/bench_train.py [--rows 1000000] [--epochs 1]
                                      [--clusters single 1x1 1x2 2x2 collective2w hybrid1x2]
                                      [--modes async sync]
                                      [--storages fp32 fp16 bf16 fp16_q8 bf16_q8]
@@ -18,7 +18,7 @@ with the 13 dense features, fc 256-128-64 relu, batch 512, Adam 0.001) for
 - ``SxW``: ``pyfleet train --servers S --workers W --mode M --json`` on
   127.0.0.1 (every role one process, one BLAS thread each);
 - ``collectiveNw``: N ranks of collective mode under ``mpirun`` (no server;
-  ``benchmarks/bench_mpi_train.py``, the same network and data), and beside it
+  ``benchmarks/training/bench_mpi_train.py``, the same network and data), and beside it
   ``single b<N*512>``, one process with the batch of all ranks together (what
   the collective job is equivalent to: its AUC is the one to compare with);
 - ``hybridSxW``: S servers (``python -m pyfleet.server``, sparse table only, in
@@ -33,7 +33,7 @@ Each row prints the training examples/s (all workers together, over the
 slowest worker's training time), its ratio to ``single``, and the test AUC
 of the trained model (every worker's test predictions together). The line
 below the table gives the parameter-server overhead: ``1 - (1x1 async) /
-single``. Targets (issue 5): 1x2 async >= 40,000 examples/s; overhead < 20%.
+single``. Targets: 1x2 async >= 40,000 examples/s; overhead < 20%.
 
 Where the CPU goes, per batch of 512 training examples: ``worker ms`` is the
 workers' training loops (every thread: parsing, compute, client), measured
@@ -49,14 +49,14 @@ schedstat; the single and MPI rows over the training loop, the parameter-server
 workers over their whole life). Near 0 on an idle machine; at 50% a worker got
 half the CPU it asked for.
 
-``--storages`` (issue 17): each SxW configuration is trained once per sparse
+``--storages``: each SxW configuration is trained once per sparse
 storage type (``pyfleet train --storage``), rows named ``SxW fp16``, and a
 line gives each one's test AUC minus fp32's in the same configuration and
 mode (target: within 0.0005). The runs share the data, the seed and, in sync
 mode with one worker, the order of every update, so the difference is the
 storage's.
 
-``--budget-ratios`` (issue 17's disk tier): after each SxW configuration (and
+``--budget-ratios`` (the disk tier): after each SxW configuration (and
 storage), the same job again with ``--memory-budget`` = the RAM of the
 all-in-RAM run's sparse table per server at its end (each server's
 ``memory_bytes()``: rows, index, counters; ``pyfleet train``'s summary) / RATIO,

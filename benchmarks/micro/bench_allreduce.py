@@ -1,6 +1,6 @@
 """The collective step's dense all-reduce beside a raw mpi4py ``Allreduce`` of the same buffer.
 
-    mpirun -np 2 --oversubscribe python benchmarks/bench_allreduce.py [--floats N] [--steps S]
+    mpirun -np 2 --oversubscribe python benchmarks/micro/bench_allreduce.py [--floats N] [--steps S]
 
 Default buffer: the dense parameters of ``pyfleet train``'s reference DNN (39 inputs:
 13 dense + 26 slots x 16-dim embeddings, layers 256-128-64, 2 outputs) plus one flag per

@@ -1,6 +1,6 @@
 """Chaos: a self-healing ``pyfleet train`` job whose roles are SIGKILLed at random.
 
-    python benchmarks/bench_chaos.py [--rows 1000000] [--mode async] [--kill-every 30,60]
+    python benchmarks/service/bench_chaos.py [--rows 1000000] [--mode async] [--kill-every 30,60]
                                      [--checkpoint-steps 100] [--max-restarts 20]
                                      [--servers 2] [--workers 2] [--epochs 3] [--seed 0] [--kill-seed 0]
                                      [--json out.json]

@@ -17,8 +17,8 @@ table's own memory estimate and the time, and the policy/none ratios against
 the target (peak RSS <= 40% of the no-policy run). The table is dim 8 with Adam
 (8 weights + 16 state floats a row) so that 50M rows fit the 24 GiB machine.
 
-    python benchmarks/bench_memory.py                 # 50M distinct keys (~15 GB peak, minutes)
-    python benchmarks/bench_memory.py --keys 2000000  # a quick look
+    python benchmarks/micro/bench_memory.py                 # 50M distinct keys (~15 GB peak, minutes)
+    python benchmarks/micro/bench_memory.py --keys 2000000  # a quick look
 """
 
 import argparse

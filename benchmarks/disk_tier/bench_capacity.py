@@ -1,8 +1,8 @@
 """The disk tier: a table holding 4x its memory budget in rows against the
 all-in-RAM table, pulled and pushed with Zipf(1.1) ids, measured in one run.
 
-    python benchmarks/bench_capacity.py [--rows 2000000] [--dim 16] [--ratio 4]
-                                        [--batch 100000 16384] [--steps 30] [--warm-steps 300]
+    python benchmarks/disk_tier/bench_capacity.py [--rows 2000000] [--dim 16] [--ratio 4]
+                                                  [--batch 100000 16384] [--steps 30] [--warm-steps 300]
                                         [--spill-dir DIR]
 
 Each table lives in its own child process (so RSS is its own): the all-in-RAM
@@ -42,7 +42,7 @@ existed), and the table's RSS over time (after the fill and every 10 steps).
 Every array the benchmark uses (ids, gradients, the pulls' outputs, the
 fill's too) is allocated before that first RSS reading, so the table's RSS is
 the table's (and its calls' working memory), not the caller's arrays.
-Targets (issue 17): the spilling table >= 0.5x the RAM table's throughput,
+Targets: the spilling table >= 0.5x the RAM table's throughput,
 its RSS <= budget + 10%. The spill file goes through the page cache: on a
 machine with free RAM its reads are memory copies, not device reads.
 """
@@ -51,13 +51,16 @@ import argparse
 import json
 import os
 import resource
-import subprocess
 import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
+from harness import json_child, load_note  # noqa: E402
 
 GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
@@ -161,16 +164,6 @@ def child(args):
         "spill_reads": st.get("spill_reads", 0), "spill_writes": st.get("spill_writes", 0)}))
 
 
-def json_child(script, argv, budget):
-    """``python script --child *argv [--budget budget]`` in a process of its own (so
-    its RSS is its table's): the JSON object its last line prints."""
-    cmd = [sys.executable, script, "--child", *argv]
-    if budget is not None:
-        cmd += ["--budget", str(budget)]
-    r = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    return json.loads(r.stdout.strip().splitlines()[-1])
-
-
 def run_child(args, budget):
     return json_child(__file__, ["--rows", str(args.rows), "--dim", str(args.dim),
                                  "--batch", str(args.batch), "--steps", str(args.steps),
@@ -229,7 +222,8 @@ def compare(args):
     mib = 1 << 20
     print(f"{args.rows:,} rows of dim {args.dim}, Adam fp32; Zipf(1.1) batches of "
           f"{args.batch:,} keys; budget {budget / mib:.0f} MiB "
-          f"(RAM table's memory_bytes {ram['memory_bytes'] / mib:.0f} MiB / {args.ratio:g})")
+          f"(RAM table's memory_bytes {ram['memory_bytes'] / mib:.0f} MiB / {args.ratio:g}); "
+          f"{load_note()}")
     print(f"phases of {args.steps} pull+push steps: cold start (right after the fill), "
           f"steady (after {args.warm_steps} more steps)")
     print(f"then {args.steps} steady steps with the next batch prefetched in another thread "

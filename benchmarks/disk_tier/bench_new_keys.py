@@ -1,7 +1,7 @@
 """A table with a disk tier while new keys keep coming, against the
 all-in-RAM table on the same calls: CPU time a step as its index grows.
 
-    python benchmarks/bench_new_keys.py [--budget 400M] [--steps 1200] [--keys 13312]
+    python benchmarks/disk_tier/bench_new_keys.py [--budget 400M] [--steps 1200] [--keys 13312]
                                         [--window 100] [--order ahead|plain] [--spill-dir DIR]
 
 Each step pulls and pushes --keys keys never seen before (26 ids an example
@@ -20,14 +20,17 @@ RAM table of 1,200 steps holds 16M rows (about 4 GB); --steps 600 halves it.
 
 import argparse
 import json
-import os
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
-from bench_capacity import json_child  # this directory: sys.path[0]
 
 from pyfleet.cli.parser import byte_count
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
+from harness import json_child, load_note  # noqa: E402
 
 GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
@@ -93,7 +96,7 @@ def main():
     spilling = run_child(args, args.budget)
     ram = run_child(args, None)
     print(f"{args.steps:,} steps of {args.keys:,} new keys ({args.order} order), Adam dim 16 fp32; "
-          f"budget {args.budget / (1 << 20):,.0f} MiB; load average {os.getloadavg()[0]:.2f}")
+          f"budget {args.budget / (1 << 20):,.0f} MiB; {load_note()}")
     print(f"{'steps':>11} {'RAM ms/step':>12} {'spilling':>9} {'ratio':>6}")
     for i, (a, b) in enumerate(zip(ram["windows"], spilling["windows"])):
         print(f"{i * args.window + 1:>5}-{(i + 1) * args.window:<5} {a:>12.1f} {b:>9.1f} {a / b:>6.2f}")

@@ -1,6 +1,6 @@
 """SparseTable pull/push throughput against numpy baselines measured in the same run.
 
-    python benchmarks/bench_table.py [--rows 10000000] [--batch 1000000] [--dims 16 64]
+    python benchmarks/micro/bench_table.py [--rows 10000000] [--batch 1000000] [--dims 16 64]
 
 For each dim and key distribution (uniform, Zipf 1.1) over a table of --rows
 rows, batches of --batch keys:

@@ -16,7 +16,7 @@ for RTT), and is reported as a ratio to their mean, with the load average beside
 (``/sys/class/net/eth0/statistics``); the round trips a step that wait on the network
 are the slope of the step time against the RTT.
 
-    sudo python benchmarks/bench_scaleout.py --hosts 2 4 --rows 60000 \\
+    sudo python benchmarks/training/bench_scaleout.py --hosts 2 4 --rows 60000 \\
         --json docs/scaleout_network.json --plot docs/scaleout_network.png
 
 Needs root (namespaces, tc); refuses with the reason otherwise.
@@ -32,7 +32,7 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
+REPO = os.path.dirname(os.path.dirname(HERE))  # the checkout
 RELAY_PORT = 47000
 SERVER_PORT = 46000
 

@@ -1,7 +1,7 @@
 """pyfleet against single-process PyTorch and TorchRec on the same rows, alternating.
 
 ```
-python benchmarks/bench_vs_torchrec.py [--rows 1000000] [--rounds 2]
+python benchmarks/training/bench_vs_torchrec.py [--rows 1000000] [--rounds 2]
         [--runs async sync collective hybrid torch fusedebc fbgemm]
         [--torch-threads 2] [--sparse-lr 0.05] [--cache DIR] [--json out.json]
 ```
@@ -66,7 +66,7 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]  # the checkout
 
 BATCH = 512
 PYFLEET_RUNS = {"async": ["--mode", "async"], "sync": ["--mode", "sync"],

@@ -1,6 +1,6 @@
 """Time one training step of the reference DNN against its matmuls alone.
 
-``python benchmarks/bench_fluid_step.py [--batch 512] [--steps 40]`` builds the
+``python benchmarks/micro/bench_fluid_step.py [--batch 512] [--steps 40]`` builds the
 reference network (26 slots sharing one sparse table, dim 16, sum-pooled,
 13 dense features, fc 256-128-64 relu, fc 2 softmax, Adam, LocalBackend),
 runs ``Executor.run`` steps on Zipf-distributed ids, and prints the step time

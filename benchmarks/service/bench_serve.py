@@ -1,7 +1,7 @@
 """`pyfleet serve` under load: requests/s, rows/s and latency against the
 in-process predict of the same model on the same rows (the floor), all in one run.
 
-    python benchmarks/bench_serve.py [--rows 100000] [--seconds 4] [--out FILE.json]
+    python benchmarks/service/bench_serve.py [--rows 100000] [--seconds 4] [--out FILE.json]
 
 The reference DNN (``pyfleet train``'s default: embedding dim 16, layers
 256-128-64) is trained for one pass on ``--rows`` generated Criteo rows in this

@@ -1,7 +1,7 @@
 """One rank of ``bench_train.py``'s ``collective`` and ``hybrid`` rows, run under ``mpirun``.
 
-    mpirun -np 2 python benchmarks/bench_mpi_train.py collective JOB_JSON
-    mpirun -np 2 python benchmarks/bench_mpi_train.py hybrid JOB_JSON   # + PYFLEET_ROLE=worker,
+    mpirun -np 2 python benchmarks/training/bench_mpi_train.py collective JOB_JSON
+    mpirun -np 2 python benchmarks/training/bench_mpi_train.py hybrid JOB_JSON   # + PYFLEET_ROLE=worker,
                                          # PYFLEET_SERVER_ENDPOINTS, PYFLEET_WORKER_NUM
 
 The reference network and data of ``pyfleet train`` (``pyfleet.trainer.job``): every
@@ -26,9 +26,9 @@ from mpi4py import MPI
 from pyfleet import fluid
 from pyfleet.config import DistributeTranspilerConfig
 from pyfleet.metrics import exact_auc
-from pyfleet.trainer.job import JOB_DEFAULTS, _dataset, build_program, feed_of, optimizer_of
+from pyfleet.trainer.job import JOB_DEFAULTS, build_program, feed_of, job_dataset, optimizer_of
 from pyfleet.trainer.mpi import equal_steps, group_of
-from pyfleet.trainer.role import _prefetching
+from pyfleet.trainer.role import prefetched_feeds
 
 
 def _sched():
@@ -63,12 +63,12 @@ def main(argv):
         fleet.init_worker()
     exe = fluid.Executor(fluid.CPUPlace())
     exe.run(fleet.startup_program)
-    data = _dataset(job, job["train"], rank, size, shuffle=True)
+    data = job_dataset(job, job["train"], rank, size, shuffle=True)
     examples, t0, c0, q0 = 0, time.perf_counter(), time.process_time(), _sched()
     # As pyfleet train's workers: every rank stops at the first rank's last batch, and
     # the next batch's sparse rows are prefetched (hybrid: their pull travels) while
     # this step computes.
-    for batch, feed in _prefetching(equal_steps(data, group_of(fleet, {"mode": kind})), exe,
+    for batch, feed in prefetched_feeds(equal_steps(data, group_of(fleet, {"mode": kind})), exe,
                                     fleet.main_program, model):
         exe.run(fleet.main_program, feed=feed, fetch_list=[model.avg_cost])
         examples += int(batch.labels.shape[0])
@@ -88,7 +88,7 @@ def main(argv):
         test = fleet.main_program.clone(for_test=True)
         test.set_backend(fleet.main_program.backend)
         preds, labels = [], []
-        for batch in _dataset(job, job["test"], 0, 1):
+        for batch in job_dataset(job, job["test"], 0, 1):
             (pred,) = exe.run(test, feed=feed_of(batch, model), fetch_list=[model.predict])
             preds.append(pred.reshape(-1))
             labels.append(batch.labels)

@@ -1,13 +1,13 @@
 """A full save of a table whose rows are on disk and not in the page cache.
 
-    python benchmarks/bench_spill_save.py [--rows 6000000] [--budget 150000000] [--dir DIR]
+    python benchmarks/disk_tier/bench_spill_save.py [--rows 6000000] [--budget 150000000] [--dir DIR]
 
 Creates --rows rows of dim 16 (Adam, fp32, one push each) in a table with a
 disk tier of --budget bytes, syncs, drops the page cache (needs root: writes
 /proc/sys/vm/drop_caches; without it the figure is a save from the page
 cache, and the program says so), then times table.save(). Run it with two
 builds to compare (e.g. an old build installed in a scratch venv). The save
-reads the spilled rows in the spill file's order (issue 17).
+reads the spilled rows in the spill file's order.
 """
 
 import argparse

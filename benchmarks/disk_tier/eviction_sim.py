@@ -1,7 +1,7 @@
 """Rows a disk tier reads back per step under eviction policies, simulated on
 bench_capacity.py's ids (no table is built: which rows are in RAM only).
 
-    python benchmarks/eviction_sim.py [--rows 2000000] [--batch 100000] [--steps 30]
+    python benchmarks/disk_tier/eviction_sim.py [--rows 2000000] [--batch 100000] [--steps 30]
                                       [--in-ram 223000 300000 400000]
                                       [--policies old new ...] [--shift-at STEP] [--uniform]
                                       [--periodic WARM EVERY FRESH]
@@ -19,7 +19,7 @@ FRESH rows a step used once (where 2Q's ghost window misses warm rows). Each ste
 counts its keys once and evicts. Printed: rows read back per step over all
 steps and over the last 40 (the steady state of a long run).
 
-Policies (spill_table.cc's is `new`; `old` the one before it):
+Policies (spill_evict.cc's is `new`; `old` the one before it):
   old     CLOCK, a row read back at 1, every pull and push +1, up to 3
   new     CLOCK, every row in at 0, pulls and pushes +1 up to 3 but not in
           the step that brought the row in; an eviction's first pass
@@ -123,7 +123,7 @@ def trace(args):
 
 
 class Clock:
-    """CLOCK with use counts as a queue per shard (spill_table.cc)."""
+    """CLOCK with use counts as a queue per shard (spill_evict.cc)."""
 
     def __init__(self, n, cap, enter=0, max_use=3, own_step=True, per_step=False,
                  spare_fresh=False, hist=None):

@@ -1,6 +1,6 @@
 """Compare two revisions of pyfleet with one benchmark, run alternately.
 
-    python benchmarks/ab.py BASE [--new REV] [--rounds 3] -- COMMAND...
+    python benchmarks/tools/ab.py BASE [--new REV] [--rounds 3] -- COMMAND...
 
 On a shared machine the absolute speed drifts by tens of percent between
 runs, more than most changes are worth, so two builds are only comparable
@@ -11,7 +11,7 @@ for each, alternating base, new, base, new..., with ``PYTHONPATH`` pointing at
 that worktree so ``import pyfleet`` takes its code. Every output line is
 printed prefixed with ``base`` or ``new``. Example::
 
-    python benchmarks/ab.py HEAD~1 -- python benchmarks/bench_service.py --sizes 16000
+    python benchmarks/tools/ab.py HEAD~1 -- python benchmarks/service/bench_service.py --sizes 16000
 
 A developer's tool, not a benchmark of its own: it prints what the command
 prints. The worktrees are removed at the end (``--keep`` keeps them).
@@ -25,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
 
 
 def _git(*args, cwd=ROOT):

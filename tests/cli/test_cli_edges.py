@@ -1,4 +1,4 @@
-"""`pyfleet train` / `predict` / `fleetrun` at their edges (issue 16): output, inputs
+"""`pyfleet train` / `predict` / `fleetrun` at their edges: output, inputs
 checked first, run directories, resume settings, optimizers, the data cache, help."""
 
 import json

@@ -1,6 +1,6 @@
 // What a spilled row's read costs by call: random 232-byte records (a slot
 // of bench_capacity's table) anywhere in a file in the page cache, one
-// preadv2(RWF_NOWAIT) a record as spill_store.h reads them, against the same
+// preadv2(RWF_NOWAIT) a record as internal/spill_file.h reads them, against the same
 // reads submitted to io_uring CHUNK at a time (raw syscalls: liburing is not
 // on the package index). With MIB > 0, MIB MiB of memory are touched before
 // each CHUNK records, out of the timing. A file smaller than the last-level
@@ -9,7 +9,7 @@
 // times larger than that cache, or read another such file first.
 //
 //   head -c 4G /dev/urandom > /tmp/records.bin
-//   g++ -O2 -std=c++17 -o /tmp/read_calls benchmarks/read_calls.cc
+//   g++ -O2 -std=c++17 -o /tmp/read_calls benchmarks/disk_tier/read_calls.cc
 //   /tmp/read_calls /tmp/records.bin [CHUNK=256] [MIB=0]
 //
 // Prints CPU and wall ns a record for each, three rounds of 100 x 6,400, and

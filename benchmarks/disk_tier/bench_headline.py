@@ -1,7 +1,7 @@
-"""Issue 17's headline: 100M rows of dim 16 with Adam trained through one server with a
+"""The disk tier's headline: 100M rows of dim 16 with Adam trained through one server with a
 4 GiB memory budget (the rest of the table on disk).
 
-    python benchmarks/bench_headline.py --dir DIR [--ids 100000000] [--unique-slots 26]
+    python benchmarks/disk_tier/bench_headline.py --dir DIR [--ids 100000000] [--unique-slots 26]
                                         [--budget 4G] [--workers 1] [--mode async]
                                         [--timeout 7200] [--json results.json]
 

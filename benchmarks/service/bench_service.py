@@ -1,6 +1,6 @@
 """Service pull/push throughput against a raw pyzmq round trip of the same bytes.
 
-    python benchmarks/bench_service.py [--sizes 1000 16000 128000] [--dim 16]
+    python benchmarks/service/bench_service.py [--sizes 1000 16000 128000] [--dim 16]
                                        [--servers 1 2] [--seconds 1.0] [--cpu]
 
 Everything on loopback, measured in the same run:
@@ -27,11 +27,13 @@ few cores it shows how much of the wall time is work that no overlap can hide.
 """
 
 import argparse
+import contextlib
 import os
 import resource
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import zmq
@@ -40,10 +42,8 @@ import pyfleet
 from pyfleet.optimizer import Adam
 from pyfleet.service.client import Client
 
-# ServerGroup is a test helper (tests/support/service.py), not part of the
-# package: put the checkout's tests/ folder on sys.path to import it.
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-from support.service import ServerGroup  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
+from harness import interleaved_medians, load_note, servers  # noqa: E402
 
 
 def echo_main():
@@ -92,23 +92,6 @@ def cpu_per_call(fn, pids, calls):
     return (w1 - w0) / calls, (c1 - c0) / calls, (p1 - p0) / calls
 
 
-def interleaved_medians(fns, seconds, min_rounds=5):
-    """Median seconds per call of each function, called in turn round after
-    round so that every one sees the same machine load."""
-    for fn in fns.values():
-        fn()  # warm
-    times = {name: [] for name in fns}
-    end = time.perf_counter() + seconds * len(fns)
-    rounds = 0
-    while rounds < min_rounds or time.perf_counter() < end:
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
-        rounds += 1
-    return {name: float(np.median(t)) for name, t in times.items()}
-
-
 def calls(n, dim, batches, raw, table, clients):
     """``{op: {who: fn}}`` for batches of ``n`` distinct keys."""
     bs = batches(n)
@@ -155,6 +138,7 @@ def main():
     echo = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--echo"],
                             stdout=subprocess.PIPE, text=True)
     groups, clients = [], {}
+    stack = contextlib.ExitStack()
     try:
         port = int(echo.stdout.readline())
         sock = zmq.Context.instance().socket(zmq.DEALER)
@@ -167,7 +151,9 @@ def main():
         table = pyfleet.SparseTable(dim, Adam(0.001), name="emb")
         table.pull(pool)
         for S in a.servers:
-            g = ServerGroup(S, 1, handler_threads=2, split_pull_keys=a.split_pull_keys)
+            g = stack.enter_context(servers(
+                S, 1, mode="async", heartbeat_timeout=10.0, barrier_timeout=60.0,
+                handler_threads=2, split_pull_keys=a.split_pull_keys))
             groups.append(g)
             extra = {k: v for k, v in (("max_request_keys", a.max_request_keys),
                                        ("max_pull_keys", a.max_pull_keys)) if v is not None}
@@ -184,7 +170,7 @@ def main():
         cpu = {}
         if a.cpu:
             pids = {"raw": [echo.pid], "in-process": [],
-                    **{f"service S={S}": [p.pid for p in g.procs]
+                    **{f"service S={S}": g.pids
                        for S, g in zip(a.servers, groups)}}
             for n in (n for n in a.sizes if n >= 16000):
                 for who, fn in calls(n, dim, batches, raw, table, clients)["pull"].items():
@@ -193,13 +179,13 @@ def main():
             c.stop_worker()
             c.close()
     finally:
-        for g in groups:
-            g.stop()
+        stack.close()
         echo.kill()
         echo.wait()
 
     whos = ["raw", "in-process", *clients]
-    print(f"\nloopback, dim {dim}, median of repeated calls (keys/s; 1-key rows: microseconds)")
+    print(f"\nloopback, dim {dim}, median of repeated calls (keys/s; 1-key rows: microseconds); "
+          f"{load_note()}")
     print(f"{'keys':>7} {'op':>5} " + " ".join(f"{w:>14}" for w in whos)
           + "  " + " ".join(f"{'S=' + str(S) + '/raw':>9}" for S in a.servers)
           + f" {'S=1/in-proc':>12}")

@@ -1,7 +1,7 @@
 """Compact rows: bytes per row and pull/push throughput of fp16, bf16 and 8-bit
 state (fp16_q8, bf16_q8) tables against the fp32 table, measured in one run.
 
-    python benchmarks/bench_storage.py [--rows 3000000] [--batch 200000] [--dim 16]
+    python benchmarks/micro/bench_storage.py [--rows 3000000] [--batch 200000] [--dim 16]
                                        [--reps 30] [--clock wall|cpu]
 
 A table of --dim with Adam is built for each storage type (fp32, fp16, bf16,
