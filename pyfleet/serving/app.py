@@ -7,10 +7,11 @@ version in the ``X-Model-Version`` header), ``GET /healthz`` (200 once a model
 is loaded, 503 before), ``GET /metrics`` (Prometheus text), ``GET /model``
 (the served version's description, JSON).
 
-Micro-batching: requests are parsed on arrival and queued; one task takes
+Micro-batching: requests are checked on arrival and queued; one task takes
 every queued request (and, while other requests are still being read, waits up
 to ``batch_wait`` seconds for more, up to ``max_batch_rows`` rows) into one
-model step on the model thread, then answers each request with its slice.
+model step on the model thread, where the small Criteo TSV and JSON bodies are
+parsed together in one call, then answers each request with its slice.
 The version served is read once per step, so a step, and every request in
 it, is answered by one whole version; a swap is one assignment on the loop.
 
@@ -29,7 +30,7 @@ import numpy as np
 from aiohttp import web
 
 from pyfleet.serving.metrics import ServeMetrics
-from pyfleet.serving.rows import BadRequest, RowSchema, concat_batches
+from pyfleet.serving.rows import BadRequest, RowSchema
 
 __all__ = ["ServeOptions", "Server"]
 
@@ -54,6 +55,13 @@ class ServeOptions:
         self.max_body_bytes, self.max_rows = max_body_bytes, max_rows
         self.max_concurrent, self.max_batch_rows = max_concurrent, max_batch_rows
         self.batch_wait, self.slots = float(batch_wait), slots
+
+
+def _step(version, schema, pendings):
+    """One model step on the model thread: the requests' rows parsed together
+    (:meth:`RowSchema.assemble`) and predicted by ``version``."""
+    batch, order, results = schema.assemble(pendings)
+    return (None if batch is None else version.predict(batch)), order, results
 
 
 def _error(status, text, kind):
@@ -194,18 +202,20 @@ class Server:
             schema = self.schema
             try:
                 if len(body) > _PARSE_IN_THREAD:
-                    batch = await asyncio.get_running_loop().run_in_executor(
-                        self._parse_threads, schema.parse, request.content_type, body)
+                    rows = await asyncio.get_running_loop().run_in_executor(
+                        self._parse_threads, schema.prepare, request.content_type, body)
                 else:
-                    batch = schema.parse(request.content_type, body)
+                    rows = schema.prepare(request.content_type, body)
             except BadRequest as e:
                 return _error(e.status, str(e), "bad_input")
             fut = asyncio.get_running_loop().create_future()
             self._waiting_bodies -= 1
             queued = True
-            self._queue.put_nowait((batch, fut))
+            self._queue.put_nowait((rows, fut))
             try:
                 prob, version = await fut
+            except BadRequest as e:  # its lines, parsed with the step's
+                return _error(e.status, str(e), "bad_input")
             except ValueError as e:  # the model's own refusal of these rows (non-finite)
                 return _error(422, str(e), "model")
             except Exception as e:  # logged with its trace by the batcher
@@ -233,7 +243,7 @@ class Server:
         while True:
             first = carry or await q.get()
             carry = None
-            items, rows = [first], len(first[0])
+            items, rows = [first], first[0].rows
             deadline = loop.time() + opts.batch_wait
             while rows < opts.max_batch_rows:
                 if q.empty():
@@ -246,15 +256,15 @@ class Server:
                         break
                 else:
                     item = q.get_nowait()
-                if rows + len(item[0]) > opts.max_batch_rows:
+                if rows + item[0].rows > opts.max_batch_rows:
                     carry = item
                     break
                 items.append(item)
-                rows += len(item[0])
-            version = self.version  # one version for the whole step
-            batch = concat_batches([b for b, _ in items])
+                rows += item[0].rows
+            version, schema = self.version, self.schema  # one version for the whole step
             try:
-                prob = await loop.run_in_executor(self._model_thread, version.predict, batch)
+                prob, order, results = await loop.run_in_executor(
+                    self._model_thread, _step, version, schema, [p for p, _ in items])
             except Exception as e:  # answered per request; the loop goes on
                 if not isinstance(e, ValueError):
                     log.exception("model step failed")
@@ -263,11 +273,16 @@ class Server:
                         fut.set_exception(ValueError(str(e)) if isinstance(e, ValueError)
                                           else e)
                 continue
-            self.metrics.batch_rows.observe(rows)
-            self.metrics.rows += rows
+            for i, r in enumerate(results):
+                if isinstance(r, BadRequest) and not items[i][1].done():
+                    items[i][1].set_exception(r)
+            if prob is None:
+                continue
+            self.metrics.batch_rows.observe(prob.shape[0])
+            self.metrics.rows += prob.shape[0]
             a = 0
-            for b, fut in items:
-                n = len(b)
+            for i in order:
+                n, fut = results[i], items[i][1]
                 if not fut.done():  # its client may have gone
                     fut.set_result((prob[a:a + n], version))
                 a += n

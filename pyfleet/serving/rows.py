@@ -44,8 +44,12 @@ from pyfleet.data import _parse
 from pyfleet.data.files import csv_schema
 from pyfleet.data.readers import Batch, _Chunk
 
-__all__ = ["CONTENT_TYPES", "BadRequest", "RowSchema", "concat_batches"]
+__all__ = ["CONTENT_TYPES", "BadRequest", "Pending", "RowSchema", "concat_batches"]
 
+# Criteo TSV bodies up to this size wait for their model step and are parsed with the
+# other requests of the step in one call (the parser's fixed cost is paid once a step);
+# larger ones are parsed on arrival.
+JOIN_BYTES = 64 << 10
 CONTENT_TYPES = ("application/json", "text/tab-separated-values", "text/csv", "text/plain",
                  "application/x-npz")
 IGNORED_COLUMNS = ("label", "click", "id")
@@ -62,6 +66,23 @@ class BadRequest(ValueError):
 def _line_error(r, what):
     line = int(r["bad_lines"][0]) + 1
     return BadRequest(f"{what} {line}: malformed ({_parse.REASONS[int(r['bad_reasons'][0])]})")
+
+
+class Pending:
+    """A request's rows, checked on arrival: ``kind`` "tsv" or "tsv+label" (``data``:
+    Criteo TSV lines, parsed with the step's other requests of that kind) or "batch"
+    (``data``: the parsed :class:`Batch`); ``rows``: how many."""
+
+    __slots__ = ("data", "kind", "rows", "what")
+
+    def __init__(self, kind, data, rows, what="line"):
+        self.kind, self.data, self.rows = kind, data, rows
+        self.what = what  # how a malformed one is named: "line" or (JSON) "row"
+
+
+def _rows_of_lines(body):
+    """The lines of ``body`` the parser reads as rows (not blank after a CR is cut)."""
+    return sum(1 for line in body.split(b"\n") if line.rstrip(b"\r"))
 
 
 class RowSchema:
@@ -87,9 +108,25 @@ class RowSchema:
 
     def parse(self, content_type, body):
         """The :class:`Batch` of ``body`` sent as ``content_type``; BadRequest otherwise."""
+        batch, order, results = self.assemble([self.prepare(content_type, body)])
+        if isinstance(results[0], BadRequest):
+            raise results[0]
+        return batch
+
+    def prepare(self, content_type, body):
+        """The :class:`Pending` rows of ``body`` sent as ``content_type``: every check
+        but the parse of small Criteo TSV bodies (left to :meth:`assemble`, with the
+        step's other requests). BadRequest naming the problem."""
         if content_type == "application/json":
-            batch = self._json(body)
-        elif content_type == "text/tab-separated-values":
+            return self._json(body)
+        if content_type == "text/tab-separated-values" and len(body) <= JOIN_BYTES:
+            kind = self._tsv_kind(body)
+            rows = _rows_of_lines(body)
+            self._check_rows(rows)
+            if rows == 0:
+                raise BadRequest("the request holds no row")
+            return Pending(kind, body if body.endswith(b"\n") else body + b"\n", rows)
+        if content_type == "text/tab-separated-values":
             batch = self._tsv(body)
         elif content_type == "text/csv":
             batch = self._csv(body)
@@ -102,7 +139,43 @@ class RowSchema:
                              f"of {', '.join(CONTENT_TYPES)}", status=415)
         if len(batch) == 0:
             raise BadRequest("the request holds no row")
-        return batch
+        return Pending("batch", batch, len(batch))
+
+    def assemble(self, pendings):
+        """``(batch, order, results)`` of one model step: ``batch`` holds the rows of
+        the requests whose ``results[i]`` is a row count, request ``order[0]``'s
+        first, then ``order[1]``'s...; ``results[i]`` is a BadRequest for a request
+        whose lines are malformed (found by parsing the joined lines, then each
+        request's alone to name it), or None for none."""
+        results = [None] * len(pendings)
+        segments = []
+        for kind in ("tsv", "tsv+label"):
+            idx = [i for i, p in enumerate(pendings) if p.kind == kind]
+            if not idx:
+                continue
+            cols = (self._kind, self._index) if kind == "tsv" else (self._kind_l, self._index_l)
+            joined = b"".join(pendings[i].data for i in idx)
+            r = _parse.parse_delimited(memoryview(joined), 9, *cols, self.n_dense,
+                                       self.n_slots, "log", None, None)
+            if not r["malformed"] and r["examples"] == sum(pendings[i].rows for i in idx):
+                segments.append((self._batch(self._delimited_chunk(r)), idx))
+                for i in idx:
+                    results[i] = pendings[i].rows
+                continue
+            for i in idx:  # one of them is malformed: which
+                try:
+                    b = self._delimited(pendings[i].data, 9, *cols, pendings[i].what)
+                except BadRequest as e:
+                    results[i] = e
+                    continue
+                segments.append((b, [i]))
+                results[i] = len(b)
+        for i, p in enumerate(pendings):
+            if p.kind == "batch":
+                segments.append((p.data, [i]))
+                results[i] = p.rows
+        batch = concat_batches([b for b, _ in segments]) if segments else None
+        return batch, [i for _, idx in segments for i in idx], results
 
     def _check_rows(self, n):
         if n > self.max_rows:
@@ -119,25 +192,39 @@ class RowSchema:
         if r["malformed"]:
             r["bad_lines"] = r["bad_lines"] + line_base
             raise _line_error(r, what)
+        return self._batch(self._delimited_chunk(r))
+
+    @staticmethod
+    def _delimited_chunk(r):
         ids_t = np.ascontiguousarray(r["ids"].T)
-        return self._batch(_Chunk(r["labels"], r["dense"], list(ids_t), None))
+        return _Chunk(r["labels"], r["dense"], list(ids_t), None)
 
     def _batch(self, chunk):
         return Batch(*chunk.take(0, len(chunk)), self.cat_names)
 
-    def _tsv(self, body):
-        first = body.split(b"\n", 1)[0].rstrip(b"\r")
+    def _tsv_kind(self, body):
+        """"tsv+label" or "tsv", by the field count of the first line that is not blank."""
+        start, line_no = 0, 1
+        while True:
+            nl = body.find(b"\n", start)
+            first = body[start:len(body) if nl < 0 else nl].rstrip(b"\r")
+            if first or nl < 0:
+                break
+            start, line_no = nl + 1, line_no + 1
         fields = first.count(b"\t") + 1
         want = self.n_dense + self.n_slots
         if fields == want + 1:
-            kind, index = self._kind_l, self._index_l
-        elif fields == want:
-            kind, index = self._kind, self._index
-        else:
-            raise BadRequest(f"line 1 has {fields} tab-separated fields; the model reads "
-                             f"{want} ({self.n_dense} dense, {self.n_slots} categorical) or "
-                             f"{want + 1} with the label first")
-        return self._delimited(body, 9, kind, index, "line")
+            return "tsv+label"
+        if fields == want:
+            return "tsv"
+        raise BadRequest(f"line {line_no} has {fields} tab-separated fields; the model reads "
+                         f"{want} ({self.n_dense} dense, {self.n_slots} categorical) or "
+                         f"{want + 1} with the label first")
+
+    def _tsv(self, body):
+        if self._tsv_kind(body) == "tsv+label":
+            return self._delimited(body, 9, self._kind_l, self._index_l, "line")
+        return self._delimited(body, 9, self._kind, self._index, "line")
 
     def _csv(self, body):
         nl = body.find(b"\n")
@@ -215,9 +302,13 @@ class RowSchema:
             raise BadRequest("the request holds no row")
         if all(isinstance(r, dict) and "dense_feature" in r for r in rows):
             text = "\n".join(self._slot_line(r, i) for i, r in enumerate(rows, 1))
-            return self._slot_lines(text.encode(), "row")
-        text = "\n".join(self._tsv_line(r, i) for i, r in enumerate(rows, 1))
-        return self._delimited(text.encode(), 9, self._kind, self._index, "row")
+            batch = self._slot_lines(text.encode(), "row")
+            return Pending("batch", batch, len(batch))
+        text = "".join(self._tsv_line(r, i) + "\n" for i, r in enumerate(rows, 1))
+        if len(text) > JOIN_BYTES:
+            batch = self._delimited(text.encode(), 9, self._kind, self._index, "row")
+            return Pending("batch", batch, len(batch))
+        return Pending("tsv", text.encode(), len(rows), "row")
 
     def _tsv_line(self, row, i):
         if not isinstance(row, dict):
@@ -281,11 +372,20 @@ def concat_batches(batches):
         return batches[0]
     labels = np.concatenate([b.labels for b in batches])
     dense = np.concatenate([b.dense for b in batches])
+    n = labels.shape[0]
+    one_each = None  # offsets of a slot with one id per row, shared as the readers do
     sparse = []
     for s in range(len(batches[0].sparse)):
-        ids = np.concatenate([b.sparse[s][0] for b in batches])
-        lens = np.concatenate([np.diff(b.sparse[s][1]) for b in batches])
-        offsets = np.zeros(lens.shape[0] + 1, dtype=np.int64)
-        np.cumsum(lens, out=offsets[1:])
-        sparse.append((ids, offsets))
+        parts = [b.sparse[s] for b in batches]
+        ids = np.concatenate([p[0] for p in parts])
+        if ids.shape[0] == n:  # every row has at least one id: here exactly one
+            if one_each is None:
+                one_each = np.arange(n + 1, dtype=np.int64)
+            sparse.append((ids, one_each))
+            continue
+        offsets, base = [np.zeros(1, dtype=np.int64)], 0
+        for _, o in parts:  # each request's offsets start at 0
+            offsets.append(o[1:] + base)
+            base += int(o[-1])
+        sparse.append((ids, np.concatenate(offsets)))
     return Batch(labels, dense, sparse, batches[0].slot_names)

@@ -125,3 +125,39 @@ def test_any_body_is_a_batch_or_a_bad_request(ctype, body):
         return
     assert len(batch) >= 1 and batch.dense.shape == (len(batch), 13)
     assert all(o.shape == (len(batch) + 1,) for _, o in batch.sparse)
+
+
+@needs_data
+def test_a_step_parses_its_requests_together_and_names_only_the_malformed_one():
+    lines = TSV.read_bytes().splitlines(keepends=True)
+    unlabelled = [line.split(b"\t", 1)[1] for line in lines]
+    buf = io.BytesIO()
+    whole = SCHEMA.parse("text/tab-separated-values", b"".join(lines))
+    np.savez(buf, dense=whole.dense[:2], ids=whole.ids_matrix()[:2])
+    bodies = [("text/tab-separated-values", b"".join(lines[0:3])),
+              ("text/tab-separated-values", b"\n".join(unlabelled[3:5])),   # no label
+              ("text/tab-separated-values", lines[5] + b"\n" + b"1\tx" + b"\t" * 38 + b"\n"),
+              ("application/json", json.dumps(
+                  {"rows": criteo_json_rows([line.decode().rstrip() for line in lines[6:8]])})
+               .encode()),
+              ("application/json", b'{"rows": [{"I1": "seven"}]}'),
+              ("application/x-npz", buf.getvalue()),
+              ("text/tab-separated-values", b"\r\n" + lines[8].rstrip() + b"\r\n\r\n")]
+    pendings = [SCHEMA.prepare(ct, body) for ct, body in bodies]
+    batch, order, results = SCHEMA.assemble(pendings)
+    assert [r if isinstance(r, int) else type(r) for r in results] == [
+        3, 2, BadRequest, 2, BadRequest, 2, 1]
+    assert str(results[2]) == "line 3: malformed (bad dense value)"  # (line 2 is blank)
+    assert str(results[4]) == "row 1: malformed (bad dense value)"
+    assert sorted(order) == [0, 1, 3, 5, 6]
+    parts, a = {}, 0
+    for i in order:
+        parts[i] = (a, a + results[i])
+        a += results[i]
+    assert a == len(batch)
+    ids, want_ids = batch.ids_matrix(), whole.ids_matrix()
+    for i, rows in ((0, range(0, 3)), (1, range(3, 5)), (3, range(6, 8)), (5, range(0, 2)),
+                    (6, range(8, 9))):
+        lo, hi = parts[i]
+        np.testing.assert_array_equal(ids[lo:hi], want_ids[list(rows)])
+        np.testing.assert_array_equal(batch.dense[lo:hi], whole.dense[list(rows)])
