@@ -83,20 +83,25 @@ def _download_checkpoint(fs, remote, local, tables=True):
         fs.get(_join(remote, name), os.path.join(local, name))
 
 
-def _bound(sig, self, args, kwargs, name):
-    ba = sig.bind(self, *args, **kwargs)
-    ba.apply_defaults()
-    return ba, ba.arguments[name]
-
-
-def _save_persistables(method, root):
+def _taking_remote(method, name, remote_call):
+    """``method`` whose argument ``name`` (a path, or a list of them) may be
+    remote: then ``remote_call(self, method, bound arguments, value)`` runs it."""
     sig = inspect.signature(method)
 
     @functools.wraps(method)
-    def save(self, *args, **kwargs):
-        ba, remote = _bound(sig, self, args, kwargs, "dirname")
-        if not hadoop.is_remote(remote):
+    def call(self, *args, **kwargs):
+        ba = sig.bind(self, *args, **kwargs)
+        ba.apply_defaults()
+        value = ba.arguments[name]
+        dirs = value if isinstance(value, (list, tuple)) else [value]
+        if not any(hadoop.is_remote(d) for d in dirs):
             return method(*ba.args, **ba.kwargs)
+        return remote_call(self, method, ba, value)
+    return call
+
+
+def _save_persistables(root):
+    def save(self, method, ba, remote):
         if ba.arguments.get("mode") == "delta":
             raise ValueError(f"save_persistables(mode='delta') to {remote!r}: a delta extends "
                              f"the previous save of a local directory; save full to HDFS/AFS, "
@@ -123,39 +128,26 @@ def _save_persistables(method, root):
     return save
 
 
-def _save_inference_model(method, root):
-    sig = inspect.signature(method)
-
-    @functools.wraps(method)
-    def save(self, *args, **kwargs):
-        ba, remote = _bound(sig, self, args, kwargs, "dirname")
-        if not hadoop.is_remote(remote):
-            return method(*ba.args, **ba.kwargs)
+def _save_inference_model(root):
+    def save(self, method, ba, remote):
         fs = _fs(self)
         with _Staging(root()) as stage:
-            ba.arguments["dirname"] = os.path.join(stage, "model")
+            local = ba.arguments["dirname"] = os.path.join(stage, "model")
             result = method(*ba.args, **ba.kwargs)
             fs.mkdir(remote)
-            names = sorted(os.listdir(ba.arguments["dirname"]), key=lambda n: n == "__model__.json")
-            for name in names:   # pyfleet's description last: it says the model is complete
-                fs.put(os.path.join(ba.arguments["dirname"], name), _join(remote, name))
+            # pyfleet's description last: it says the model is complete
+            for name in sorted(os.listdir(local), key=lambda n: n == "__model__.json"):
+                fs.put(os.path.join(local, name), _join(remote, name))
         return result
     return save
 
 
-def _load(method, root, name, tables):
-    sig = inspect.signature(method)
-
-    @functools.wraps(method)
-    def load(self, *args, **kwargs):
-        ba, value = _bound(sig, self, args, kwargs, name)
-        dirs = value if isinstance(value, (list, tuple)) else [value]
-        if not any(hadoop.is_remote(d) for d in dirs):
-            return method(*ba.args, **ba.kwargs)
+def _load(root, name, tables):
+    def load(self, method, ba, value):
         fs = _fs(self)
         with _Staging(root()) as stage:
             local = []
-            for i, d in enumerate(dirs):
+            for i, d in enumerate(value if isinstance(value, (list, tuple)) else [value]):
                 if hadoop.is_remote(d):
                     local.append(os.path.join(stage, str(i)))
                     _download_checkpoint(fs, d, local[-1], tables(self))
@@ -169,11 +161,12 @@ def _load(method, root, name, tables):
 def install(fleet_class, checkpoint_root):
     """Let ``fleet_class``'s saves and loads take ``hdfs:``/``afs:`` paths (see the
     module doc); ``checkpoint_root()`` is where staging directories go."""
-    fleet_class.save_persistables = _save_persistables(fleet_class.save_persistables,
-                                                       checkpoint_root)
-    fleet_class.save_inference_model = _save_inference_model(
-        fleet_class.save_inference_model, checkpoint_root)
-    fleet_class.init_server = _load(fleet_class.init_server, checkpoint_root, "model_dir",
-                                    lambda self: True)
-    fleet_class.load_persistables = _load(fleet_class.load_persistables, checkpoint_root,
-                                          "dirname", lambda self: self._strategy.hybrid)
+    root = checkpoint_root
+    for method, name, remote_call in (
+            ("save_persistables", "dirname", _save_persistables(root)),
+            ("save_inference_model", "dirname", _save_inference_model(root)),
+            ("init_server", "model_dir", _load(root, "model_dir", lambda self: True)),
+            ("load_persistables", "dirname",
+             _load(root, "dirname", lambda self: self._strategy.hybrid))):
+        setattr(fleet_class, method,
+                _taking_remote(getattr(fleet_class, method), name, remote_call))

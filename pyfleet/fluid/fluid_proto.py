@@ -238,35 +238,22 @@ def _encode_var(v):
     return out
 
 
+# AttrType -> (its field of OpDesc.Attr, the field's encoder, repeated)
+_ATTR_FIELDS = {A_INT: (3, _f_varint, False), A_FLOAT: (4, _f_float, False),
+                A_STRING: (5, _f_str, False), A_INTS: (6, _f_varint, True),
+                A_FLOATS: (7, _f_float, True), A_STRINGS: (8, _f_str, True),
+                A_BOOLEAN: (10, _f_varint, False), A_BOOLEANS: (11, _f_varint, True),
+                A_BLOCK: (12, _f_varint, False), A_LONG: (13, _f_varint, False),
+                A_BLOCKS: (14, _f_varint, True), A_LONGS: (15, _f_varint, True)}
+
+
 def _encode_attr(name, atype, value):
-    out = _f_str(1, name) + _f_varint(2, atype)
-    if atype == A_INT:
-        out += _f_varint(3, value)
-    elif atype == A_FLOAT:
-        out += _f_float(4, value)
-    elif atype == A_STRING:
-        out += _f_str(5, value)
-    elif atype == A_INTS:
-        out += b"".join(_f_varint(6, x) for x in value)
-    elif atype == A_FLOATS:
-        out += b"".join(_f_float(7, x) for x in value)
-    elif atype == A_STRINGS:
-        out += b"".join(_f_str(8, x) for x in value)
-    elif atype == A_BOOLEAN:
-        out += _f_varint(10, bool(value))
-    elif atype == A_BOOLEANS:
-        out += b"".join(_f_varint(11, bool(x)) for x in value)
-    elif atype == A_BLOCK:
-        out += _f_varint(12, value)
-    elif atype == A_LONG:
-        out += _f_varint(13, value)
-    elif atype == A_BLOCKS:
-        out += b"".join(_f_varint(14, x) for x in value)
-    elif atype == A_LONGS:
-        out += b"".join(_f_varint(15, x) for x in value)
-    else:
-        raise ProgramDescError(f"attribute {name!r}: type {atype} is not written")
-    return out
+    try:
+        field, enc, repeated = _ATTR_FIELDS[atype]
+    except KeyError:
+        raise ProgramDescError(f"attribute {name!r}: type {atype} is not Fluid's") from None
+    values = value if repeated else [value]
+    return _f_str(1, name) + _f_varint(2, atype) + b"".join(enc(field, x) for x in values)
 
 
 def _encode_op(op):

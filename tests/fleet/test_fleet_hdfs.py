@@ -17,12 +17,8 @@ from pyfleet.fluid import inference
 
 @pytest.fixture
 def hdfs(tmp_path, monkeypatch):
-    store, log = tmp_path / "hdfs", tmp_path / "hadoop.log"
-    store.mkdir()
-    log.write_text("")
-    for k, v in hadoop_standin.install(tmp_path / "bin", store, log).items():
-        monkeypatch.setenv(k, v)
-    return store, lambda: [json.loads(line) for line in log.read_text().splitlines()]
+    """``(the directory the stand-in hadoop serves, its calls so far)``."""
+    return hadoop_standin.serve(tmp_path, monkeypatch)
 
 
 def _hdfs_config(fleet_):

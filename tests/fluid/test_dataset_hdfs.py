@@ -3,7 +3,6 @@ did (``hadoop fs -D fs.default.name=... -D hadoop.job.ugi=... -cat PATH`` into
 the pipe command), against a stand-in ``hadoop`` on PATH serving a temp dir."""
 
 import gzip
-import json
 
 import numpy as np
 import pytest
@@ -15,13 +14,8 @@ from pyfleet.fluid import hadoop
 
 @pytest.fixture
 def hdfs(tmp_path, monkeypatch):
-    """``(root dir the stand-in serves, function returning its logged argvs)``."""
-    root, log = tmp_path / "hdfs", tmp_path / "hadoop.log"
-    root.mkdir()
-    log.write_text("")
-    for k, v in hadoop_standin.install(tmp_path / "bin", root, log).items():
-        monkeypatch.setenv(k, v)
-    return root, lambda: [json.loads(line) for line in log.read_text().splitlines()]
+    """``(the directory the stand-in hadoop serves, its calls so far)``."""
+    return hadoop_standin.serve(tmp_path, monkeypatch)
 
 
 def _lines(n, start):

@@ -31,6 +31,17 @@ def install(bin_dir, root, log):
             "HADOOP_STANDIN_ROOT": str(root), "HADOOP_STANDIN_LOG": str(log)}
 
 
+def serve(tmp_path, monkeypatch):
+    """For a test: a stand-in ``hadoop`` on PATH serving ``tmp_path/hdfs``; returns
+    ``(that directory, a function returning the argv of every call so far)``."""
+    root, log = tmp_path / "hdfs", tmp_path / "hadoop.log"
+    root.mkdir()
+    log.write_text("")
+    for k, v in install(tmp_path / "bin", root, log).items():
+        monkeypatch.setenv(k, v)
+    return root, lambda: [json.loads(line) for line in log.read_text().splitlines()]
+
+
 def _local(path):
     if "BROKEN" in path:
         sys.stderr.write(f"{path}: Call to namenode failed on connection exception: "
