@@ -161,6 +161,19 @@ def test_a_model_written_by_fluid_1_8_predicts_what_fluid_predicted():
     np.testing.assert_allclose(np.asarray(out), io["pred"], rtol=1e-5, atol=1e-6)
 
 
+def test_a_model_written_by_paddle_3_in_the_programdesc_layout_predicts_the_same():
+    """paddlepaddle 3.3.1's save_inference_model (FLAGS_enable_pir_api=0): a newer
+    ProgramDesc (fields Fluid 1.8 did not have are skipped), .pdmodel/.pdiparams."""
+    where = HERE / "data" / "paddle3_fc"
+    io = np.load(where / "io.npz")
+    exe = fluid.Executor()
+    program, feeds, fetches = fluid.io.load_inference_model(
+        str(where), exe, model_filename="m.pdmodel", params_filename="m.pdiparams")
+    assert feeds == ["x"]
+    (out,) = exe.run(program, feed={"x": io["x"]}, fetch_list=fetches)
+    np.testing.assert_allclose(np.asarray(out), io["ref"], rtol=1e-6, atol=1e-7)
+
+
 def test_the_tensor_file_layout_byte_by_byte(tmp_path):
     value = np.arange(6, dtype=np.float32).reshape(2, 3)
     path = tmp_path / "t"
