@@ -152,6 +152,7 @@ def launch_hosts(cmd: Sequence[str], servers: int, workers: int, *, hosts: str |
     base.update(env or {})
     base.setdefault("PYTHONUNBUFFERED", "1")
     base.setdefault("OPENBLAS_NUM_THREADS", "1")
+    base["PYFLEET_IPC_DIR"] = ""  # Unix sockets are of one machine: the roles talk over TCP
     where = os.fspath(cwd) if cwd is not None else os.getcwd()
     keys = None
     flag = base.get("PYFLEET_JOB_KEYS", "1").strip()
