@@ -221,6 +221,9 @@ class Monitor(threading.Thread):
                   "examples_per_sec": rate, "loss": loss, "auc": auc,
                   "calibration": _finite(merged.calibration()),
                   "ne": _finite(merged.normalized_entropy())}
+        resumed = sum(s.get("base_examples", 0) for s in st)
+        if resumed:  # the counts went on from a checkpoint's (TensorBoard's step needs it)
+            record["resumed_from"] = resumed
         line = f"pass {pass_now}/{self.last}"
         if self.total:
             share = self.total / self.workers

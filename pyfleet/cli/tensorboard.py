@@ -54,6 +54,8 @@ class TensorBoard:
 
     def add(self, record):
         t = record.get("time")
+        if record.get("resumed_from"):
+            self.offset = 0  # the workers' counts went on from the checkpoint's position
         if "loss" in record:
             self.step = self.offset + int(record["examples"])
             for tag, key in (("train/loss", "loss"), ("train/auc", "auc"),

@@ -114,14 +114,14 @@ def run_role(job):
     rounds = Rounds(run_dir, wi, wn, job.get("checkpoint_steps"),
                     job.get("checkpoint_seconds"), job["mode"] == "sync",
                     job["barrier_timeout"])
-    if position is not None and position["restart"]:
+    if position is not None:  # a restart's or a --resume's counts go on from the position
         progress.examples, progress.steps = position["examples"], position["steps"]
         progress.loss_sum = position["loss_sum"]
+        progress.base_examples, progress.base_loss_sum = progress.examples, progress.loss_sum
         train_seconds = position["train_seconds"]
         history, evaluations = position["history"], position.get("evaluations", [])
-    if position is not None:  # the running AUC: the layer's states; a restart's statistics
-        stats = restore_counters(position)
-        if stats is not None and position["restart"]:
+        stats = restore_counters(position)  # the running AUC: the layer's states and ours
+        if stats is not None:
             progress.stats = stats
         log.info("worker %d: restored at pass %d batch %d (%d examples of the pass, %d in "
                  "all)", wi, first, position["batches"], position["pass_examples"],
@@ -144,8 +144,7 @@ def run_role(job):
         batches, skip = 0, 0
         if position is not None and epoch == first:  # what the checkpoint holds already
             skip = position["batches"]
-            progress.pass_start = progress.examples - (position["pass_examples"]
-                                                       if position["restart"] else 0)
+            progress.pass_start = progress.examples - position["pass_examples"]
         else:
             progress.pass_start = progress.examples
         it = iter(data)

@@ -25,9 +25,9 @@ The manifest's ``meta`` of a round: ``{"pass": <last whole pass>, "position": {"
 ``steps``, ``loss_sum``, ``train_seconds``, ``history``, (worker 0) ``evaluations``, and
 its running AUC counters (:func:`counters`): ``train_stats`` (the statistics ``pyfleet
 train`` reports as the train AUC and logloss) and ``auc_states`` (the auc layer's states in
-its scope), bucket counts stored sparse (most are zero). A restart restores both, so the
-running AUC goes on as if undisturbed; ``--resume`` (a new run, whose counts start at zero)
-restores the auc layer's states, as Fluid's ``load_persistables`` would.
+its scope), bucket counts stored sparse (most are zero). A restart and ``--resume`` both
+restore them with the counts, so the progress, the running AUC, the summary and the
+metrics go on from the checkpoint's position as if the run had not stopped.
 """
 
 import json

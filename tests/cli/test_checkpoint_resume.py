@@ -46,7 +46,10 @@ def test_resumed_run_goes_on_as_an_uninterrupted_one(tmp_path):
     straight, straight_pred = _train(tmp_path / "c", "--epochs", "3")
     print(f"\ntraining loss per pass: first run {first}; resumed run {resumed}; "
           f"uninterrupted {straight}")
-    assert list(first) == [1, 2] and list(resumed) == [3] and list(straight) == [1, 2, 3]
+    # the resumed run's summary covers the whole run: passes 1 and 2 are the first run's
+    assert list(first) == [1, 2] and list(resumed) == [1, 2, 3] and list(straight) == [1, 2, 3]
+    for k in (1, 2):
+        assert resumed[k] == first[k]
     assert first[2] < first[1]
     # the same passes, in the same order, from the same parameters: a resumed
     # pass 3 is the uninterrupted run's pass 3 (from scratch it would be near

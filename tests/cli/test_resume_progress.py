@@ -46,3 +46,30 @@ def test_the_first_line_after_a_resume_counts_only_this_runs_examples(tmp_path):
     # 500 examples left at this run's 10 examples/s, not at 500 examples in 10 s
     assert abs(record["eta_seconds"] - 50.0) < 1e-6
     assert "50%" in lines[0] and "ETA 0:00:50" in lines[0]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_resumed_run_goes_on_with_its_counts_summary_and_metrics(tmp_path):
+    from support.cli import pyfleet
+    run = tmp_path / "run"
+    args = ["--rows", 6000, "--layers", "8", "--embedding-dim", 4, "--workers", 1,
+            "--log-interval", 0.05]
+    r = pyfleet("train", *args, "--epochs", 1, "--run-dir", run, "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    first = json.loads(r.stdout)
+    before = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    r = pyfleet("train", "--resume", run, "--epochs", 1, "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    summary = json.loads(r.stdout)
+    assert summary["train_examples"] == 2 * first["train_examples"]
+    assert [p["pass"] for p in summary["passes"]] == [1, 2]
+    assert summary["passes"][0] == first["passes"][0]
+    assert sorted(summary["train_loss_by_pass"]) == ["1", "2"]
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    progress = [x for x in records if "loss" in x]
+    examples = [x["examples"] for x in progress]
+    assert examples == sorted(examples)  # no fall back to 0 at the resume
+    after = [x for x in records[len(before):] if "loss" in x]
+    assert after and after[0]["resumed_from"] == first["train_examples"]
+    assert after[0]["pass"] == 2 and after[0]["examples"] > first["train_examples"]
