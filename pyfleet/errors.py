@@ -6,8 +6,11 @@ dead or unreachable peer, a timed-out barrier, an error reply from a server) is
 a :class:`PyfleetError` naming the endpoint and the operation.
 """
 
+import os
+import sys
+
 __all__ = ["PyfleetError", "PeerTimeout", "RemoteError", "BarrierError", "ConfigError",
-           "UnsupportedError"]
+           "NoRoleError", "UnsupportedError"]
 
 
 class PyfleetError(RuntimeError):
@@ -33,3 +36,33 @@ class ConfigError(PyfleetError, ValueError):
 class UnsupportedError(ConfigError, NotImplementedError):
     """A Fluid name or option pyfleet does not provide, named with the reason
     (see :mod:`pyfleet.fluid.refusals`)."""
+
+
+class NoRoleError(ConfigError):
+    """A role maker found no role in the environment: most often a Fleet script run by
+    itself instead of by a launcher. The message says how to launch it; uncaught, it is
+    that one line on stderr instead of a traceback (:func:`_one_line_when_uncaught`)."""
+
+    def __init__(self, what: str):
+        script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "script.py"
+        super().__init__(
+            f"{what}. A Fleet script is one role of a job: start every role with the "
+            f"launcher, `python -m pyfleet.launch --server_num 1 --worker_num 2 {script}` "
+            f"(or fleetrun; --hosts h1,h2 across hosts), or under mpirun")
+        _one_line_when_uncaught()
+
+
+def _one_line_when_uncaught():
+    """Make an uncaught :class:`NoRoleError` print its message alone (exit status 1)."""
+    previous = sys.excepthook
+    if getattr(previous, "_pyfleet_no_role", False):
+        return
+
+    def hook(exc_type, exc, tb):
+        if isinstance(exc, NoRoleError):
+            print(f"{os.path.basename(sys.argv[0]) or 'python'}: {exc}", file=sys.stderr)
+            return
+        previous(exc_type, exc, tb)
+
+    hook._pyfleet_no_role = True
+    sys.excepthook = hook

@@ -24,7 +24,6 @@ from __future__ import annotations
 import enum
 import os
 import socket
-import sys
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -34,7 +33,7 @@ import numpy as np
 from pyfleet._extras import install_hint
 from pyfleet.endpoint import check_endpoint as _check_endpoint
 from pyfleet.endpoint import parse_endpoints
-from pyfleet.errors import ConfigError
+from pyfleet.errors import ConfigError, NoRoleError
 
 __all__ = [
     "MPI_ENV_VARS",
@@ -166,36 +165,6 @@ class RoleMakerBase:
         if self._info is None:
             return f"<{type(self).__name__} (role not generated yet)>"
         return f"<{type(self).__name__} {self.to_string()}>"
-
-
-class NoRoleError(ConfigError):
-    """A role maker found no role in the environment: most often a Fleet script run by
-    itself instead of by a launcher. The message says how to launch it; uncaught, it is
-    that one line on stderr instead of a traceback (:func:`_one_line_when_uncaught`)."""
-
-    def __init__(self, what: str):
-        script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "script.py"
-        super().__init__(
-            f"{what}. A Fleet script is one role of a job: start every role with the "
-            f"launcher, `python -m pyfleet.launch --server_num 1 --worker_num 2 {script}` "
-            f"(or fleetrun; --hosts h1,h2 across hosts), or under mpirun")
-        _one_line_when_uncaught()
-
-
-def _one_line_when_uncaught():
-    """Make an uncaught :class:`NoRoleError` print its message alone (exit status 1)."""
-    previous = sys.excepthook
-    if getattr(previous, "_pyfleet_no_role", False):
-        return
-
-    def hook(exc_type, exc, tb):
-        if isinstance(exc, NoRoleError):
-            print(f"{os.path.basename(sys.argv[0]) or 'python'}: {exc}", file=sys.stderr)
-            return
-        previous(exc_type, exc, tb)
-
-    hook._pyfleet_no_role = True
-    sys.excepthook = hook
 
 
 def _validate(info: RoleInfo, who: str) -> None:
