@@ -21,34 +21,54 @@ import numpy as np
 
 from pyfleet import initializer as _init
 from pyfleet.fluid.backend import Backend
-from pyfleet.fluid.inference import MODEL_FILENAME, Predictor, load_program
+from pyfleet.fluid.inference import (
+    FLUID_MODEL_FILENAME,
+    MODEL_FILENAME,
+    Predictor,
+    load_program,
+)
 from pyfleet.optimizer import SGD
 from pyfleet.table import STORAGE_TYPES, SparseTable
 
 __all__ = ["MODEL_FILES", "ModelVersion", "is_model_dir", "model_digest"]
 
-# The file whose presence says a model directory is complete (written last):
-# pyfleet's JSON description, or Fluid's program file.
-MODEL_FILES = (MODEL_FILENAME, "__model__")
+# The files whose presence says a model directory is complete (written last):
+# pyfleet's JSON description, or Fluid's program file of a directory Fluid wrote.
+MODEL_FILES = (MODEL_FILENAME, FLUID_MODEL_FILENAME)
 _PAGE_ROWS = 1 << 16
 
 
+def _model_file(path):
+    """The file that commits the model directory ``path``, or None. pyfleet writes
+    Fluid's ``__model__`` before its own ``__model__.json``: a directory holding
+    ``.npy`` files beside ``__model__`` alone is one pyfleet is still writing."""
+    if os.path.isfile(os.path.join(path, MODEL_FILENAME)):
+        return os.path.join(path, MODEL_FILENAME)
+    fluid = os.path.join(path, FLUID_MODEL_FILENAME)
+    try:
+        if os.path.isfile(fluid) and not any(n.endswith(".npy") for n in os.listdir(path)):
+            return fluid
+    except OSError:
+        pass
+    return None
+
+
 def is_model_dir(path):
-    return any(os.path.isfile(os.path.join(path, f)) for f in MODEL_FILES)
+    """Whether ``path`` holds a committed model (see :func:`model_digest`)."""
+    return _model_file(path) is not None
 
 
 def model_digest(path):
     """The first 12 hex digits of the sha256 of the model description: it
     records every file's checksum, so a new model is a new digest."""
-    for f in MODEL_FILES:
-        p = os.path.join(path, f)
-        if os.path.isfile(p):
-            h = hashlib.sha256()
-            with open(p, "rb") as fh:
-                for block in iter(lambda: fh.read(1 << 20), b""):
-                    h.update(block)
-            return h.hexdigest()[:12]
-    raise ValueError(f"{path} holds no {' or '.join(MODEL_FILES)}: not a model directory")
+    p = _model_file(path)
+    if p is None:
+        raise ValueError(f"{path} holds no complete model ({' or '.join(MODEL_FILES)})")
+    h = hashlib.sha256()
+    with open(p, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()[:12]
 
 
 def _serving_storage(storage):
@@ -119,6 +139,12 @@ class ModelVersion:
         frozen = program.backend
         predictor = Predictor(program, feeds, fetches)  # its feed rules, as predict_file's
         configs = frozen.sparse_configs
+        missing = [p.name for p in program.all_parameters()
+                   if p.is_sparse_table and p.name not in configs]
+        if missing:
+            raise ValueError(f"{dirname}: the network reads sparse table(s) {missing} that "
+                             f"the model's files do not hold (Fluid's files alone cannot hold "
+                             f"a table indexed by 64-bit ids)")
         n_sparse = max(len(configs), 1)
         self.tables = {}
         for tname, cfg in configs.items():

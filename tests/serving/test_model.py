@@ -2,13 +2,15 @@
 in the storage type asked for, and an id the model never saw gets the row training
 would have created for it (the table's initializer with its seed), never zeros."""
 
+import shutil
+
 import numpy as np
 import pytest
 from support import DATA
 from support.cli import save_small_model
 
 from pyfleet.fluid.inference import load_program
-from pyfleet.serving.model import ModelVersion
+from pyfleet.serving.model import ModelVersion, is_model_dir
 from pyfleet.table import SparseTable
 
 CSV = DATA / "criteo-kaggle-tiny" / "train.tiny.csv"
@@ -54,3 +56,23 @@ def test_fp16_storage_holds_each_weight_rounded_to_fp16(model):
     above = np.where(wide < w, np.nextafter(near, np.float16(np.inf)), near).astype(np.float32)
     assert np.all((got == below) | (got == above))
     assert not np.array_equal(got, w)
+
+
+def test_a_directory_being_written_is_not_a_version_and_fluid_files_alone_are_refused(
+        model, tmp_path):
+    from pyfleet.serving.versions import newest_model_dir
+    root = tmp_path / "models"
+    half = root / "2"
+    shutil.copytree(model, half)
+    # pyfleet writes Fluid's __model__ first and its own __model__.json last
+    (half / "__model__.json").unlink()
+    assert (half / "__model__").is_file() and not is_model_dir(half)
+    shutil.copytree(model, root / "1")
+    assert newest_model_dir(root) == str(root / "1")
+    fluid_only = tmp_path / "fluid_only"
+    shutil.copytree(half, fluid_only)
+    for f in fluid_only.glob("*.npy"):
+        f.unlink()
+    assert is_model_dir(fluid_only)
+    with pytest.raises(ValueError, match="SparseFeatFactors"):  # a table of 64-bit ids
+        ModelVersion(fluid_only)
