@@ -29,8 +29,10 @@ from pyfleet.fluid.layers_math import *  # noqa: F403
 from pyfleet.fluid.layers_nn import (
     batch_norm,
     continuous_value_model,
+    conv2d,
     data_norm,
     dropout,
+    dynamic_gru,
     one_hot,
     transpose,
 )
@@ -47,6 +49,7 @@ __all__ = [
     "cast",
     "concat",
     "continuous_value_model",
+    "conv2d",
     "create_parameter",
     "create_py_reader_by_data",
     "cross_entropy",
@@ -54,6 +57,7 @@ __all__ = [
     "data_norm",
     "double_buffer",
     "dropout",
+    "dynamic_gru",
     "elementwise_add",
     "elementwise_div",
     "elementwise_mul",

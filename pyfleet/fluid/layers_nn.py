@@ -15,8 +15,8 @@ from pyfleet.fluid import framework, unique_name
 from pyfleet.fluid.framework import check_variable as _check_var
 from pyfleet.fluid.param_attr import ParamAttr, create_parameter_in
 
-__all__ = ["batch_norm", "continuous_value_model", "data_norm", "dropout", "one_hot",
-           "one_hot_v2", "transpose"]
+__all__ = ["batch_norm", "continuous_value_model", "conv2d", "data_norm", "dropout",
+           "dynamic_gru", "one_hot", "one_hot_v2", "transpose"]
 
 _ACTS = ("relu", "sigmoid", "tanh", "softmax")
 
@@ -275,4 +275,105 @@ def transpose(x, perm, name=None):
                          f"{len(x.shape)} axes of {x.name} (shape {x.shape})")
     out = _tmp(name or "transpose", tuple(x.shape[p] for p in perm), x.dtype)
     _op("transpose2", {"X": [x]}, {"Out": [out]}, {"axis": perm})
+    return out
+
+
+# --------------------------------------------------------------------------- conv2d
+
+def _pair(value, what):
+    if isinstance(value, int):
+        return (value, value)
+    if isinstance(value, (list, tuple)) and len(value) == 2 and all(
+            isinstance(v, int) and v >= 0 for v in value):
+        return tuple(value)
+    raise ValueError(f"conv2d: {what} must be an int or a pair of ints, got {value!r}")
+
+
+def conv2d(input, num_filters, filter_size, stride=1, padding=0, dilation=1, groups=None,
+           param_attr=None, bias_attr=None, use_cudnn=True, act=None, name=None,
+           data_format="NCHW"):
+    """Fluid's 2-D convolution of an NCHW input (xDeepFM's CIN uses 1x1
+    filters): filter ``[num_filters, C, kh, kw]`` (default ``Normal(0,
+    sqrt(2 / (kh * kw * C)))`` as Fluid), bias ``[num_filters]`` (Constant 0;
+    ``bias_attr=False``: none), symmetric zero ``padding``, ``stride``,
+    ``dilation``. ``groups`` other than 1, NHWC and padding strings are
+    refused by name."""
+    _check_var(input, "conv2d input")
+    if data_format != "NCHW":
+        raise ValueError(f"conv2d: data_format={data_format!r} is not supported; use NCHW")
+    if groups not in (None, 1):
+        raise ValueError(f"conv2d: groups={groups!r} is not supported (grouped convolution)")
+    if len(input.shape) != 4 or input.shape[1] < 1:
+        raise ValueError(f"conv2d: input {input.name} must be NCHW with a known C, got shape "
+                         f"{input.shape}")
+    kh, kw = _pair(filter_size, "filter_size")
+    stride, padding, dilation = (_pair(stride, "stride"), _pair(padding, "padding"),
+                                 _pair(dilation, "dilation"))
+    if min(kh, kw, *stride, *dilation) < 1:
+        raise ValueError("conv2d: filter_size, stride and dilation must be positive")
+    channels = int(input.shape[1])
+    prefix = name or unique_name.generate("conv2d")
+    std = (2.0 / (kh * kw * channels)) ** 0.5
+    w = _param(_named(param_attr, f"{prefix}.w_0"), [int(num_filters), channels, kh, kw],
+               input.dtype, _init.Normal(0.0, std), prefix)
+
+    def out_size(n, k, p, s, d):
+        return -1 if n < 0 else (n + 2 * p - ((k - 1) * d + 1)) // s + 1
+    shape = (input.shape[0], int(num_filters),
+             out_size(input.shape[2], kh, padding[0], stride[0], dilation[0]),
+             out_size(input.shape[3], kw, padding[1], stride[1], dilation[1]))
+    out = _tmp(prefix, shape, input.dtype)
+    _op("conv2d", {"Input": [input], "Filter": [w]}, {"Output": [out]},
+        {"kernel": [kh, kw], "strides": list(stride), "paddings": list(padding),
+         "dilations": list(dilation)})
+    battr = ParamAttr._to_attr(bias_attr)
+    if battr is not False:
+        b = _param(_named(battr, f"{prefix}.b_0"), [int(num_filters)], input.dtype,
+                   _init.Constant(0.0), prefix)
+        biased = _tmp(prefix, shape, input.dtype)
+        _op("elementwise_add", {"X": [out], "Y": [b]}, {"Out": [biased]}, {"axis": 1})
+        out = biased
+    return _act(out, act, "conv2d")
+
+
+# --------------------------------------------------------------------------- dynamic_gru
+
+def dynamic_gru(input, size, param_attr=None, bias_attr=None, is_reverse=False,
+                gate_activation="sigmoid", candidate_activation="tanh", h_0=None,
+                origin_mode=False):
+    """Fluid's GRU over each sequence of a lod_level=1 ``input`` ``[T, 3 *
+    size]`` (an fc's projection): hidden ``[T, size]`` with the input's LoD.
+    Weight ``[size, 3 * size]`` (Xavier), bias ``[1, 3 * size]`` (0), ``h_0``
+    ``[N, size]`` (default zeros); formulas in :mod:`pyfleet.fluid.rnn_ops`.
+    An fc of a LoD input is accepted as Fluid does: its rows are the sequences'."""
+    from pyfleet.fluid.rnn_ops import ACTIVATIONS, lod_source
+    _check_var(input, "dynamic_gru input")
+    if lod_source(input) is None:
+        raise ValueError(f"dynamic_gru: input {input.name} must be sequences: lod_level=1, "
+                         "or rows of one (an fc of a lod_level=1 input)")
+    size = int(size)
+    if len(input.shape) != 2 or input.shape[1] != 3 * size:
+        raise ValueError(f"dynamic_gru: input {input.name} must be [T, 3 * size] = "
+                         f"[T, {3 * size}], got {input.shape}")
+    for what, act in (("gate_activation", gate_activation),
+                      ("candidate_activation", candidate_activation)):
+        if act not in ACTIVATIONS:
+            raise ValueError(f"dynamic_gru: {what} must be one of {sorted(ACTIVATIONS)}, "
+                             f"got {act!r}")
+    prefix = unique_name.generate("gru")
+    w = _param(_named(param_attr, f"{prefix}.w_0"), [size, 3 * size], input.dtype,
+               _init.Xavier(), prefix)
+    battr = ParamAttr._to_attr(bias_attr)
+    if battr is False:
+        raise ValueError("dynamic_gru: bias_attr=False is not supported (Fluid's GRU has "
+                         "its bias)")
+    b = _param(_named(battr, f"{prefix}.b_0"), [1, 3 * size], input.dtype,
+               _init.Constant(0.0), prefix)
+    inputs = {"Input": [input], "Weight": [w], "Bias": [b]}
+    if h_0 is not None:
+        inputs["H0"] = [_check_var(h_0, "dynamic_gru h_0")]
+    out = _tmp(prefix, (input.shape[0], size), input.dtype, 1)
+    _op("gru", inputs, {"Hidden": [out]},
+        {"is_reverse": bool(is_reverse), "gate_activation": gate_activation,
+         "candidate_activation": candidate_activation, "origin_mode": bool(origin_mode)})
     return out

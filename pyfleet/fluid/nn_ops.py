@@ -304,3 +304,53 @@ def _transpose_bwd(op, s):
 
 
 _register("transpose2", _transpose_fwd, _transpose_bwd)
+
+
+# --------------------------------------------------------------------------- conv2d
+
+def _conv_windows(x, op):
+    """``[N, C, Ho, Wo, kh, kw]`` views of the padded NCHW input: one window per
+    output position (im2col without copying until the einsum)."""
+    (ph, pw), (sh, sw), (dh, dw) = op.attrs["paddings"], op.attrs["strides"], \
+        op.attrs["dilations"]
+    kh, kw = op.attrs["kernel"]
+    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw))) if ph or pw else x
+    span_h, span_w = (kh - 1) * dh + 1, (kw - 1) * dw + 1
+    if xp.shape[2] < span_h or xp.shape[3] < span_w:
+        raise ValueError(f"conv2d: input {op.input('Input')[0].name} of spatial size "
+                         f"{x.shape[2:]} (padded {xp.shape[2:]}) is smaller than the filter's "
+                         f"span {(span_h, span_w)}")
+    win = np.lib.stride_tricks.sliding_window_view(xp, (span_h, span_w), axis=(2, 3))
+    return xp, win[:, :, ::sh, ::sw, ::dh, ::dw]
+
+
+def _conv2d_fwd(op, s):
+    x = s.data(op.input("Input")[0])
+    w = s.data(op.input("Filter")[0])
+    _, win = _conv_windows(x, op)
+    s.set(op.output("Output")[0], np.einsum("nchwij,fcij->nfhw", win, w, optimize=True))
+
+
+def _conv2d_bwd(op, s):
+    xv, wv = op.input("Input")[0], op.input("Filter")[0]
+    g = s.grad(op.output("Output")[0])
+    if g is None:
+        return
+    x, w = s.data(xv), s.data(wv)
+    xp, win = _conv_windows(x, op)
+    if s.needs_grad(wv):
+        s.add_grad(wv, np.einsum("nfhw,nchwij->fcij", g, win, optimize=True))
+    if s.needs_grad(xv):
+        (ph, pw), (sh, sw), (dh, dw) = op.attrs["paddings"], op.attrs["strides"], \
+            op.attrs["dilations"]
+        ho, wo = g.shape[2], g.shape[3]
+        gp = np.zeros(xp.shape, dtype=g.dtype)
+        cols = np.einsum("nfhw,fcij->nchwij", g, w, optimize=True)
+        for i in range(w.shape[2]):          # one strided add per filter position
+            for j in range(w.shape[3]):
+                gp[:, :, i * dh:i * dh + sh * (ho - 1) + 1:sh,
+                   j * dw:j * dw + sw * (wo - 1) + 1:sw] += cols[..., i, j]
+        s.add_grad(xv, gp[:, :, ph:gp.shape[2] - ph, pw:gp.shape[3] - pw])
+
+
+_register("conv2d", _conv2d_fwd, _conv2d_bwd)

@@ -91,7 +91,7 @@ _GROUPS = {
     "paddle.fluid.layers": {
         VISION: "adaptive_pool2d adaptive_pool3d affine_channel affine_grid anchor_generator "
                 "bipartite_match box_clip box_coder box_decoder_and_assign "
-                "collect_fpn_proposals conv2d conv2d_transpose conv3d conv3d_transpose "
+                "collect_fpn_proposals conv2d_transpose conv3d conv3d_transpose "
                 "deformable_conv deformable_roi_pooling density_prior_box detection_output "
                 "distribute_fpn_proposals fsp_matrix generate_mask_labels "
                 "generate_proposal_labels generate_proposals grid_sampler group_norm "
@@ -107,7 +107,7 @@ _GROUPS = {
         CONTROL: "While IfElse Switch StaticRNN DynamicRNN cond case switch_case while_loop "
                  "create_array array_read array_write array_length tensor_array_to_tensor "
                  "reorder_lod_tensor_by_rank is_empty Print py_func load",
-        RNN: "dynamic_gru dynamic_lstm dynamic_lstmp gru_unit lstm lstm_unit rnn RNNCell "
+        RNN: "dynamic_lstm dynamic_lstmp gru_unit lstm lstm_unit rnn RNNCell "
              "GRUCell LSTMCell row_conv",
         NLP: "BasicDecoder BeamSearchDecoder DecodeHelper Decoder GreedyEmbeddingHelper "
              "SampleEmbeddingHelper TrainingHelper dynamic_decode beam_search "

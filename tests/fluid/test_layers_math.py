@@ -406,3 +406,130 @@ def test_learning_rate_schedule_refused_with_other_rules():
         lr = L.exponential_decay(0.1, 10, 0.9)
         with pytest.raises(ValueError, match="learning-rate schedule with Adam"):
             fluid.optimizer.Adam(learning_rate=lr).minimize(loss)
+
+
+# --------------------------------------------------------------------------- conv2d
+
+def _conv_ref(x, w, stride, pad, dil):
+    """Direct loops: out[n, f, i, j] = sum over c, a, b of padded x times w."""
+    n, c, h, wd = x.shape
+    f, _, kh, kw = w.shape
+    xp = np.pad(x, ((0, 0), (0, 0), (pad[0], pad[0]), (pad[1], pad[1])))
+    ho = (h + 2 * pad[0] - (kh - 1) * dil[0] - 1) // stride[0] + 1
+    wo = (wd + 2 * pad[1] - (kw - 1) * dil[1] - 1) // stride[1] + 1
+    out = np.zeros((n, f, ho, wo))
+    for i in range(ho):
+        for j in range(wo):
+            for a in range(kh):
+                for b in range(kw):
+                    patch = xp[:, :, i * stride[0] + a * dil[0], j * stride[1] + b * dil[1]]
+                    out[:, :, i, j] += patch @ w[:, :, a, b].T
+    return out
+
+
+@pytest.mark.parametrize("size,stride,pad,dil", [
+    ((1, 1), 1, 0, 1), ((3, 3), 1, 1, 1), ((3, 2), (2, 1), (1, 0), 1), ((2, 2), 1, 1, 2)])
+def test_conv2d_forward_matches_direct_loops(size, stride, pad, dil):
+    x = _x((2, 3, 6, 5))
+
+    def build():
+        d = _data("x", (2, 3, 6, 5))
+        return [L.conv2d(d, 4, size, stride=stride, padding=pad, dilation=dil,
+                         param_attr=fluid.ParamAttr(name="cw"), bias_attr=False)]
+    main, startup = _program()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        out = build()
+    exe = fluid.Executor()
+    exe.run(startup)
+    got = exe.run(main, feed={"x": x}, fetch_list=out)[0]
+    w = np.array(fluid.global_scope().find_var("cw").get_tensor())
+    pair = (lambda v: (v, v) if isinstance(v, int) else v)
+    np.testing.assert_allclose(got, _conv_ref(x, w, pair(stride), pair(pad), pair(dil)),
+                               rtol=1e-10)
+    assert got.shape == tuple(out[0].shape)      # the static shape the layer declared
+
+
+@pytest.mark.parametrize("stride,pad,dil", [(1, 0, 1), (2, 1, 1), (1, 1, 2)])
+def test_conv2d_gradients(stride, pad, dil):
+    x = _x((2, 2, 5, 5))
+
+    def build():
+        d = _data("x", (2, 2, 5, 5))
+        xs = L.elementwise_mul(d, _param([2, 5, 5], "xs"), axis=1)  # a gradient to x too
+        y = L.conv2d(xs, 3, 3, stride=stride, padding=pad, dilation=dil, act="tanh")
+        return _weighted(y, tuple(y.shape))
+    main, startup = _program()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        loss = build()
+        shape = [v for v in main.global_block().vars.values() if v.name == "loss_w"][0].shape
+        SGD(0.1).minimize(loss)
+    assert check_gradients(main, startup, loss, {"x": x, "loss_w": _w(shape)}) > 0
+
+
+def test_conv2d_refuses_what_it_does_not_do():
+    main, startup = _program()
+    with fluid.program_guard(main, startup):
+        d = _data("x", (2, 4, 5, 5))
+        with pytest.raises(ValueError, match="groups=2"):
+            L.conv2d(d, 4, 3, groups=2)
+        with pytest.raises(ValueError, match="NHWC"):
+            L.conv2d(d, 4, 3, data_format="NHWC")
+
+
+# --------------------------------------------------------------------------- dynamic_gru
+
+def _gru_ref(x, lens, w, b, h0, reverse, origin):
+    d = w.shape[0]
+    sig = (lambda z: 1 / (1 + np.exp(-z)))
+    out = np.zeros((x.shape[0], d))
+    start = 0
+    for n, ln in enumerate(lens):
+        h = h0[n].copy()
+        order = range(start + ln - 1, start - 1, -1) if reverse else range(start, start + ln)
+        for row in order:
+            xt = x[row] + b[0]
+            u = sig(xt[:d] + h @ w[:, :d])
+            r = sig(xt[d:2 * d] + h @ w[:, d:2 * d])
+            c = np.tanh(xt[2 * d:] + (r * h) @ w[:, 2 * d:])
+            h = u * h + (1 - u) * c if origin else (1 - u) * h + u * c
+            out[row] = h
+        start += ln
+    return out
+
+
+@pytest.mark.parametrize("reverse,origin,with_h0", [(False, False, False), (True, False, True),
+                                                    (False, True, True)])
+def test_dynamic_gru_matches_numpy_and_its_gradients(reverse, origin, with_h0):
+    d, lens = 3, [2, 4, 1, 3]
+    seqs = [[int(i) for i in np.random.default_rng(n).integers(0, 9, ln)]
+            for n, ln in enumerate(lens)]
+    h0 = _x((4, d), seed=9) * 0.5
+
+    def build():
+        ids = L.data("ids", [1], dtype="int64", lod_level=1)
+        emb = L.embedding(ids, [9, 5], param_attr="gru_emb", dtype=F64)
+        proj = L.fc(emb, 3 * d, param_attr="gru_proj")
+        init = _data("h0", (4, d)) if with_h0 else None
+        hid = L.dynamic_gru(proj, d, param_attr="gru_w", bias_attr="gru_b",
+                            is_reverse=reverse, origin_mode=origin, h_0=init)
+        return hid, proj
+    feed = {"ids": seqs, "h0": h0} if with_h0 else {"ids": seqs}
+    main, startup = _program()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        hid, proj = build()
+    exe = fluid.Executor()
+    exe.run(startup)
+    got, x = exe.run(main, feed=feed, fetch_list=[hid, proj])
+    scope = fluid.global_scope()
+    w = np.array(scope.find_var("gru_w").get_tensor())
+    b = np.array(scope.find_var("gru_b").get_tensor())
+    want = _gru_ref(np.asarray(x), lens, w, b, h0 if with_h0 else np.zeros((4, d)), reverse,
+                    origin)
+    # The local backend keeps parameters in float32: agreement to float32 precision.
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-7)
+
+    def loss():
+        hid, _ = build()
+        pooled = L.sequence_pool(hid, "sum")
+        return _weighted(pooled, (4, d))
+    _check(loss, {**feed, "loss_w": _w((4, d))}, jitter=0.1)
