@@ -41,8 +41,8 @@ class Initializer(ConfigRecord):
 class Constant(Initializer):
     kind = "Constant"
 
-    def __init__(self, value=0.0):
-        self.value = float(value)
+    def __init__(self, value=0.0, force_cpu=False):
+        self.value = float(value)   # force_cpu: Fluid's; every value lives on the CPU here
 
     def _ab(self, fan_in, fan_out):
         return self.value, 0.0

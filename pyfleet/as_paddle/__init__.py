@@ -53,6 +53,11 @@ ENV_FLAG = "PYFLEET_AS_PADDLE"
 # Fluid packages whose sub-modules pyfleet keeps in one module: a path under
 # one of them that pyfleet lacks resolves to the module itself.
 _FLAT = ("fluid.layers",)
+# Their sub-modules in Fluid 1.8 (each also an attribute of the package there).
+_FLAT_SUBMODULES = {"fluid.layers": (
+    "collective", "control_flow", "detection", "device", "distributions", "io",
+    "layer_function_generator", "learning_rate_scheduler", "loss", "math_op_patch",
+    "metric_op", "nn", "ops", "rnn", "sequence_lod", "tensor", "utils")}
 
 
 class _AliasLoader(importlib.abc.Loader):
@@ -61,7 +66,8 @@ class _AliasLoader(importlib.abc.Loader):
     (then ``pyfleet.fluid.framework``'s, as Fluid's ``layers.tensor`` re-exports
     ``Variable``)."""
 
-    def __init__(self, target, flat=False):
+    def __init__(self, alias, target, flat=False):
+        self.alias = alias
         self.target = target
         self.flat = flat
 
@@ -83,7 +89,17 @@ class _AliasLoader(importlib.abc.Loader):
         return view
 
     def exec_module(self, module):
-        pass  # pyfleet's module is already executed
+        # pyfleet's module is already executed. A flat one stands for a Fluid package
+        # whose sub-modules Fluid code also reaches as attributes (fluid.layers.nn.topk):
+        # they are made here, as importing that package made them in Fluid.
+        if self.flat:
+            return
+        rest = self.alias[len("paddle."):]
+        for flat in _FLAT:
+            if flat.rpartition(".")[0] == rest:       # paddle.fluid: paddle.fluid.layers
+                importlib.import_module(f"paddle.{flat}")
+        for sub in _FLAT_SUBMODULES.get(rest, ()):    # paddle.fluid.layers: its .nn, ...
+            importlib.import_module(f"{self.alias}.{sub}")
 
 
 class PaddleAliasFinder(importlib.abc.MetaPathFinder):
@@ -108,7 +124,7 @@ class PaddleAliasFinder(importlib.abc.MetaPathFinder):
             name = "pyfleet." + flat
         is_package = rest[1:] in _FLAT or (found and _is_package(name))
         return importlib.machinery.ModuleSpec(
-            fullname, _AliasLoader(name, flat=flat is not None), is_package=is_package)
+            fullname, _AliasLoader(fullname, name, flat=flat is not None), is_package=is_package)
 
 
 def _exists(name):

@@ -207,6 +207,9 @@ class Step:
 
     def set(self, var, value):
         self.env[var.name] = value
+        if var.persistable and var.name in self.scope.vars and not isinstance(var, Parameter):
+            # a persistable variable an op writes (a counter): it keeps the value
+            self.scope.vars[var.name] = np.array(value, copy=True)
 
     def grad(self, var):
         return self.grads.get(var.name)

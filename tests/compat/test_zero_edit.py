@@ -42,6 +42,7 @@ SCRIPT = textwrap.dedent('''
     import paddle.fluid.layers.nn as nn
     import paddle.fluid.incubate.data_generator as dg
     from paddle.fluid.initializer import Constant      # pyfleet.fluid re-exports it
+    from paddle.fluid.layer_helper import LayerHelper
     import pyfleet, pyfleet.fluid, pyfleet.reader
     from pyfleet.distributed import strategy
     checks = {
@@ -50,6 +51,8 @@ SCRIPT = textwrap.dedent('''
         "reader": paddle.reader is pyfleet.reader, "batch": paddle.batch is pyfleet.batch,
         "variable": Variable is pyfleet.fluid.framework.Variable, "nn": nn.fc is fluid.layers.fc,
         "dg": dg.MultiSlotDataGenerator is not None,
+        "layers.nn": fluid.layers.nn.topk is fluid.layers.topk,   # attributes, as in Fluid
+        "layer_helper": LayerHelper("x").layer_type == "x",
         "initializer": Constant is pyfleet.initializer.Constant
         and sys.modules["paddle.fluid.initializer"] is pyfleet.initializer,
     }
