@@ -255,11 +255,15 @@ def desc_to_program(data, program_class, known_ops, constant_initializer):
     feeds, fetches = {}, {}
     for op in block["ops"]:
         attrs = {k: v for k, (_, v) in op["attrs"].items() if k not in _BOOKKEEPING}
-        if op["type"] == "feed":
-            feeds[int(attrs.get("col", len(feeds)))] = op["outputs"]["Out"][0]
-            continue
-        if op["type"] == "fetch":
-            fetches[int(attrs.get("col", len(fetches)))] = op["inputs"]["X"][0]
+        if op["type"] in ("feed", "fetch"):
+            key, slot, into = (("outputs", "Out", feeds) if op["type"] == "feed"
+                               else ("inputs", "X", fetches))
+            names = op[key].get(slot) or []
+            col = attrs.get("col", len(into))
+            if len(names) != 1 or not isinstance(col, int) or col in into:
+                raise ProgramDescError(f"a {op['type']} op with {slot}={names} and col={col!r}: "
+                                       f"one variable and a column of its own expected")
+            into[col] = names[0]
             continue
         op_type = op["type"]
         if op_type in ("lookup_table", "lookup_table_v2"):

@@ -201,12 +201,36 @@ def _repeated_floats(items, field):
     return out
 
 
-def _one(items, field, default=None):
+def _one(items, field, default=None, kind=None):
+    """The last value of scalar ``field`` (protobuf's rule), checked to be of
+    its wire kind: ``bytes`` (length-delimited) or ``int`` (the default unless
+    ``default`` is bytes)."""
+    kind = kind or (bytes if isinstance(default, bytes) else int)
     value = default
-    for f, _, v in items:
+    for f, w, v in items:
         if f == field:
+            if (w == 2) != (kind is bytes):
+                raise ProgramDescError(f"field {field} has wire type {w}, not its type's")
             value = v
     return value
+
+
+def _sub(items, field):
+    """The last length-delimited value of ``field`` (a sub-message), or None."""
+    value = None
+    for f, w, v in items:
+        if f == field:
+            if w != 2:
+                raise ProgramDescError(f"field {field} has wire type {w}: a message's is 2")
+            value = v
+    return value
+
+
+def _subs(items, field):
+    """Every value of repeated message ``field``."""
+    if any(f == field and w != 2 for f, w, _ in items):
+        raise ProgramDescError(f"field {field} has a wire type other than a message's")
+    return [v for f, _, v in items if f == field]
 
 
 def _text(b, what):
@@ -291,8 +315,8 @@ def _decode_tensor_desc(data, what):
 
 def _decode_var(data):
     items = _fields(data, "VarDesc")
-    name = _one(items, 1)
-    vt = _one(items, 2)
+    name = _one(items, 1, kind=bytes)
+    vt = _sub(items, 2)
     if name is None or vt is None:
         raise ProgramDescError("VarDesc without name or type")
     name = _text(name, "VarDesc.name")
@@ -302,14 +326,14 @@ def _decode_var(data):
            "persistable": bool(_one(items, 3, 0)),
            "need_check_feed": bool(_one(items, 4, 0)), "dtype": None, "dims": None,
            "lod_level": 0}
-    lod = _one(titems, 3)
+    lod = _sub(titems, 3)
     if lod is not None:
         litems = _fields(lod, what)
-        t = _one(litems, 1)
+        t = _sub(litems, 1)
         if t is not None:
             var.update(_decode_tensor_desc(t, what))
         var["lod_level"] = _int32(_one(litems, 2, 0))
-    sel = _one(titems, 2)
+    sel = _sub(titems, 2)
     if sel is not None:
         var.update(_decode_tensor_desc(sel, what))
     return var
@@ -355,15 +379,13 @@ def _decode_op(data):
     op_type = _text(_one(items, 3, b""), "OpDesc.type")
     op = {"type": op_type, "inputs": {}, "outputs": {}, "attrs": {}}
     for field, key in ((1, "inputs"), (2, "outputs")):
-        for f, _, v in items:
-            if f == field:
-                vi = _fields(v, f"an argument of op {op_type!r}")
-                slot = _text(_one(vi, 1, b""), "OpDesc.Var.parameter")
-                op[key][slot] = [_text(a, "OpDesc.Var.arguments") for g, _, a in vi if g == 2]
-    for f, _, v in items:
-        if f == 4:
-            name, atype, value = _decode_attr(v, op_type)
-            op["attrs"][name] = (atype, value)
+        for v in _subs(items, field):
+            vi = _fields(v, f"an argument of op {op_type!r}")
+            slot = _text(_one(vi, 1, b""), "OpDesc.Var.parameter")
+            op[key][slot] = [_text(a, "OpDesc.Var.arguments") for g, _, a in vi if g == 2]
+    for v in _subs(items, 4):
+        name, atype, value = _decode_attr(v, op_type)
+        op["attrs"][name] = (atype, value)
     return op
 
 
@@ -379,11 +401,11 @@ def decode_program(data):
         if f == 1 and w == 2:
             bi = _fields(v, "BlockDesc")
             blocks.append({"idx": _int32(_one(bi, 1, 0)), "parent_idx": _int32(_one(bi, 2, 0)),
-                           "vars": [_decode_var(x) for g, _, x in bi if g == 3],
-                           "ops": [_decode_op(x) for g, _, x in bi if g == 4]})
+                           "vars": [_decode_var(x) for x in _subs(bi, 3)],
+                           "ops": [_decode_op(x) for x in _subs(bi, 4)]})
     if not blocks:
         raise ProgramDescError("no block: not a Fluid ProgramDesc")
-    version = _one(items, 4)
+    version = _sub(items, 4)
     version = 0 if version is None else _signed(_one(_fields(version, "Version"), 1, 0))
     return blocks, version
 

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pyfleet import fluid
 from pyfleet.fluid import fluid_model, fluid_proto, inference
@@ -402,3 +404,18 @@ def test_inference_load_reads_a_fluid_directory_too(tmp_path):
     np.testing.assert_allclose(np.asarray(p.predict({"x": x})[0]), _softmax(x @ w + b),
                                rtol=1e-6)
     assert sys.modules["pyfleet.fluid.fluid_model"] is fluid_model
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.binary(max_size=200), st.integers(0, 2000), st.integers(0, 255))
+def test_damaged_program_bytes_are_a_clear_error_never_a_crash(noise, at, byte):
+    """Random bytes, and a real __model__ with one byte changed or cut short:
+    a program or a ValueError, nothing else."""
+    real = (FIXTURE / "separate" / "__model__").read_bytes()
+    changed = bytearray(real)
+    changed[at % len(real)] = byte
+    for data in (noise, bytes(changed), real[:at]):
+        try:
+            fluid.Program.parse_from_string(data)
+        except ValueError:
+            pass
