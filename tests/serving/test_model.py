@@ -76,3 +76,13 @@ def test_a_directory_being_written_is_not_a_version_and_fluid_files_alone_are_re
     assert is_model_dir(fluid_only)
     with pytest.raises(ValueError, match="SparseFeatFactors"):  # a table of 64-bit ids
         ModelVersion(fluid_only)
+
+
+def test_without_aiohttp_pyfleet_serve_names_the_extra(model, monkeypatch, capsys):
+    import sys
+
+    from pyfleet.cli import main
+    monkeypatch.setitem(sys.modules, "aiohttp", None)  # as if not installed
+    monkeypatch.delitem(sys.modules, "pyfleet.serving.app", raising=False)
+    with pytest.raises(SystemExit, match=r'needs aiohttp .*: pip install "\.\[serve\]"'):
+        main(["serve", "--model", str(model), "--port", "0"])
