@@ -142,8 +142,8 @@ def data(name, shape, dtype="float32", lod_level=0, append_batch_size=True,
         shape = [-1] + shape
     if lod_level not in (0, 1):
         raise ValueError(f"data {name!r}: only lod_level 0 or 1 is supported, got {lod_level}")
-    return _block().create_var(name, shape, dtype, lod_level, stop_gradient=stop_gradient,
-                               is_data=True)
+    return _lt.declared_data(name, shape, dtype, lod_level) or _block().create_var(
+        name, shape, dtype, lod_level, stop_gradient=stop_gradient, is_data=True)
 
 
 def create_py_reader_by_data(capacity, feed_list, name=None, use_double_buffer=True):

@@ -159,9 +159,32 @@ def fill_constant_batch_size_like(input, shape, dtype, value, input_dim_idx=0,
     return out
 
 
+def declared_data(name, shape, dtype, lod_level):
+    """The data variable ``name`` of the current block when it is declared already
+    in this form (Fluid's ``data`` declared again is that input), else None; in
+    another form, a ValueError naming both (as Fluid)."""
+    block = _block()
+    old = block.vars.get(name)
+    if old is None or not getattr(old, "is_data", False):
+        return None
+    if (tuple(old.shape), str(old.dtype), old.lod_level) != (tuple(shape), str(dtype),
+                                                             lod_level):
+        raise ValueError(f"data {name!r} is declared already with shape {old.shape}, dtype "
+                         f"{old.dtype}, lod_level {old.lod_level}; now {tuple(shape)}, "
+                         f"{dtype}, {lod_level}")
+    return old
+
+
 def fill_constant(shape, dtype, value, force_cpu=False, out=None):
     """A tensor of ``value``; ``shape`` may hold int Variables (``shape(x)[0]``),
-    read when the step runs; ``out``, if given, receives the value."""
+    read when the step runs, or be one 1-D int Variable of the dims (``shape(x)``,
+    as Fluid 1.8); ``out``, if given, receives the value."""
+    if isinstance(shape, Variable):
+        n = shape.shape[0] if shape.shape and len(shape.shape) == 1 else None
+        if n is None or n < 0:
+            raise ValueError(f"fill_constant: the shape Variable {shape.name!r} must be 1-D "
+                             f"of a known length, has shape {shape.shape}")
+        shape = [shape[i] for i in range(n)]
     if any(isinstance(d, Variable) for d in shape) or out is not None:
         return fill_constant_dynamic(shape, dtype, value, out)
     res = _tmp("fill_constant", tuple(int(s) for s in shape), dtype)

@@ -160,3 +160,19 @@ def test_a_layer_pyfleet_refuses_under_fleet_fails_by_name(tmp_path, data):
     worker = _logs(tmp_path)["worker.0"]
     assert "except:" in worker and "batch_norm" in worker, worker[-3000:]
     assert "AttributeError" not in worker and "PaddleRec Finish" not in worker
+
+
+@pytest.mark.parametrize("name", ["test_auc_metrics", "test_pairwise_pn",
+                                  "test_precision_recall_metrics", "test_recall_k"])
+def test_paddlerecs_own_unit_tests_pass(tmp_path, name):
+    """The wheel's paddlerec/tests, each file in its own process as its tests
+    declare the same inputs with other shapes (Fluid refuses that in one program
+    too), under pyfleet run."""
+    tests = os.path.join(os.path.dirname(importlib.util.find_spec("paddlerec").origin),
+                         "tests", name + ".py")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYFLEET_", "PADDLE_"))}
+    env.pop("PYTHONPATH", None)
+    r = subprocess.run([sys.executable, "-m", "pyfleet.cli", "run", "-m", "pytest", "-q",
+                        "-p", "no:cacheprovider", tests], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=300, check=False)
+    assert r.returncode == 0 and re.search(r"\b2 passed\b", r.stdout), r.stdout + r.stderr
