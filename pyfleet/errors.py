@@ -10,7 +10,7 @@ import os
 import sys
 
 __all__ = ["PyfleetError", "PeerTimeout", "RemoteError", "BarrierError", "ConfigError",
-           "NoRoleError", "UnsupportedError"]
+           "EndpointInUse", "NoRoleError", "UnsupportedError"]
 
 
 class PyfleetError(RuntimeError):
@@ -66,3 +66,12 @@ def _one_line_when_uncaught():
 
     hook._pyfleet_no_role = True
     sys.excepthook = hook
+
+
+class EndpointInUse(PyfleetError):
+    """A server could not bind its endpoint: another process listens there.
+    ``python -m pyfleet.server`` and a job's server role exit with
+    :data:`EXIT_CODE` (75, ``EX_TEMPFAIL``) for it, which a supervising launcher
+    does not count as a role's death."""
+
+    EXIT_CODE = 75

@@ -16,8 +16,52 @@ CONTRACT_VARS = (
     "PYFLEET_ROLE", "PYFLEET_SERVER_ENDPOINTS", "PYFLEET_WORKER_NUM", "PYFLEET_WORKER_INDEX",
     "PYFLEET_SERVER_INDEX", "TRAINING_ROLE", "PADDLE_TRAINING_ROLE",
     "PADDLE_PSERVERS_IP_PORT_LIST", "PADDLE_PSERVERS", "PADDLE_PORT", "PADDLE_TRAINERS_NUM",
-    "PADDLE_TRAINER_ID", "POD_IP",
+    "PADDLE_TRAINER_ID", "POD_IP", "PYFLEET_LISTEN_FD", "PYFLEET_JOB_TOKEN",
 )
+LISTEN_FD_VAR = "PYFLEET_LISTEN_FD"  # pyfleet.service.wire.inherited_listener reads it
+
+
+def hold_endpoints(n: int, host: str, endpoints: Sequence[str] | None = None):
+    """``(endpoints, {server index: listening socket})``: the launcher binds each
+    server's port itself and keeps it for the whole job (every attempt), and
+    each server process accepts on an inherited copy (``PYFLEET_LISTEN_FD``).
+    So no other process can take a dead server's port before its restart, and
+    ``endpoints=None`` (free ports on ``host``) has no window between choosing a
+    port and binding it. A given endpoint this process cannot bind (an address
+    of another host or namespace, a port taken already) is not held: its
+    server binds it itself, as before. The caller closes the sockets."""
+    held = {}
+    try:
+        if endpoints is None:
+            out = []
+            for i in range(n):
+                held[i] = _listen(host, 0)
+                out.append(f"{host}:{held[i].getsockname()[1]}")
+            return tuple(out), held
+        for i, ep in enumerate(endpoints):
+            h, port = split_endpoint(ep, "server endpoint")
+            try:
+                held[i] = _listen(h, port)
+            except OSError:
+                pass
+        return tuple(endpoints), held
+    except BaseException:
+        for sock in held.values():
+            sock.close()
+        raise
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        # As libzmq binds: a restarted server's port must not wait out TIME_WAIT.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(socket.SOMAXCONN)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:

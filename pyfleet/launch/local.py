@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -16,15 +17,22 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Callable, TextIO, Union
 
-from pyfleet.errors import ConfigError
+from pyfleet.errors import ConfigError, EndpointInUse
 from pyfleet.launch.collective import mpiexec_command
-from pyfleet.launch.contract import CONTRACT_VARS, EXIT_TIMEOUT, free_ports, role_env
+from pyfleet.launch.contract import (
+    CONTRACT_VARS,
+    EXIT_TIMEOUT,
+    LISTEN_FD_VAR,
+    hold_endpoints,
+    role_env,
+)
 from pyfleet.launch.restart import RESTART_PAUSE, RestartPolicy, restart_vars
 from pyfleet.role_maker import parse_endpoints
 from pyfleet.service import auth
 from pyfleet.service.wire import check_ipc_dir
 
 _REAP_WAIT = 5.0
+_BIND_RETRIES = 5  # attempts in a row a taken endpoint may end without counting
 _POLL = 0.05
 
 
@@ -146,6 +154,13 @@ def launch_local(cmd_for_role: CmdForRole, servers: int, workers: int,
     seconds (default 3600); the roles of attempt n get ``PYFLEET_RESTART_COUNT=n`` and, once
     ``restore_dir`` holds a committed checkpoint, ``PYFLEET_RESTORE_DIR`` (see
     :mod:`pyfleet.launch.restart`). ``restarts``: a list that gets one dict per death.
+    The launcher binds every server's port itself and holds it for the whole job
+    (:func:`~pyfleet.launch.contract.hold_endpoints`; the server accepts on an inherited
+    copy), so no other process can take a dead server's port before its restart; a server
+    that still finds its endpoint taken (exit 75, one the launcher could not hold) starts
+    the attempt again without using up a restart (at most 5 times in a row). Every role
+    gets ``PYFLEET_JOB_TOKEN``, the job's secret: a worker's client talks only to servers
+    that prove they hold it (:func:`pyfleet.service.auth.job_proof`).
     ``timeout`` counts over every attempt.
 
     A job with servers gets its own CURVE keys unless the environment names keys
@@ -180,12 +195,10 @@ def launch_local(cmd_for_role: CmdForRole, servers: int, workers: int,
         raise ConfigError(f"stop_timeout must be > 0 seconds, got {stop_timeout!r}")
     if mode in ("hybrid", "collective"):
         mpiexec_command(workers)  # no mpiexec: refused here, not when the roles start
-    if server_endpoints is None:
-        eps = tuple(f"{host}:{p}" for p in free_ports(servers, host))
-    else:
-        eps = parse_endpoints(list(server_endpoints), "server_endpoints")
-        if len(eps) != servers:
-            raise ConfigError(f"{len(eps)} server endpoints given for {servers} servers")
+    if server_endpoints is not None:
+        given = parse_endpoints(list(server_endpoints), "server_endpoints")
+        if len(given) != servers:
+            raise ConfigError(f"{len(given)} server endpoints given for {servers} servers")
     if callable(cmd_for_role):
         make_cmd = cmd_for_role
     else:
@@ -211,6 +224,10 @@ def launch_local(cmd_for_role: CmdForRole, servers: int, workers: int,
             if k not in CONTRACT_VARS and k not in restart_vars()}
     base.update(env or {})
     base.setdefault("PYTHONUNBUFFERED", "1")
+    # The job's secret: a server answers a client's challenge with it, so a restarted
+    # job's workers talk only to servers of this job (pyfleet.service.auth.job_proof).
+    base["PYFLEET_JOB_TOKEN"] = secrets.token_hex(32)
+    listeners = {}
     job_keys = job_ipc = None
     if log_dir is not None:
         Path(log_dir).mkdir(parents=True, exist_ok=True)
@@ -222,7 +239,10 @@ def launch_local(cmd_for_role: CmdForRole, servers: int, workers: int,
             previous[sig] = signal.signal(sig, lambda signum, frame: signals_seen.append(signum))
     lock = threading.Lock()
     deadline = None if timeout is None else time.monotonic() + timeout
+    bind_retries = 0
     try:
+        eps, listeners = hold_endpoints(servers, host,
+                                        None if server_endpoints is None else given)
         job_keys = _job_keys(base) if servers else None
         job_ipc = _job_ipc(base) if servers else None
         while True:
@@ -232,7 +252,7 @@ def launch_local(cmd_for_role: CmdForRole, servers: int, workers: int,
             try:
                 code, died = _attempt(roles, make_cmd, base, eps, workers, mode, log_dir, cwd,
                                       policy, out, lock, report, deadline, timeout,
-                                      grace_period, signals_seen)
+                                      grace_period, signals_seen, listeners)
             finally:
                 _stop(roles, signals_seen, report, stop_timeout)
                 for role in roles:
@@ -243,6 +263,17 @@ def launch_local(cmd_for_role: CmdForRole, servers: int, workers: int,
                             role.log.close()
             if died is None or signals_seen:
                 return code
+            if (max_restarts and died.kind == "server" and bind_retries < _BIND_RETRIES
+                    and died.returncode == EndpointInUse.EXIT_CODE):
+                # Another process held the port (one the launcher could not hold):
+                # try again without using up a restart.
+                bind_retries += 1
+                report(f"{died.label} could not bind its endpoint (taken by another "
+                       f"process); starting the job again, not counted as a restart "
+                       f"({bind_retries} of at most {_BIND_RETRIES} such retries)")
+                time.sleep(RESTART_PAUSE)
+                continue
+            bind_retries = 0
             if not policy.record(died.label, died.returncode, _describe_rc(died.returncode)):
                 if max_restarts:
                     report(policy.gave_up())
@@ -258,6 +289,8 @@ def launch_local(cmd_for_role: CmdForRole, servers: int, workers: int,
         for path in (job_keys, job_ipc):
             if path is not None:
                 shutil.rmtree(path, ignore_errors=True)
+        for sock in listeners.values():
+            sock.close()
 
 
 def _job_ipc(base):
@@ -302,7 +335,7 @@ def _job_keys(base):
 
 
 def _attempt(roles, make_cmd, base, eps, workers, mode, log_dir, cwd, policy, out, lock,
-             report, deadline, timeout, grace_period, signals_seen):
+             report, deadline, timeout, grace_period, signals_seen, listeners):
     """Start one attempt's roles and supervise them: ``(exit code, role that died or
     None)``. The caller stops the roles."""
     preexec = _pdeathsig_preexec()
@@ -327,17 +360,21 @@ def _attempt(roles, make_cmd, base, eps, workers, mode, log_dir, cwd, policy, ou
             for k, v in mpi_env.items():
                 child_env.setdefault(k, v)
         child_env.update(policy.env())
+        fds = ()
+        if role.kind == "server" and role.index in listeners:
+            fds = (listeners[role.index].fileno(),)
+            child_env[LISTEN_FD_VAR] = str(fds[0])
         try:
             if log_dir is not None:  # a restarted attempt appends to the role's log
                 role.log = open(Path(log_dir) / f"{role.label}.log",  # noqa: SIM115
-                                "a" if policy.attempt else "w",
+                                "a" if policy.starts else "w",
                                 encoding="utf-8")  # closed by launch_local
-                if policy.attempt:
+                if policy.starts:
                     role.log.write(f"--- pyfleet.launch: restart {policy.attempt} ---\n")
             role.proc = subprocess.Popen(argv, env=child_env, cwd=cwd,
                                          stdin=subprocess.DEVNULL,
                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                         start_new_session=True,
+                                         start_new_session=True, pass_fds=fds,
                                          preexec_fn=preexec)  # noqa: PLW1509
         except OSError as exc:  # (the log's path, when it is the log that failed)
             report(f"cannot start {role.label} ({' '.join(argv)}): {exc}")
@@ -347,7 +384,8 @@ def _attempt(roles, make_cmd, base, eps, workers, mode, log_dir, cwd, policy, ou
             role.reader = threading.Thread(target=_pump, args=(role, out, lock, report),
                                            name=f"pyfleet-launch-{role.label}", daemon=True)
             role.reader.start()
-    if not signals_seen and not policy.attempt:
+    policy.starts += 1
+    if not signals_seen and policy.starts == 1:
         report((f"{len(eps)} server(s) at {','.join(eps)}, " if eps else "no server, ")
                + f"{workers} worker(s)" + (" as one MPI job" if mpi_argv else ""))
     left = None if deadline is None else max(deadline - time.monotonic(), 0.0)

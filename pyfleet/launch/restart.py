@@ -68,6 +68,7 @@ class RestartPolicy:
         self.deaths: list[Death] = []
         self._sink = history  # the caller's list: gets each death's to_json()
         self.attempt = 0
+        self.starts = 0  # attempts started, with those a taken endpoint ended (not counted)
 
     def record(self, role: str, returncode: int, description: str) -> bool:
         """Note a death; True when the job restarts (then :attr:`attempt` is the next)."""

@@ -42,10 +42,19 @@ variable                                role     meaning
                                                  sets one per job; empty: off
 ======================================  =======  ==================================================
 
+A job a launcher starts also carries ``PYFLEET_JOB_TOKEN`` (a random secret
+per job, in every role's environment): a client that has one challenges each
+server when it connects (a random nonce in its first ``HEARTBEAT``) and talks
+on only to servers that answer with :func:`job_proof` of it, so a process
+that took a dead server's port cannot pass for that server, with or without
+CURVE keys.
+
 Everything here is stateless apart from :class:`ZapAuthenticator`, whose
 start/stop must be paired (use it as a context manager).
 """
 
+import hashlib
+import hmac
 import ipaddress
 import logging
 import os
@@ -58,10 +67,12 @@ from pyfleet.service.wire import check_ipc_dir
 
 __all__ = [
     "ENV_VARS",
+    "JOB_TOKEN_VAR",
     "ZapAuthenticator",
     "client_curve_keys",
     "client_options_from_env",
     "is_loopback_host",
+    "job_proof",
     "keygen",
     "load_keypair",
     "load_public_key",
@@ -74,6 +85,15 @@ ENV_VARS = ("PYFLEET_CURVE_DIR", "PYFLEET_CURVE_SERVER_SECRET", "PYFLEET_CURVE_C
             "PYFLEET_CURVE_SERVER_PUBLIC", "PYFLEET_CURVE_CLIENT_SECRET", "PYFLEET_IPC_DIR")
 AUTHORIZED_DIR = "authorized_clients"
 _NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
+
+
+JOB_TOKEN_VAR = "PYFLEET_JOB_TOKEN"
+
+
+def job_proof(token, challenge):
+    """A server's answer to a client's ``challenge`` (hex) under the job's
+    ``token``: HMAC-SHA256, hex. Only a process given the token can make it."""
+    return hmac.new(str(token).encode(), str(challenge).encode(), hashlib.sha256).hexdigest()
 
 
 def keygen(directory, names=("server", "client")):

@@ -35,6 +35,9 @@ returned by ``pull_sparse_async`` may be resolved from any thread.
 """
 
 
+import os
+import secrets
+
 import numpy as np
 
 from pyfleet import _core
@@ -91,6 +94,10 @@ class Client:
         ipc_dir: the directory servers on this machine listen in on Unix
             sockets (``Server(ipc_dir=...)``): a loopback endpoint whose socket
             is there is reached through it (no TCP, no CURVE); others over TCP.
+        job_token: the job's secret (default: ``PYFLEET_JOB_TOKEN``, which a
+            launcher gives every role): each server must answer a challenge
+            with it (:func:`pyfleet.service.auth.job_proof`) before anything
+            else is sent, else :class:`PyfleetError` names the endpoint.
 
     The constructor returns once every server answered (or raises PeerTimeout).
     Use as a context manager, or call :meth:`close`.
@@ -99,7 +106,7 @@ class Client:
     def __init__(self, endpoints, worker_index=0, timeout=30.0, connect_deadline=60.0,
                  heartbeat_interval=None, max_queued_pushes=16, max_request_keys=32768,
                  curve_server_keys=None, curve_client_key=None, context=None,
-                 max_pull_keys=1 << 20, push_retries=0, ipc_dir=None):
+                 max_pull_keys=1 << 20, push_retries=0, ipc_dir=None, job_token=None):
         if isinstance(endpoints, str):
             endpoints = [e for e in endpoints.split(",") if e]
         self.endpoints = [e.removeprefix("tcp://") for e in endpoints]
@@ -123,10 +130,21 @@ class Client:
         self._conn = Connection(self.endpoints, self.worker_index, self.timeout, curve, context,
                                 ipc_dir)
         self._map = TableMap(self.num_servers, lambda: self._control_all(Op.TABLES, {}))
+        token = os.environ.get(_auth.JOB_TOKEN_VAR) if job_token is None else job_token
         try:
-            hello = self._control_all(Op.HEARTBEAT, {"worker": self.worker_index},
+            hello_payload = {"worker": self.worker_index}
+            if token:  # servers must prove they belong to this job before anything else
+                hello_payload["challenge"] = secrets.token_hex(16)
+            hello = self._control_all(Op.HEARTBEAT, hello_payload,
                                       timeout=self.connect_deadline)
             for i, info in enumerate(hello):
+                if token and info.get("proof") != _auth.job_proof(token,
+                                                                  hello_payload["challenge"]):
+                    raise PyfleetError(
+                        f"server at {self.endpoints[i]} cannot prove it belongs to this job "
+                        f"(its answer to {_auth.JOB_TOKEN_VAR}'s challenge is "
+                        f"{'missing' if 'proof' not in info else 'wrong'}): another process "
+                        f"may hold that port; nothing else was sent to it")
                 if info.get("server_index") != i or info.get("server_num") != self.num_servers:
                     raise PyfleetError(
                         f"server at {self.endpoints[i]} says it is server "

@@ -17,7 +17,7 @@ import signal
 import sys
 
 from pyfleet.config import MODES
-from pyfleet.errors import PyfleetError
+from pyfleet.errors import EndpointInUse, PyfleetError
 from pyfleet.service import auth as _auth
 from pyfleet.service import limits
 from pyfleet.service.limits import Limits
@@ -96,7 +96,8 @@ def main(argv=None):
                         **{k: getattr(a, k) for k in Limits._fields if k != "max_message_bytes"})
     except (PyfleetError, ValueError) as e:  # a taken port, a bad table config
         print(f"pyfleet.server: {e}", file=sys.stderr)
-        return 1
+        # A taken port is worth trying again (a launcher does not count it as a death).
+        return EndpointInUse.EXIT_CODE if isinstance(e, EndpointInUse) else 1
     signal.signal(signal.SIGTERM, lambda *_: server.stop())
     signal.signal(signal.SIGINT, lambda *_: server.stop())
     print(f"pyfleet.server ready on {server.endpoint}", flush=True)

@@ -45,7 +45,7 @@ import zmq
 
 from pyfleet.config import MODES
 from pyfleet.endpoint import split_endpoint
-from pyfleet.errors import PyfleetError
+from pyfleet.errors import EndpointInUse, PyfleetError
 from pyfleet.service import auth as _auth
 from pyfleet.service import checkpoint as _checkpoint
 from pyfleet.service import protocol as P
@@ -118,6 +118,14 @@ class Server:
             Ignored for other hosts: they are reached over TCP. Default:
             environment ``PYFLEET_IPC_DIR`` through ``fleet.init_server``.
 
+    ``listen_fd``: a TCP socket already bound to the endpoint and listening,
+    to serve on instead of binding (default: the one a launcher passed in
+    ``PYFLEET_LISTEN_FD``, when bound to this port; see
+    :func:`pyfleet.service.wire.inherited_listener`). ``job_token``: the
+    job's secret (default: ``PYFLEET_JOB_TOKEN``), with which this server
+    answers a client's challenge (:func:`pyfleet.service.auth.job_proof`).
+    A taken endpoint raises :class:`~pyfleet.errors.EndpointInUse`.
+
     Binding a host other than loopback without ``curve_client_keys`` is
     refused (ValueError) unless ``insecure=True`` (default: environment
     ``PYFLEET_INSECURE=1``), which logs a warning: anyone who can reach the
@@ -132,7 +140,8 @@ class Server:
                  heartbeat_timeout=10.0, barrier_timeout=300.0, checkpoint_dir=None,
                  inline_limit=INLINE_LIMIT, curve_secret_key=None, curve_client_keys=None,
                  context=None, split_pull_keys=SPLIT_PULL_KEYS, insecure=None,
-                 spill_root=None, ipc_dir=None, **limits):
+                 spill_root=None, ipc_dir=None, listen_fd=None, job_token=None,
+                 **limits):
         self.server_index, self.server_num = int(server_index), int(server_num)
         self.worker_num = int(worker_num)
         if not 0 <= self.server_index < self.server_num:
@@ -182,6 +191,8 @@ class Server:
         self._done = threading.Event()
         self._ran = False
         self.failure = None  # why run() ended before every worker stopped (None: it did not)
+        self._job_token = (os.environ.get(_auth.JOB_TOKEN_VAR) or None) if job_token is None \
+            else str(job_token)
 
         host, port = split_endpoint(endpoint, "server endpoint", allow_zero=True)
         if ipc_dir is not None:
@@ -211,16 +222,21 @@ class Server:
         try:
             if curve_client_keys is not None:
                 self._zap = _auth.ZapAuthenticator(self._ctx, curve_client_keys).start()
+            if listen_fd is None:
+                listen_fd = Z.inherited_listener(port)
             try:
                 port = Z.bind_router(self._frontend, host, port, self.max_message_bytes,
                                      curve_secret_key, self.limits.max_queued_replies,
-                                     self.ipc_dir)
+                                     self.ipc_dir, listen_fd)
             except zmq.ZMQError as e:
-                hint = (" (another process listens there: stop it or choose another port)"
-                        if e.errno == zmq.EADDRINUSE else "")
                 where = f"{host}:{port}" + (f" and in {self.ipc_dir}" if self.ipc_dir else "")
+                if e.errno == zmq.EADDRINUSE:
+                    raise EndpointInUse(
+                        f"server {server_index}: cannot serve on {where}: {e.strerror} "
+                        f"(another process listens there: stop it or choose another "
+                        f"port)") from None
                 raise PyfleetError(f"server {server_index}: cannot serve on {where}: "
-                                   f"{e.strerror}{hint}") from None
+                                   f"{e.strerror}") from None
             self.endpoint = f"{host}:{port}"
             self._loop = SocketLoop(self._ctx, self._frontend,
                                     f"inproc://pyfleet-server-{id(self):x}", self._handle,
@@ -436,10 +452,14 @@ class Server:
             with self._lock:  # answered whoever asks; it claims nothing
                 if self._claim(w, h, "HEARTBEAT", refuse=False, take=False):
                     self.barriers.seen(w, time.monotonic())
-        return [[ident] + P.reply(h, payload={
-            "server_index": self.server_index, "server_num": self.server_num,
-            "worker_num": self.worker_num, "mode": self.mode,
-            "heartbeat_timeout": self.heartbeat_timeout, "barrier_timeout": self.barrier_timeout})]
+        out = {"server_index": self.server_index, "server_num": self.server_num,
+               "worker_num": self.worker_num, "mode": self.mode,
+               "heartbeat_timeout": self.heartbeat_timeout,
+               "barrier_timeout": self.barrier_timeout}
+        challenge = payload.get("challenge")
+        if isinstance(challenge, str) and self._job_token is not None:
+            out["proof"] = _auth.job_proof(self._job_token, challenge[:128])
+        return [[ident] + P.reply(h, payload=out)]
 
     def _stop_worker(self, h, op, frames, ident):
         w = self._worker_of(control_payload(frames, op))

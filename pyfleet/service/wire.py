@@ -8,13 +8,14 @@ are sent and received atomically. Not thread-safe beyond the socket's own rules
 """
 
 import os
+import socket
 import stat
 
 import numpy as np
 import zmq
 
-__all__ = ["COPY_LIMIT", "IPC_PATH_MAX", "bind_router", "check_ipc_dir", "ipc_path", "readable", "recv_frames",
-           "send_frames"]
+__all__ = ["COPY_LIMIT", "IPC_PATH_MAX", "LISTEN_FD_VAR", "bind_router", "check_ipc_dir",
+           "inherited_listener", "ipc_path", "readable", "recv_frames", "send_frames"]
 
 _SNDMORE = int(zmq.SNDMORE)
 _POLLIN = int(zmq.POLLIN)
@@ -90,14 +91,17 @@ def check_ipc_dir(ipc_dir, what="PYFLEET_IPC_DIR"):
 
 
 def bind_router(sock, host, port, max_message_bytes, curve_secret_key=None,
-                max_queued_replies=16, ipc_dir=None):
+                max_queued_replies=16, ipc_dir=None, listen_fd=None):
     """Set up ROUTER ``sock`` as a server endpoint and bind it to ``host:port``
     (port 0: a free port); returns the port. ``max_message_bytes``: a peer
     sending a larger frame is disconnected; ``curve_secret_key``: the Z85
     secret key of an encrypted (CURVE) endpoint; ``max_queued_replies``:
     replies queued for one peer, beyond which a non-blocking send raises
-    ``zmq.Again`` (``ROUTER_MANDATORY``: never a silent drop). Raises
-    ``zmq.ZMQError``.
+    ``zmq.Again`` (``ROUTER_MANDATORY``: never a silent drop); ``listen_fd``:
+    a TCP socket already bound to ``host:port`` and listening (a launcher's,
+    inherited), which the ROUTER accepts on instead of binding anew
+    (``ZMQ_USE_FD``; the port stays held between a server's death and its
+    restart). Raises ``zmq.ZMQError``.
 
     ``ipc_dir`` (checked by :func:`check_ipc_dir`) with a loopback ``host``:
     the socket also listens on :func:`ipc_path` in it, in the clear (the
@@ -112,7 +116,11 @@ def bind_router(sock, host, port, max_message_bytes, curve_secret_key=None,
         # Encrypted, and clients must know this server's public key.
         sock.curve_server = True
         sock.curve_secretkey = _z85(curve_secret_key)
-    if port == 0:
+    if listen_fd is not None:
+        sock.setsockopt(zmq.USE_FD, listen_fd)
+        sock.bind(f"tcp://{host}:{port}")
+        sock.setsockopt(zmq.USE_FD, -1)  # an option of every later bind: not the ipc one
+    elif port == 0:
         port = sock.bind_to_random_port(f"tcp://{host}")
     else:
         sock.bind(f"tcp://{host}:{port}")
@@ -121,6 +129,34 @@ def bind_router(sock, host, port, max_message_bytes, curve_secret_key=None,
         sock.curve_server = False
         sock.bind("ipc://" + ipc_path(ipc_dir, host, port))
     return port
+
+
+LISTEN_FD_VAR = "PYFLEET_LISTEN_FD"
+
+
+def inherited_listener(port, env=None):
+    """The file descriptor a launcher passed for this server's endpoint
+    (``PYFLEET_LISTEN_FD``: a TCP socket bound and listening), when it is
+    bound to ``port``; else None. Taken once: the variable is removed."""
+    env = os.environ if env is None else env
+    text = env.get(LISTEN_FD_VAR, "").strip()
+    if not text or not port:
+        return None
+    try:
+        fd = int(text)
+        probe = socket.socket(fileno=os.dup(fd))
+    except (ValueError, OSError):
+        return None
+    try:
+        bound = probe.getsockname()[1] if probe.type == socket.SOCK_STREAM else None
+    except OSError:
+        bound = None
+    finally:
+        probe.close()
+    if bound != port:
+        return None
+    env.pop(LISTEN_FD_VAR, None)
+    return fd
 
 
 def _z85(key):

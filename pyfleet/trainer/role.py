@@ -13,7 +13,7 @@ import numpy as np
 from pyfleet import fluid
 from pyfleet._atomic import WriteError, write_json, writing
 from pyfleet.data import DataError
-from pyfleet.errors import RemoteError
+from pyfleet.errors import EndpointInUse, RemoteError
 from pyfleet.metrics import MetricStats, exact_auc, logloss
 from pyfleet.trainer import mpi as _mpi
 from pyfleet.trainer.evaluation import _evaluate, _malformed_of, _pass_metrics, _remove, _test_file
@@ -327,6 +327,9 @@ def main(argv=None):
     _configure_logging(job.get("log_level") or "info")
     try:
         return run_role(job)
+    except EndpointInUse as e:  # exit 75: a launcher starts the job again, not counting it
+        print(f"pyfleet {_role_label().replace('.', ' ')}: {e}", file=sys.stderr)
+        return EndpointInUse.EXIT_CODE
     except (DataError, WriteError, RemoteError) as e:
         # Input that cannot be read (one line naming the file and line), a file that
         # cannot be written (a full disk: naming it), a server's refusal (its SAVE on

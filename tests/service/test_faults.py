@@ -173,7 +173,7 @@ def test_a_taken_port_is_an_error_naming_it(tmp_path):
                             f"127.0.0.1:{port}", "--index", "0", "--num-servers", "1",
                             "--workers", "1"], capture_output=True, text=True, timeout=60,
                            check=False)
-        assert r.returncode == 1 and "Address already in use" in r.stderr
+        assert r.returncode == 75 and "Address already in use" in r.stderr  # EX_TEMPFAIL
         assert "Traceback" not in r.stderr
     finally:
         taken.close(linger=0)
