@@ -19,8 +19,9 @@ Nothing is pickled; every ``.npy`` is read with ``allow_pickle=False``. Loading
 checks each file before it allocates anything for it: its ``.npy`` header's dtype
 and shape against the model (a header claiming (10**12, 16) is refused by name,
 never allocated), its size against its header (a truncated file), then its sha256
-against the one recorded (a model written before checksums were recorded loads
-without that check). A parameter holding NaN or infinity is refused by name, and
+against the one recorded; ``__model__.json`` carries the sha256 of its own body
+(``body_sha256``) too, and a description without checksums (edited, or written
+before they were recorded) loads only with ``unchecked_ok=True``. A parameter holding NaN or infinity is refused by name, and
 ``predict_file`` refuses a non-finite prediction. A
 
 ``program_only`` save writes ``__model__.json`` without the "inference"
@@ -68,6 +69,7 @@ from pyfleet.fluid.executor import Executor
 from pyfleet.fluid.framework import Parameter, Program, Variable, default_main_program
 from pyfleet.fluid.tensor import Scope
 from pyfleet.optimizer import SGD
+from pyfleet.service.checkpoint import BODY_KEY, body_digest
 from pyfleet.table import SparseTable
 
 __all__ = ["FLUID_MODEL_FILENAME", "INFERENCE_FORMAT", "MODEL_FILENAME", "LocalSource", "Predictor", "RemoteSource",
@@ -266,6 +268,7 @@ def save(dirname, program, feeded_var_names, target_vars, source, model_filename
             for fname in [model_file] + fluid["files"]:
                 section["sha256"][fname] = _sha256(os.path.join(dirname, fname))
         desc["fluid"] = fluid
+        desc[BODY_KEY] = body_digest(desc)  # the description's own body, checked on load
         _atomic.write_json(os.path.join(dirname, MODEL_FILENAME), desc)
     except BaseException:
         if created:  # nothing of a failed save stays (a full disk gets its space back)
@@ -475,7 +478,7 @@ def _check_section(path, section):
 
 def _frozen_backend(dirname, section, program):
     params = {p.name: p for p in program.all_parameters()}
-    digests = section.get("sha256")  # absent in models written before checksums
+    digests = section.get("sha256")  # absent only where the caller said unchecked_ok
     dense = {}
     for name, fname in section["dense"].items():
         if name not in params:
@@ -521,7 +524,27 @@ def _load_fluid(dirname, path, params_filename):
     return program, feeds, fetches
 
 
-def load_program(dirname, model_filename=None, program_only_ok=True, params_filename=None):
+def _check_model_checksums(path, desc, unchecked_ok):
+    """Refuse a model description whose body does not match its ``body_sha256``,
+    or that carries no checksums (no ``body_sha256``, or an "inference" section
+    without "sha256": edited, or written before they were recorded) unless
+    ``unchecked_ok``."""
+    want = desc.get(BODY_KEY)
+    section = desc.get("inference")
+    missing = want is None or (isinstance(section, dict) and "sha256" not in section)
+    if missing:
+        if unchecked_ok:
+            return
+        raise ValueError(f"{path} carries no checksums (no {BODY_KEY}, or no sha256 of its "
+                         f"files): edited, or written before pyfleet recorded them; refused "
+                         f"(load it with unchecked_ok=True only if you trust it)")
+    if want != body_digest(desc):
+        raise ValueError(f"{path} is damaged: its body does not match its {BODY_KEY} "
+                         f"(a bit flip or an edit); refused")
+
+
+def load_program(dirname, model_filename=None, program_only_ok=True, params_filename=None,
+                 unchecked_ok=False):
     """``(program, feed names, fetch names)`` of a prediction directory, the
     program's backend set to its parameters. pyfleet's ``__model__.json`` is
     read when present: read-only rows and values of its "inference" section
@@ -530,7 +553,11 @@ def load_program(dirname, model_filename=None, program_only_ok=True, params_file
     ``<name>.npy``/``<name>.table`` files beside it. A directory in Fluid's
     layout alone (written by Fluid: ``__model__`` or ``model_filename``, its
     tensor files or ``params_filename``) is read from those. ValueError
-    naming a missing or malformed file."""
+    naming a missing or malformed file.
+
+    ``__model__.json`` carries the sha256 of its own body and of every file
+    the save wrote (pyfleet's and Fluid's): each is checked before it is used;
+    a description without them is refused unless ``unchecked_ok=True``."""
     json_path = os.path.join(dirname, MODEL_FILENAME)
     if model_filename is None:
         path = json_path if os.path.exists(json_path) else os.path.join(
@@ -543,6 +570,7 @@ def load_program(dirname, model_filename=None, program_only_ok=True, params_file
             return _load_fluid(dirname, path, params_filename)
         path = json_path   # written by pyfleet: its own description is complete
     desc = read_model_desc(path)
+    _check_model_checksums(path, desc, unchecked_ok)
     section = desc.get("inference")
     if section is None and program_only_ok:
         program = Program.from_dict(desc)
@@ -556,10 +584,12 @@ def load_program(dirname, model_filename=None, program_only_ok=True, params_file
     return program, list(desc.get("feed", [])), list(desc.get("fetch", []))
 
 
-def load(dirname, model_filename=None, params_filename=None):
+def load(dirname, model_filename=None, params_filename=None, unchecked_ok=False):
     """A :class:`Predictor` for a directory :func:`save` wrote with its
     parameters (no server needed), or one in Fluid's layout. Raises
-    ValueError naming a missing or malformed file."""
+    ValueError naming a missing, malformed or damaged file (``unchecked_ok``:
+    see :func:`load_program`)."""
     program, feeds, fetches = load_program(dirname, model_filename, program_only_ok=False,
-                                           params_filename=params_filename)
+                                           params_filename=params_filename,
+                                           unchecked_ok=unchecked_ok)
     return Predictor(program, feeds, fetches)

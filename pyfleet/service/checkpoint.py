@@ -26,6 +26,17 @@ after it leaves at most unreferenced directories, removed by the next save.
                 "server_num", "rows": {table: rows written},
                 "files": {name: {"sha256", "bytes", "rows", "table", "server"}}}, ...]}
 
+Every file a checkpoint consists of is checksummed: a generation's ``files``
+list every file of its directory (the shards and dense blocks, and the
+servers' ``server<i>-of-<S>.json``), ``"beside"`` the files written next to
+the manifest (the saving worker's ``<name>.state.npy``) as ``{name: {"sha256",
+"bytes"}}``, and ``"body_sha256"`` the manifest's own body (the sha256 of its
+JSON without that key, keys sorted, no spaces). :func:`read_manifest` checks
+the body and the files beside it, :func:`verify_generation` a generation's
+files before anything is loaded; a manifest without ``body_sha256`` (edited,
+or written before it was recorded) is refused unless read with
+``unchecked_ok=True``.
+
 ``chain`` is a full generation followed by the deltas saved after it into the
 same ``D`` (a full save starts a new chain). Loading replays the chain in order;
 every file is checked against its size and sha256 first, and a mismatch is a
@@ -62,9 +73,10 @@ import numpy as np
 from pyfleet._atomic import write_json
 from pyfleet.table import DenseTable
 
-__all__ = ["MANIFEST_NAME", "MANIFEST_VERSION", "build_manifest", "check_tables", "commit",
-           "confined_path", "file_info", "load_server", "new_generation", "read_manifest",
-           "resolve", "save_server", "verify_generation"]
+__all__ = ["BODY_KEY", "MANIFEST_NAME", "MANIFEST_VERSION", "body_digest", "build_manifest",
+           "check_tables", "commit", "confined_path", "file_info", "load_server",
+           "new_generation", "read_manifest", "resolve", "save_server", "seal",
+           "verify_generation"]
 
 MANIFEST_NAME = "MANIFEST.json"
 MANIFEST_VERSION = 2
@@ -117,9 +129,52 @@ def file_info(path):
     return {"sha256": h.hexdigest(), "bytes": n}
 
 
-def read_manifest(path):
+BODY_KEY = "body_sha256"
+
+
+def body_digest(manifest):
+    """The sha256 (hex) of a manifest's body: its JSON without ``body_sha256``,
+    keys sorted, no spaces."""
+    body = {k: v for k, v in manifest.items() if k != BODY_KEY}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _check_body(mpath, m, unchecked_ok):
+    want = m.get(BODY_KEY)
+    if want is None:
+        if unchecked_ok:
+            return
+        raise ValueError(f"{mpath} carries no checksum of its own body ({BODY_KEY}): edited, "
+                         f"or written before pyfleet recorded one; refused (read it with "
+                         f"unchecked_ok=True only if you trust it)")
+    if want != body_digest(m):
+        raise ValueError(f"{mpath} is damaged: its body does not match its {BODY_KEY} "
+                         f"(a bit flip or an edit); refused")
+
+
+def _check_beside(path, mpath, m):
+    beside = m.get("beside") or {}
+    if not isinstance(beside, dict):
+        raise ValueError(f"{mpath}: 'beside' must be an object")
+    for name, want in sorted(beside.items()):
+        if not isinstance(name, str) or os.path.basename(name) != name or \
+                name.startswith(".") or not isinstance(want, dict):
+            raise ValueError(f"{mpath}: 'beside' lists a bad file name {name!r}")
+        f = os.path.join(path, name)
+        if os.path.islink(f) or not os.path.isfile(f):
+            raise ValueError(f"checkpoint {path}: file {name} is missing (or a link)")
+        got = file_info(f)
+        if got["bytes"] != want.get("bytes") or got["sha256"] != want.get("sha256"):
+            raise ValueError(f"checkpoint {path}: file {name} is damaged (its size or sha256 "
+                             f"differs from the manifest)")
+
+
+def read_manifest(path, unchecked_ok=False):
     """The manifest of checkpoint directory ``path`` (None when there is none);
-    a manifest that is not valid JSON of this format is a ValueError."""
+    a manifest that is not valid JSON of this format, whose body does not match
+    its ``body_sha256`` (or has none, unless ``unchecked_ok``), or a file
+    beside it that differs from its checksum is a ValueError naming it."""
     mpath = os.path.join(path, MANIFEST_NAME)
     try:
         with open(mpath) as f:
@@ -144,6 +199,8 @@ def read_manifest(path):
                or n.startswith(".") or not isinstance(g["files"][n], dict)]
         if bad:  # names are joined to the generation's path: no way out of it
             raise ValueError(f"{mpath}: generation {g['dir']} lists bad file names {bad[:3]}")
+    _check_body(mpath, m, unchecked_ok)
+    _check_beside(path, mpath, m)
     return m
 
 
@@ -159,9 +216,32 @@ def new_generation(path, mode):
     return f"g{n + 1:06d}-{mode}"
 
 
+def seal(path, manifest):
+    """Record the checksums of ``manifest`` (in place) for checkpoint dir
+    ``path``: every file of its newest generation's directory not yet listed,
+    every file beside the manifest (``"beside"``), then the body's own
+    (``body_sha256``). Returns the manifest."""
+    gen = manifest["chain"][-1]
+    gdir = os.path.join(path, gen["dir"])
+    if os.path.isdir(gdir) and not os.path.islink(gdir):  # never hashed through a link
+        for name in sorted(os.listdir(gdir)):
+            f = os.path.join(gdir, name)
+            if name not in gen["files"] and not name.startswith(".") and \
+                    not os.path.islink(f) and os.path.isfile(f):
+                gen["files"][name] = file_info(f)
+    manifest["beside"] = {
+        name: file_info(os.path.join(path, name)) for name in sorted(os.listdir(path))
+        if name != MANIFEST_NAME and not name.startswith(".")
+        and not os.path.islink(os.path.join(path, name))
+        and os.path.isfile(os.path.join(path, name))}
+    manifest[BODY_KEY] = body_digest(manifest)
+    return manifest
+
+
 def commit(path, manifest):
-    """Write ``manifest`` as ``path``'s MANIFEST.json atomically, then delete
-    the generation directories it does not name."""
+    """Write ``manifest`` as ``path``'s MANIFEST.json atomically (sealed first:
+    :func:`seal`), then delete the generation directories it does not name."""
+    seal(path, manifest)
     write_json(os.path.join(path, MANIFEST_NAME), manifest, indent=1)
     keep = {g["dir"] for g in manifest["chain"]}
     for name in os.listdir(path):
@@ -223,7 +303,7 @@ def verify_generation(path, gen):
             raise ValueError(f"checkpoint {path}: file {gen['dir']}/{name} is damaged "
                              f"(sha256 differs from the manifest)")
     extra = sorted(n for n in os.listdir(gdir)
-                   if n.endswith(".bin") and n not in gen["files"])
+                   if not n.startswith(".") and n not in gen["files"])
     if extra:
         raise ValueError(f"checkpoint {path}: files {extra} in {gen['dir']} are not in "
                          f"the manifest")

@@ -29,6 +29,8 @@ def snapshot_checkpoint(src, dst):
     for gen in manifest["chain"]:
         shutil.copytree(os.path.join(src, gen["dir"]), os.path.join(tmp, gen["dir"]),
                         copy_function=link)
+    for name in manifest.get("beside") or {}:  # checksummed with the manifest: copied
+        shutil.copy2(os.path.join(src, name), os.path.join(tmp, name))
     write_json(os.path.join(tmp, _checkpoint.MANIFEST_NAME), manifest, indent=1)
     os.rename(tmp, dst)
     fsync_dir(os.path.dirname(os.path.abspath(dst)))  # the rename commits the copy

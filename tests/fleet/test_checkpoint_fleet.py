@@ -20,6 +20,7 @@ from pyfleet.distributed.fleet import MANIFEST_NAME, Fleet
 from pyfleet.launch import free_ports
 from pyfleet.optimizer import Adam
 from pyfleet.role_maker import Role, UserDefinedRoleMaker
+from pyfleet.service.checkpoint import body_digest
 from pyfleet.trainer import JOB_DEFAULTS, build_program, feed_of, strategy_of
 
 JOB = {**JOB_DEFAULTS, "embedding_dim": 4, "layers": [8], "batch_size": 128, "lr": 0.01,
@@ -152,14 +153,19 @@ def test_manifest_lists_every_file_with_its_checksum_and_rows(root, data):
     states = [n for n in os.listdir(root / "ck") if n.endswith(".state.npy")]
     assert states
     assert sorted(os.listdir(root / "ck")) == sorted([MANIFEST_NAME, gen["dir"], *states])
-    bins = sorted(n for n in os.listdir(root / "ck" / gen["dir"]) if n.endswith(".bin"))
-    assert bins == sorted(gen["files"])
-    for name, f in gen["files"].items():
-        assert (root / "ck" / gen["dir"] / name).stat().st_size == f["bytes"]
+    # every file of the generation (shards, dense blocks, the servers' own json) and
+    # beside the manifest is checksummed, and so is the manifest's body
+    assert sorted(os.listdir(root / "ck" / gen["dir"])) == sorted(gen["files"])
+    assert {"server0-of-2.json", "server1-of-2.json"} <= set(gen["files"])
+    assert sorted(m["beside"]) == sorted(states)
+    assert m["body_sha256"] == body_digest(m)
+    for name, f in [*gen["files"].items(), *m["beside"].items()]:
+        where = root / "ck" / (name if name in m["beside"] else os.path.join(gen["dir"], name))
+        assert where.stat().st_size == f["bytes"]
         assert len(f["sha256"]) == 64
     for table, n in rows.items():
         assert gen["rows"][table] == n
-        assert sum(f["rows"] for f in gen["files"].values() if f["table"] == table) == n
+        assert sum(f["rows"] for f in gen["files"].values() if f.get("table") == table) == n
 
 
 def test_restore_is_exact_and_a_damaged_file_is_refused_by_name(root, data):

@@ -8,6 +8,7 @@ import pytest
 
 import pyfleet.fluid as fluid  # noqa: PLR0402 (the line Fluid users write)
 from pyfleet import models
+from pyfleet.fluid import inference
 from pyfleet.optimizer import Adam
 
 
@@ -78,8 +79,10 @@ def test_load_refuses_bad_files(tmp_path):
     with pytest.raises(ValueError, match="no inference model"):
         fluid.io.load_inference_model(str(tmp_path), fluid.Executor())
     (tmp_path / "__model__.json").write_text(json.dumps({"format": "something else"}))
-    with pytest.raises(ValueError, match="not a pyfleet.fluid program"):
+    with pytest.raises(ValueError, match="carries no checksums"):  # before anything else
         fluid.io.load_inference_model(str(tmp_path), fluid.Executor())
+    with pytest.raises(ValueError, match="not a pyfleet.fluid program"):
+        inference.load_program(str(tmp_path), unchecked_ok=True)
     main, _startup, _m, exe = _trained("lr", steps=1)
     fluid.io.save_persistables(exe, str(tmp_path / "p"), main)
     np.save(tmp_path / "p" / "fc_0.w_0.npy", np.zeros((3, 3), np.float32))

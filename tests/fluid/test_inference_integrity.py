@@ -101,15 +101,38 @@ def test_a_header_claiming_a_huge_shape_is_refused_before_allocating(tmp_path):
 
 
 @needs_data
-def test_a_model_without_checksums_still_loads_with_its_headers_checked(tmp_path):
+def test_a_model_without_checksums_loads_only_when_asked(tmp_path):
+    # The attack: deleting the "sha256" section turned every file's check off.
     where = tmp_path / "model"
     m, batch, _ = _save(where)
     desc = json.loads((where / "__model__.json").read_text())
     del desc["inference"]["sha256"]
     _atomic.write_json(str(where / "__model__.json"), desc)
-    p = inference.load(where)
+    with pytest.raises(ValueError, match=r"__model__.json carries no checksums .* refused "
+                                         r"\(load it with unchecked_ok=True"):
+        inference.load(where)
+    p = inference.load(where, unchecked_ok=True)  # asked for: headers still checked
     (out,) = p.predict(_feed(batch, m))
     assert np.isfinite(out).all() and out.shape == (100, 1)
+    del desc["body_sha256"]
+    desc["inference"]["sha256"] = {}
+    _atomic.write_json(str(where / "__model__.json"), desc)
+    with pytest.raises(ValueError, match=r"carries no checksums"):
+        inference.load(where)
+
+
+@needs_data
+def test_an_edit_of_the_model_description_is_refused(tmp_path):
+    where = tmp_path / "model"
+    _save(where)
+    path = where / "__model__.json"
+    desc = json.loads(path.read_text())
+    assert desc["body_sha256"]
+    desc["fetch"] = desc["fetch"] + desc["feed"][:1]   # the body changes, its checksum not
+    _atomic.write_json(str(path), desc)
+    with pytest.raises(ValueError, match=r"__model__.json is damaged: its body does not "
+                                         r"match its body_sha256"):
+        inference.load(where)
 
 
 @needs_data

@@ -32,6 +32,7 @@ def _checkpoint(root, link_gen=False, link_file=False):
                             **{k: v + 1 if k == "bytes" else v for k, v in info.items()}}],
              "rows": {"emb": 1}}
     manifest = ck.build_manifest(None, GEN, "full", [reply], [], None, None)
+    manifest[ck.BODY_KEY] = ck.body_digest(manifest)  # sealed, without listing the links
     write_json(str(ckpt / ck.MANIFEST_NAME), manifest)
     return str(ckpt), manifest
 

@@ -23,7 +23,6 @@ import pytest
 import zmq
 from support.service import ServerGroup
 
-from pyfleet._atomic import write_json
 from pyfleet.errors import RemoteError
 from pyfleet.service import auth
 from pyfleet.service import checkpoint as ck
@@ -68,7 +67,7 @@ def test_a_save_never_writes_into_a_save_a_checkpoint_or_a_committed_generation(
         other.mkdir()
         manifest = ck.read_manifest(str(root / "ckpt"))
         manifest["chain"].append({**manifest["chain"][0], "dir": "g000002-full", "files": {}})
-        write_json(str(root / "ckpt" / ck.MANIFEST_NAME), manifest)
+        ck.commit(str(root / "ckpt"), manifest)  # sealed: its checksums recorded again
         with pytest.raises(RemoteError, match="commits"):
             c.save("ckpt/g000002-full")
         assert os.listdir(other) == []
