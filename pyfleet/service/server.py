@@ -38,6 +38,7 @@ called ``stop_worker`` (port 0 picks a free port; the line
 
 import logging
 import os
+import re
 import threading
 import time
 
@@ -351,6 +352,12 @@ class Server:
             return [[ident] + P.error_reply(h.op, h.request, f"{_op_name(h.op)}: {msg}",
                                             table=h.table)]
         except Exception as e:  # a server bug must not end the server
+            why = _spill_failure(e)
+            if why is not None:  # a full (or failing) spill disk: said once, in one line
+                self._count("spill_failures")
+                if self._counters.get("spill_failures") == 1:
+                    log.error("server %d: %s", self.server_index, why)
+                return [[ident] + P.error_reply(h.op, h.request, f"{_op_name(h.op)}: {why}")]
             self._count("internal_errors")
             log.exception("internal error on %s", _op_name(h.op))
             return [[ident] + P.error_reply(h.op, h.request,
@@ -526,6 +533,20 @@ def _op_name(op):
         return Op(op).name
     except ValueError:
         return f"op {op}"
+
+
+_SPILL_IO = re.compile(r"spill file in (.+): (write|read) failed: (.+)")
+
+
+def _spill_failure(e):
+    """The sentence for a disk tier's failed read or write (the core's
+    RuntimeError), else None."""
+    m = _SPILL_IO.fullmatch(str(e)) if isinstance(e, RuntimeError) else None
+    if m is None:
+        return None
+    return (f"cannot {m.group(2)} a spill file in {m.group(1)}: {m.group(3)} (the disk tier "
+            f"of this server's sparse tables; free space there or give --spill-dir another "
+            f"disk)")
 
 
 def _log_bad(n, err):

@@ -197,3 +197,25 @@ def test_the_train_log_reports_a_failed_write_once_in_one_line(tmp_path, capsys)
     err = capsys.readouterr().err
     assert err == (f"pyfleet train: cannot write {path}: No space left on device; the job's log "
                    f"is no longer written there\n")
+
+
+@needs_tmpfs
+def test_train_with_a_full_spill_disk_says_so_in_one_line(tmp_path, small_job):
+    # The attack: the disk tier's directory fills up. It ended the job with seven server
+    # tracebacks (82 console lines); now each role that meets it says so in one line
+    # naming the spill directory, as a full checkpoint disk does.
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    r = full_disk(spill, sys.executable, "-m", "pyfleet.cli", "train", "--run-dir",
+                  tmp_path / "run", *small_job, "--memory-budget", "128k", "--spill-dir",
+                  spill, timeout=180)
+    assert r.returncode != 0, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr and "Traceback" not in r.stdout, r.stderr[-5000:]
+    lines = [x for x in r.stderr.splitlines() if "No space left on device" in x]
+    assert lines, r.stderr[-3000:]
+    assert all(f"cannot write a spill file in {spill}" in x for x in lines), lines
+    # one line from each role that met it (2 servers, 2 workers) at most
+    assert len(lines) <= 4, lines
+    assert any(x.startswith(("[worker.0] pyfleet worker 0: server ",
+                             "[worker.1] pyfleet worker 1: server ")) for x in lines), lines
+    assert "pyfleet train: the job failed" in r.stderr
