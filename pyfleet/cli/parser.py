@@ -192,6 +192,10 @@ def _train_parser(sub):
                    help="how long a worker waits for a server's answer before calling the "
                         "job failed; a checkpoint save may take 10 times this (raise it for "
                         "tables of tens of GB; default: 60)")
+    p.add_argument("--collective-timeout", type=float, default=None, metavar="SECONDS",
+                   help="collective and hybrid modes: how long a rank may wait in one "
+                        "collective for the others before the MPI job is aborted, naming the "
+                        "rank that stalled (PYFLEET_COLLECTIVE_TIMEOUT; default: 60)")
     p.add_argument("--no-model", action="store_true",
                    help="do not export the inference model to RUN_DIR/model at the end "
                         "(it holds every embedding row: as large as the table's weights; "

@@ -255,6 +255,7 @@ class Collective:
         if dirname is None:
             raise ValueError("save_persistables needs dirname")
         if self._group.rank != 0:
+            self._group.allow_save()  # the next collective waits for rank 0's writing
             return None
         path = os.path.realpath(os.fspath(dirname))
         os.makedirs(path, exist_ok=True)

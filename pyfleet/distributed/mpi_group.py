@@ -14,8 +14,14 @@ A rank that dies ends the job: ``mpirun`` aborts every rank when one exits
 abnormally, naming the dead rank. For the cases where no launcher does that
 (a rank stalled, or a launcher that keeps the others alive), a watchdog thread
 aborts the whole MPI job (``MPI_Abort``) when one collective waits longer than
-``timeout`` seconds (``$PYFLEET_COLLECTIVE_TIMEOUT``, default 300), after
-printing which rank waited in which collective of which step.
+``timeout`` seconds (the stall bound: ``pyfleet train --collective-timeout``,
+``$PYFLEET_COLLECTIVE_TIMEOUT``, default 60), after printing which rank waited
+in which collective of which step and which rank stalled: the ranks of one
+machine publish, in a shared-memory board (``MPI_Win_allocate_shared``), how
+many collectives each has entered, so a waiting rank names the ranks of its
+machine that never reached its collective (a rank on another machine is named
+as such). After ``save_persistables``, which rank 0 alone writes, the other
+ranks' next collective may wait ``SAVE_FACTOR`` times the bound.
 """
 
 import json
@@ -32,7 +38,8 @@ from pyfleet.role_maker import COLLECTIVE_LAUNCH, MPI_ENV_VARS
 
 __all__ = ["DEFAULT_TIMEOUT", "MPIGroup", "import_mpi"]
 
-DEFAULT_TIMEOUT = 300.0
+DEFAULT_TIMEOUT = 60.0
+SAVE_FACTOR = 10  # the next collective after a save waits for rank 0's writing
 
 
 def import_mpi():
@@ -77,6 +84,14 @@ class MPIGroup:
         self.step = 0
         self._waiting = None  # (deadline, what) while inside a collective
         self._watchdog = None
+        self._entered = 0     # watched collectives entered so far
+        self._slack = None    # the next collective's bound, when longer (after a save)
+        self._board = _Board(self.MPI, self.comm) if self.size > 1 else None
+
+    def allow_save(self):
+        """Rank 0 writes a checkpoint now: this rank's next collective may wait
+        ``SAVE_FACTOR`` times the stall bound for it."""
+        self._slack = self.timeout * SAVE_FACTOR
 
     # ------------------------------------------------------------ watchdog
     def _enter(self, what):
@@ -84,7 +99,11 @@ class MPIGroup:
             self._watchdog = threading.Thread(target=self._watch, name="pyfleet-mpi-watchdog",
                                               daemon=True)
             self._watchdog.start()
-        self._waiting = (time.monotonic() + self.timeout, what)
+        self._entered += 1
+        if self._board is not None:
+            self._board.enter(self._entered)
+        bound, self._slack = self._slack or self.timeout, None
+        self._waiting = (time.monotonic() + bound, what, bound)
 
     def _leave(self):
         self._waiting = None
@@ -95,9 +114,18 @@ class MPIGroup:
             time.sleep(tick)
             waiting = self._waiting
             if waiting is not None and time.monotonic() > waiting[0]:
+                late = self._board.behind(self._entered) if self._board is not None else None
+                if late:
+                    who = "; ".join(f"rank {r} stalled: it never reached this collective (its "
+                                    f"last one began {ago:.1f} s ago)" for r, ago in late)
+                elif self._board is not None and self._board.local_only:
+                    who = "another rank died or stalled"
+                else:
+                    who = "a rank on another machine died or stalled"
                 msg = (f"pyfleet: rank {self.rank} of {self.size} waited more than "
-                       f"{self.timeout:g} s in {waiting[1]} of step {self.step}: another rank "
-                       f"died or stalled (PYFLEET_COLLECTIVE_TIMEOUT); aborting the MPI job")
+                       f"{waiting[2]:g} s in {waiting[1]} of step {self.step}: {who} "
+                       f"(--collective-timeout, PYFLEET_COLLECTIVE_TIMEOUT); aborting the "
+                       f"MPI job")
                 print(msg, file=sys.stderr, flush=True)
                 self.comm.Abort(1)
                 return
@@ -219,3 +247,44 @@ class MPIGroup:
             self.comm.Barrier()
         finally:
             self._leave()
+
+
+class _Board:
+    """How many watched collectives each rank of this machine has entered, and
+    when it entered its last one: one shared-memory window of the machine's
+    ranks (``MPI_Win_allocate_shared``), written with plain stores (no MPI
+    call: a stalled rank's slot is readable without it). Collective to make
+    (every rank of ``comm`` at once); a library without shared windows leaves
+    it empty (:meth:`behind` returns None)."""
+
+    def __init__(self, MPI, comm):
+        self.slots = None
+        try:
+            node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+            self.ranks = node.allgather(comm.Get_rank())
+            self.local_only = node.Get_size() == comm.Get_size()
+            self.me = node.Get_rank()
+            n = node.Get_size()
+            self._win = MPI.Win.Allocate_shared(16 * n if self.me == 0 else 0, 8, comm=node)
+            buf, _ = self._win.Shared_query(0)
+            self.slots = np.ndarray((n, 2), dtype=np.int64, buffer=buf)
+            if self.me == 0:
+                self.slots[:] = 0
+            node.Barrier()
+        except Exception:  # noqa: BLE001 -- a diagnostic: without it, the rank is not named
+            self.slots = None
+            self.local_only = False
+
+    def enter(self, count):
+        if self.slots is not None:
+            self.slots[self.me, 1] = time.monotonic_ns()
+            self.slots[self.me, 0] = count
+
+    def behind(self, count):
+        """``[(rank, seconds since its last collective began)]`` of this machine's
+        ranks that have not entered collective number ``count``."""
+        if self.slots is None:
+            return None
+        now = time.monotonic_ns()
+        return [(self.ranks[i], (now - int(t)) / 1e9)
+                for i, (c, t) in enumerate(self.slots.tolist()) if c < count]

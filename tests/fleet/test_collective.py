@@ -108,6 +108,23 @@ def test_a_stalled_rank_ends_the_job_after_the_collective_timeout(tmp_path):
     print(f"stalled rank: job ended after {took:.1f} s")
 
 
+def test_a_sigstopped_rank_is_named_and_ends_the_job_within_the_stall_bound(tmp_path):
+    # The attack: SIGSTOP one rank. The job used to wait 300 s and name only a waiting
+    # rank; the bound is now 60 s by default (--collective-timeout) and the rank that
+    # stalled is named.
+    from pyfleet.distributed.mpi_group import DEFAULT_TIMEOUT
+    assert DEFAULT_TIMEOUT == 60.0
+    t0 = time.monotonic()
+    res = run_job(tmp_path / "c", 3, "--sigstop-at", "2", timeout=120,
+                  extra_env={"PYFLEET_COLLECTIVE_TIMEOUT": "3"})
+    took = time.monotonic() - t0
+    assert res.returncode != 0
+    text = res.stdout + res.stderr
+    assert "waited more than 3 s in the dense all-reduce of step 2: rank 2 stalled: it " \
+           "never reached this collective" in text, text[-3000:]
+    print(f"SIGSTOPped rank: job ended after {took:.1f} s")
+
+
 def test_not_under_mpi_is_one_clear_error(tmp_path):
     r = subprocess.run([sys.executable, "-m", "support.collective_job", "collective",
                         str(tmp_path)], capture_output=True, text=True, timeout=60,

@@ -100,6 +100,8 @@ def collective(a):
             os.kill(os.getpid(), signal.SIGKILL)
         if a.stall_at is not None and step == a.stall_at and rank == size - 1:
             time.sleep(600)
+        if a.sigstop_at is not None and step == a.sigstop_at and rank == size - 1:
+            os.kill(os.getpid(), signal.SIGSTOP)   # stopped: no thread of it runs
         exs = examples(step, size * a.batch)[rank * a.batch:(rank + 1) * a.batch]
         loss, = exe.run(fleet.main_program, feed=feed_of(exs), fetch_list=[avg])
         losses.append(float(np.asarray(loss).reshape(-1)[0]))
@@ -139,6 +141,7 @@ def main(argv=None):
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--die-at", type=int, default=None)
     p.add_argument("--stall-at", type=int, default=None)
+    p.add_argument("--sigstop-at", type=int, default=None)
     p.add_argument("--mismatch", action="store_true")
     p.add_argument("--save", default=None)
     p.add_argument("--load", default=None)
