@@ -11,13 +11,18 @@ disk) is a :class:`WriteError` naming the final path, one line.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 
 import numpy as np
 
-__all__ = ["WriteError", "append_line", "atomic_open", "writing", "write_json", "save_npy",
-           "fsync_dir"]
+__all__ = ["BODY_KEY", "WriteError", "append_line", "atomic_open", "body_digest", "check_body",
+           "writing", "write_json", "save_npy", "fsync_dir"]
+
+# A sealed JSON file (a checkpoint's manifest, a model's description) holds the
+# sha256 of its own body under this key.
+BODY_KEY = "body_sha256"
 
 
 class WriteError(OSError):
@@ -117,3 +122,28 @@ def append_line(path: str, line: str) -> None:
                 raise
         finally:
             os.close(fd)
+
+
+def body_digest(obj: dict) -> str:
+    """The sha256 (hex) of a sealed JSON object's body: its JSON without
+    :data:`BODY_KEY`, keys sorted, no spaces."""
+    body = {k: v for k, v in obj.items() if k != BODY_KEY}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def check_body(path: str, obj: dict, unchecked_ok: bool = False, complete: bool = True) -> None:
+    """Refuse (ValueError naming ``path``) a sealed JSON object whose body does
+    not match its :data:`BODY_KEY`, or that carries no checksums (no
+    :data:`BODY_KEY`, or ``complete`` False: a part of them is missing) unless
+    ``unchecked_ok``: edited, or written before they were recorded."""
+    want = obj.get(BODY_KEY)
+    if want is None or not complete:
+        if unchecked_ok:
+            return
+        raise ValueError(f"{path} carries no checksums ({BODY_KEY} or those of its files): "
+                         f"edited, or written before pyfleet recorded them; refused (read it "
+                         f"with unchecked_ok=True only if you trust it)")
+    if want != body_digest(obj):
+        raise ValueError(f"{path} is damaged: its body does not match its {BODY_KEY} (a bit "
+                         f"flip or an edit); refused")

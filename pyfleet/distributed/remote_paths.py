@@ -75,7 +75,8 @@ def _download_checkpoint(fs, remote, local, tables=True):
                          f"save, or not a fleet checkpoint")
     fs.get(_join(remote, _checkpoint.MANIFEST_NAME), os.path.join(local,
                                                                   _checkpoint.MANIFEST_NAME))
-    manifest = _checkpoint.read_manifest(local)
+    # its own body checked now; the files beside it once they are here too
+    manifest = _checkpoint.read_manifest(local, beside=False)
     names = [n for n in fs.ls(remote) if n.endswith(_STATE)]
     if tables:
         names += [g["dir"] for g in manifest["chain"]]

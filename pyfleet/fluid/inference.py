@@ -69,7 +69,6 @@ from pyfleet.fluid.executor import Executor
 from pyfleet.fluid.framework import Parameter, Program, Variable, default_main_program
 from pyfleet.fluid.tensor import Scope
 from pyfleet.optimizer import SGD
-from pyfleet.service.checkpoint import BODY_KEY, body_digest
 from pyfleet.table import SparseTable
 
 __all__ = ["FLUID_MODEL_FILENAME", "INFERENCE_FORMAT", "MODEL_FILENAME", "LocalSource", "Predictor", "RemoteSource",
@@ -268,7 +267,7 @@ def save(dirname, program, feeded_var_names, target_vars, source, model_filename
             for fname in [model_file] + fluid["files"]:
                 section["sha256"][fname] = _sha256(os.path.join(dirname, fname))
         desc["fluid"] = fluid
-        desc[BODY_KEY] = body_digest(desc)  # the description's own body, checked on load
+        desc[_atomic.BODY_KEY] = _atomic.body_digest(desc)  # the body's own, checked on load
         _atomic.write_json(os.path.join(dirname, MODEL_FILENAME), desc)
     except BaseException:
         if created:  # nothing of a failed save stays (a full disk gets its space back)
@@ -524,25 +523,6 @@ def _load_fluid(dirname, path, params_filename):
     return program, feeds, fetches
 
 
-def _check_model_checksums(path, desc, unchecked_ok):
-    """Refuse a model description whose body does not match its ``body_sha256``,
-    or that carries no checksums (no ``body_sha256``, or an "inference" section
-    without "sha256": edited, or written before they were recorded) unless
-    ``unchecked_ok``."""
-    want = desc.get(BODY_KEY)
-    section = desc.get("inference")
-    missing = want is None or (isinstance(section, dict) and "sha256" not in section)
-    if missing:
-        if unchecked_ok:
-            return
-        raise ValueError(f"{path} carries no checksums (no {BODY_KEY}, or no sha256 of its "
-                         f"files): edited, or written before pyfleet recorded them; refused "
-                         f"(load it with unchecked_ok=True only if you trust it)")
-    if want != body_digest(desc):
-        raise ValueError(f"{path} is damaged: its body does not match its {BODY_KEY} "
-                         f"(a bit flip or an edit); refused")
-
-
 def load_program(dirname, model_filename=None, program_only_ok=True, params_filename=None,
                  unchecked_ok=False):
     """``(program, feed names, fetch names)`` of a prediction directory, the
@@ -570,8 +550,9 @@ def load_program(dirname, model_filename=None, program_only_ok=True, params_file
             return _load_fluid(dirname, path, params_filename)
         path = json_path   # written by pyfleet: its own description is complete
     desc = read_model_desc(path)
-    _check_model_checksums(path, desc, unchecked_ok)
-    section = desc.get("inference")
+    section = desc.get("inference")  # its files' checksums, and the body's own
+    _atomic.check_body(path, desc, unchecked_ok,
+                       complete=not isinstance(section, dict) or "sha256" in section)
     if section is None and program_only_ok:
         program = Program.from_dict(desc)
         backend = LocalBackend()

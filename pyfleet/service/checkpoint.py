@@ -59,7 +59,6 @@ it (each table snapshots its rows under its own locks), so a long save never
 stops the server from answering heartbeats and barriers.
 """
 
-import hashlib
 import json
 import os
 import re
@@ -70,7 +69,8 @@ import uuid
 
 import numpy as np
 
-from pyfleet._atomic import write_json
+from pyfleet._atomic import BODY_KEY, body_digest, check_body, write_json
+from pyfleet.service.checksums import MANIFEST_NAME, check_beside, file_info, seal
 from pyfleet.table import DenseTable
 
 __all__ = ["BODY_KEY", "MANIFEST_NAME", "MANIFEST_VERSION", "body_digest", "build_manifest",
@@ -78,10 +78,8 @@ __all__ = ["BODY_KEY", "MANIFEST_NAME", "MANIFEST_VERSION", "body_digest", "buil
            "new_generation", "read_manifest", "resolve", "save_server", "seal",
            "verify_generation"]
 
-MANIFEST_NAME = "MANIFEST.json"
 MANIFEST_VERSION = 2
 _GEN_RE = re.compile(r"g(\d{6,})-(full|delta)")
-_CHUNK = 1 << 20
 
 
 def _table_form(t):
@@ -115,66 +113,11 @@ def check_tables(saved, current, where, extra_ok=True):
                              f"have: a checkpoint of another model")
 
 
-def file_info(path):
-    """``{"sha256", "bytes"}`` of a file (read in bounded chunks)."""
-    h = hashlib.sha256()
-    n = 0
-    with open(path, "rb") as f:
-        while True:
-            b = f.read(_CHUNK)
-            if not b:
-                break
-            h.update(b)
-            n += len(b)
-    return {"sha256": h.hexdigest(), "bytes": n}
-
-
-BODY_KEY = "body_sha256"
-
-
-def body_digest(manifest):
-    """The sha256 (hex) of a manifest's body: its JSON without ``body_sha256``,
-    keys sorted, no spaces."""
-    body = {k: v for k, v in manifest.items() if k != BODY_KEY}
-    text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def _check_body(mpath, m, unchecked_ok):
-    want = m.get(BODY_KEY)
-    if want is None:
-        if unchecked_ok:
-            return
-        raise ValueError(f"{mpath} carries no checksum of its own body ({BODY_KEY}): edited, "
-                         f"or written before pyfleet recorded one; refused (read it with "
-                         f"unchecked_ok=True only if you trust it)")
-    if want != body_digest(m):
-        raise ValueError(f"{mpath} is damaged: its body does not match its {BODY_KEY} "
-                         f"(a bit flip or an edit); refused")
-
-
-def _check_beside(path, mpath, m):
-    beside = m.get("beside") or {}
-    if not isinstance(beside, dict):
-        raise ValueError(f"{mpath}: 'beside' must be an object")
-    for name, want in sorted(beside.items()):
-        if not isinstance(name, str) or os.path.basename(name) != name or \
-                name.startswith(".") or not isinstance(want, dict):
-            raise ValueError(f"{mpath}: 'beside' lists a bad file name {name!r}")
-        f = os.path.join(path, name)
-        if os.path.islink(f) or not os.path.isfile(f):
-            raise ValueError(f"checkpoint {path}: file {name} is missing (or a link)")
-        got = file_info(f)
-        if got["bytes"] != want.get("bytes") or got["sha256"] != want.get("sha256"):
-            raise ValueError(f"checkpoint {path}: file {name} is damaged (its size or sha256 "
-                             f"differs from the manifest)")
-
-
-def read_manifest(path, unchecked_ok=False):
+def read_manifest(path, unchecked_ok=False, beside=True):
     """The manifest of checkpoint directory ``path`` (None when there is none);
     a manifest that is not valid JSON of this format, whose body does not match
-    its ``body_sha256`` (or has none, unless ``unchecked_ok``), or a file
-    beside it that differs from its checksum is a ValueError naming it."""
+    its ``body_sha256`` (or has none, unless ``unchecked_ok``), or (``beside``)
+    a file beside it that differs from its checksum is a ValueError naming it."""
     mpath = os.path.join(path, MANIFEST_NAME)
     try:
         with open(mpath) as f:
@@ -199,8 +142,9 @@ def read_manifest(path, unchecked_ok=False):
                or n.startswith(".") or not isinstance(g["files"][n], dict)]
         if bad:  # names are joined to the generation's path: no way out of it
             raise ValueError(f"{mpath}: generation {g['dir']} lists bad file names {bad[:3]}")
-    _check_body(mpath, m, unchecked_ok)
-    _check_beside(path, mpath, m)
+    check_body(mpath, m, unchecked_ok)
+    if beside:
+        check_beside(path, mpath, m)
     return m
 
 
@@ -214,28 +158,6 @@ def new_generation(path, mode):
             if m:
                 n = max(n, int(m.group(1)))
     return f"g{n + 1:06d}-{mode}"
-
-
-def seal(path, manifest):
-    """Record the checksums of ``manifest`` (in place) for checkpoint dir
-    ``path``: every file of its newest generation's directory not yet listed,
-    every file beside the manifest (``"beside"``), then the body's own
-    (``body_sha256``). Returns the manifest."""
-    gen = manifest["chain"][-1]
-    gdir = os.path.join(path, gen["dir"])
-    if os.path.isdir(gdir) and not os.path.islink(gdir):  # never hashed through a link
-        for name in sorted(os.listdir(gdir)):
-            f = os.path.join(gdir, name)
-            if name not in gen["files"] and not name.startswith(".") and \
-                    not os.path.islink(f) and os.path.isfile(f):
-                gen["files"][name] = file_info(f)
-    manifest["beside"] = {
-        name: file_info(os.path.join(path, name)) for name in sorted(os.listdir(path))
-        if name != MANIFEST_NAME and not name.startswith(".")
-        and not os.path.islink(os.path.join(path, name))
-        and os.path.isfile(os.path.join(path, name))}
-    manifest[BODY_KEY] = body_digest(manifest)
-    return manifest
 
 
 def commit(path, manifest):

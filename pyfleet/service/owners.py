@@ -35,7 +35,7 @@ import threading
 
 from pyfleet.service.protocol import Refused
 
-__all__ = ["Owners"]
+__all__ = ["Owners", "not_a_worker"]
 
 log = logging.getLogger("pyfleet.server")
 
@@ -99,3 +99,14 @@ class Owners:
         """The server stalled for ``gap`` seconds: not its owners' silence."""
         with self._lock:
             self._heard = [t + gap for t in self._heard]
+
+
+def not_a_worker(status, worker_num):
+    """Why a push whose header names worker index ``status - 1`` (0: none) is
+    refused: a job's model changes only through its workers' pushes; one
+    naming no worker, or an index beyond ``worker_num``, would skip the owner
+    rule (and in sync mode join a step no worker of the job pushed)."""
+    who = ("it names no worker (worker index field 0: anonymous)" if status == 0 else
+           f"worker index {status - 1} is not a worker of this job")
+    return (f"push refused: {who}; this server takes pushes only from its job's workers "
+            f"0..{worker_num - 1} (worker_num={worker_num})")

@@ -38,7 +38,6 @@ called ``stop_worker`` (port 0 picks a free port; the line
 
 import logging
 import os
-import re
 import threading
 import time
 
@@ -50,12 +49,13 @@ from pyfleet.errors import EndpointInUse, PyfleetError
 from pyfleet.service import auth as _auth
 from pyfleet.service import checkpoint as _checkpoint
 from pyfleet.service import protocol as P
+from pyfleet.service import table_ops as _table_ops
 from pyfleet.service import wire as Z
 from pyfleet.service.barrier import Barriers
 from pyfleet.service.dedup import RecentRequests
 from pyfleet.service.limits import Limits
 from pyfleet.service.loop import INLINE_LIMIT, SocketLoop
-from pyfleet.service.owners import Owners
+from pyfleet.service.owners import Owners, not_a_worker
 from pyfleet.service.protocol import Op, ProtocolError, Refused, Status
 from pyfleet.service.registry import Registry
 from pyfleet.service.table_ops import SPLIT_PULL_KEYS, TableOps, control_payload, segment_sum
@@ -119,13 +119,9 @@ class Server:
             Ignored for other hosts: they are reached over TCP. Default:
             environment ``PYFLEET_IPC_DIR`` through ``fleet.init_server``.
 
-    ``listen_fd``: a TCP socket already bound to the endpoint and listening,
-    to serve on instead of binding (default: the one a launcher passed in
-    ``PYFLEET_LISTEN_FD``, when bound to this port; see
-    :func:`pyfleet.service.wire.inherited_listener`). ``job_token``: the
-    job's secret (default: ``PYFLEET_JOB_TOKEN``), with which this server
-    answers a client's challenge (:func:`pyfleet.service.auth.job_proof`).
-    A taken endpoint raises :class:`~pyfleet.errors.EndpointInUse`.
+    ``listen_fd``: a bound, listening TCP socket to accept on (default: a launcher's
+    ``PYFLEET_LISTEN_FD`` for this port); ``job_token`` (default ``PYFLEET_JOB_TOKEN``)
+    answers clients' challenges (``auth.job_proof``). A taken port: EndpointInUse.
 
     Binding a host other than loopback without ``curve_client_keys`` is
     refused (ValueError) unless ``insecure=True`` (default: environment
@@ -192,8 +188,7 @@ class Server:
         self._done = threading.Event()
         self._ran = False
         self.failure = None  # why run() ended before every worker stopped (None: it did not)
-        self._job_token = (os.environ.get(_auth.JOB_TOKEN_VAR) or None) if job_token is None \
-            else str(job_token)
+        self._job_token = job_token or os.environ.get(_auth.JOB_TOKEN_VAR) or None
 
         host, port = split_endpoint(endpoint, "server endpoint", allow_zero=True)
         if ipc_dir is not None:
@@ -231,13 +226,11 @@ class Server:
                                      self.ipc_dir, listen_fd)
             except zmq.ZMQError as e:
                 where = f"{host}:{port}" + (f" and in {self.ipc_dir}" if self.ipc_dir else "")
-                if e.errno == zmq.EADDRINUSE:
-                    raise EndpointInUse(
-                        f"server {server_index}: cannot serve on {where}: {e.strerror} "
-                        f"(another process listens there: stop it or choose another "
-                        f"port)") from None
-                raise PyfleetError(f"server {server_index}: cannot serve on {where}: "
-                                   f"{e.strerror}") from None
+                taken = e.errno == zmq.EADDRINUSE  # exit 75: a launcher tries again
+                hint = " (another process listens there: stop it or choose another port)"
+                raise (EndpointInUse if taken else PyfleetError)(
+                    f"server {server_index}: cannot serve on {where}: {e.strerror}"
+                    f"{hint if taken else ''}") from None
             self.endpoint = f"{host}:{port}"
             self._loop = SocketLoop(self._ctx, self._frontend,
                                     f"inproc://pyfleet-server-{id(self):x}", self._handle,
@@ -301,6 +294,7 @@ class Server:
     def _count(self, name, n=1):
         with self._counter_lock:
             self._counters[name] = self._counters.get(name, 0) + n
+            return self._counters[name]
 
     # ---------------------------------------------------------------- dispatch
 
@@ -332,7 +326,7 @@ class Server:
             if op in _PUSH_OPS:
                 sender = h.status
                 if not 0 < sender <= self.worker_num:
-                    raise Refused(self._not_a_worker(sender))
+                    raise Refused(not_a_worker(sender, self.worker_num))
                 self._claim(sender - 1, h, op.name)  # only the client owning the index
                 if not self._recent.first(sender, h.request):
                     self._count("duplicate_pushes")  # a retry: applied once already
@@ -352,12 +346,9 @@ class Server:
             return [[ident] + P.error_reply(h.op, h.request, f"{_op_name(h.op)}: {msg}",
                                             table=h.table)]
         except Exception as e:  # a server bug must not end the server
-            why = _spill_failure(e)
-            if why is not None:  # a full (or failing) spill disk: said once, in one line
-                self._count("spill_failures")
-                if self._counters.get("spill_failures") == 1:
-                    log.error("server %d: %s", self.server_index, why)
-                return [[ident] + P.error_reply(h.op, h.request, f"{_op_name(h.op)}: {why}")]
+            out = _table_ops.spill_reply(e, h, ident, self._count, self.server_index)
+            if out is not None:
+                return out
             self._count("internal_errors")
             log.exception("internal error on %s", _op_name(h.op))
             return [[ident] + P.error_reply(h.op, h.request,
@@ -370,15 +361,6 @@ class Server:
         if isinstance(w, bool) or not isinstance(w, int) or not 0 <= w < self.worker_num:
             raise Refused(f"worker must be an integer in [0, {self.worker_num}), got {w!r}")
         return w
-
-    def _not_a_worker(self, status):
-        # A job's model changes only through its workers' pushes: one naming
-        # no worker, or an index beyond worker_num, would skip the owner rule
-        # (and in sync mode join a step no worker of the job pushed).
-        who = ("it names no worker (worker index field 0: anonymous)" if status == 0 else
-               f"worker index {status - 1} is not a worker of this job")
-        return (f"push refused: {who}; this server takes pushes only from its job's workers "
-                f"0..{self.worker_num - 1} (worker_num={self.worker_num})")
 
     def _claim(self, w, h, what, refuse=True, take=True):
         """Whether request ``h`` may speak for worker ``w`` (see
@@ -461,11 +443,9 @@ class Server:
                     self.barriers.seen(w, time.monotonic())
         out = {"server_index": self.server_index, "server_num": self.server_num,
                "worker_num": self.worker_num, "mode": self.mode,
-               "heartbeat_timeout": self.heartbeat_timeout,
-               "barrier_timeout": self.barrier_timeout}
-        challenge = payload.get("challenge")
-        if isinstance(challenge, str) and self._job_token is not None:
-            out["proof"] = _auth.job_proof(self._job_token, challenge[:128])
+               "heartbeat_timeout": self.heartbeat_timeout, "barrier_timeout": self.barrier_timeout}
+        if isinstance(payload.get("challenge"), str) and self._job_token is not None:
+            out["proof"] = _auth.job_proof(self._job_token, payload["challenge"][:128])
         return [[ident] + P.reply(h, payload=out)]
 
     def _stop_worker(self, h, op, frames, ident):
@@ -533,20 +513,6 @@ def _op_name(op):
         return Op(op).name
     except ValueError:
         return f"op {op}"
-
-
-_SPILL_IO = re.compile(r"spill file in (.+): (write|read) failed: (.+)")
-
-
-def _spill_failure(e):
-    """The sentence for a disk tier's failed read or write (the core's
-    RuntimeError), else None."""
-    m = _SPILL_IO.fullmatch(str(e)) if isinstance(e, RuntimeError) else None
-    if m is None:
-        return None
-    return (f"cannot {m.group(2)} a spill file in {m.group(1)}: {m.group(3)} (the disk tier "
-            f"of this server's sparse tables; free space there or give --spill-dir another "
-            f"disk)")
 
 
 def _log_bad(n, err):

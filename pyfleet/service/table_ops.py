@@ -28,6 +28,8 @@ their rows themselves); sync buffers and the export snapshots are guarded by
 the server's lock.
 """
 
+import logging
+import re
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -36,7 +38,10 @@ from pyfleet import _core
 from pyfleet.service import protocol as P
 from pyfleet.service.protocol import Op, ProtocolError, Refused, Status
 
-__all__ = ["MAX_UPDATE", "SPLIT_PULL_KEYS", "TableOps", "check_frames", "control_payload", "segment_sum"]
+__all__ = ["MAX_UPDATE", "SPLIT_PULL_KEYS", "TableOps", "check_frames", "control_payload",
+           "segment_sum", "spill_failure", "spill_reply"]
+
+log = logging.getLogger("pyfleet.server")
 
 MAX_JSON_BYTES = 64 << 20
 # A sparse pull of at least this many keys is cut into up to
@@ -366,3 +371,29 @@ class TableOps:
                 e.table.push(grads)
             else:
                 e.table.push(keys, grads)
+
+
+_SPILL_IO = re.compile(r"spill file in (.+): (write|read) failed: (.+)")
+
+
+def spill_failure(e):
+    """The sentence for a disk tier's failed read or write (the core's
+    RuntimeError), else None."""
+    m = _SPILL_IO.fullmatch(str(e)) if isinstance(e, RuntimeError) else None
+    if m is None:
+        return None
+    return (f"cannot {m.group(2)} a spill file in {m.group(1)}: {m.group(3)} (the disk tier "
+            f"of this server's sparse tables; free space there or give --spill-dir another "
+            f"disk)")
+
+
+def spill_reply(e, h, ident, count, server_index):
+    """The error reply to request ``h`` that a disk tier's failed read or write
+    ended (a full spill disk: said once per server, in one line, no
+    traceback; ``count(name)`` returns the counter after adding one), else None."""
+    why = spill_failure(e)
+    if why is None:
+        return None
+    if count("spill_failures") == 1:
+        log.error("server %d: %s", server_index, why)
+    return [[ident] + P.error_reply(h.op, h.request, f"{Op(h.op).name}: {why}")]

@@ -109,7 +109,7 @@ def test_a_model_without_checksums_loads_only_when_asked(tmp_path):
     del desc["inference"]["sha256"]
     _atomic.write_json(str(where / "__model__.json"), desc)
     with pytest.raises(ValueError, match=r"__model__.json carries no checksums .* refused "
-                                         r"\(load it with unchecked_ok=True"):
+                                         r"\(read it with unchecked_ok=True"):
         inference.load(where)
     p = inference.load(where, unchecked_ok=True)  # asked for: headers still checked
     (out,) = p.predict(_feed(batch, m))
