@@ -30,8 +30,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent  # benchmarks/
 REPO = ROOT.parent
 
-__all__ = ["REPO", "ROOT", "best_of", "clock", "emit", "interleaved_medians", "json_child",
-           "load_average", "load_note", "median_seconds", "servers", "Servers"]
+__all__ = ["REPO", "ROOT", "best_of", "clock", "emit", "generated_rows", "interleaved_medians",
+           "json_child", "load_average", "load_note", "median_seconds", "servers", "Servers"]
 
 
 def load_average() -> float:
@@ -99,6 +99,21 @@ def emit(result: dict, path: str | os.PathLike | None = None) -> None:
     if path is not None:
         with open(path, "w") as f:
             json.dump(result, f, indent=1)
+
+
+def generated_rows(cache: str | os.PathLike, rows: int, seed: int) -> dict:
+    """``pyfleet gen-data --rows ROWS --seed SEED``, made once under ``cache``
+    (``generated-ROWS-SEED/``) and reused by every later run: ``{"train",
+    "test", "truth_auc"}`` (paths, and the ground-truth test AUC)."""
+    out = Path(cache) / f"generated-{rows}-{seed}"
+    if not (out / "truth.json").exists():
+        env = {**os.environ, "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS", "1")}
+        subprocess.run([sys.executable, "-m", "pyfleet.cli", "gen-data", "--out", str(out),
+                        "--rows", str(rows), "--seed", str(seed)], check=True, env=env,
+                       stdout=subprocess.DEVNULL)
+    truth = json.loads((out / "truth.json").read_text())
+    return {"train": str(out / "train.tsv"), "test": str(out / "test.tsv"),
+            "truth_auc": truth.get("truth_auc_test", truth.get("auc_test"))}
 
 
 def json_child(script: str | os.PathLike, argv: list[str], budget: int | None = None) -> dict:

@@ -47,6 +47,9 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[2]  # the checkout
 DATA = REPO.parent / "shared" / "data"
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
+
+import harness  # noqa: E402
 
 from pyfleet import fluid  # noqa: E402
 from pyfleet.metrics import exact_auc, logloss  # noqa: E402
@@ -63,15 +66,8 @@ def _env():
 # ---------------------------------------------------------------- data sets
 
 def generated(cache, rows, seed):
-    out = Path(cache) / f"generated-{rows}-{seed}"
-    if not (out / "truth.json").exists():
-        subprocess.run([sys.executable, "-m", "pyfleet.cli", "gen-data", "--out", str(out),
-                        "--rows", str(rows), "--seed", str(seed)], check=True, env=_env(),
-                       stdout=subprocess.DEVNULL)
-    truth = json.loads((out / "truth.json").read_text())
-    return {"name": "generated", "train": str(out / "train.tsv"),
-            "test": str(out / "test.tsv"), "format": "criteo",
-            "truth_auc": truth.get("truth_auc_test", truth.get("auc_test"))}
+    return {"name": "generated", "format": "criteo",
+            **harness.generated_rows(cache, rows, seed)}
 
 
 def criteo_tiny(cache):

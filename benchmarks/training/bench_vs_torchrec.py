@@ -47,8 +47,8 @@ same round, or to ``torch`` when neither ran. Each row also gives its CPU per
 batch (a torch process's training loop, every thread; pyfleet's workers'
 training loops plus its servers' whole life) and the examples/s two idle cores
 would allow at that CPU: on a machine shared with other jobs, the figure that
-moves least. ``--report FILE`` prints the tables of a ``--json`` file again. Then, for each pyfleet run, where
-its CPU went per batch of 512 training examples, from ``/proc`` (each role's
+moves least. ``--report FILE`` prints the tables of a ``--json`` file again.
+Then, for each pyfleet run, where its CPU went per batch of 512 training examples, from ``/proc`` (each role's
 whole life: start, the training pass and the test pass): the workers' user and
 kernel time, the servers' user and kernel time, and the launcher's; a sum over
 2 cores says how far from the machine's limit a configuration is.
@@ -67,6 +67,8 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[2]  # the checkout
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
+import harness  # noqa: E402
 
 BATCH = 512
 PYFLEET_RUNS = {"async": ["--mode", "async"], "sync": ["--mode", "sync"],
@@ -88,18 +90,6 @@ def _env(threads=1):
     # threads at load 8 trained 1,500 examples/s spinning and 15,000 passive.
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     return env
-
-
-def generated(cache, rows, seed):
-    """The cached ``pyfleet gen-data`` rows: {"train", "test", "truth_auc"}."""
-    out = Path(cache) / f"generated-{rows}-{seed}"
-    if not (out / "truth.json").exists():
-        subprocess.run([sys.executable, "-m", "pyfleet.cli", "gen-data", "--out", str(out),
-                        "--rows", str(rows), "--seed", str(seed)], check=True, env=_env(),
-                       stdout=subprocess.DEVNULL)
-    truth = json.loads((out / "truth.json").read_text())
-    return {"train": str(out / "train.tsv"), "test": str(out / "test.tsv"),
-            "truth_auc": truth.get("truth_auc_test", truth.get("auc_test"))}
 
 
 # ---------------------------------------------------------------- pyfleet
@@ -366,7 +356,7 @@ def main(argv=None):
             results = json.load(f)["results"]
         _report(results, max(r["round"] for r in results))
         return 0
-    data = generated(args.cache, args.rows, args.seed)
+    data = harness.generated_rows(args.cache, args.rows, args.seed)
     print(f"{args.rows:,} generated rows in {Path(data['train']).parent}; ground-truth test "
           f"AUC {data['truth_auc']:.4f}; {os.cpu_count()} cores; versions "
           f"{_versions()}", flush=True)
