@@ -8,17 +8,20 @@ __all__ = ["run_check"]
 
 def run_check():
     """Raise if a small network does not train; print a line if it does."""
-    from pyfleet import fluid
-    main, startup = fluid.Program(), fluid.Program()
-    with fluid.program_guard(main, startup), fluid.unique_name.guard():
-        x = fluid.layers.data("x", [2], dtype="float32")
-        y = fluid.layers.data("y", [1], dtype="float32")
-        loss = fluid.layers.mean(fluid.layers.square_error_cost(
-            fluid.layers.fc(fluid.layers.fc(x, 4, act="relu"), 1), y))
-        fluid.optimizer.SGD(0.1).minimize(loss)
-    exe = fluid.Executor(fluid.CPUPlace())
-    scope = fluid.Scope()
-    with fluid.scope_guard(scope):
+    from pyfleet.fluid import layers as L
+    from pyfleet.fluid import unique_name
+    from pyfleet.fluid.executor import Executor
+    from pyfleet.fluid.framework import Program, program_guard
+    from pyfleet.fluid.tensor import CPUPlace, Scope, scope_guard
+    from pyfleet.optimizer import SGD
+    main, startup = Program(), Program()
+    with program_guard(main, startup), unique_name.guard():
+        x = L.data("x", [2], dtype="float32")
+        y = L.data("y", [1], dtype="float32")
+        loss = L.mean(L.square_error_cost(L.fc(L.fc(x, 4, act="relu"), 1), y))
+        SGD(0.1).minimize(loss)
+    exe = Executor(CPUPlace())
+    with scope_guard(Scope()):
         exe.run(startup)
         feed = {"x": np.ones((4, 2), np.float32), "y": np.ones((4, 1), np.float32)}
         first = float(exe.run(main, feed=feed, fetch_list=[loss])[0][0])

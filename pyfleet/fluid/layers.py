@@ -19,11 +19,13 @@ import numpy as np
 
 from pyfleet import initializer as _init
 from pyfleet.fluid import framework, unique_name
+from pyfleet.fluid import layers_index as _li
 from pyfleet.fluid import layers_lr as _lr
 from pyfleet.fluid import layers_math as _lm
 from pyfleet.fluid import layers_tensor as _lt
 from pyfleet.fluid import refusals as _refusals
 from pyfleet.fluid.framework import check_variable as _check_var
+from pyfleet.fluid.layers_index import *  # noqa: F403
 from pyfleet.fluid.layers_lr import *  # noqa: F403 (their __all__ joins this module's)
 from pyfleet.fluid.layers_math import *  # noqa: F403
 from pyfleet.fluid.layers_nn import (
@@ -88,7 +90,7 @@ __all__ = [
     "sums",
     "tanh",
     "transpose",
-] + _lm.__all__ + _lt.__all__ + _lr.__all__
+] + _lm.__all__ + _lt.__all__ + _lr.__all__ + _li.__all__
 
 
 def _main():
@@ -545,6 +547,4 @@ def auc(input, label, curve="ROC", num_thresholds=2 ** 12 - 1, topk=1, slide_ste
     return auc_out, batch_auc_out, [batch_pos, batch_neg, stat_pos, stat_neg]
 
 
-# Placeholders named like builtins (range, hash) shadow them in this module:
-# its code spells those builtins.range, builtins.hash.
-_refusals.install(globals(), "paddle.fluid.layers")
+_refusals.install(globals(), "paddle.fluid.layers")   # shadows range, hash: use builtins.*

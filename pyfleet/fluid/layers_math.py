@@ -13,6 +13,9 @@ from pyfleet.fluid.framework import Variable
 from pyfleet.fluid.framework import check_variable as _check_var
 
 __all__ = [
+    "acos", "asin", "atan", "brelu", "erf", "gelu", "hard_shrink", "hard_sigmoid",
+    "hard_swish", "log1p", "selu", "soft_relu", "softshrink", "stanh", "swish",
+    "tanh_shrink", "thresholded_relu",
     "sequence_first_step", "sequence_last_step",
     "abs", "ceil", "clip", "cos", "cos_sim", "elementwise_max", "elementwise_min",
     "elementwise_pow", "elu", "equal", "floor", "greater_equal", "greater_than",
@@ -304,3 +307,81 @@ def sequence_last_step(input):
     """The last row of each sequence (``sequence_pool(input, "last")``)."""
     from pyfleet.fluid.layers import sequence_pool
     return sequence_pool(input, "last")
+
+
+# --------------------------------------------------------------------------- more activations
+
+def hard_sigmoid(x, slope=0.2, offset=0.5, name=None):
+    return _unary("hard_sigmoid", x, {"slope": float(slope), "offset": float(offset)})
+
+
+def swish(x, beta=1.0, name=None):
+    return _unary("swish", x, {"beta": float(beta)})
+
+
+def selu(x, scale=None, alpha=None, name=None):
+    return _unary("selu", x, {
+        "scale": 1.0507009873554804934193349852946 if scale is None else float(scale),
+        "alpha": 1.6732632423543772848170429916717 if alpha is None else float(alpha)})
+
+
+def brelu(x, t_min=0.0, t_max=24.0, name=None):
+    return _unary("brelu", x, {"t_min": float(t_min), "t_max": float(t_max)})
+
+
+def soft_relu(x, threshold=40.0, name=None):
+    return _unary("soft_relu", x, {"threshold": float(threshold)})
+
+
+def stanh(x, scale_a=0.67, scale_b=1.7159, name=None):
+    return _unary("stanh", x, {"scale_a": float(scale_a), "scale_b": float(scale_b)})
+
+
+def tanh_shrink(x, name=None):
+    return _unary("tanh_shrink", x)
+
+
+def thresholded_relu(x, threshold=1.0):
+    return _unary("thresholded_relu", x, {"threshold": float(threshold)})
+
+
+def hard_shrink(x, threshold=0.5):
+    return _unary("hard_shrink", x, {"threshold": float(threshold)})
+
+
+def softshrink(x, alpha=None):
+    return _unary("softshrink", x, {"lambda": 0.5 if alpha is None else float(alpha)})
+
+
+def hard_swish(x, threshold=6.0, scale=6.0, offset=3.0, name=None):
+    return _unary("hard_swish", x, {"threshold": float(threshold), "scale": float(scale),
+                                    "offset": float(offset)})
+
+
+def log1p(x, out=None, name=None):
+    return _unary("log1p", x)
+
+
+def acos(x, name=None):
+    return _unary("acos", x)
+
+
+def asin(x, name=None):
+    return _unary("asin", x)
+
+
+def atan(x, name=None):
+    return _unary("atan", x)
+
+
+def erf(x):
+    return _unary("erf", x)
+
+
+def gelu(x, approximate=False):
+    """``x * Phi(x)`` with the exact normal CDF (``approximate=True``, the tanh
+    form, is refused by name)."""
+    if approximate:
+        raise ValueError("gelu: approximate=True (the tanh form) is not supported; use the "
+                         "exact gelu (approximate=False)")
+    return _unary("gelu", x)

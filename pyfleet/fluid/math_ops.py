@@ -10,6 +10,8 @@ elsewhere (``elementwise_min``: ``x < y``); ``clip`` and ``relu6`` pass it
 strictly inside the bounds.
 """
 
+import math
+
 import numpy as np
 
 __all__ = ["BACKWARD", "FORWARD", "NO_GRAD", "read"]
@@ -315,3 +317,58 @@ def _mse_bwd(op, s):
 
 
 _register("mse_loss", _mse_fwd, _mse_bwd)
+
+
+# --------------------------------------------------------------------------- more activations
+
+def _erf(x):
+    return np.vectorize(math.erf, otypes=[x.dtype])(x) if x.size else x.copy()
+
+
+def _sig(x):
+    return 1 / (1 + np.exp(-x))
+
+
+def _where(cond, a, b, like):
+    return np.where(cond, a, b).astype(like.dtype)
+
+
+_MORE = {
+    # name: (forward(x, attrs), d out / d x (x, y, attrs))
+    "hard_sigmoid": (lambda x, a: np.clip(a["slope"] * x + a["offset"], 0, 1),
+                     lambda x, y, a: _where((y > 0) & (y < 1), a["slope"], 0.0, x)),
+    "swish": (lambda x, a: x * _sig(a["beta"] * x),
+              lambda x, y, a: _sig(a["beta"] * x) + a["beta"] * y * (1 - _sig(a["beta"] * x))),
+    "selu": (lambda x, a: a["scale"] * np.where(x > 0, x, a["alpha"] * np.expm1(
+        np.minimum(x, 0))).astype(x.dtype),
+        lambda x, y, a: a["scale"] * _where(x > 0, 1.0, a["alpha"] * np.exp(np.minimum(x, 0)),
+                                            x)),
+    "brelu": (lambda x, a: np.clip(x, a["t_min"], a["t_max"]),
+              lambda x, y, a: _where((x > a["t_min"]) & (x < a["t_max"]), 1.0, 0.0, x)),
+    "soft_relu": (lambda x, a: np.log1p(np.exp(np.clip(x, -a["threshold"], a["threshold"]))),
+                  lambda x, y, a: _where(np.abs(x) < a["threshold"], 1 - np.exp(-y), 0.0, x)),
+    "stanh": (lambda x, a: a["scale_b"] * np.tanh(a["scale_a"] * x),
+              lambda x, y, a: a["scale_a"] * a["scale_b"] * (1 - np.tanh(a["scale_a"] * x) ** 2)),
+    "tanh_shrink": (lambda x, a: x - np.tanh(x), lambda x, y, a: np.tanh(x) ** 2),
+    "thresholded_relu": (lambda x, a: _where(x > a["threshold"], x, 0.0, x),
+                         lambda x, y, a: _where(x > a["threshold"], 1.0, 0.0, x)),
+    "hard_shrink": (lambda x, a: _where(np.abs(x) > a["threshold"], x, 0.0, x),
+                    lambda x, y, a: _where(np.abs(x) > a["threshold"], 1.0, 0.0, x)),
+    "softshrink": (lambda x, a: _where(x > a["lambda"], x - a["lambda"], _where(
+        x < -a["lambda"], x + a["lambda"], 0.0, x), x),
+        lambda x, y, a: _where(np.abs(x) > a["lambda"], 1.0, 0.0, x)),
+    "hard_swish": (lambda x, a: x * np.clip(x + a["offset"], 0, a["threshold"]) / a["scale"],
+                   lambda x, y, a: _where(x + a["offset"] <= 0, 0.0, _where(
+                       x + a["offset"] >= a["threshold"], a["threshold"] / a["scale"],
+                       (2 * x + a["offset"]) / a["scale"], x), x)),
+    "log1p": (lambda x, a: np.log1p(x), lambda x, y, a: 1 / (1 + x)),
+    "acos": (lambda x, a: np.arccos(x), lambda x, y, a: -1 / np.sqrt(1 - x * x)),
+    "asin": (lambda x, a: np.arcsin(x), lambda x, y, a: 1 / np.sqrt(1 - x * x)),
+    "atan": (lambda x, a: np.arctan(x), lambda x, y, a: 1 / (1 + x * x)),
+    "erf": (lambda x, a: _erf(x), lambda x, y, a: 2 / math.sqrt(math.pi) * np.exp(-x * x)),
+    "gelu": (lambda x, a: 0.5 * x * (1 + _erf(x / math.sqrt(2))),
+             lambda x, y, a: 0.5 * (1 + _erf(x / math.sqrt(2)))
+             + x * np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)),
+}
+for _name, (_f, _d) in _MORE.items():
+    _register(_name, *_unary(_f, lambda g, x, y, a, _d=_d: g * _d(x, y, a)))

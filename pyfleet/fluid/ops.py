@@ -18,7 +18,15 @@ import math
 
 import numpy as np
 
-from pyfleet.fluid import loss_ops, math_ops, metric_ops, nn_ops, rnn_ops, tensor_ops
+from pyfleet.fluid import (
+    index_ops,
+    loss_ops,
+    math_ops,
+    metric_ops,
+    nn_ops,
+    rnn_ops,
+    tensor_ops,
+)
 from pyfleet.fluid.loss_ops import sigmoid as _sigmoid
 from pyfleet.fluid.sequence import (
     is_unit,
@@ -481,7 +489,7 @@ BACKWARD.update(nn_ops.BACKWARD)
 NO_GRAD |= nn_ops.NO_GRAD
 
 # The layers of Fluid 1.8 PaddleRec's models use (their own module).
-for _m in (math_ops, tensor_ops, rnn_ops, metric_ops):
+for _m in (math_ops, tensor_ops, rnn_ops, metric_ops, index_ops):
     FORWARD.update(_m.FORWARD)
     BACKWARD.update(_m.BACKWARD)
     NO_GRAD |= getattr(_m, "NO_GRAD", set())

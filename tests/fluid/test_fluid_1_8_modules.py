@@ -164,3 +164,8 @@ def test_msra_initializer_bounds_follow_fan_in():
     assert np.abs(w).max() <= limit and np.abs(w).max() > 0.9 * limit
     wn = np.array(fluid.global_scope().find_var("wn").get_tensor())
     assert wn.std() == pytest.approx(np.sqrt(2.0 / 50), rel=0.1)
+
+
+def test_install_check_trains_and_says_so(capsys):
+    fluid.install_check.run_check()
+    assert "installed successfully" in capsys.readouterr().out

@@ -533,3 +533,165 @@ def test_dynamic_gru_matches_numpy_and_its_gradients(reverse, origin, with_h0):
         pooled = L.sequence_pool(hid, "sum")
         return _weighted(pooled, (4, d))
     _check(loss, {**feed, "loss_w": _w((4, d))}, jitter=0.1)
+
+
+# --------------------------------------------------------------------------- more activations
+
+def _sigm(z):
+    return 1 / (1 + np.exp(-z))
+
+
+_SELU = (1.0507009873554804934193349852946, 1.6732632423543772848170429916717)
+_MORE = [
+    ("hard_sigmoid", (), lambda x: np.clip(0.2 * x + 0.5, 0, 1)),
+    ("swish", (1.5,), lambda x: x * _sigm(1.5 * x)),
+    ("selu", (), lambda x: _SELU[0] * np.where(x > 0, x, _SELU[1] * (np.exp(x) - 1))),
+    ("brelu", (-0.5, 0.7), lambda x: np.clip(x, -0.5, 0.7)),
+    ("soft_relu", (1.5,), lambda x: np.log(1 + np.exp(np.clip(x, -1.5, 1.5)))),
+    ("stanh", (), lambda x: 1.7159 * np.tanh(0.67 * x)),
+    ("tanh_shrink", (), lambda x: x - np.tanh(x)),
+    ("thresholded_relu", (0.3,), lambda x: np.where(x > 0.3, x, 0)),
+    ("hard_shrink", (0.4,), lambda x: np.where(np.abs(x) > 0.4, x, 0)),
+    ("softshrink", (0.3,), lambda x: np.sign(x) * np.maximum(np.abs(x) - 0.3, 0)),
+    ("hard_swish", (), lambda x: x * np.minimum(np.maximum(x + 3, 0), 6) / 6),
+    ("log1p", (), lambda x: np.log(1 + np.abs(x))),
+    ("acos", (), lambda x: np.arccos(np.tanh(x))),
+    ("asin", (), lambda x: np.arcsin(np.tanh(x))),
+    ("atan", (), lambda x: np.arctan(x)),
+    ("erf", (), None),
+    ("gelu", (), None),
+]
+
+
+def _erf_ref(x):
+    import math
+    return np.array([math.erf(v) for v in x.reshape(-1)]).reshape(x.shape)
+
+
+def _domain(name, d):
+    """Inputs inside the function's domain: log1p of |x|, acos/asin of tanh(x)."""
+    if name == "log1p":
+        return L.abs(d)
+    if name in ("acos", "asin"):
+        return L.scale(L.tanh(d), scale=0.9)
+    return d
+
+
+@pytest.mark.parametrize("name,args,ref", _MORE, ids=[m[0] for m in _MORE])
+def test_more_activations_forward(name, args, ref):
+    x = _x((6, 5), scale=2.0)
+    got = _forward(lambda: [getattr(L, name)(_domain(name, _data("x", (6, 5))), *args)],
+                   {"x": x})[0]
+    if name == "erf":
+        want = _erf_ref(x)
+    elif name == "gelu":
+        want = 0.5 * x * (1 + _erf_ref(x / np.sqrt(2)))
+    elif name in ("acos", "asin"):
+        want = getattr(np, "arc" + name[1:])(0.9 * np.tanh(x))
+    else:
+        want = ref(x)
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("name,args,ref", _MORE, ids=[m[0] for m in _MORE])
+def test_more_activation_gradients(name, args, ref):
+    def build():
+        x = _param([4, 5], "x", scale=1.5)
+        return _weighted(getattr(L, name)(_domain(name, x), *args), (4, 5))
+    _check(build, {"loss_w": _w((4, 5))}, jitter=1e-3)
+
+
+# --------------------------------------------------------------------------- indexing, losses
+
+def test_index_and_reduction_layers_forward():
+    x = _x((4, 6))
+    idx = np.array([2, 0, 2], np.int64)
+
+    def build():
+        a = _data("x", (4, 6))
+        i = _data("i", (3,), "int64")
+        parts = L.split(a, [2, -1, 1], dim=1)
+        v, order = L.argsort(a, axis=1, descending=True)
+        return [parts[0], parts[1], parts[2], *L.split(a, 2, dim=0), L.gather(a, i),
+                L.argmax(a, axis=1), L.argmin(a, axis=0), v, order,
+                L.cumsum(a, axis=1), L.cumsum(a, axis=0, exclusive=True, reverse=True),
+                L.flip(a, [0, 1]), L.expand_as(L.slice(a, [0], [0], [2]), a),
+                L.logsumexp(a, dim=1), L.reduce_all(L.greater_than(L.abs(a), L.scale(
+                    L.abs(a), bias=-10.0)), dim=0), L.reduce_any(L.less_than(a, L.scale(
+                        a, 0.0, -1.0))), L.isfinite(a), L.has_inf(L.log(L.abs(a))),
+                L.has_nan(a), L.size(a), L.rank(a), L.t(a), L.log_softmax(a),
+                L.mul(L.reshape(a, [4, 2, 3]), _data("w", (3, 2)), x_num_col_dims=2)]
+    w = _x((3, 2), seed=4)
+    got = _forward(build, {"x": x, "i": idx, "w": w})
+    order = np.argsort(-x, axis=1, kind="stable")
+    lsm = x - x.max(1, keepdims=True)
+    lsm = lsm - np.log(np.exp(lsm).sum(1, keepdims=True))
+    want = [x[:, :2], x[:, 2:5], x[:, 5:], x[:2], x[2:], x[idx], x.argmax(1), x.argmin(0),
+            np.take_along_axis(x, order, 1), order, np.cumsum(x, 1),
+            np.flip(np.cumsum(np.flip(x, 0), 0), 0) - x, x[::-1, ::-1], np.tile(x[:2], (2, 1)),
+            np.log(np.exp(x).sum(1)), np.ones(6, bool), [np.any(x < -1.0)], [True], [False],
+            [False], [24], [2], x.T, lsm, (x.reshape(4, 2, 3) @ w)]
+    for k, (g, wnt) in enumerate(zip(got, want)):
+        np.testing.assert_allclose(g, wnt, rtol=1e-10, err_msg=str(k))
+
+
+def test_index_and_loss_gradients():
+    idx = np.array([3, 0, 3, 1], np.int64)
+
+    def build():
+        a = _param([4, 6], "a")
+        i = _data("i", (4,), "int64")
+        p1, p2 = L.split(a, [2, 4], dim=1)
+        v, _ = L.argsort(p2, axis=1)
+        terms = [_weighted(L.gather(a, i), (4, 6)), L.mean(L.elementwise_mul(p1, p1)),
+                 L.mean(L.elementwise_mul(v, L.cumsum(v, axis=1, exclusive=True))),
+                 L.mean(L.flip(L.cumsum(a, axis=0, reverse=True), [1])),
+                 L.mean(L.logsumexp(a, dim=[1])),
+                 L.mean(L.elementwise_mul(L.expand_as(L.slice(a, [0], [0], [1]), a), a)),
+                 L.mean(L.elementwise_mul(L.log_softmax(a), a))]
+        return L.sums(terms)
+    _check(build, {"i": idx, "loss_w": _w((4, 6))}, jitter=1e-3)
+
+
+@pytest.mark.parametrize("soft", [False, True])
+def test_softmax_with_cross_entropy_value_and_gradients(soft):
+    z = _x((5, 4))
+    lab = (np.abs(_x((5, 4), seed=8)) / np.abs(_x((5, 4), seed=8)).sum(1, keepdims=True)
+           if soft else np.array([[0], [3], [-100], [1], [2]], np.int64))
+
+    def build():
+        logits = _data("z", (5, 4))
+        label = _data("lab", (5, 4)) if soft else _data("lab", (5, 1), "int64")
+        return [L.softmax_with_cross_entropy(logits, label, soft_label=soft)]
+    got = _forward(build, {"z": z, "lab": lab})[0]
+    logp = z - np.log(np.exp(z).sum(1, keepdims=True))
+    if soft:
+        want = -(lab * logp).sum(1, keepdims=True)
+    else:
+        want = np.array([[-logp[i, max(int(c), 0)] if c != -100 else 0.0]
+                         for i, c in enumerate(lab[:, 0])])
+    np.testing.assert_allclose(got, want, rtol=1e-10)
+
+    def loss():
+        w = _param([4, 4], "w")
+        logits = L.matmul(_data("z", (5, 4)), w)
+        label = _data("lab", (5, 4)) if soft else _data("lab", (5, 1), "int64")
+        return L.mean(L.softmax_with_cross_entropy(logits, label, soft_label=soft))
+    _check(loss, {"z": z, "lab": lab})
+
+
+def test_rank_losses_and_label_smooth():
+    lab = np.array([[1.0], [0.0], [1.0]])
+    left, right = _x((3, 1)), _x((3, 1), seed=5)
+
+    def build():
+        y, a, b = _data("y", (3, 1)), _data("l", (3, 1)), _data("r", (3, 1))
+        oh = _data("oh", (3, 4))
+        return [L.rank_loss(y, a, b), L.margin_rank_loss(y * 2.0 - 1.0, a, b, margin=0.2),
+                L.label_smooth(oh, epsilon=0.2)]
+    oh = np.eye(4)[[0, 2, 3]]
+    got = _forward(build, {"y": lab, "l": left, "r": right, "oh": oh})
+    o = left - right
+    np.testing.assert_allclose(got[0], np.log1p(np.exp(o)) - lab * o, rtol=1e-10)
+    np.testing.assert_allclose(got[1], np.maximum(0, -(2 * lab - 1) * o + 0.2), rtol=1e-10)
+    np.testing.assert_allclose(got[2], 0.8 * oh + 0.05, rtol=1e-10)

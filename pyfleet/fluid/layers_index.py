@@ -1,0 +1,263 @@
+"""Fluid 1.8's indexing, reduction and loss layers beyond the CTR basics
+(re-exported by :mod:`pyfleet.fluid.layers`): ``split``, ``gather``,
+``argmax``/``argmin``/``argsort``, ``cumsum``, ``flip``/``reverse``,
+``expand_as``, ``logsumexp``, ``reduce_all``/``reduce_any``,
+``isfinite``/``has_inf``/``has_nan``, ``size``, ``rank``, ``t``, ``mul``,
+``log_softmax``, ``softmax_with_cross_entropy``, ``label_smooth``,
+``rank_loss``, ``margin_rank_loss``. Kernels in :mod:`pyfleet.fluid.index_ops`;
+the last three are compositions of layers (their gradients are theirs).
+"""
+
+import math
+
+from pyfleet.fluid import framework, unique_name
+from pyfleet.fluid.framework import check_variable as _check_var
+
+__all__ = ["argmax", "argmin", "argsort", "cumsum", "expand_as", "flip", "gather",
+           "has_inf", "has_nan", "isfinite", "label_smooth", "log_softmax", "logsumexp",
+           "margin_rank_loss", "mul", "rank", "rank_loss", "reduce_all", "reduce_any",
+           "reverse", "size", "softmax_with_cross_entropy", "split", "t"]
+
+
+def _block():
+    return framework.default_main_program().global_block()
+
+
+def _tmp(prefix, shape, dtype="float32", stop_gradient=False):
+    v = _block().create_var(unique_name.generate(prefix + ".tmp"), shape, dtype)
+    v.stop_gradient = stop_gradient
+    return v
+
+
+def _op(type, inputs, outputs, attrs=None):
+    return _block().append_op(type, inputs, outputs, attrs)
+
+
+def _axis(x, axis):
+    return int(axis) % len(x.shape)
+
+
+def split(input, num_or_sections, dim=-1, name=None):
+    """Split along ``dim`` into ``num_or_sections`` equal parts or parts of the
+    listed sizes (one ``-1`` takes the rest)."""
+    _check_var(input, "split input")
+    dim = _axis(input, dim)
+    total = input.shape[dim]
+    if isinstance(num_or_sections, int):
+        if total < 0 or total % num_or_sections:
+            raise ValueError(f"split: dimension {dim} of {input.name} (size {total}) does not "
+                             f"split into {num_or_sections} equal parts")
+        sections = [total // num_or_sections] * num_or_sections
+    else:
+        sections = [int(n) for n in num_or_sections]
+        if sections.count(-1) == 1 and total >= 0:
+            sections[sections.index(-1)] = total - (sum(sections) + 1)
+    outs = []
+    for n in sections:
+        shape = list(input.shape)
+        shape[dim] = n
+        outs.append(_tmp("split", tuple(shape), input.dtype))
+    _op("split", {"X": [input]}, {"Out": outs}, {"axis": dim, "sections": sections})
+    return outs
+
+
+def gather(input, index, overwrite=True):
+    """Rows ``input[index]`` (index int, 1-D); the gradient adds up at repeated rows."""
+    _check_var(input, "gather input")
+    _check_var(index, "gather index")
+    out = _tmp("gather", (index.shape[0],) + tuple(input.shape[1:]), input.dtype)
+    _op("gather", {"X": [input], "Index": [index]}, {"Out": [out]})
+    return out
+
+
+def _arg(kind, x, axis):
+    _check_var(x, f"{kind} x")
+    axis = _axis(x, axis)
+    out = _tmp(kind, tuple(d for i, d in enumerate(x.shape) if i != axis), "int64", True)
+    _op("arg_min_max", {"X": [x]}, {"Out": [out]}, {"axis": axis, "kind": kind})
+    return out
+
+
+def argmax(x, axis=0):
+    return _arg("argmax", x, axis)
+
+
+def argmin(x, axis=0):
+    return _arg("argmin", x, axis)
+
+
+def argsort(input, axis=-1, descending=False, name=None):
+    """``(sorted values, int64 indices)`` along ``axis`` (a stable sort)."""
+    _check_var(input, "argsort input")
+    axis = _axis(input, axis)
+    out = _tmp("argsort", input.shape, input.dtype)
+    idx = _tmp("argsort", input.shape, "int64", True)
+    _op("argsort", {"X": [input]}, {"Out": [out], "Indices": [idx]},
+        {"axis": axis, "kind": "argsort", "descending": bool(descending)})
+    return out, idx
+
+
+def cumsum(x, axis=None, exclusive=None, reverse=None):
+    _check_var(x, "cumsum x")
+    shape = x.shape if axis is not None else (-1 if any(d < 0 for d in x.shape)
+                                              else math.prod(x.shape),)
+    out = _tmp("cumsum", shape, x.dtype)
+    _op("cumsum", {"X": [x]}, {"Out": [out]},
+        {"axis": None if axis is None else _axis(x, axis), "exclusive": bool(exclusive),
+         "reverse": bool(reverse)})
+    return out
+
+
+def flip(input, dims, name=None):
+    _check_var(input, "flip input")
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    out = _tmp("flip", input.shape, input.dtype)
+    _op("flip", {"X": [input]}, {"Out": [out]}, {"dims": [_axis(input, d) for d in dims]})
+    return out
+
+
+def reverse(x, axis):
+    return flip(x, axis)
+
+
+def expand_as(x, target_tensor, name=None):
+    _check_var(x, "expand_as x")
+    _check_var(target_tensor, "expand_as target_tensor")
+    out = _tmp("expand_as", target_tensor.shape, x.dtype)
+    _op("expand_as", {"X": [x], "Target": [target_tensor]}, {"Out": [out]})
+    return out
+
+
+def _reduce_shape(x, dim, keep_dim):
+    nd = len(x.shape)
+    if dim is None:
+        return (1,) * nd if keep_dim else (1,)
+    dims = {d % nd for d in ([dim] if isinstance(dim, int) else dim)}
+    return tuple(1 if i in dims else s for i, s in enumerate(x.shape)
+                 if keep_dim or i not in dims) or (1,)
+
+
+def logsumexp(x, dim=None, keep_dim=False, name=None):
+    _check_var(x, "logsumexp x")
+    out = _tmp("logsumexp", _reduce_shape(x, dim, keep_dim), x.dtype)
+    _op("logsumexp", {"X": [x]}, {"Out": [out]}, {"dim": dim, "keep_dim": bool(keep_dim)})
+    return out
+
+
+def _reduce_bool(kind, input, dim, keep_dim):
+    _check_var(input, f"reduce_{kind} input")
+    out = _tmp(f"reduce_{kind}", _reduce_shape(input, dim, keep_dim), "bool", True)
+    _op("reduce_bool", {"X": [input]}, {"Out": [out]},
+        {"dim": dim, "keep_dim": bool(keep_dim), "kind": kind})
+    return out
+
+
+def reduce_all(input, dim=None, keep_dim=False, name=None):
+    return _reduce_bool("all", input, dim, keep_dim)
+
+
+def reduce_any(input, dim=None, keep_dim=False, name=None):
+    return _reduce_bool("any", input, dim, keep_dim)
+
+
+def _finite(kind, x):
+    _check_var(x, f"{kind} x")
+    out = _tmp(kind, (1,), "bool", True)
+    _op("finite_check", {"X": [x]}, {"Out": [out]}, {"kind": kind})
+    return out
+
+
+def isfinite(x):
+    """True when every element is finite (``[1]`` bool)."""
+    return _finite("isfinite", x)
+
+
+def has_inf(x):
+    return _finite("has_inf", x)
+
+
+def has_nan(x):
+    return _finite("has_nan", x)
+
+
+def size(input):
+    """The number of elements, int64 ``[1]``, read when the step runs."""
+    from pyfleet.fluid import layers as L
+    return L.cast(L.reduce_prod(L.cast(L.shape(input), "int64")), "int64")
+
+
+def rank(input):
+    """The number of dimensions (static), int32 ``[1]``."""
+    from pyfleet.fluid import layers as L
+    return L.fill_constant([1], "int32", len(input.shape))
+
+
+def t(input, name=None):
+    """The transpose of a 1-D (unchanged) or 2-D tensor."""
+    from pyfleet.fluid import layers as L
+    if len(input.shape) > 2:
+        raise ValueError(f"t: input {input.name} must be 1-D or 2-D, got shape {input.shape}")
+    return input if len(input.shape) < 2 else L.transpose(input, [1, 0])
+
+
+def mul(x, y, x_num_col_dims=1, y_num_col_dims=1, name=None):
+    """``flatten(x, x_num_col_dims) @ y`` (Fluid's mul op, fc's product)."""
+    _check_var(x, "mul x")
+    _check_var(y, "mul y")
+    if y_num_col_dims != 1:
+        raise ValueError(f"mul: y_num_col_dims={y_num_col_dims} is not supported; use 1")
+    out = _tmp("mul", tuple(x.shape[:x_num_col_dims]) + tuple(y.shape[1:]), x.dtype)
+    _op("mul", {"X": [x], "Y": [y]}, {"Out": [out]},
+        {"x_num_col_dims": int(x_num_col_dims), "y_num_col_dims": 1})
+    return out
+
+
+def log_softmax(input, axis=None, dtype=None, name=None):
+    _check_var(input, "log_softmax input")
+    if dtype is not None:
+        raise ValueError("log_softmax: dtype= is not supported; cast the input first")
+    out = _tmp("log_softmax", input.shape, input.dtype)
+    _op("log_softmax", {"X": [input]}, {"Out": [out]},
+        {"axis": -1 if axis is None else _axis(input, axis)})
+    return out
+
+
+def softmax_with_cross_entropy(logits, label, soft_label=False, ignore_index=-100,
+                               numeric_stable_mode=True, return_softmax=False, axis=-1):
+    """``-log(softmax(logits)[label])`` per row, ``[..., 1]`` (soft labels:
+    ``-sum(label * log softmax)``); ``ignore_index`` rows give 0. The last axis only."""
+    _check_var(logits, "softmax_with_cross_entropy logits")
+    _check_var(label, "softmax_with_cross_entropy label")
+    if _axis(logits, axis) != len(logits.shape) - 1:
+        raise ValueError("softmax_with_cross_entropy: only the last axis is supported")
+    loss = _tmp("softmax_with_cross_entropy", tuple(logits.shape[:-1]) + (1,), logits.dtype)
+    prob = _tmp("softmax_with_cross_entropy", logits.shape, logits.dtype)
+    _op("softmax_with_cross_entropy", {"Logits": [logits], "Label": [label]},
+        {"Loss": [loss], "Softmax": [prob]},
+        {"soft_label": bool(soft_label), "ignore_index": int(ignore_index)})
+    return (loss, prob) if return_softmax else loss
+
+
+def label_smooth(label, prior_dist=None, epsilon=0.1, dtype="float32", name=None):
+    """``(1 - epsilon) * label + epsilon * prior`` (uniform ``1 / C`` by default)."""
+    from pyfleet.fluid import layers as L
+    if not 0.0 <= float(epsilon) <= 1.0:
+        raise ValueError(f"label_smooth: epsilon must be in [0, 1], got {epsilon}")
+    if prior_dist is None:
+        return L.scale(label, 1.0 - float(epsilon), float(epsilon) / label.shape[-1])
+    return L.elementwise_add(L.scale(label, 1.0 - float(epsilon)),
+                             L.scale(prior_dist, float(epsilon)))
+
+
+def rank_loss(label, left, right, name=None):
+    """RankNet: ``log(1 + exp(left - right)) - label * (left - right)``."""
+    from pyfleet.fluid import layers as L
+    o = L.elementwise_sub(left, right)
+    return L.elementwise_sub(L.softplus(o), L.elementwise_mul(label, o))
+
+
+def margin_rank_loss(label, left, right, margin=0.1, name=None):
+    """``max(0, -label * (left - right) + margin)``."""
+    from pyfleet.fluid import layers as L
+    o = L.elementwise_mul(label, L.elementwise_sub(left, right))
+    return L.relu(L.scale(o, -1.0, float(margin)))
