@@ -5,13 +5,12 @@ train`` and :func:`save` all write a prediction directory::
 
     __model__.json          the network pruned to the targets (Program.to_dict), the
                             feed and fetch names, and an "inference" section listing
-                            the files below with each sparse table's dim, initializer
-                            and seed, and the sha256 of every file; written last, so
-                            its presence means complete
+                            the files below with each sparse table's dim, initializer,
+                            seed and storage type, and the sha256 of every file; written
+                            last, so its presence means complete
     <param>.npy             each dense weight the network reads (numpy format)
     <table>.keys.npy        uint64[n]: every key of each sparse table the network reads
-    <table>.weights.npy     float32[n, dim]: their embedding rows (optimizer state dropped;
-                            the section records the storage type they were trained in)
+    <table>.weights.npy     float32[n, dim]: their embedding rows (optimizer state dropped)
     __model__, <var name>   Fluid's layout of the same model (or ``model_filename`` and
                             ``params_filename``): :mod:`pyfleet.fluid.fluid_model`
 
@@ -21,11 +20,10 @@ and shape against the model (a header claiming (10**12, 16) is refused by name,
 never allocated), its size against its header (a truncated file), then its sha256
 against the one recorded; ``__model__.json`` carries the sha256 of its own body
 (``body_sha256``) too, and a description without checksums (edited, or written
-before they were recorded) loads only with ``unchecked_ok=True``. A parameter holding NaN or infinity is refused by name, and
-``predict_file`` refuses a non-finite prediction. A
-
-``program_only`` save writes ``__model__.json`` without the "inference"
-section: its parameters are then the ``<name>.npy``/``<name>.table`` files
+before they were recorded) loads only with ``unchecked_ok=True``. A parameter
+holding NaN or infinity is refused by name, and ``predict_file`` refuses a
+non-finite prediction. A ``program_only`` save writes ``__model__.json`` without
+the "inference" section: its parameters are then the ``<name>.npy``/``<name>.table`` files
 ``fluid.io.save_persistables`` writes into the same directory (the form
 ``fluid.io.save_inference_model`` also wrote with ``model_filename``,
 ``params_filename`` or a non-local backend before: such directories still load).
@@ -40,9 +38,7 @@ Where the parameters come from is a *source*:
 :class:`RemoteSource` (the parameter servers of a Fleet job: sparse rows are
 streamed from every server in bounded pages with ``Client.export_sparse``,
 dense values come from ``Client.pull_dense``). Memory while saving is one page
-per table; a loaded :class:`Predictor` holds every key and its position in
-memory (16 bytes a row) and maps the weights file read-only (its pages are read
-where rows are used, and belong to the page cache).
+per table; a loaded :class:`Predictor` maps the weights, holds 16 bytes a row.
 
 Thread safety: :func:`save` must not run concurrently with training on the
 same parameters if a consistent snapshot is wanted (rows pushed during the
@@ -281,20 +277,13 @@ class _FrozenBackend(Backend):
 
     def __init__(self, dense, sparse, sparse_configs):
         self.dense = dense    # name -> float32 array
-        # name -> (sorted keys, their rows in the weights file, the weights file mapped
-        # read-only, an empty SparseTable for initial rows)
-        self.sparse = sparse
+        self.sparse = sparse  # name -> (sorted keys, their rows, mapped weights, initial rows)
         self.sparse_configs = sparse_configs  # name -> {dim, initializer, seed[, storage]}
 
     def sparse_rows(self, name):
-        """``(keys, weights)``: every row of table ``name`` the model holds, in the
-        file's order; ``weights`` is the file mapped read-only, so a caller that
-        reads it in pages (a server moving the rows into tables of its own) holds
-        one page in memory, not the table."""
+        """``(keys, weights)`` of table ``name`` in file order, ``weights`` mapped read-only."""
         skeys, order, weights, _ = self.sparse[name]
-        keys = np.empty_like(skeys)
-        keys[order] = skeys
-        return keys, weights
+        return skeys[np.argsort(order)], weights  # (the load sorted them the same way)
 
     def _refuse(self, *_):
         raise ValueError("an inference model is read-only: it cannot create, train or "
@@ -360,17 +349,14 @@ def _load_npy(dirname, name, dtype, shape, digests, mmap=False):
         if _sha256(path) != digests[name]:
             raise ValueError(f"{path} does not match its sha256 in the model description "
                              f"(a damaged or altered file)")
-    mapped = mmap and want_size > header_end  # numpy cannot map an array of no element
+    mapped = mmap and want_size > header_end  # (numpy cannot map an empty array)
     return np.load(path, mmap_mode="r" if mapped else None, allow_pickle=False)
 
 
 def _finite(value, what, page_rows=_PAGE_ROWS):
-    """ValueError naming ``what`` if ``value`` holds NaN or infinity (read in pages
-    of rows: a mapped file is not brought into memory whole)."""
-    bad = 0
-    for a in range(0, max(value.shape[0] if value.ndim else 1, 1), page_rows):
-        part = value[a:a + page_rows] if value.ndim else value
-        bad += np.size(part) - int(np.count_nonzero(np.isfinite(part)))
+    v = np.atleast_1d(value)  # read in pages: a mapped file is not read in whole
+    bad = sum(np.size(p) - int(np.count_nonzero(np.isfinite(p)))
+              for p in (v[a:a + page_rows] for a in range(0, max(len(v), 1), page_rows)))
     if bad:
         raise ValueError(f"{what} holds {bad:,} NaN or infinite value(s) of {np.size(value):,}: "
                          f"the model is damaged (or diverged in training)")
@@ -491,8 +477,7 @@ def _frozen_backend(dirname, section, program):
         dim, rows = int(cfg["dim"]), cfg.get("rows")
         rows = int(rows) if isinstance(rows, int) and not isinstance(rows, bool) else None
         keys = _load_npy(dirname, cfg["keys"], "<u8", (rows,), digests)
-        weights = _load_npy(dirname, cfg["weights"], "<f4", (keys.shape[0], dim), digests,
-                            mmap=True)  # rows are read where they are used
+        weights = _load_npy(dirname, cfg["weights"], "<f4", (keys.shape[0], dim), digests, True)
         _finite(weights, f"sparse table {name!r} ({cfg['weights']})")
         order = np.argsort(keys, kind="stable")
         init = SparseTable(dim, SGD(1.0), initializer=_init.from_config(cfg["initializer"]),
