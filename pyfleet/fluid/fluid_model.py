@@ -244,7 +244,7 @@ def desc_to_program(data, program_class, known_ops, constant_initializer):
             raise ProgramDescError(f"variable {v['name']!r} has type {v['type']}: pyfleet "
                                    f"reads tensor variables only")
         if v["persistable"]:
-            if any(d < 0 for d in v["dims"]):
+            if not v["dims"] or any(d < 0 for d in v["dims"]):
                 raise ProgramDescError(f"persistable variable {v['name']!r} has dims "
                                        f"{v['dims']}: a saved tensor's are known")
             pb.create_parameter(v["name"], v["dims"], v["dtype"], constant_initializer,
@@ -270,7 +270,9 @@ def desc_to_program(data, program_class, known_ops, constant_initializer):
             attrs["keep_last_dim"] = op_type == "lookup_table_v2"
             op_type = "lookup_table"
             pad = attrs.get("padding_idx", -1)
-            attrs["padding_idx"] = None if pad is None or pad < 0 else int(pad)
+            if not isinstance(pad, int):
+                raise ProgramDescError(f"op {op['type']!r}: padding_idx {pad!r} is no integer")
+            attrs["padding_idx"] = None if pad < 0 else pad
             attrs.setdefault("is_sparse", False)
             attrs.setdefault("is_distributed", False)
         for name in _DTYPE_ATTRS & set(attrs):
