@@ -285,3 +285,114 @@ def _swce_bwd(op, s):
 
 
 _register("softmax_with_cross_entropy", _swce_fwd, _swce_bwd)
+
+
+# --------------------------------------------------------------------------- more
+
+def _where_fwd(op, s):
+    c = _x(op, s, "Condition").astype(bool)
+    s.set(op.output("Out")[0], np.argwhere(c).astype(np.int64))
+
+
+_register("where_index", _where_fwd)
+NO_GRAD.add("where_index")
+
+
+def _huber_fwd(op, s):
+    x, y = _x(op, s), _x(op, s, "Y")
+    r = y.reshape(x.shape) - x
+    d = op.attrs["delta"]
+    s.set(op.output("Out")[0], np.where(np.abs(r) <= d, 0.5 * r * r, d * (np.abs(r) - 0.5 * d)))
+
+
+def _huber_bwd(op, s):
+    g = s.grad(op.output("Out")[0])
+    if g is None:
+        return
+    xv, yv = op.input("X")[0], op.input("Y")[0]
+    x, y = s.data(xv), s.data(yv)
+    r = y.reshape(x.shape) - x
+    d = op.attrs["delta"]
+    dr = g * np.where(np.abs(r) <= d, r, d * np.sign(r))
+    if s.needs_grad(xv):
+        s.add_grad(xv, -dr)
+    if s.needs_grad(yv):
+        s.add_grad(yv, dr.reshape(y.shape))
+
+
+_register("huber_loss", _huber_fwd, _huber_bwd)
+
+
+def _bpr_parts(op, s):
+    x = _x(op, s)
+    lab = _x(op, s, "Label").reshape(-1).astype(np.int64)
+    pos = np.take_along_axis(x, lab[:, None], axis=1)
+    other = np.ones(x.shape, dtype=bool)
+    np.put_along_axis(other, lab[:, None], False, axis=1)
+    return x, lab, pos, other
+
+
+def _bpr_fwd(op, s):
+    x, _, pos, other = _bpr_parts(op, s)
+    # -log(sigmoid(pos - x_j)) = log(1 + exp(x_j - pos)), averaged over the C - 1 others.
+    terms = np.logaddexp(0, x - pos) * other
+    s.set(op.output("Out")[0], terms.sum(axis=1, keepdims=True) / (x.shape[1] - 1))
+
+
+def _bpr_bwd(op, s):
+    xv = op.input("X")[0]
+    g = s.grad(op.output("Out")[0])
+    if g is None or not s.needs_grad(xv):
+        return
+    x, lab, pos, other = _bpr_parts(op, s)
+    w = other / (1 + np.exp(pos - x)) * g / (x.shape[1] - 1)     # d/dx_j
+    gx = w.copy()
+    np.put_along_axis(gx, lab[:, None], -w.sum(axis=1, keepdims=True), axis=1)
+    s.add_grad(xv, gx)
+
+
+_register("bpr_loss", _bpr_fwd, _bpr_bwd)
+
+
+def _gather_axis_fwd(op, s):
+    x, idx = _x(op, s), _x(op, s, "Index").reshape(-1)
+    axis = op.attrs["axis"]
+    if idx.size and (idx.min() < 0 or idx.max() >= x.shape[axis]):
+        raise ValueError(f"index_select: an index of {op.input('Index')[0].name} is outside "
+                         f"[0, {x.shape[axis]})")
+    s.set(op.output("Out")[0], np.take(x, idx, axis=axis))
+
+
+def _gather_axis_bwd(op, s):
+    xv = op.input("X")[0]
+    g = s.grad(op.output("Out")[0])
+    if g is None or not s.needs_grad(xv):
+        return
+    axis = op.attrs["axis"]
+    gx = np.zeros(s.data(xv).shape, dtype=g.dtype)
+    np.add.at(np.moveaxis(gx, axis, 0), _x(op, s, "Index").reshape(-1),
+              np.moveaxis(g, axis, 0))
+    s.add_grad(xv, gx)
+
+
+_register("index_select", _gather_axis_fwd, _gather_axis_bwd)
+
+
+def _random_fwd(op, s):
+    from pyfleet.fluid.nn_ops import random_generator
+    shape = list(op.attrs["shape"])
+    if op.input("Input"):
+        v = s.value(op.input("Input")[0])
+        data = getattr(v, "data", v)
+        shape[op.attrs["output_dim_idx"]] = data.shape[op.attrs["input_dim_idx"]]
+    rng = random_generator(op, s)
+    dtype = np.dtype(op.attrs["dtype"])
+    if op.attrs["kind"] == "uniform":
+        out = rng.uniform(op.attrs["min"], op.attrs["max"], size=shape)
+    else:
+        out = rng.normal(op.attrs["mean"], op.attrs["std"], size=shape)
+    s.set(op.output("Out")[0], out.astype(dtype))
+
+
+_register("random", _random_fwd)
+NO_GRAD.add("random")

@@ -22,22 +22,14 @@ from pyfleet.fluid import framework, unique_name
 from pyfleet.fluid import layers_index as _li
 from pyfleet.fluid import layers_lr as _lr
 from pyfleet.fluid import layers_math as _lm
+from pyfleet.fluid import layers_nn as _ln
 from pyfleet.fluid import layers_tensor as _lt
 from pyfleet.fluid import refusals as _refusals
 from pyfleet.fluid.framework import check_variable as _check_var
 from pyfleet.fluid.layers_index import *  # noqa: F403
 from pyfleet.fluid.layers_lr import *  # noqa: F403 (their __all__ joins this module's)
 from pyfleet.fluid.layers_math import *  # noqa: F403
-from pyfleet.fluid.layers_nn import (
-    batch_norm,
-    continuous_value_model,
-    conv2d,
-    data_norm,
-    dropout,
-    dynamic_gru,
-    one_hot,
-    transpose,
-)
+from pyfleet.fluid.layers_nn import *  # noqa: F403
 from pyfleet.fluid.layers_tensor import *  # noqa: F403
 from pyfleet.fluid.param_attr import ParamAttr, create_parameter_in
 from pyfleet.fluid.reader import PyReader, double_buffer, py_reader, read_file
@@ -47,19 +39,13 @@ from pyfleet.table import DEFAULT_INITIALIZER
 __all__ = [
     "accuracy",
     "auc",
-    "batch_norm",
     "cast",
     "concat",
-    "continuous_value_model",
-    "conv2d",
     "create_parameter",
     "create_py_reader_by_data",
     "cross_entropy",
     "data",
-    "data_norm",
     "double_buffer",
-    "dropout",
-    "dynamic_gru",
     "elementwise_add",
     "elementwise_div",
     "elementwise_mul",
@@ -72,7 +58,6 @@ __all__ = [
     "log_loss",
     "matmul",
     "mean",
-    "one_hot",
     "py_reader",
     "read_file",
     "reduce_mean",
@@ -89,8 +74,8 @@ __all__ = [
     "square_error_cost",
     "sums",
     "tanh",
-    "transpose",
-] + _lm.__all__ + _lt.__all__ + _lr.__all__ + _li.__all__
+] + _lm.__all__ + _lt.__all__ + _lr.__all__ + _li.__all__ + [
+    n for n in _ln.__all__ if n != "one_hot_v2"]
 
 
 def _main():

@@ -13,10 +13,13 @@ import math
 from pyfleet.fluid import framework, unique_name
 from pyfleet.fluid.framework import check_variable as _check_var
 
-__all__ = ["argmax", "argmin", "argsort", "cumsum", "expand_as", "flip", "gather",
-           "has_inf", "has_nan", "isfinite", "label_smooth", "log_softmax", "logsumexp",
-           "margin_rank_loss", "mul", "rank", "rank_loss", "reduce_all", "reduce_any",
-           "reverse", "size", "softmax_with_cross_entropy", "split", "t"]
+__all__ = ["arange", "argmax", "argmin", "argsort", "bmm", "bpr_loss", "cumsum", "dot",
+           "expand_as", "eye", "flip", "full", "full_like", "gather", "gaussian_random",
+           "gaussian_random_batch_size_like", "has_inf", "has_nan", "huber_loss",
+           "index_select", "isfinite", "label_smooth", "log_softmax", "logsumexp",
+           "margin_rank_loss", "mul", "range", "rank", "rank_loss", "reduce_all", "reduce_any",
+           "reverse", "size", "softmax_with_cross_entropy", "split", "t", "tril", "triu",
+           "uniform_random", "uniform_random_batch_size_like", "where"]
 
 
 def _block():
@@ -261,3 +264,152 @@ def margin_rank_loss(label, left, right, margin=0.1, name=None):
     from pyfleet.fluid import layers as L
     o = L.elementwise_mul(label, L.elementwise_sub(left, right))
     return L.relu(L.scale(o, -1.0, float(margin)))
+
+
+# --------------------------------------------------------------------------- more
+
+def where(condition):
+    """The int64 ``[K, ndim]`` indices of the True entries of ``condition``."""
+    _check_var(condition, "where condition")
+    out = _tmp("where", (-1, len(condition.shape)), "int64", True)
+    _op("where_index", {"Condition": [condition]}, {"Out": [out]})
+    return out
+
+
+def huber_loss(input, label, delta):
+    """``0.5 r^2`` where ``|r| <= delta``, else ``delta (|r| - delta / 2)``; ``r = label - input``."""
+    _check_var(input, "huber_loss input")
+    _check_var(label, "huber_loss label")
+    out = _tmp("huber_loss", input.shape, input.dtype)
+    _op("huber_loss", {"X": [input], "Y": [label]}, {"Out": [out]}, {"delta": float(delta)})
+    return out
+
+
+def bpr_loss(input, label, name=None):
+    """Bayesian personalized ranking: ``mean over j != label of
+    -log(sigmoid(x[label] - x[j]))`` per row, ``[N, 1]``."""
+    _check_var(input, "bpr_loss input")
+    _check_var(label, "bpr_loss label")
+    out = _tmp("bpr_loss", (input.shape[0], 1), input.dtype)
+    _op("bpr_loss", {"X": [input], "Label": [label]}, {"Out": [out]})
+    return out
+
+
+def index_select(input, index, dim=0):
+    _check_var(input, "index_select input")
+    _check_var(index, "index_select index")
+    dim = _axis(input, dim)
+    shape = list(input.shape)
+    shape[dim] = index.shape[0]
+    out = _tmp("index_select", tuple(shape), input.dtype)
+    _op("index_select", {"X": [input], "Index": [index]}, {"Out": [out]}, {"axis": dim})
+    return out
+
+
+def _random(kind, shape, dtype, seed, params, input=None, input_dim_idx=0, output_dim_idx=0):
+    from pyfleet.fluid.tensor import convert_dtype
+    shape = [int(d) for d in shape]
+    static = list(shape)
+    inputs = {}
+    if input is not None:
+        inputs["Input"] = [_check_var(input, f"{kind}_random_batch_size_like input")]
+        static[output_dim_idx] = input.shape[input_dim_idx]
+    out = _tmp(f"{kind}_random", tuple(static), dtype, True)
+    _op("random", inputs, {"Out": [out]},
+        {"kind": kind, "shape": shape, "dtype": convert_dtype(dtype).str,
+         "fix_seed": int(seed) != 0, "seed": int(seed), "input_dim_idx": int(input_dim_idx),
+         "output_dim_idx": int(output_dim_idx), **params})
+    return out
+
+
+def uniform_random(shape, dtype="float32", min=-1.0, max=1.0, seed=0):
+    """Uniform in ``[min, max)``; ``seed != 0`` draws the same values every run (Fluid)."""
+    return _random("uniform", shape, dtype, seed, {"min": float(min), "max": float(max)})
+
+
+def gaussian_random(shape, mean=0.0, std=1.0, seed=0, dtype="float32"):
+    return _random("gaussian", shape, dtype, seed, {"mean": float(mean), "std": float(std)})
+
+
+def uniform_random_batch_size_like(input, shape, dtype="float32", input_dim_idx=0,
+                                   output_dim_idx=0, min=-1.0, max=1.0, seed=0):
+    return _random("uniform", shape, dtype, seed, {"min": float(min), "max": float(max)},
+                   input, input_dim_idx, output_dim_idx)
+
+
+def gaussian_random_batch_size_like(input, shape, input_dim_idx=0, output_dim_idx=0,
+                                    mean=0.0, std=1.0, seed=0, dtype="float32"):
+    return _random("gaussian", shape, dtype, seed, {"mean": float(mean), "std": float(std)},
+                   input, input_dim_idx, output_dim_idx)
+
+
+def dot(x, y, name=None):
+    """``sum(x * y)`` over the last axis (keeping it as 1)."""
+    from pyfleet.fluid import layers as L
+    return L.reduce_sum(L.elementwise_mul(x, y), dim=-1, keep_dim=True)
+
+
+def bmm(x, y, name=None):
+    """Batched ``[B, M, K] @ [B, K, N]``."""
+    from pyfleet.fluid import layers as L
+    if len(x.shape) != 3 or len(y.shape) != 3:
+        raise ValueError(f"bmm: x and y must be 3-D, got {x.shape} and {y.shape}")
+    return L.matmul(x, y)
+
+
+def full(shape, fill_value, out=None, dtype=None, device=None, stop_gradient=True, name=None):
+    from pyfleet.fluid import layers as L
+    return L.fill_constant(shape, dtype or "float32", fill_value, out=out)
+
+
+def full_like(input, fill_value, out=None, dtype=None, device=None, stop_gradient=True,
+              name=None):
+    from pyfleet.fluid import layers as L
+    res = L.fill_constant_batch_size_like(input, [d if d >= 0 else 1 for d in input.shape],
+                                          dtype or input.dtype, fill_value)
+    return res if out is None else L.assign(res, out)
+
+
+def _constant(value, dtype):
+    from pyfleet.fluid import layers as L
+    return L.cast(L.assign(value), dtype)
+
+
+def eye(num_rows, num_columns=None, batch_shape=None, dtype="float32"):
+    import numpy as np
+    m = np.eye(int(num_rows), int(num_columns or num_rows))
+    if batch_shape:
+        m = np.broadcast_to(m, tuple(batch_shape) + m.shape).copy()
+    return _constant(m, dtype)
+
+
+def arange(start, end, step=1, dtype=None, name=None):
+    """``[start, end)`` by ``step`` (numbers, not Variables)."""
+    import numpy as np
+    for v in (start, end, step):
+        if isinstance(v, framework.Variable):
+            raise ValueError("arange/range: Variable bounds are not supported; pass numbers")
+    return _constant(np.arange(start, end, step), dtype or "int64")
+
+
+def range(start, end, step, dtype):
+    return arange(start, end, step, dtype)
+
+
+def _tri(input, diagonal, lower):
+    import numpy as np
+
+    from pyfleet.fluid import layers as L
+    r, c = input.shape[-2:]
+    if r < 0 or c < 0:
+        raise ValueError(f"tril/triu: the last two dimensions of {input.name} must be known")
+    mask = (np.tril if lower else np.triu)(np.ones((r, c)), int(diagonal))
+    return L.elementwise_mul(input, _constant(mask, input.dtype))
+
+
+def tril(input, diagonal=0, name=None):
+    return _tri(input, diagonal, True)
+
+
+def triu(input, diagonal=0, name=None):
+    return _tri(input, diagonal, False)

@@ -14,7 +14,7 @@ from pyfleet.fluid.framework import check_variable as _check_var
 
 __all__ = [
     "acos", "asin", "atan", "brelu", "erf", "gelu", "hard_shrink", "hard_sigmoid",
-    "hard_swish", "log1p", "selu", "soft_relu", "softshrink", "stanh", "swish",
+    "hard_swish", "log1p", "mish", "selu", "soft_relu", "softshrink", "stanh", "swish",
     "tanh_shrink", "thresholded_relu",
     "sequence_first_step", "sequence_last_step",
     "abs", "ceil", "clip", "cos", "cos_sim", "elementwise_max", "elementwise_min",
@@ -356,6 +356,12 @@ def softshrink(x, alpha=None):
 def hard_swish(x, threshold=6.0, scale=6.0, offset=3.0, name=None):
     return _unary("hard_swish", x, {"threshold": float(threshold), "scale": float(scale),
                                     "offset": float(offset)})
+
+
+def mish(x, threshold=20, name=None):
+    """``x * tanh(softplus(x))``, softplus taken as ``x`` above ``threshold`` and
+    ``exp(x)`` below ``-threshold``, as Fluid."""
+    return _unary("mish", x, {"threshold": float(threshold)})
 
 
 def log1p(x, out=None, name=None):

@@ -16,7 +16,7 @@ from pyfleet.fluid.framework import check_variable as _check_var
 from pyfleet.fluid.param_attr import ParamAttr, create_parameter_in
 
 __all__ = ["batch_norm", "continuous_value_model", "conv2d", "data_norm", "dropout",
-           "dynamic_gru", "one_hot", "one_hot_v2", "transpose"]
+           "dynamic_gru", "layer_norm", "one_hot", "one_hot_v2", "prelu", "transpose"]
 
 _ACTS = ("relu", "sigmoid", "tanh", "softmax")
 
@@ -376,4 +376,58 @@ def dynamic_gru(input, size, param_attr=None, bias_attr=None, is_reverse=False,
     _op("gru", inputs, {"Hidden": [out]},
         {"is_reverse": bool(is_reverse), "gate_activation": gate_activation,
          "candidate_activation": candidate_activation, "origin_mode": bool(origin_mode)})
+    return out
+
+
+# --------------------------------------------------------------------------- layer_norm, prelu
+
+def layer_norm(input, scale=True, shift=True, begin_norm_axis=1, epsilon=1e-05,
+               param_attr=None, bias_attr=None, act=None, name=None):
+    """Normalize each sample over the dimensions from ``begin_norm_axis`` on:
+    ``(x - mean) / sqrt(var + epsilon) * scale + bias``, scale (1) and bias (0)
+    of shape ``[prod(shape[begin_norm_axis:])]``, as Fluid."""
+    _check_var(input, "layer_norm input")
+    k = int(begin_norm_axis)
+    if not 1 <= k < len(input.shape) or any(d < 0 for d in input.shape[k:]):
+        raise ValueError(f"layer_norm: begin_norm_axis {k} must leave known dimensions of "
+                         f"{input.name} (shape {input.shape}) to normalize over")
+    width = 1
+    for d in input.shape[k:]:
+        width *= int(d)
+    prefix = name or unique_name.generate("layer_norm")
+    inputs = {"X": [input]}
+    if scale:
+        inputs["Scale"] = [_param(_named(param_attr, f"{prefix}.w_0"), [width], input.dtype,
+                                  _init.Constant(1.0), prefix)]
+    if shift:
+        inputs["Bias"] = [_param(_named(bias_attr, f"{prefix}.b_0"), [width], input.dtype,
+                                 _init.Constant(0.0), prefix)]
+    out = _tmp(prefix, input.shape, input.dtype)
+    _op("layer_norm", inputs, {"Y": [out]},
+        {"begin_norm_axis": k, "epsilon": float(epsilon)})
+    return _act(out, act, "layer_norm")
+
+
+def prelu(x, mode, param_attr=None, name=None):
+    """``x`` where positive, ``alpha * x`` elsewhere; ``alpha`` (0.25) one for
+    ``"all"``, one per channel (axis 1) for ``"channel"``, one per element of a
+    sample for ``"element"``."""
+    _check_var(x, "prelu x")
+    if mode == "all":
+        shape = [1]
+    elif mode == "channel":
+        if len(x.shape) < 2 or x.shape[1] < 0:
+            raise ValueError(f"prelu: mode 'channel' needs a known axis 1 in {x.shape}")
+        shape = [1, int(x.shape[1])] + [1] * (len(x.shape) - 2)
+    elif mode == "element":
+        if any(d < 0 for d in x.shape[1:]):
+            raise ValueError(f"prelu: mode 'element' needs known sample dims in {x.shape}")
+        shape = [1] + [int(d) for d in x.shape[1:]]
+    else:
+        raise ValueError(f"prelu: mode must be 'all', 'channel' or 'element', got {mode!r}")
+    prefix = name or unique_name.generate("prelu")
+    alpha = _param(_named(param_attr, f"{prefix}.w_0"), shape, x.dtype, _init.Constant(0.25),
+                   prefix)
+    out = _tmp(prefix, x.shape, x.dtype)
+    _op("prelu", {"X": [x], "Alpha": [alpha]}, {"Out": [out]}, {"mode": mode})
     return out

@@ -329,6 +329,15 @@ def _sig(x):
     return 1 / (1 + np.exp(-x))
 
 
+def _softplus_t(x, t):
+    """Fluid mish's softplus: x above t, exp(x) below -t, log(1 + exp(x)) between."""
+    return np.where(x > t, x, np.where(x < -t, np.exp(x), np.log1p(np.exp(np.clip(x, -t, t)))))
+
+
+def _dsoftplus_t(x, t):
+    return np.where(x > t, 1.0, np.where(x < -t, np.exp(x), _sig(x)))
+
+
 def _where(cond, a, b, like):
     return np.where(cond, a, b).astype(like.dtype)
 
@@ -362,6 +371,10 @@ _MORE = {
                        x + a["offset"] >= a["threshold"], a["threshold"] / a["scale"],
                        (2 * x + a["offset"]) / a["scale"], x), x)),
     "log1p": (lambda x, a: np.log1p(x), lambda x, y, a: 1 / (1 + x)),
+    "mish": (lambda x, a: x * np.tanh(_softplus_t(x, a["threshold"])),
+             lambda x, y, a: np.tanh(_softplus_t(x, a["threshold"])) + x * (
+                 1 - np.tanh(_softplus_t(x, a["threshold"])) ** 2) * _dsoftplus_t(
+                 x, a["threshold"])),
     "acos": (lambda x, a: np.arccos(x), lambda x, y, a: -1 / np.sqrt(1 - x * x)),
     "asin": (lambda x, a: np.arcsin(x), lambda x, y, a: 1 / np.sqrt(1 - x * x)),
     "atan": (lambda x, a: np.arctan(x), lambda x, y, a: 1 / (1 + x * x)),

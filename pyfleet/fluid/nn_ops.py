@@ -21,7 +21,8 @@ import numpy as np
 
 from pyfleet.fluid.tensor import LoDTensor
 
-__all__ = ["BACKWARD", "FORWARD", "NO_GRAD", "STATISTICS", "is_test", "record_statistics"]
+__all__ = ["BACKWARD", "FORWARD", "NO_GRAD", "STATISTICS", "is_test", "random_generator",
+           "record_statistics"]
 
 FORWARD = {}
 BACKWARD = {}
@@ -62,6 +63,13 @@ def _dropout_rng(op, s):
         seed = ((int(s.program.random_seed) & 0xFFFFFFFF) << 32) | zlib.crc32(out.encode())
         rng = _RNGS[op] = np.random.default_rng(seed)
     return rng
+
+
+def random_generator(op, s):
+    """The generator of a random op: a fixed ``seed`` (``fix_seed``) draws the
+    same values every run, as Fluid; otherwise one generator per op, seeded by
+    the program's ``random_seed`` and the output's name, advancing run after run."""
+    return _dropout_rng(op, s)
 
 
 def _dropout_fwd(op, s):
@@ -354,3 +362,88 @@ def _conv2d_bwd(op, s):
 
 
 _register("conv2d", _conv2d_fwd, _conv2d_bwd)
+
+
+# --------------------------------------------------------------------------- layer_norm
+
+def _ln_fwd(op, s):
+    x = s.data(op.input("X")[0])
+    k = op.attrs["begin_norm_axis"]
+    x2 = x.reshape(int(np.prod(x.shape[:k])), -1)
+    mean = x2.mean(axis=1, keepdims=True)
+    inv = 1.0 / np.sqrt(x2.var(axis=1, keepdims=True) + op.attrs["epsilon"])
+    xhat = (x2 - mean) * inv
+    y = xhat
+    if op.input("Scale"):
+        y = y * s.data(op.input("Scale")[0]).reshape(1, -1)
+    if op.input("Bias"):
+        y = y + s.data(op.input("Bias")[0]).reshape(1, -1)
+    s.set(op.output("Y")[0], y.reshape(x.shape).astype(x.dtype))
+    s.set_aux(op, (xhat, inv))
+
+
+def _ln_bwd(op, s):
+    xv = op.input("X")[0]
+    g = s.grad(op.output("Y")[0])
+    if g is None:
+        return
+    xhat, inv = s.aux(op)
+    g2 = g.reshape(xhat.shape)
+    if op.input("Bias") and s.needs_grad(op.input("Bias")[0]):
+        s.add_grad(op.input("Bias")[0], g2.sum(axis=0))
+    gamma = np.ones(xhat.shape[1], dtype=g.dtype)
+    if op.input("Scale"):
+        sv = op.input("Scale")[0]
+        gamma = s.data(sv).reshape(-1)
+        if s.needs_grad(sv):
+            s.add_grad(sv, (g2 * xhat).sum(axis=0))
+    if s.needs_grad(xv):
+        dxhat = g2 * gamma
+        d = xhat.shape[1]
+        gx = inv / d * (d * dxhat - dxhat.sum(axis=1, keepdims=True)
+                        - xhat * (dxhat * xhat).sum(axis=1, keepdims=True))
+        s.add_grad(xv, gx.reshape(s.data(xv).shape))
+
+
+_register("layer_norm", _ln_fwd, _ln_bwd)
+
+
+# --------------------------------------------------------------------------- prelu
+
+def _prelu_alpha(op, s, x):
+    a = s.data(op.input("Alpha")[0])
+    mode = op.attrs["mode"]
+    if mode == "all":
+        return a.reshape(())
+    if mode == "channel":
+        return a.reshape((1, -1) + (1,) * (x.ndim - 2))
+    return a.reshape((1,) + x.shape[1:])
+
+
+def _prelu_fwd(op, s):
+    x = s.data(op.input("X")[0])
+    s.set(op.output("Out")[0], np.where(x > 0, x, _prelu_alpha(op, s, x) * x).astype(x.dtype))
+
+
+def _prelu_bwd(op, s):
+    xv, av = op.input("X")[0], op.input("Alpha")[0]
+    g = s.grad(op.output("Out")[0])
+    if g is None:
+        return
+    x = s.data(xv)
+    alpha = _prelu_alpha(op, s, x)
+    if s.needs_grad(xv):
+        s.add_grad(xv, np.where(x > 0, g, g * alpha).astype(g.dtype))
+    if s.needs_grad(av):
+        ga = np.where(x > 0, 0, g * x)
+        mode = op.attrs["mode"]
+        if mode == "all":
+            ga = ga.sum()
+        elif mode == "channel":
+            ga = ga.sum(axis=tuple(i for i in range(x.ndim) if i != 1))
+        else:
+            ga = ga.sum(axis=0)
+        s.add_grad(av, np.asarray(ga, dtype=g.dtype).reshape(s.data(av).shape))
+
+
+_register("prelu", _prelu_fwd, _prelu_bwd)

@@ -119,23 +119,23 @@ _GROUPS = {
              "sequence_unpad lod_append lod_reset",
         DIST: "Categorical MultivariateNormalDiag Normal Uniform",
         SAMPLED: "nce hsigmoid sampled_softmax_with_cross_entropy",
-        RANDOM: "gaussian_random gaussian_random_batch_size_like uniform_random "
-                "uniform_random_batch_size_like randint randn randperm sampling_id",
+        RANDOM: ""
+                "randint randn randperm sampling_id",
         SELECTED_ROWS: "get_tensor_from_selected_rows merge_selected_rows",
-        MATH: "addcmul addmm allclose arange "
-              "bilinear_tensor_product bmm bpr_loss center_loss clamp clip_by_norm "
-              "crop crop_tensor cross diag diag_embed dice_loss dist dot "
-              "elementwise_equal elementwise_floordiv elementwise_mod eye "
-              "filter_by_instag full full_like gather_nd "
-              "hash huber_loss index_sample "
-              "index_select kldiv_loss kron layer_norm linspace "
-              "meshgrid mish multiplex "
-              "nonzero npair_loss pad pad_constant_like prelu range "
+        MATH: "addcmul addmm allclose "
+              "bilinear_tensor_product center_loss clamp clip_by_norm "
+              "crop crop_tensor cross diag diag_embed dice_loss dist "
+              "elementwise_equal elementwise_floordiv elementwise_mod "
+              "filter_by_instag gather_nd "
+              "hash index_sample "
+              "kldiv_loss kron linspace "
+              "meshgrid multiplex "
+              "nonzero npair_loss pad pad_constant_like "
               "roll scatter scatter_nd scatter_nd_add "
               "shard_index sigmoid_focal_loss smooth_l1 "
               "strided_slice "
-              "teacher_student_sigmoid_loss trace tril triu "
-              "unique unique_with_counts where",
+              "teacher_student_sigmoid_loss trace "
+              "unique unique_with_counts ",
         "linear_lr_warmup wraps another schedule; pyfleet's schedules drive SGD alone "
         "(fluid.layers.exponential_decay, ...)": "linear_lr_warmup",
     },

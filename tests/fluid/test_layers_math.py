@@ -695,3 +695,85 @@ def test_rank_losses_and_label_smooth():
     np.testing.assert_allclose(got[0], np.log1p(np.exp(o)) - lab * o, rtol=1e-10)
     np.testing.assert_allclose(got[1], np.maximum(0, -(2 * lab - 1) * o + 0.2), rtol=1e-10)
     np.testing.assert_allclose(got[2], 0.8 * oh + 0.05, rtol=1e-10)
+
+
+# --------------------------------------------------------------------------- norms, losses, constants
+
+def test_layer_norm_prelu_mish_huber_bpr_forward():
+    x = _x((3, 2, 4))
+    lab = np.array([[1], [3], [0]], np.int64)
+
+    def build():
+        a = _data("x", (3, 2, 4))
+        f = L.reshape(a, [3, 8])
+        return [L.layer_norm(a, begin_norm_axis=1), L.prelu(a, "all"), L.mish(a),
+                L.huber_loss(f, L.scale(f, 0.3, 0.5), 0.4),
+                L.bpr_loss(L.slice(f, [1], [0], [4]), _data("lab", (3, 1), "int64"))]
+    got = _forward(build, {"x": x, "lab": lab})
+    x2 = x.reshape(3, 8)
+    ln = (x2 - x2.mean(1, keepdims=True)) / np.sqrt(x2.var(1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(got[0], ln.reshape(x.shape), rtol=1e-6)
+    np.testing.assert_allclose(got[1], np.where(x > 0, x, 0.25 * x))
+    np.testing.assert_allclose(got[2], x * np.tanh(np.log1p(np.exp(x))), rtol=1e-10)
+    r = (0.3 * x2 + 0.5) - x2
+    np.testing.assert_allclose(got[3], np.where(np.abs(r) <= 0.4, 0.5 * r * r,
+                                                0.4 * (np.abs(r) - 0.2)), rtol=1e-10)
+    s = x2[:, :4]
+    want = [np.mean([-np.log(1 / (1 + np.exp(-(s[i, c] - s[i, j])))) for j in range(4)
+                     if j != c]) for i, c in enumerate(lab[:, 0])]
+    np.testing.assert_allclose(got[4][:, 0], want, rtol=1e-10)
+
+
+@pytest.mark.parametrize("mode", ["all", "channel", "element"])
+def test_layer_norm_and_prelu_gradients(mode):
+    def build():
+        a = _param([3, 2, 4], "a")
+        y = L.prelu(L.layer_norm(a, begin_norm_axis=1), mode)
+        return _weighted(L.mish(y), (3, 2, 4))
+    _check(build, {"loss_w": _w((3, 2, 4))}, jitter=0.1)
+
+
+def test_huber_bpr_index_select_gradients():
+    def build():
+        a = _param([3, 5], "a")
+        b = _param([3, 5], "b")
+        i = _data("i", (4,), "int64")
+        return (L.mean(L.huber_loss(a, b, 0.3))
+                + L.mean(L.bpr_loss(a, _data("lab", (3, 1), "int64")))
+                + _weighted(L.index_select(a, i, dim=1), (3, 4)))
+    _check(build, {"lab": np.array([[4], [0], [2]], np.int64),
+                   "i": np.array([1, 1, 4, 0], np.int64), "loss_w": _w((3, 4))}, jitter=0.1)
+
+
+def test_constants_random_and_matrix_helpers():
+    x = _x((2, 3, 3))
+
+    def build():
+        a = _data("x", (2, 3, 3))
+        return [L.where(L.greater_than(a, L.scale(a, 0.0, 0.5))), L.dot(a, a), L.bmm(a, a),
+                L.full([2, 2], 3.5), L.full_like(a, 2.0), L.eye(3, 2), L.arange(1, 7, 2),
+                L.tril(a), L.triu(a, 1),
+                L.uniform_random([400], min=2.0, max=3.0, seed=5),
+                L.gaussian_random_batch_size_like(a, [-1, 300], mean=1.0, std=0.5, seed=3),
+                L.uniform_random([4])]
+    main, startup = _program()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        outs = build()
+    exe = fluid.Executor()
+    exe.run(startup)
+    got = exe.run(main, feed={"x": x}, fetch_list=outs)
+    again = exe.run(main, feed={"x": x}, fetch_list=outs)
+    np.testing.assert_array_equal(got[0], np.argwhere(x > 0.5))
+    np.testing.assert_allclose(got[1], (x * x).sum(-1, keepdims=True))
+    np.testing.assert_allclose(got[2], x @ x)
+    np.testing.assert_array_equal(got[3], np.full((2, 2), 3.5))
+    np.testing.assert_array_equal(got[4], np.full(x.shape, 2.0))
+    np.testing.assert_array_equal(got[5], np.eye(3, 2))
+    np.testing.assert_array_equal(got[6], [1, 3, 5])
+    np.testing.assert_array_equal(got[7], np.tril(x))
+    np.testing.assert_array_equal(got[8], np.triu(x, 1))
+    u, g = np.asarray(got[9]), np.asarray(got[10])
+    assert u.min() >= 2.0 and u.max() < 3.0 and abs(u.mean() - 2.5) < 0.05
+    assert g.shape == (2, 300) and abs(g.mean() - 1.0) < 0.1 and abs(g.std() - 0.5) < 0.1
+    np.testing.assert_array_equal(again[9], u)              # a fixed seed: same every run
+    assert not np.array_equal(again[11], got[11])          # seed 0: new values every run
