@@ -88,16 +88,24 @@ def launch_collective(cmd: Sequence[str], workers: int, *, hosts: str | None = N
     for k, v in needed.items():
         child_env.setdefault(k, v)
     print(f"pyfleet.launch: {workers} rank(s) through {argv[0]}", file=sys.stderr, flush=True)
-    proc = subprocess.Popen([*argv, *map(str, cmd)], env=child_env, stdin=subprocess.DEVNULL)
+    return run_mpi_job([*argv, *map(str, cmd)], child_env, timeout, "the collective job")
+
+
+def run_mpi_job(argv, env, timeout, what, cwd=None, messages=None):
+    """Run one mpiexec/mpirun command and wait: its exit code, or :data:`EXIT_TIMEOUT`
+    past ``timeout`` seconds (mpirun is then terminated, which stops every rank)."""
+    msg = sys.stderr if messages is None else messages
+    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL)
     try:
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        print(f"pyfleet.launch: the collective job ran past --timeout {timeout:g} s; "
-              f"stopping it", file=sys.stderr, flush=True)
+        print(f"pyfleet.launch: {what} ran past --timeout {timeout:g} s; stopping it",
+              file=msg, flush=True)
         return EXIT_TIMEOUT
     finally:
-        if proc.poll() is None:  # mpiexec stops its ranks on SIGTERM
+        if proc.poll() is None:  # mpirun stops its ranks on SIGTERM
             proc.terminate()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=_REAP_WAIT)
             proc.kill()
+            proc.wait()

@@ -22,23 +22,20 @@ train``, the job's keys) at the same path (NFS or a volume); docs/scaleout.md.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 
 from pyfleet.errors import ConfigError
-from pyfleet.launch.collective import mpiexec_command
-from pyfleet.launch.contract import CONTRACT_VARS, EXIT_TIMEOUT, role_env
+from pyfleet.launch.collective import mpiexec_command, run_mpi_job
+from pyfleet.launch.contract import CONTRACT_VARS, role_env
 from pyfleet.service import auth
 
 __all__ = ["DEFAULT_PORT", "host_list", "placement", "hosts_command", "launch_hosts"]
 
 DEFAULT_PORT = 36000
-_REAP_WAIT = 5.0
 # Forwarded from the launcher to every role, besides PYFLEET_* (mpirun's -x NAME).
 _FORWARD = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "PYTHONUNBUFFERED",
             "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "HOME")
@@ -172,20 +169,7 @@ def launch_hosts(cmd: Sequence[str], servers: int, workers: int, *, hosts: str |
         print(f"pyfleet.launch: {servers} server(s) and {workers} worker(s) on "
               f"{len(names)} host(s) through {argv[0]}; servers at {','.join(eps)}",
               file=msg, flush=True)
-        proc = subprocess.Popen(argv, env=base, cwd=where, stdin=subprocess.DEVNULL)
-        try:
-            return proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            print(f"pyfleet.launch: the job ran past --timeout {timeout:g} s; stopping it",
-                  file=msg, flush=True)
-            return EXIT_TIMEOUT
-        finally:
-            if proc.poll() is None:  # mpirun stops every rank on SIGTERM
-                proc.terminate()
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(timeout=_REAP_WAIT)
-                proc.kill()
-                proc.wait()
+        return run_mpi_job(argv, base, timeout, "the job", cwd=where, messages=msg)
     finally:
         if keys is not None:
             shutil.rmtree(keys, ignore_errors=True)

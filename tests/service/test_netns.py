@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.netns import bridge_namespaces
 
 from pyfleet.launch import CONTRACT_VARS, role_env
 
@@ -54,27 +55,11 @@ class Netns:
         self.workers = [f"{tag}w{i}" for i in range(2)]
         self.made = []
         try:
-            self._add(self.hub)
-            _ip("-n", self.hub, "link", "set", "lo", "up")
-            _ip("-n", self.hub, "link", "add", "br0", "type", "bridge")
-            _ip("-n", self.hub, "link", "set", "br0", "up")
-            for i, (ns, addr) in enumerate(zip(self.servers + self.workers,
-                                               SERVER_ADDRS + WORKER_ADDRS)):
-                self._add(ns)
-                _ip("-n", self.hub, "link", "add", f"p{i}", "type", "veth",
-                    "peer", "name", "eth0", "netns", ns)
-                _ip("-n", self.hub, "link", "set", f"p{i}", "master", "br0")
-                _ip("-n", self.hub, "link", "set", f"p{i}", "up")
-                _ip("-n", ns, "link", "set", "lo", "up")
-                _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0")
-                _ip("-n", ns, "link", "set", "eth0", "up")
+            bridge_namespaces(self.hub, self.servers + self.workers,
+                              SERVER_ADDRS + WORKER_ADDRS, self.made)
         except BaseException:
             self.delete()
             raise
-
-    def _add(self, ns):
-        _ip("netns", "add", ns)
-        self.made.append(ns)
 
     def delete(self):
         for ns in reversed(self.made):

@@ -47,6 +47,29 @@ def why_no_netns():
     return None
 
 
+def bridge_namespaces(hub, names, addrs, made):
+    """Namespace ``hub`` with a bridge, and one namespace per name with a veth pair to
+    it (``eth0`` inside) holding its address (/24); each namespace made is appended to
+    ``made`` as soon as it exists (the caller deletes them, whatever happens)."""
+    def add(ns):
+        _ip("netns", "add", ns)
+        made.append(ns)
+
+    add(hub)
+    _ip("-n", hub, "link", "set", "lo", "up")
+    _ip("-n", hub, "link", "add", "br0", "type", "bridge")
+    _ip("-n", hub, "link", "set", "br0", "up")
+    for i, (ns, addr) in enumerate(zip(names, addrs)):
+        add(ns)
+        _ip("-n", hub, "link", "add", f"p{i}", "type", "veth", "peer", "name", "eth0",
+            "netns", ns)
+        _ip("-n", hub, "link", "set", f"p{i}", "master", "br0")
+        _ip("-n", hub, "link", "set", f"p{i}", "up")
+        _ip("-n", ns, "link", "set", "lo", "up")
+        _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0")
+        _ip("-n", ns, "link", "set", "eth0", "up")
+
+
 class NetnsHosts:
     """``n`` hosts ``SUBNET.1`` .. ``SUBNET.n`` joined by a bridge (see the module)."""
 
@@ -74,26 +97,10 @@ class NetnsHosts:
                 """))
         os.chmod(self.agent, 0o755)
         try:
-            self._add(self.hub)
-            _ip("-n", self.hub, "link", "set", "lo", "up")
-            _ip("-n", self.hub, "link", "add", "br0", "type", "bridge")
-            _ip("-n", self.hub, "link", "set", "br0", "up")
-            for i, (ns, addr) in enumerate(zip(self.names, self.addrs)):
-                self._add(ns)
-                _ip("-n", self.hub, "link", "add", f"p{i}", "type", "veth",
-                    "peer", "name", "eth0", "netns", ns)
-                _ip("-n", self.hub, "link", "set", f"p{i}", "master", "br0")
-                _ip("-n", self.hub, "link", "set", f"p{i}", "up")
-                _ip("-n", ns, "link", "set", "lo", "up")
-                _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0")
-                _ip("-n", ns, "link", "set", "eth0", "up")
+            bridge_namespaces(self.hub, self.names, self.addrs, self.made)
         except BaseException:
             self.delete()
             raise
-
-    def _add(self, ns):
-        _ip("netns", "add", ns)
-        self.made.append(ns)
 
     def on(self, i, argv):
         """``argv`` run on host ``i``: its namespace, its own hostname."""
