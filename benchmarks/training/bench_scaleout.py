@@ -267,7 +267,13 @@ def main(argv=None):
     p.add_argument("--rows", type=int, default=60000, help="generated rows (90%% trained)")
     p.add_argument("--json", default=None, help="write the runs and the table here")
     p.add_argument("--plot", default=None, help="write the figure here (matplotlib)")
+    p.add_argument("--report", default=None, metavar="JSON",
+                   help="draw --plot from a --json file of an earlier run, measure nothing")
     args = p.parse_args(argv)
+    if args.report:
+        with open(args.report) as f:
+            _plot(json.load(f)["table"], args.plot)
+        return 0
     if args.relay:
         asyncio.run(_relay(float(args.relay[0]), args.relay[1:]))
         return 0
@@ -326,7 +332,7 @@ def _plot(table, path):
     axes[1].set_xlabel("RTT ms")
     for ax in axes:
         ax.set_ylabel("examples/s, ratio to baseline")
-        ax.set_ylim(0, 1.2)
+        ax.set_ylim(0, max([1.2] + [r["ratio"] * 1.1 for r in table if "ratio" in r]))
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
