@@ -18,6 +18,7 @@ from pyfleet.launch.collective import find_mpiexec
 from pyfleet.table import SparseTable
 
 
+@pytest.mark.slow  # builds tables of 1.25M rows
 def test_plan_rows_and_servers_follow_the_tables_own_accounting(tmp_path):
     r = pyfleet("plan", "--rows", 50_000_000, "--dim", 16, "--optimizer", "adam",
                 "--storage", "fp16", "--memory-budget", "2G", "--servers", 4, "--json",

@@ -9,6 +9,8 @@ import textwrap
 
 import pytest
 
+pytestmark = pytest.mark.slow  # real multi-process jobs, killed and restarted
+
 ROLE = textwrap.dedent("""
     import json, os, signal, sys, time
     out, plan = sys.argv[1], sys.argv[2]

@@ -16,6 +16,8 @@ import pytest
 from pyfleet.metrics import MetricStats
 from pyfleet.service import checkpoint as _checkpoint
 
+pytestmark = pytest.mark.slow  # real multi-process jobs, killed and restarted
+
 DEADLINE = 400
 
 
