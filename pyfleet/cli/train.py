@@ -20,7 +20,12 @@ from pyfleet.cli.data import (
     _split_paths,
 )
 from pyfleet.cli.export import model_of_best_pass
-from pyfleet.cli.modes import check_mode_options, check_scale_out_options, check_tables_start
+from pyfleet.cli.modes import (
+    MPI_MODES,
+    check_mode_options,
+    check_scale_out_options,
+    check_tables_start,
+)
 from pyfleet.cli.monitor import Monitor, count_lines
 from pyfleet.cli.plot import SIDECAR, plot_run
 from pyfleet.cli.report import (
@@ -35,6 +40,7 @@ from pyfleet.cli.resume import INHERITED, _explicit_dests, _inherit, _interrupte
 from pyfleet.cli.tensorboard import TensorBoard, check_available
 from pyfleet.data import synthetic
 from pyfleet.data.readers import list_files
+from pyfleet.launch.collective import find_mpiexec
 from pyfleet.launch.local import launch_local
 from pyfleet.service import auth
 from pyfleet.service import checkpoint as _checkpoint
@@ -422,8 +428,9 @@ def cmd_train(args, argv):
     last_pass = job["first_pass"] + args.epochs - 1
     monitor = Monitor(run_dir, args.workers, job["first_pass"], last_pass, total_lines,
                       args.log_interval, say)
-    say(f"starting {args.servers} server(s) and {args.workers} worker(s), {args.mode}; "
-        f"logs in {run_dir}/logs")
+    say(f"starting {args.servers} server(s) and {args.workers} worker(s), {args.mode}"
+        + (f" (workers through {find_mpiexec()})" if args.mode in MPI_MODES else "")
+        + f"; logs in {run_dir}/logs")
     tensorboard = TensorBoard(run_dir) if args.tensorboard else None
     if tensorboard is not None:
         monitor.listeners.append(tensorboard.add)

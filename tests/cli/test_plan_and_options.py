@@ -89,7 +89,8 @@ def test_help_lists_each_command_once(tmp_path):
         assert len(lines) == 1, (command, r.stdout)
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.slow
+@pytest.mark.timeout(400)
 def test_mpiexec_beside_the_interpreter_is_used_when_path_has_none(tmp_path):
     real = find_mpiexec()
     if real is None:
@@ -122,6 +123,13 @@ def test_mpiexec_beside_the_interpreter_is_used_when_path_has_none(tmp_path):
     assert f"through {venv / 'bin' / 'mpiexec'}" in r.stderr
     assert sorted(ln for ln in r.stdout.splitlines() if ln.startswith("rank")) == [
         "rank 0", "rank 1"]
+    r = subprocess.run([str(venv / "bin" / "python"), "-m", "pyfleet.cli", "train", "--mode",
+                        "collective", "--workers", "2", "--rows", "2000", "--layers", "8",
+                        "--embedding-dim", "4", "--run-dir", str(tmp_path / "run")],
+                       cwd=tmp_path, env={**env, "PYFLEET_CACHE_DIR": str(tmp_path / "cache")},
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"(workers through {venv / 'bin' / 'mpiexec'})" in r.stdout
 
 
 @pytest.mark.slow
