@@ -353,3 +353,20 @@ def test_a_stalled_body_is_408_and_frees_its_slot(models, tmp_path):
             reply = sock.recv(4096)
         assert reply.startswith(b"HTTP/1.1 408") and b"--read-timeout 1 s" in reply
         assert predict(s.url, b"\t" * 38, "text/tab-separated-values")[0]
+
+
+def test_following_an_empty_directory_is_not_ready_until_a_version_is_committed(
+        models, tmp_path):
+    models_dir = tmp_path / "models"
+    models_dir.mkdir()
+    with ServeProcess("--follow", models_dir, "--poll-interval", "0.1", cwd=tmp_path,
+                      ready=False) as s:
+        status, _, out = request(s.url + "/healthz")
+        assert status == 503 and json.loads(out)["status"] == "loading"
+        status, _, out = request(s.url + "/predict", b"\t" * 38, "text/tab-separated-values")
+        assert status == 503 and out.decode().count("\n") == 1
+        _commit_version(models[0], models_dir, "7")
+        s.wait_ready(60)
+        assert predict(s.url, b"\t" * 38, "text/tab-separated-values")[1].startswith("7@")
+        s.proc.send_signal(signal.SIGTERM)  # stops cleanly
+        assert s.proc.wait(timeout=60) == 0
