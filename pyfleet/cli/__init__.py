@@ -18,6 +18,7 @@ trainer and Fluid are imported inside the commands that need them, never here:
 ``pyfleet --help`` and ``pyfleet gen-data`` do not pay for them.
 """
 
+import difflib
 import sys
 
 from pyfleet.cli.data import cmd_gen_data
@@ -38,6 +39,11 @@ def main(argv=None):
         from pyfleet.cli.run import cmd_run
         return cmd_run(argv[1:])
     parser, train = build_parser()
+    commands = subcommand_parser(parser, None, every=True)
+    if argv and not argv[0].startswith("-") and argv[0] not in commands:
+        close = difflib.get_close_matches(argv[0], list(commands), n=1)
+        parser.error(f"no command {argv[0]!r}" + (f": did you mean {close[0]}?" if close else
+                                                   f" (commands: {', '.join(commands)})"))
     args, extra = parser.parse_known_args(argv)
     if extra:  # named by the command's own parser, with the nearest option suggested
         command = subcommand_parser(parser, args.command) or parser

@@ -257,12 +257,13 @@ pyfleet: train and use CTR models on a sparse parameter server.
 describes each command's options."""
 
 
-def subcommand_parser(parser, name):
-    """The subparser of command ``name`` of ``parser`` (None: no such command)."""
+def subcommand_parser(parser, name, every=False):
+    """The subparser of command ``name`` of ``parser`` (None: no such command);
+    ``every``: the dict of every command's instead."""
     for action in parser._subparsers._group_actions if parser._subparsers else []:
         if isinstance(action, argparse._SubParsersAction):
-            return action.choices.get(name)
-    return None
+            return dict(action.choices) if every else action.choices.get(name)
+    return {} if every else None
 
 
 def build_parser():

@@ -140,3 +140,10 @@ def test_quiet_prints_the_summary_only(tmp_path):
     # no launcher line, no progress, no phase (warnings may be there)
     assert "pyfleet.launch" not in r.stderr and "pass 1" not in r.stderr + r.stdout
     assert "starting" not in r.stdout and "test AUC" in r.stdout
+
+
+def test_a_mistyped_command_names_the_nearest_one(tmp_path):
+    r = pyfleet("trian", "--rows", 10, cwd=tmp_path)
+    assert r.returncode == 2 and "no command 'trian': did you mean train?" in r.stderr
+    r = pyfleet("zzz", cwd=tmp_path)
+    assert r.returncode == 2 and "(commands: train, gen-data" in r.stderr
