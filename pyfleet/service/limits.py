@@ -4,7 +4,8 @@ A server's memory must not grow with what an untrusted or broken peer sends.
 Each limit is a ``Server(...)`` argument and a ``python -m pyfleet.server``
 flag (the same name with dashes):
 
-- ``max_message_bytes`` (default 1 GiB): the largest message. libzmq enforces
+- ``max_message_bytes`` (default 256 MiB: the largest dense block a server
+  takes, ``max_dense_floats`` x 4): the largest message. libzmq enforces
   it per frame (``ZMQ_MAXMSGSIZE``: a peer sending a larger frame is
   disconnected); a message whose frames add up to more is refused once
   received. libzmq delivers a multipart message whole, so a peer can make the
@@ -41,6 +42,9 @@ flag (the same name with dashes):
   (``4 * (dim + optimizer state floats) + 64`` bytes; a table with a disk tier
   counts at most its ``memory_budget``). A pull or push that could create rows
   past either, were all its keys new, is refused by name before any row is made.
+- ``max_buffer_bytes`` (default 256 MiB): one budget for every peer together:
+  the large replies libzmq still holds, every peer's backlog, and the requests
+  the handler threads hold (see :mod:`pyfleet.service.loop`).
 - ``max_step_bytes`` (default 128 MiB): sparse gradient bytes (keys and
   values) one worker's pushes may leave buffered on a sync-mode server in one
   step; a push beyond is refused by name (a step's own pushes of a CTR batch
@@ -71,7 +75,7 @@ ROW_OVERHEAD = 64
 
 
 class Limits(NamedTuple):
-    max_message_bytes: int = 1 << 30
+    max_message_bytes: int = 256 << 20
     max_queued_replies: int = 16
     max_backlog_bytes: int = 64 << 20
     max_request_keys: int = 1 << 20
@@ -81,6 +85,7 @@ class Limits(NamedTuple):
     max_server_bytes: int = _physical_memory()
     max_table_bytes: int = _physical_memory()
     max_step_bytes: int = 128 << 20
+    max_buffer_bytes: int = 256 << 20
 
     @classmethod
     def make(cls, **values):
@@ -166,7 +171,7 @@ def add_arguments(parser):
     with ``Limits.make(**vars(args))``)."""
     helps = {
         "max_message_bytes": "largest message: per frame by libzmq, whole messages once "
-                             "received (default 1 GiB)",
+                             "received (default 256 MiB)",
         "max_queued_replies": "replies kept for a peer that does not read them; more are "
                               "dropped (default 16)",
         "max_backlog_bytes": "bytes of replies kept for a peer beyond --max-queued-replies "
@@ -183,6 +188,8 @@ def add_arguments(parser):
                            "memory)",
         "max_step_bytes": "sparse gradient bytes one worker may buffer in one sync step "
                           "(default 128 MiB)",
+        "max_buffer_bytes": "bytes of unread large replies, backlogs and requests in the "
+                            "handlers, all peers together (default 256 MiB)",
     }
     for name, default in Limits._field_defaults.items():
         parser.add_argument("--" + name.replace("_", "-"), type=int, default=default,

@@ -18,6 +18,16 @@ outruns the I/O thread's accounting); beyond it, or for a peer
 that is gone, a reply is dropped and reported, so a client that never reads
 its replies cannot grow the server.
 
+One byte budget, ``max_buffer_bytes``, bounds what every peer together can
+make the server hold: the large replies (frames of at least
+``wire.COPY_LIMIT``, sent without a copy and tracked until libzmq lets go of
+them) and the backlogs of all peers, and the requests handed to the handler
+threads and not yet answered. A large reply that does not fit is dropped and
+reported, unless its peer holds nothing yet (a client that reads its replies
+always gets the next one); while the requests in the handlers exceed the
+budget, the ROUTER is not read (libzmq keeps at most ``wire.RCVHWM`` requests
+a peer, then stops reading that peer's connection).
+
 Not thread-safe beyond that: :meth:`run` once, from one thread; the
 ``done`` event (set from anywhere) ends it.
 """
@@ -67,7 +77,7 @@ class SocketLoop:
     closes them itself)."""
 
     def __init__(self, ctx, router, name, handle, tick, handler_threads, inline_limit, done,
-                 on_drop=None, max_backlog_bytes=64 << 20):
+                 on_drop=None, max_backlog_bytes=64 << 20, max_buffer_bytes=256 << 20):
         self.ctx, self.router = ctx, router
         self.on_drop = on_drop
         self.handle, self.tick = handle, tick
@@ -76,6 +86,12 @@ class SocketLoop:
         self.max_backlog_bytes = max_backlog_bytes
         # identity -> [deque of (frames, copy, bytes), bytes]: replies its queue had no room for
         self._backlog = {}
+        self.max_buffer_bytes = max_buffer_bytes
+        self._sent = []           # (tracker, bytes, identity) of large replies libzmq holds
+        self._held = {}           # identity -> bytes of its large replies libzmq holds
+        self._held_bytes = 0      # all of them, and every peer's backlog
+        self._busy = 0            # bytes of requests the handler threads hold
+        self._busy_lock = threading.Lock()
         self._work_addr, self._reply_addr = name + "-work", name + "-reply"
         self._work = self._replies = None
         try:
@@ -115,7 +131,9 @@ class SocketLoop:
                 # queued meanwhile are heard first.
                 if self._backlog:
                     self._flush_backlog()
-                for sock in Z.readable([front, replies], 5 if self._backlog else 100):
+                # Requests the handlers hold past the budget: answer those before reading more.
+                socks = [front, replies] if self._busy <= self.max_buffer_bytes else [replies]
+                for sock in Z.readable(socks, 5 if self._backlog else 100):
                     for _ in range(_DRAIN):
                         try:
                             msg = Z.recv_frames(sock, Z.NOBLOCK)
@@ -127,6 +145,8 @@ class SocketLoop:
                             for out in self.handle(msg):
                                 self.reply(out)
                         else:
+                            with self._busy_lock:
+                                self._busy += _nbytes(msg)
                             Z.send_frames(self._work, msg, copy=False)
                 self.tick(front)
         finally:
@@ -151,11 +171,16 @@ class SocketLoop:
         wait for one peer."""
         ident = bytes(frames[0])
         parked = self._backlog.get(ident)
+        size = _nbytes(frames)
+        if size >= Z.COPY_LIMIT and (self._held.get(ident) or parked) and \
+                self._unsent() + size > self.max_buffer_bytes:
+            self._drop(f"this server's buffer budget max_buffer_bytes={self.max_buffer_bytes} "
+                       f"is full (replies its peers have not read)", ident)
+            return
         if parked is None:
             if self._send(frames, copy, ident):
                 return
             parked = self._backlog[ident] = [deque(), 0]
-        size = _nbytes(frames)
         if parked[1] + size > self.max_backlog_bytes:
             self._drop("its peer's reply queue is full (a client that does not read its "
                        "replies)", ident)
@@ -164,13 +189,38 @@ class SocketLoop:
             return
         parked[0].append((frames, copy, size))
         parked[1] += size
+        self._held_bytes += size
+
+    def _unsent(self):
+        """Bytes of large replies libzmq still holds and of every backlog (the
+        trackers of replies that left are let go first)."""
+        if self._sent and any(t.done for t, _, _ in self._sent):
+            keep = []
+            for t, n, ident in self._sent:
+                if t.done:
+                    self._held_bytes -= n
+                    left = self._held[ident] - n
+                    if left:
+                        self._held[ident] = left
+                    else:
+                        del self._held[ident]
+                else:
+                    keep.append((t, n, ident))
+            self._sent = keep
+        return self._held_bytes
 
     def _send(self, frames, copy, ident):
         """Whether ``frames`` left (or were dropped: a peer gone); False when
         the peer's queue is full."""
         for attempt in range(2):
             try:
-                Z.send_frames(self.router, frames, copy, Z.NOBLOCK)
+                tracked = []
+                Z.send_frames(self.router, frames, copy, Z.NOBLOCK, tracked)
+                for t, n in tracked:
+                    if not t.done:
+                        self._sent.append((t, n, ident))
+                        self._held[ident] = self._held.get(ident, 0) + n
+                        self._held_bytes += n
                 return True
             except zmq.Again:
                 # The I/O thread reports what it took from the queue as
@@ -192,7 +242,9 @@ class SocketLoop:
         for ident, parked in list(self._backlog.items()):
             queue = parked[0]
             while queue and self._send(queue[0][0], queue[0][1], ident):
-                parked[1] -= queue.popleft()[2]
+                size = queue.popleft()[2]
+                parked[1] -= size
+                self._held_bytes -= size
             if not queue:
                 del self._backlog[ident]
 
@@ -213,8 +265,15 @@ class SocketLoop:
         try:
             while not self.done.is_set():
                 if Z.readable([work], 100):
-                    for reply in self.handle(Z.recv_frames(work)):
-                        Z.send_frames(out, reply)
+                    msg = Z.recv_frames(work)
+                    size = _nbytes(msg)
+                    try:
+                        for reply in self.handle(msg):
+                            Z.send_frames(out, reply)
+                    finally:
+                        del msg  # the request's memory goes before the budget says so
+                        with self._busy_lock:
+                            self._busy -= size
         finally:
             work.close(linger=0)
             out.close(linger=1000)

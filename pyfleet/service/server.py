@@ -133,7 +133,7 @@ class Server:
     """
 
     def __init__(self, endpoint, server_index, server_num, worker_num, mode="async",
-                 tables=None, handler_threads=2, max_message_bytes=1 << 30,
+                 tables=None, handler_threads=2, max_message_bytes=256 << 20,
                  heartbeat_timeout=10.0, barrier_timeout=300.0, checkpoint_dir=None,
                  inline_limit=INLINE_LIMIT, curve_secret_key=None, curve_client_keys=None,
                  context=None, split_pull_keys=SPLIT_PULL_KEYS, insecure=None,
@@ -236,7 +236,8 @@ class Server:
                                     f"inproc://pyfleet-server-{id(self):x}", self._handle,
                                     self._housekeeping, self.handler_threads,
                                     self.inline_limit, self._done, on_drop=self._dropped,
-                                    max_backlog_bytes=self.limits.max_backlog_bytes)
+                                    max_backlog_bytes=self.limits.max_backlog_bytes,
+                                    max_buffer_bytes=self.limits.max_buffer_bytes)
             if tables:
                 self.create_tables(tables)
         except BaseException:

@@ -25,20 +25,31 @@ NOBLOCK = int(zmq.NOBLOCK)
 # track the buffer and release it from its garbage-collector thread, a thread
 # wake-up per frame; copying 256 KiB costs about as much, less below.
 COPY_LIMIT = 1 << 18
+# Requests libzmq keeps for one peer before it stops reading that peer.
+RCVHWM = 16
 
 
-def send_frames(sock, frames, copy=None, flags=0):
+def send_frames(sock, frames, copy=None, flags=0, track=None):
     """Send one multipart message; raises ``zmq.Again`` (nothing sent) when
     ``flags`` has NOBLOCK and the message cannot be queued. ``copy``: True or
     False for every frame, or None to copy exactly the frames (numpy arrays,
     bytes) smaller than :data:`COPY_LIMIT`; a ``zmq.Frame`` is never copied.
-    A frame sent without a copy must not be modified until it has left."""
+    A frame sent without a copy must not be modified until it has left.
+    ``track``: a list that gets ``(zmq.MessageTracker, bytes)`` of every
+    frame sent without a copy (done once libzmq let go of it)."""
     last = len(frames) - 1
     for i, f in enumerate(frames):
+        n = f.nbytes if isinstance(f, np.ndarray) else len(f)
         c = copy
         if c is None:
-            c = (f.nbytes if isinstance(f, np.ndarray) else len(f)) < COPY_LIMIT
-        sock.send(f, flags | _SNDMORE if i < last else flags, copy=c)
+            c = n < COPY_LIMIT
+        fl = flags | _SNDMORE if i < last else flags
+        if track is None or c:
+            sock.send(f, fl, copy=c)
+            continue
+        if isinstance(f, zmq.Frame):  # a received frame has no tracker: a tracked view
+            f = zmq.Frame(f.buffer, track=True)
+        track.append((sock.send(f, fl, copy=False, track=True), n))
 
 
 def recv_frames(sock, flags=0):
@@ -111,7 +122,9 @@ def bind_router(sock, host, port, max_message_bytes, curve_secret_key=None,
     sock.setsockopt(zmq.LINGER, 1000)
     sock.setsockopt(zmq.SNDHWM, max_queued_replies)
     sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-    sock.setsockopt(zmq.RCVHWM, 0)
+    # Requests read but not yet taken by the server: at most this many a peer, then
+    # libzmq stops reading that peer's connection (TCP pushes back on it).
+    sock.setsockopt(zmq.RCVHWM, RCVHWM)
     if curve_secret_key is not None:
         # Encrypted, and clients must know this server's public key.
         sock.curve_server = True

@@ -119,7 +119,7 @@ def test_tables_created_over_the_wire_are_capped():
     with ServerGroup(1, 1, extra_args=flags) as g, \
             Client(g.endpoints, timeout=30, heartbeat_interval=0) as c:
         before = _status(g.procs[0].pid)["VmHWM"]
-        huge = {**DENSE, "name": "huge", "shape": [1 << 28]}  # 268M floats: 9 GB with Adam
+        huge = {**DENSE, "name": "huge", "shape": [1 << 26]}  # 67M floats: 2.3 GB with Adam
         with pytest.raises(RemoteError, match=r"max_dense_floats=1048576.*--max-dense-floats"):
             c.create_tables([huge])
         with pytest.raises(RemoteError, match=r"dim 65 .*max_sparse_dim=64"):
@@ -143,3 +143,66 @@ def test_limits_are_refused_by_name_when_not_positive():
                  "max_sparse_dim", "max_tables"):
         with pytest.raises(ValueError, match=name):
             Server("127.0.0.1:0", 0, 1, 1, **{name: 0})
+
+
+def test_slow_readers_together_stay_within_one_server_budget():
+    # The attack: several peers ask for large replies and read none. The bounds were per
+    # peer (16 queued replies and a 64 MiB backlog each): four peers with 16 MiB replies
+    # grew a server by 1.24 GiB. Now one budget (--max-buffer-bytes) holds for all of them.
+    peers, sent = 4, 40
+    with ServerGroup(1, 1, extra_args=["--max-buffer-bytes", 48 * MIB]) as g, \
+            Client(g.endpoints, timeout=30, heartbeat_interval=0) as c:
+        c.create_tables([DENSE])
+        tid = c._ids[0][f"big[0:{DENSE_FLOATS}]"]
+        pid = g.procs[0].pid
+        c.pull_dense("big")
+        before = _status(pid)["VmHWM"]
+        socks = []
+        try:
+            for _ in range(peers):
+                sock = zmq.Context.instance().socket(zmq.DEALER)
+                sock.setsockopt(zmq.RCVHWM, 1)
+                sock.setsockopt(zmq.RCVBUF, 1 << 16)
+                sock.setsockopt(zmq.LINGER, 0)
+                sock.connect("tcp://" + g.endpoints[0])
+                socks.append(sock)
+            for i in range(sent):
+                for sock in socks:
+                    sock.send_multipart([bytes(f) for f in P.request(Op.PULL_DENSE, i + 1,
+                                                                     table=tid)])
+            _wait_counter(c, "op_pull_dense", peers * sent)
+            counters = _counters(c)
+            grown = _status(pid)["VmHWM"] - before
+            # a client that reads its replies is still served, large replies included
+            np.testing.assert_array_equal(c.pull_dense("big"), np.zeros(DENSE_FLOATS))
+        finally:
+            for sock in socks:
+                sock.close(0)
+    # 160 replies of 4 MiB (640 MiB): 48 MiB of budget, one reply a peer beyond it, and
+    # what the kernel's socket buffers took; the rest dropped and counted
+    assert counters.get("dropped_replies", 0) >= peers * sent - 30, counters
+    assert grown < 120 * MIB, f"server peak RSS grew by {grown / MIB:.0f} MiB"
+
+
+def test_a_frame_over_max_message_bytes_is_refused_before_it_is_held():
+    # The attack: one 900 MiB frame made a server hold 940 MiB before refusing it. A frame
+    # over max_message_bytes (default 256 MiB) drops the connection as it arrives.
+    from pyfleet.service.limits import DEFAULTS
+    assert DEFAULTS.max_message_bytes == 256 * MIB
+    with ServerGroup(1, 1, extra_args=["--max-message-bytes", 8 * MIB]) as g, \
+            Client(g.endpoints, timeout=30, heartbeat_interval=0) as c:
+        pid = g.procs[0].pid
+        before = _status(pid)["VmHWM"]
+        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect("tcp://" + g.endpoints[0])
+        try:
+            big = np.zeros(96 * MIB, np.uint8)   # 12 times the limit
+            sock.send_multipart([P.pack_header(Op.PUSH_DENSE, 1, 1, big.size // 4, 1), big])
+            time.sleep(2.0)  # what the server would have read by now
+            assert not sock.poll(100)             # no reply: the connection was dropped
+            grown = _status(pid)["VmHWM"] - before
+            assert c.stats()[0]["server_index"] == 0  # and the server serves on
+        finally:
+            sock.close(0)
+    assert grown < 24 * MIB, f"server peak RSS grew by {grown / MIB:.0f} MiB"
