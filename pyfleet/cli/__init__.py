@@ -3,6 +3,8 @@
     pyfleet train [options]      train a CTR model on a local cluster (the main job)
     pyfleet gen-data [options]   write the synthetic Criteo-format data set
     pyfleet predict [options]    score a data file with a saved inference model
+    pyfleet export [options]     write the inference model of a checkpoint
+    pyfleet plan [options]       bytes a row, rows a server holds, servers needed
     pyfleet serve [options]      answer prediction requests over HTTP
     pyfleet keygen DIR           write CURVE key pairs for authenticated clusters
     pyfleet run SCRIPT [ARGS]    run Fleet-era code unchanged (`paddle` is pyfleet)
@@ -12,8 +14,8 @@ synthetic data set with a known ground truth, starts 1 server and 2 workers on
 127.0.0.1, trains the DNN for one pass, evaluates on the held-out split, and
 prints a summary (also in RUN_DIR/summary.json).
 
-One module per command (``train``, ``predict``, ``data`` for gen-data and the data
-checks, ``keygen``), with ``parser`` (the options), ``resume`` and ``report``. The
+One module per command (``train``, ``predict``, ``export``, ``plan``, ``data`` for
+gen-data and the data checks, ``keygen``), with ``parser`` (the options), ``resume`` and ``report``. The
 trainer and Fluid are imported inside the commands that need them, never here:
 ``pyfleet --help`` and ``pyfleet gen-data`` do not pay for them.
 """
