@@ -396,3 +396,107 @@ def _random_fwd(op, s):
 
 _register("random", _random_fwd)
 NO_GRAD.add("random")
+
+
+def _int_binary_fwd(op, s):
+    from pyfleet.fluid.math_ops import _align
+    x, y = _x(op, s), _x(op, s, "Y")
+    y = _align(x, y, op.attrs.get("axis", -1))
+    fn = {"mod": np.mod, "floordiv": np.floor_divide, "equal": np.equal}[op.attrs["fn"]]
+    s.set(op.output("Out")[0], fn(x, y))
+
+
+_register("elementwise_int", _int_binary_fwd)
+NO_GRAD.add("elementwise_int")
+
+
+def _shard_index_fwd(op, s):
+    x = _x(op, s)
+    a = op.attrs
+    size = (a["index_num"] + a["nshards"] - 1) // a["nshards"]
+    if x.size and (x.min() < 0 or x.max() >= a["index_num"]):
+        raise ValueError(f"shard_index: an id of {op.input('X')[0].name} is outside "
+                         f"[0, {a['index_num']})")
+    s.set(op.output("Out")[0], np.where(x // size == a["shard_id"], x % size,
+                                        a["ignore_value"]).astype(x.dtype))
+
+
+_register("shard_index", _shard_index_fwd)
+NO_GRAD.add("shard_index")
+
+
+def _roll_fwd(op, s):
+    x = _x(op, s)
+    dims = op.attrs["dims"]
+    out = np.roll(x.reshape(-1) if dims is None else x, op.attrs["shifts"], axis=dims)
+    s.set(op.output("Out")[0], out.reshape(x.shape))
+
+
+def _roll_bwd(op, s):
+    xv = op.input("X")[0]
+    g = s.grad(op.output("Out")[0])
+    if g is None or not s.needs_grad(xv):
+        return
+    dims = op.attrs["dims"]
+    back = [-k for k in op.attrs["shifts"]]
+    gx = np.roll(g.reshape(-1) if dims is None else g, back if dims is not None else back[0],
+                 axis=dims)
+    s.add_grad(xv, gx.reshape(g.shape))
+
+
+_register("roll", _roll_fwd, _roll_bwd)
+
+
+def _unique_fwd(op, s):
+    x = _x(op, s).reshape(-1)
+    vals, first, inverse, counts = np.unique(x, return_index=True, return_inverse=True,
+                                             return_counts=True)
+    order = np.argsort(first, kind="stable")          # Fluid: first-occurrence order
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.size)
+    dtype = np.dtype(op.attrs["dtype"])
+    s.set(op.output("Out")[0], vals[order])
+    s.set(op.output("Index")[0], rank[inverse].astype(dtype))
+    if op.output("Count"):
+        s.set(op.output("Count")[0], counts[order].astype(dtype))
+
+
+_register("unique", _unique_fwd)
+NO_GRAD.add("unique")
+
+
+def _smooth_l1_parts(op, s):
+    x, y = _x(op, s), _x(op, s, "Y")
+    d = x - y.reshape(x.shape)
+    if op.input("InsideWeight"):
+        d = d * _x(op, s, "InsideWeight").reshape(x.shape)
+    return x, d, op.attrs["sigma2"]
+
+
+def _smooth_l1_fwd(op, s):
+    x, d, s2 = _smooth_l1_parts(op, s)
+    e = np.where(np.abs(d) < 1.0 / s2, 0.5 * s2 * d * d, np.abs(d) - 0.5 / s2)
+    if op.input("OutsideWeight"):
+        e = e * _x(op, s, "OutsideWeight").reshape(x.shape)
+    s.set(op.output("Out")[0], e.reshape(x.shape[0], -1).sum(axis=1, keepdims=True))
+
+
+def _smooth_l1_bwd(op, s):
+    g = s.grad(op.output("Out")[0])
+    if g is None:
+        return
+    xv, yv = op.input("X")[0], op.input("Y")[0]
+    x, d, s2 = _smooth_l1_parts(op, s)
+    dd = np.where(np.abs(d) < 1.0 / s2, s2 * d, np.sign(d))
+    if op.input("OutsideWeight"):
+        dd = dd * _x(op, s, "OutsideWeight").reshape(x.shape)
+    if op.input("InsideWeight"):
+        dd = dd * _x(op, s, "InsideWeight").reshape(x.shape)
+    gx = dd * g.reshape((-1,) + (1,) * (x.ndim - 1))
+    if s.needs_grad(xv):
+        s.add_grad(xv, gx)
+    if s.needs_grad(yv):
+        s.add_grad(yv, -gx.reshape(s.data(yv).shape))
+
+
+_register("smooth_l1_loss", _smooth_l1_fwd, _smooth_l1_bwd)

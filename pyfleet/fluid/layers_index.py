@@ -19,7 +19,9 @@ __all__ = ["arange", "argmax", "argmin", "argsort", "bmm", "bpr_loss", "cumsum",
            "index_select", "isfinite", "label_smooth", "log_softmax", "logsumexp",
            "margin_rank_loss", "mul", "range", "rank", "rank_loss", "reduce_all", "reduce_any",
            "reverse", "size", "softmax_with_cross_entropy", "split", "t", "tril", "triu",
-           "uniform_random", "uniform_random_batch_size_like", "where"]
+           "uniform_random", "uniform_random_batch_size_like", "where", "addcmul", "addmm",
+           "elementwise_equal", "elementwise_floordiv", "elementwise_mod", "linspace",
+           "nonzero", "roll", "shard_index", "smooth_l1", "unique", "unique_with_counts"]
 
 
 def _block():
@@ -413,3 +415,119 @@ def tril(input, diagonal=0, name=None):
 
 def triu(input, diagonal=0, name=None):
     return _tri(input, diagonal, False)
+
+
+def _int_binary(fn, x, y, axis):
+    _check_var(x, f"elementwise_{fn} x")
+    _check_var(y, f"elementwise_{fn} y")
+    shape = x.shape if len(x.shape) >= len(y.shape) else y.shape
+    out = _tmp(f"elementwise_{fn}", shape, "bool" if fn == "equal" else x.dtype, True)
+    _op("elementwise_int", {"X": [x], "Y": [y]}, {"Out": [out]}, {"fn": fn, "axis": int(axis)})
+    return out
+
+
+def elementwise_mod(x, y, axis=-1, act=None, name=None):
+    """``x mod y`` (the sign of ``y``, as numpy and Fluid); no gradient."""
+    return _int_binary("mod", x, y, axis)
+
+
+def elementwise_floordiv(x, y, axis=-1, act=None, name=None):
+    return _int_binary("floordiv", x, y, axis)
+
+
+def elementwise_equal(x, y, name=None):
+    return _int_binary("equal", x, y, -1)
+
+
+def shard_index(input, index_num, nshards, shard_id, ignore_value=-1):
+    """Fluid's id sharding: ``x % shard_size`` for ids of shard ``shard_id``
+    (``shard_size = ceil(index_num / nshards)``), ``ignore_value`` for the others."""
+    _check_var(input, "shard_index input")
+    if not 0 <= int(shard_id) < int(nshards):
+        raise ValueError(f"shard_index: shard_id {shard_id} is outside [0, {nshards})")
+    out = _tmp("shard_index", input.shape, input.dtype, True)
+    _op("shard_index", {"X": [input]}, {"Out": [out]},
+        {"index_num": int(index_num), "nshards": int(nshards), "shard_id": int(shard_id),
+         "ignore_value": int(ignore_value)})
+    return out
+
+
+def nonzero(input, as_tuple=False):
+    """The int64 ``[K, ndim]`` indices of the nonzero entries (``as_tuple``: one
+    ``[K, 1]`` per dimension)."""
+    idx = where(input)
+    if not as_tuple:
+        return idx
+    return split(idx, len(input.shape), dim=1)
+
+
+def roll(input, shifts, dims=None):
+    _check_var(input, "roll input")
+    shifts = [shifts] if isinstance(shifts, int) else [int(k) for k in shifts]
+    if dims is not None:
+        dims = [dims] if isinstance(dims, int) else [_axis(input, d) for d in dims]
+        if len(dims) != len(shifts):
+            raise ValueError(f"roll: {len(shifts)} shifts for {len(dims)} dims")
+    elif len(shifts) != 1:
+        raise ValueError("roll: without dims, shifts must be one number")
+    out = _tmp("roll", input.shape, input.dtype)
+    _op("roll", {"X": [input]}, {"Out": [out]}, {"shifts": shifts, "dims": dims})
+    return out
+
+
+def _unique(x, dtype, counts):
+    _check_var(x, "unique x")
+    out = _tmp("unique", (-1,), x.dtype, True)
+    outputs = {"Out": [out], "Index": [_tmp("unique", (-1,), dtype, True)]}
+    if counts:
+        outputs["Count"] = [_tmp("unique", (-1,), dtype, True)]
+    from pyfleet.fluid.tensor import convert_dtype
+    _op("unique", {"X": [x]}, outputs, {"dtype": convert_dtype(dtype).str})
+    return (out, outputs["Index"][0]) + ((outputs["Count"][0],) if counts else ())
+
+
+def unique(x, dtype="int32"):
+    """``(values in first-occurrence order, index of each element's value)``."""
+    return _unique(x, dtype, False)
+
+
+def unique_with_counts(x, dtype="int32"):
+    return _unique(x, dtype, True)
+
+
+def linspace(start, stop, num, dtype):
+    import numpy as np
+    for v in (start, stop, num):
+        if isinstance(v, framework.Variable):
+            raise ValueError("linspace: Variable arguments are not supported; pass numbers")
+    return _constant(np.linspace(float(start), float(stop), int(num)), dtype)
+
+
+def addmm(input, x, y, alpha=1.0, beta=1.0, name=None):
+    """``beta * input + alpha * (x @ y)``."""
+    from pyfleet.fluid import layers as L
+    return L.elementwise_add(L.scale(input, float(beta)), L.matmul(x, y, alpha=float(alpha)))
+
+
+def addcmul(input, tensor1, tensor2, value=1.0, out=None, name=None):
+    """``input + value * tensor1 * tensor2``."""
+    from pyfleet.fluid import layers as L
+    res = L.elementwise_add(input, L.scale(L.elementwise_mul(tensor1, tensor2), float(value)))
+    return res if out is None else L.assign(res, out)
+
+
+def smooth_l1(x, y, inside_weight=None, outside_weight=None, sigma=None):
+    """Per sample, the sum over its elements of ``0.5 (sigma d)^2`` where
+    ``|d| < 1 / sigma^2``, else ``|d| - 0.5 / sigma^2``; ``d = (x - y) *
+    inside_weight``, each term times ``outside_weight``: ``[N, 1]``."""
+    _check_var(x, "smooth_l1 x")
+    _check_var(y, "smooth_l1 y")
+    inputs = {"X": [x], "Y": [y]}
+    if inside_weight is not None:
+        inputs["InsideWeight"] = [_check_var(inside_weight, "smooth_l1 inside_weight")]
+    if outside_weight is not None:
+        inputs["OutsideWeight"] = [_check_var(outside_weight, "smooth_l1 outside_weight")]
+    sigma = 1.0 if sigma is None else float(sigma)
+    out = _tmp("smooth_l1", (x.shape[0], 1), x.dtype)
+    _op("smooth_l1_loss", inputs, {"Out": [out]}, {"sigma2": sigma * sigma})
+    return out

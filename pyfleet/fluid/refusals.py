@@ -122,20 +122,20 @@ _GROUPS = {
         RANDOM: ""
                 "randint randn randperm sampling_id",
         SELECTED_ROWS: "get_tensor_from_selected_rows merge_selected_rows",
-        MATH: "addcmul addmm allclose "
+        MATH: "allclose "
               "bilinear_tensor_product center_loss clamp clip_by_norm "
               "crop crop_tensor cross diag diag_embed dice_loss dist "
-              "elementwise_equal elementwise_floordiv elementwise_mod "
+              ""
               "filter_by_instag gather_nd "
               "hash index_sample "
-              "kldiv_loss kron linspace "
+              "kldiv_loss kron "
               "meshgrid multiplex "
-              "nonzero npair_loss pad pad_constant_like "
-              "roll scatter scatter_nd scatter_nd_add "
-              "shard_index sigmoid_focal_loss smooth_l1 "
+              "npair_loss pad pad_constant_like "
+              "scatter scatter_nd scatter_nd_add "
+              "sigmoid_focal_loss "
               "strided_slice "
               "teacher_student_sigmoid_loss trace "
-              "unique unique_with_counts ",
+              "",
         "linear_lr_warmup wraps another schedule; pyfleet's schedules drive SGD alone "
         "(fluid.layers.exponential_decay, ...)": "linear_lr_warmup",
     },

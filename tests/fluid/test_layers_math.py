@@ -777,3 +777,55 @@ def test_constants_random_and_matrix_helpers():
     assert g.shape == (2, 300) and abs(g.mean() - 1.0) < 0.1 and abs(g.std() - 0.5) < 0.1
     np.testing.assert_array_equal(again[9], u)              # a fixed seed: same every run
     assert not np.array_equal(again[11], got[11])          # seed 0: new values every run
+
+
+def test_integer_ops_roll_unique_linspace_forward():
+    ids = np.array([[1], [6], [12], [19]], np.int64)
+    x = _x((3, 4))
+    u = np.array([2, 3, 3, 1, 5, 3], np.int64)
+
+    def build():
+        i = _data("ids", (4, 1), "int64")
+        a = _data("x", (3, 4))
+        v = _data("u", (6,), "int64")
+        out, index, count = L.unique_with_counts(v)
+        return [L.shard_index(i, 20, 2, 0), L.shard_index(i, 20, 2, 1),
+                L.elementwise_mod(i, L.fill_constant([1], "int64", 5)),
+                L.elementwise_floordiv(i, L.fill_constant([1], "int64", 5)),
+                L.elementwise_equal(i, L.fill_constant([1], "int64", 6)),
+                L.nonzero(L.greater_than(a, L.scale(a, 0.0, 0.3))), L.roll(a, [1, -1], [0, 1]),
+                L.roll(a, 2), out, index, count, L.linspace(0, 1, 5, "float32"),
+                L.addmm(L.scale(L.matmul(a, L.t(a)), bias=1.0), a, L.t(a), alpha=0.5, beta=2.0)]
+    got = _forward(build, {"ids": ids, "x": x, "u": u})
+    np.testing.assert_array_equal(got[0], [[1], [6], [-1], [-1]])     # Fluid's doc example
+    np.testing.assert_array_equal(got[1], [[-1], [-1], [2], [9]])
+    np.testing.assert_array_equal(got[2], ids % 5)
+    np.testing.assert_array_equal(got[3], ids // 5)
+    np.testing.assert_array_equal(got[4], ids == 6)
+    np.testing.assert_array_equal(got[5], np.argwhere(x > 0.3))
+    np.testing.assert_array_equal(got[6], np.roll(x, (1, -1), (0, 1)))
+    np.testing.assert_array_equal(got[7], np.roll(x.reshape(-1), 2).reshape(3, 4))
+    np.testing.assert_array_equal(got[8], [2, 3, 1, 5])                # first-occurrence order
+    np.testing.assert_array_equal(got[9], [0, 1, 1, 2, 3, 1])
+    np.testing.assert_array_equal(got[10], [1, 3, 1, 1])
+    np.testing.assert_allclose(got[11], np.linspace(0, 1, 5))
+    np.testing.assert_allclose(got[12], 2.0 * (x @ x.T + 1) + 0.5 * (x @ x.T), rtol=1e-10)
+
+
+def test_smooth_l1_roll_addcmul_values_and_gradients():
+    x, y = _x((3, 4)), _x((3, 4), seed=6)
+    iw, ow = np.abs(_x((3, 4), seed=7)), np.abs(_x((3, 4), seed=8))
+
+    def build():
+        return [L.smooth_l1(_data("x", (3, 4)), _data("y", (3, 4)), _data("iw", (3, 4)),
+                            _data("ow", (3, 4)), sigma=1.5)]
+    got = _forward(build, {"x": x, "y": y, "iw": iw, "ow": ow})[0]
+    d = (x - y) * iw
+    e = np.where(np.abs(d) < 1 / 2.25, 0.5 * 2.25 * d * d, np.abs(d) - 0.5 / 2.25) * ow
+    np.testing.assert_allclose(got, e.sum(1, keepdims=True), rtol=1e-10)
+
+    def loss():
+        a, b = _param([3, 4], "a"), _param([3, 4], "b")
+        return (L.mean(L.smooth_l1(a, b, sigma=2.0)) + _weighted(L.roll(a, [1], [1]), (3, 4))
+                + L.mean(L.addcmul(a, b, a, value=0.7)))
+    _check(loss, {"loss_w": _w((3, 4))}, jitter=0.1)
