@@ -95,34 +95,23 @@ def test_a_killed_rank_ends_the_job_naming_it(tmp_path):
     assert not list((tmp_path / "c").glob("rank*.json"))  # nobody finished
 
 
-def test_a_stalled_rank_ends_the_job_after_the_collective_timeout(tmp_path):
-    t0 = time.monotonic()
-    res = run_job(tmp_path / "c", 2, "--stall-at", "2", timeout=120,
-                  extra_env={"PYFLEET_COLLECTIVE_TIMEOUT": "3"})
-    took = time.monotonic() - t0
-    assert res.returncode != 0
-    text = res.stdout + res.stderr
-    assert "rank 0 of 2 waited more than 3 s in the dense all-reduce of step 2" in text, \
-        text[-3000:]
-    # (run_job's 120 s timeout, far below the stalled rank's 600 s sleep, bounds it)
-    print(f"stalled rank: job ended after {took:.1f} s")
-
-
-def test_a_sigstopped_rank_is_named_and_ends_the_job_within_the_stall_bound(tmp_path):
-    # The attack: SIGSTOP one rank. The job used to wait 300 s and name only a waiting
-    # rank; the bound is now 60 s by default (--collective-timeout) and the rank that
-    # stalled is named.
+@pytest.mark.parametrize("how", ["--stall-at", "--sigstop-at"])
+def test_a_stalled_rank_is_named_and_ends_the_job_within_the_stall_bound(tmp_path, how):
+    # The attack: SIGSTOP one rank (or one that sleeps). The job used to wait 300 s and
+    # name only a waiting rank; the bound is now 60 s by default (--collective-timeout)
+    # and the rank that stalled is named.
     from pyfleet.distributed.mpi_group import DEFAULT_TIMEOUT
     assert DEFAULT_TIMEOUT == 60.0
     t0 = time.monotonic()
-    res = run_job(tmp_path / "c", 3, "--sigstop-at", "2", timeout=120,
+    res = run_job(tmp_path / "c", 3, how, "2", timeout=120,
                   extra_env={"PYFLEET_COLLECTIVE_TIMEOUT": "3"})
     took = time.monotonic() - t0
     assert res.returncode != 0
     text = res.stdout + res.stderr
     assert "waited more than 3 s in the dense all-reduce of step 2: rank 2 stalled: it " \
            "never reached this collective" in text, text[-3000:]
-    print(f"SIGSTOPped rank: job ended after {took:.1f} s")
+    # (run_job's 120 s timeout, far below the stalled rank's 600 s sleep, bounds it)
+    print(f"{how[2:]} rank: job ended after {took:.1f} s")
 
 
 def test_not_under_mpi_is_one_clear_error(tmp_path):
