@@ -26,6 +26,11 @@ def check_mode_options(args, explicit):
     if args.sparse_mode is not None and args.mode != "hybrid":
         raise SystemExit(f"pyfleet train: --sparse-mode is the servers' side of --mode "
                          f"hybrid, not of --mode {args.mode} (set --mode itself)")
+    timeout = getattr(args, "collective_timeout", None)
+    if timeout is not None and not (timeout > 0 and args.mode in MPI_MODES):
+        raise SystemExit(f"pyfleet train: --collective-timeout {timeout:g}: a number of "
+                         f"seconds > 0, for --mode collective or hybrid (this job is "
+                         f"{args.mode})")
     if args.mode not in MPI_MODES:
         return
     for dest, flag in _NOT_YET:

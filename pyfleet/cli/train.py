@@ -369,11 +369,7 @@ def cmd_train(args, argv):
     # Workers' save and load requests are confined to the run directory (the
     # servers load --resume's checkpoint themselves, from wherever it is).
     env = dict(os.environ, PYFLEET_CHECKPOINT_DIR=run_dir)
-    if args.collective_timeout is not None:
-        if not args.collective_timeout > 0 or args.mode not in ("collective", "hybrid"):
-            raise SystemExit(f"pyfleet train: --collective-timeout "
-                             f"{args.collective_timeout:g}: a number of seconds > 0, for "
-                             f"--mode collective or hybrid (this job is {args.mode})")
+    if args.collective_timeout is not None:  # checked by check_mode_options
         env["PYFLEET_COLLECTIVE_TIMEOUT"] = repr(float(args.collective_timeout))
     if args.curve_dir:
         env["PYFLEET_CURVE_DIR"] = os.path.abspath(args.curve_dir)

@@ -96,6 +96,9 @@ def test_a_collective_run_resumes_from_its_checkpoint(data, tmp_path):
     (["--mode", "collective", "--show-click"], "--show-click acts on the servers' tables"),
     (["--mode", "hybrid", "--checkpoint-steps", "5"],
      "--checkpoint-steps is not available with --mode hybrid"),
+    (["--mode", "async", "--collective-timeout", "30"],
+     "--collective-timeout 30: a number of seconds > 0, for --mode collective or hybrid"),
+    (["--mode", "collective", "--collective-timeout", "0"], "--collective-timeout 0: a number"),
 ])
 def test_options_the_mode_cannot_honour_are_refused(data, tmp_path, args, message):
     r = pyfleet("train", "--train", str(data / "train.tsv"), "--run-dir", str(tmp_path / "r"),
