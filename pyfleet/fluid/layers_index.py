@@ -10,8 +10,10 @@ the last three are compositions of layers (their gradients are theirs).
 
 import math
 
-from pyfleet.fluid import framework, unique_name
+from pyfleet.fluid import framework
 from pyfleet.fluid.framework import check_variable as _check_var
+from pyfleet.fluid.layers_nn import _op
+from pyfleet.fluid.layers_nn import _tmp as _new_tmp
 
 __all__ = ["arange", "argmax", "argmin", "argsort", "bmm", "bpr_loss", "cumsum", "dot",
            "expand_as", "eye", "flip", "full", "full_like", "gather", "gaussian_random",
@@ -24,18 +26,10 @@ __all__ = ["arange", "argmax", "argmin", "argsort", "bmm", "bpr_loss", "cumsum",
            "nonzero", "roll", "shard_index", "smooth_l1", "unique", "unique_with_counts"]
 
 
-def _block():
-    return framework.default_main_program().global_block()
-
-
 def _tmp(prefix, shape, dtype="float32", stop_gradient=False):
-    v = _block().create_var(unique_name.generate(prefix + ".tmp"), shape, dtype)
+    v = _new_tmp(prefix, shape, dtype)
     v.stop_gradient = stop_gradient
     return v
-
-
-def _op(type, inputs, outputs, attrs=None):
-    return _block().append_op(type, inputs, outputs, attrs)
 
 
 def _axis(x, axis):

@@ -8,9 +8,9 @@ Signatures and semantics are Fluid 1.8's; kernels in
 """
 
 
-from pyfleet.fluid import framework, unique_name
 from pyfleet.fluid.framework import Variable
 from pyfleet.fluid.framework import check_variable as _check_var
+from pyfleet.fluid.layers_nn import _op, _tmp
 
 __all__ = [
     "acos", "asin", "atan", "brelu", "erf", "gelu", "hard_shrink", "hard_sigmoid",
@@ -26,18 +26,6 @@ __all__ = [
 ]
 
 _ACTS = ("relu", "sigmoid", "tanh", "softmax")
-
-
-def _block():
-    return framework.default_main_program().global_block()
-
-
-def _tmp(prefix, shape, dtype="float32", lod_level=0):
-    return _block().create_var(unique_name.generate(prefix + ".tmp"), shape, dtype, lod_level)
-
-
-def _op(type, inputs, outputs, attrs=None):
-    return _block().append_op(type, inputs, outputs, attrs)
 
 
 def _unary(type, x, attrs=None, stop_gradient=False):

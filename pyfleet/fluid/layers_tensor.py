@@ -15,6 +15,7 @@ import numpy as np
 from pyfleet.fluid import framework, unique_name
 from pyfleet.fluid.framework import Variable
 from pyfleet.fluid.framework import check_variable as _check_var
+from pyfleet.fluid.layers_nn import _block, _op, _tmp
 from pyfleet.fluid.tensor import convert_dtype
 
 __all__ = [
@@ -23,18 +24,6 @@ __all__ = [
     "ones", "ones_like", "shape", "squeeze", "stack", "unsqueeze", "unstack", "zeros",
     "zeros_like",
 ]
-
-
-def _block():
-    return framework.default_main_program().global_block()
-
-
-def _tmp(prefix, shape, dtype="float32", lod_level=0):
-    return _block().create_var(unique_name.generate(prefix + ".tmp"), shape, dtype, lod_level)
-
-
-def _op(type, inputs, outputs, attrs=None):
-    return _block().append_op(type, inputs, outputs, attrs)
 
 
 # --------------------------------------------------------------------------- shapes

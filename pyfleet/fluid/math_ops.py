@@ -1,13 +1,13 @@
-"""Kernels of the Fluid 1.8 layers added for PaddleRec's model zoo: element
-maxima and comparisons, clip and the bounded activations, cosine similarity,
+"""Kernels of the Fluid 1.8 layers added for PaddleRec's model zoo:
+comparisons and logic, clip and the bounded activations, cosine similarity,
 L2 normalization, top-k, the max/min/prod reductions and ``mse_loss``
-(shape, constant and state ops: :mod:`pyfleet.fluid.tensor_ops`). The
-kernel interface is :mod:`pyfleet.fluid.ops`'s (which registers these).
+(elementwise max/min/pow: :mod:`pyfleet.fluid.ops`; shape, constant and
+state ops: :mod:`pyfleet.fluid.tensor_ops`). The kernel interface is
+:mod:`pyfleet.fluid.ops`'s (which registers these).
 
-Gradients follow Fluid's kernels where they choose at ties:
-``elementwise_max`` sends the gradient to ``x`` where ``x > y`` and to ``y``
-elsewhere (``elementwise_min``: ``x < y``); ``clip`` and ``relu6`` pass it
-strictly inside the bounds.
+Gradients follow Fluid's kernels where they choose at ties: ``clip`` and
+``relu6`` pass it strictly inside the bounds, ``reduce_max``/``min`` to every
+element equal to the result.
 """
 
 import math
@@ -43,52 +43,6 @@ def _align(x, y, axis):
     from pyfleet.fluid.ops import _align_y
     return y.reshape(_align_y(x, y, axis))
 
-
-def _minmax(pick_x, fn):
-    def fwd(op, s):
-        x, y = read(s, op.input("X")[0]), read(s, op.input("Y")[0])
-        s.set(_out(op), fn(x, _align(x, y, op.attrs.get("axis", -1))))
-
-    def bwd(op, s):
-        from pyfleet.fluid.ops import _reduce_to
-        g = s.grad(_out(op))
-        if g is None:
-            return
-        xv, yv = op.input("X")[0], op.input("Y")[0]
-        x, y0 = read(s, xv), read(s, yv)
-        y = _align(x, y0, op.attrs.get("axis", -1))
-        to_x = pick_x(x, y)
-        if s.needs_grad(xv):
-            s.add_grad(xv, _reduce_to(g * to_x, x.shape))
-        if s.needs_grad(yv):
-            s.add_grad(yv, _reduce_to(g * ~to_x, y.shape).reshape(y0.shape))
-    return fwd, bwd
-
-
-_register("elementwise_max", *_minmax(lambda x, y: x > y, np.maximum))
-_register("elementwise_min", *_minmax(lambda x, y: x < y, np.minimum))
-
-
-def _pow_fwd(op, s):
-    x, y = read(s, op.input("X")[0]), read(s, op.input("Y")[0])
-    s.set(_out(op), np.power(x, _align(x, y, op.attrs.get("axis", -1))))
-
-
-def _pow_bwd(op, s):
-    from pyfleet.fluid.ops import _reduce_to
-    g = s.grad(_out(op))
-    if g is None:
-        return
-    xv, yv = op.input("X")[0], op.input("Y")[0]
-    x, y0 = read(s, xv), read(s, yv)
-    y = _align(x, y0, op.attrs.get("axis", -1))
-    if s.needs_grad(xv):
-        s.add_grad(xv, _reduce_to(g * y * np.power(x, y - 1), x.shape))
-    if s.needs_grad(yv):
-        s.add_grad(yv, _reduce_to(g * np.power(x, y) * np.log(x), y.shape).reshape(y0.shape))
-
-
-_register("elementwise_pow", _pow_fwd, _pow_bwd)
 
 _COMPARE = {"less_than": np.less, "less_equal": np.less_equal, "greater_than": np.greater,
             "greater_equal": np.greater_equal, "equal": np.equal, "not_equal": np.not_equal}
@@ -265,31 +219,26 @@ def _reduce_ext_fwd(fn):
     return fwd
 
 
-def _reduce_pick_bwd(op, s):
-    """reduce_max/min: the gradient goes to every element equal to the result."""
-    from pyfleet.fluid.ops import _reduce_axes
-    xv = op.input("X")[0]
-    g = s.grad(_out(op))
-    if g is None or not s.needs_grad(xv):
-        return
-    x = read(s, xv)
-    axes = _reduce_axes(op, x)
-    kept = [1 if i in axes else d for i, d in enumerate(x.shape)]
-    y = s.data(_out(op)).reshape(kept)
-    s.add_grad(xv, np.where(x == y, g.reshape(kept), 0).astype(x.dtype))
+def _reduce_bwd(local):
+    """The backward of a reduction whose input gradient is ``g * local(x, y)``
+    (``y`` the result broadcast back over the reduced axes)."""
+    def bwd(op, s):
+        from pyfleet.fluid.ops import _reduce_axes
+        xv = op.input("X")[0]
+        g = s.grad(_out(op))
+        if g is None or not s.needs_grad(xv):
+            return
+        x = read(s, xv)
+        axes = _reduce_axes(op, x)
+        kept = [1 if i in axes else d for i, d in enumerate(x.shape)]
+        y = s.data(_out(op)).reshape(kept)
+        s.add_grad(xv, (g.reshape(kept) * local(x, y)).astype(x.dtype))
+    return bwd
 
 
-def _reduce_prod_bwd(op, s):
-    from pyfleet.fluid.ops import _reduce_axes
-    xv = op.input("X")[0]
-    g = s.grad(_out(op))
-    if g is None or not s.needs_grad(xv):
-        return
-    x = read(s, xv)
-    axes = _reduce_axes(op, x)
-    kept = [1 if i in axes else d for i, d in enumerate(x.shape)]
-    y = s.data(_out(op)).reshape(kept)
-    s.add_grad(xv, (g.reshape(kept) * y / x).astype(x.dtype))
+# reduce_max/min: the gradient goes to every element equal to the result.
+_reduce_pick_bwd = _reduce_bwd(lambda x, y: x == y)
+_reduce_prod_bwd = _reduce_bwd(lambda x, y: y / x)
 
 
 _register("reduce_max", _reduce_ext_fwd(np.max), _reduce_pick_bwd)

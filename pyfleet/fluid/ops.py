@@ -200,6 +200,14 @@ _register("elementwise_mul", _ew(np.multiply),
           _ew_bwd(lambda g, x, y: g * y, lambda g, x, y: g * x))
 _register("elementwise_div", _ew(np.divide),
           _ew_bwd(lambda g, x, y: g / y, lambda g, x, y: -g * x / (y * y)))
+# As Fluid's kernels: max sends the gradient to x where x > y, to y elsewhere.
+_register("elementwise_max", _ew(np.maximum),
+          _ew_bwd(lambda g, x, y: g * (x > y), lambda g, x, y: g * (x <= y)))
+_register("elementwise_min", _ew(np.minimum),
+          _ew_bwd(lambda g, x, y: g * (x < y), lambda g, x, y: g * (x >= y)))
+_register("elementwise_pow", _ew(np.power),
+          _ew_bwd(lambda g, x, y: g * y * np.power(x, y - 1),
+                  lambda g, x, y: g * np.power(x, y) * np.log(x)))
 
 
 def _sum_fwd(op, s):
