@@ -173,10 +173,9 @@ def run_model(model, work, epochs, timeout, env):
     code, text, secs = _run(cmd, work, timeout, env)
     with open(os.path.join(work, out, "single.log"), "w") as f:
         f.write(text)
-    row["single"] = _cell(text.split("Runner " + train["name"] + " Begin")[-1]
-                          .split("PaddleRec: Runner")[0], code if infer is None else 0)
-    if not row["single"]["ok"] and code == 0:
-        row["single"] = _cell(text, code)
+    part = text.split("Runner " + train["name"] + " Begin")[-1].split("PaddleRec: Runner")[0]
+    failed = code != 0 and (infer is None or FAILED.search(part) is not None)
+    row["single"] = _cell(part, 1 if failed or FAILED.search(part) else 0)
     if infer is None:
         row["infer"] = {"ok": False, "why": "the model has no infer runner"}
     else:
@@ -190,7 +189,7 @@ def run_model(model, work, epochs, timeout, env):
            "epochs": train["epochs"],
            "device": "cpu", "worker_num": 2, "server_num": 2, "distribute_strategy": "async",
            "save_checkpoint_interval": 1, "save_checkpoint_path": os.path.join(out, "cluster"),
-           "init_model_path": "", "print_interval": train.get("print_interval", 10),
+           "init_model_path": "", "print_interval": 1,
            "phases": train.get("phases")}
     if run["phases"] is None:
         run.pop("phases")
