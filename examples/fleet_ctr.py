@@ -5,7 +5,10 @@ repository (dense_input, 26 sparse slots C1..C26 hashed into ids and sharing
 the table "SparseFeatFactors", three ReLU layers, softmax, cross-entropy,
 AUC). Only the import lines differ from a Paddle script, plus one fix: ids
 are hashed with zlib.crc32 instead of Python's hash(), which differs between
-processes (every worker must map a value to the same id).
+processes (every worker must map a value to the same id). The Paddle script
+itself, its ``import paddle.fluid as fluid`` lines kept, runs the same way with
+``--paddle`` added to the launcher (or ``pyfleet run`` for one process;
+docs/fleet.md, "Zero edits"): this copy shows the import rule instead.
 
     python -m pyfleet.launch --servers 2 --workers 2 examples/fleet_ctr.py \
         --data ../shared/data/criteo-kaggle-tiny/train.tiny.csv --mode async
