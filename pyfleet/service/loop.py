@@ -34,6 +34,7 @@ Not thread-safe beyond that: :meth:`run` once, from one thread; the
 
 import struct
 import threading
+import time
 from collections import deque
 
 import numpy as np
@@ -55,6 +56,7 @@ INLINE_LIMIT = 1 << 19
 _DRAIN = 256
 # How long run() waits at exit for a handler busy with (say) a save.
 _HANDLER_JOIN_SECONDS = 30.0
+_BACKLOG_FLUSH_SECONDS = 5.0   # at exit: how long replies parked for slow peers may wait
 # op (u8 at 5), count (u64 at 24), dim (u32 at 32) of a header, read without decoding it all.
 _PEEK = struct.Struct("<5xB18xQI")
 # Ops whose header dim is a block count, not a row width: their size is count.
@@ -156,7 +158,14 @@ class SocketLoop:
             on_exit()
             while Z.readable([replies], 0):
                 self.reply(Z.recv_frames(replies), copy=False)
-            front.close(linger=1000)
+            # Replies parked for a peer whose queue was full (an async worker reads
+            # its acks late) go too: its last STOP_WORKER answer may be among them.
+            deadline = time.monotonic() + _BACKLOG_FLUSH_SECONDS
+            while self._backlog and time.monotonic() < deadline:
+                self._flush_backlog()
+                if self._backlog:
+                    time.sleep(0.005)
+            front.close(linger=int(_BACKLOG_FLUSH_SECONDS * 1000))   # the queued ones
             self._work.close(linger=0)
             replies.close(linger=0)
         return not any(t.is_alive() for t in handlers)
