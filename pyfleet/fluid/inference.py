@@ -536,6 +536,8 @@ def load_program(dirname, model_filename=None, program_only_ok=True, params_file
         path = json_path   # written by pyfleet: its own description is complete
     desc = read_model_desc(path)
     section = desc.get("inference")  # its files' checksums, and the body's own
+    if section is not None or not program_only_ok:
+        _check_section(path, section)  # whose file it is, before whether it is intact
     _atomic.check_body(path, desc, unchecked_ok,
                        complete=not isinstance(section, dict) or "sha256" in section)
     if section is None and program_only_ok:
@@ -543,7 +545,6 @@ def load_program(dirname, model_filename=None, program_only_ok=True, params_file
         backend = LocalBackend()
         backend.load(dirname, program.all_parameters())
     else:
-        _check_section(path, section)
         program = Program.from_dict(desc)
         backend = _frozen_backend(dirname, section, program)
     program.set_backend(backend)
