@@ -86,7 +86,8 @@ def _global(text, name, what="Infer"):
 
 def test_single_process_trains_saves_and_infers(tmp_path, data):
     """The example's own runners: 3 epochs, a checkpoint each, an inference model
-    at the third, then infer from each checkpoint."""
+    at the third, then infer from each checkpoint; then a train runner starting
+    from the last checkpoint (init_model_path)."""
     from pyfleet import fluid
     runners = [_runner("train_runner"), _runner("infer_runner")]
     code, out = _run(tmp_path, _config(data, runners))
@@ -102,6 +103,12 @@ def test_single_process_trains_saves_and_infers(tmp_path, data):
     assert sorted(feeds) == sorted(["dense_var", *SPARSE]) and len(fetches) == 1
     aucs = _global(out, "AUC")                                   # one infer pass per checkpoint
     assert len(aucs) == 3 and all(a > 0.6 for a in aucs), aucs
+
+    warm = _runner("train_runner", epochs=1, init_model_path="ckpt/2",
+                   save_checkpoint_path="ckpt_warm", save_inference_interval=0)
+    code, out = _run(tmp_path, _config(data, [warm]))            # a train runner's warm start
+    assert code == 0 and "load from ckpt/2 success" in out, out[-3000:]
+    assert _values(out, "LOSS")[0] < loss[0] * 0.7, (loss[0], _values(out, "LOSS")[:3])
 
 
 def _cluster(name, epochs, strategy, init="", path="cluster"):
