@@ -69,6 +69,7 @@ __all__ = [
     "ENV_VARS",
     "JOB_TOKEN_VAR",
     "ZapAuthenticator",
+    "check_exposure",
     "client_curve_keys",
     "client_options_from_env",
     "is_loopback_host",
@@ -245,6 +246,30 @@ def client_options_from_env(env=None):
         except ValueError as e:
             raise ValueError(f"PYFLEET_CURVE_CLIENT_SECRET: {e}") from None
     return out
+
+
+def check_exposure(host, secret_key, client_keys, insecure):
+    """Refuse (ValueError) a server on ``host`` that anyone could reach and change:
+    a non-loopback host without client authentication (``client_keys``, which needs
+    the server's ``secret_key``), unless ``insecure`` (None: environment
+    ``PYFLEET_INSECURE=1``), which logs a warning instead."""
+    if client_keys is not None and secret_key is None:
+        raise ValueError("curve_client_keys needs curve_secret_key (the server's key pair)")
+    if insecure is None:
+        insecure = os.environ.get("PYFLEET_INSECURE", "") == "1"
+    if client_keys is not None or is_loopback_host(host):
+        return
+    if not insecure:
+        raise ValueError(
+            f"refusing to serve {host} without client authentication: anyone who "
+            f"can reach this port could read and change the model. Give CURVE keys "
+            f"(curve_secret_key and curve_client_keys; --curve-secret-key-file and "
+            f"--curve-client-keys, see docs/operations.md, 'Secure a cluster'), bind "
+            f"127.0.0.1, or accept the risk with insecure=True (--insecure, "
+            f"PYFLEET_INSECURE=1)")
+    logging.getLogger("pyfleet.server").warning(
+        "binding %s without client authentication (insecure): anyone who can reach this "
+        "port can read and change the model (see docs/operations.md, 'Secure a cluster')", host)
 
 
 def is_loopback_host(host):

@@ -1,4 +1,4 @@
-"""A client's sockets and calls: :class:`Connection`, :class:`Channel`, futures, the pusher.
+"""A client's sockets and calls: :class:`Connection`, :class:`Channel`, futures.
 
 Sockets are never shared between threads. Each thread that makes requests
 gets its own DEALER sockets, one per server (a :class:`Channel`), so a
@@ -10,9 +10,8 @@ and runs the heartbeat thread, which pings every server every
 barrier, a save) to a server that stopped answering fails once the server has
 been silent for ``timeout``, not at the call's own deadline.
 
-Pushes go through one background :class:`Pusher` thread with a bounded
-queue: pushes queued to the same table while the previous one is on the wire
-are merged (gradients of equal keys summed) into one request.
+Pushes go through one background :class:`pyfleet.service.pusher.Pusher`
+thread (its own module).
 
 Thread safety: a channel is guarded by its own lock, so a call (and a
 :class:`ReplyFuture`) may be waited for from any thread.
@@ -25,7 +24,6 @@ import secrets
 import stat
 import threading
 import time
-from concurrent.futures import Future
 
 import numpy as np
 import zmq
@@ -38,7 +36,7 @@ from pyfleet.service import wire as Z
 from pyfleet.service.auth import is_loopback_host
 from pyfleet.service.protocol import Op, Status
 
-__all__ = ["Channel", "Connection", "Done", "PullFuture", "Pusher", "ReplyFuture", "pull_rows"]
+__all__ = ["Channel", "Connection", "Done", "PullFuture", "ReplyFuture", "pull_rows"]
 
 log = logging.getLogger("pyfleet.client")
 
@@ -309,86 +307,6 @@ def pull_rows(replies, parts, inverse, dim):
     if len(pieces) == 1:
         return pieces[0]  # the keys were distinct and went in one request
     return np.concatenate(pieces)
-
-
-class Pusher:
-    """The background thread sending pushes, merging those queued to one table.
-
-    ``send(table, keys, grads, flags, unique)`` sends one push and waits until
-    every server applied it; ``join_timeout``: seconds :meth:`close` waits."""
-
-    def __init__(self, send, max_queue, join_timeout):
-        self.send, self.join_timeout = send, join_timeout
-        self.max_queue = max_queue
-        self.cond = threading.Condition()
-        self.queue = []        # (table, flags, keys, grads, future, unique)
-        self.busy = False
-        self.closed = False
-        self.unobserved = []   # errors of pushes since the last flush()
-        self.thread = threading.Thread(target=self._loop, name="pyfleet-pusher", daemon=True)
-        self.thread.start()
-
-    def submit(self, table, flags, keys, grads, unique=False):
-        fut = Future()
-        with self.cond:
-            if self.closed:
-                raise PyfleetError("the client is closed")
-            while len(self.queue) >= self.max_queue:
-                self.cond.wait()
-            self.queue.append((table, flags, keys, grads, fut, unique))
-            self.cond.notify_all()
-        return fut
-
-    def flush(self):
-        with self.cond:
-            while self.queue or self.busy:
-                self.cond.wait()
-            errors, self.unobserved = self.unobserved, []
-        if errors:
-            raise errors[0]
-
-    def close(self):
-        with self.cond:
-            self.closed = True
-            self.cond.notify_all()
-        self.thread.join(self.join_timeout)
-
-    def _loop(self):
-        while True:
-            with self.cond:
-                while not self.queue and not self.closed:
-                    self.cond.wait()
-                if not self.queue:
-                    return
-                batch, self.queue = self.queue, []
-                self.busy = True
-                self.cond.notify_all()
-            groups = {}
-            for item in batch:
-                groups.setdefault((item[0], item[1]), []).append(item)
-            for (table, flags), items in groups.items():
-                if len(items) == 1:
-                    keys, grads, unique = items[0][2], items[0][3], items[0][5]
-                else:  # merged pushes may share keys
-                    keys = np.concatenate([it[2] for it in items])
-                    grads = np.concatenate([it[3] for it in items])
-                    unique = False
-                try:
-                    self.send(table, keys, grads, flags, unique)
-                    err = None
-                except Exception as e:  # handed to the futures and to flush()
-                    err = e
-                for it in items:
-                    if err is None:
-                        it[4].set_result(None)
-                    else:
-                        it[4].set_exception(err)
-                if err is not None:
-                    with self.cond:
-                        self.unobserved.append(err)
-            with self.cond:
-                self.busy = False
-                self.cond.notify_all()
 
 
 class Done:

@@ -44,8 +44,9 @@ from pyfleet import _core
 from pyfleet.errors import PyfleetError, RemoteError
 from pyfleet.service import auth as _auth
 from pyfleet.service import protocol as P
-from pyfleet.service.channel import Connection, Done, PullFuture, Pusher, ReplyFuture, pull_rows
+from pyfleet.service.channel import Connection, Done, PullFuture, ReplyFuture, pull_rows
 from pyfleet.service.protocol import Op
+from pyfleet.service.pusher import Pusher
 from pyfleet.service.routing import (
     TableMap,
     check_keys,

@@ -194,22 +194,7 @@ class Server:
         if ipc_dir is not None:
             ipc_dir = Z.check_ipc_dir(os.fspath(ipc_dir), "ipc_dir")
         self.ipc_dir = ipc_dir if ipc_dir is not None and _auth.is_loopback_host(host) else None
-        if curve_client_keys is not None and curve_secret_key is None:
-            raise ValueError("curve_client_keys needs curve_secret_key (the server's key pair)")
-        if insecure is None:
-            insecure = os.environ.get("PYFLEET_INSECURE", "") == "1"
-        if curve_client_keys is None and not _auth.is_loopback_host(host):
-            if not insecure:
-                raise ValueError(
-                    f"refusing to serve {host} without client authentication: anyone who "
-                    f"can reach this port could read and change the model. Give CURVE keys "
-                    f"(curve_secret_key and curve_client_keys; --curve-secret-key-file and "
-                    f"--curve-client-keys, see docs/operations.md, 'Secure a cluster'), bind "
-                    f"127.0.0.1, or accept the risk with insecure=True (--insecure, "
-                    f"PYFLEET_INSECURE=1)")
-            log.warning("binding %s without client authentication (insecure): anyone who can "
-                        "reach this port can read and change the model (see "
-                        "docs/operations.md, 'Secure a cluster')", host)
+        _auth.check_exposure(host, curve_secret_key, curve_client_keys, insecure)
         self._own_ctx = context is None and curve_client_keys is not None
         self._ctx = zmq.Context() if self._own_ctx else (context or zmq.Context.instance())
         self._zap = None
