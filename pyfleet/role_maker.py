@@ -393,6 +393,7 @@ class PaddleCloudRoleMaker(RoleMakerBase):
 
 
 def _import_mpi():
+    os.environ.setdefault("OMPI_MCA_osc", "^ucx")  # see pyfleet.distributed.mpi_group
     try:  # an optional dependency (the mpi extra): imported by the MPI role maker only
         from mpi4py import MPI
     except ImportError as exc:

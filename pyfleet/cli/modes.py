@@ -15,9 +15,6 @@ _SERVER_ONLY = (("admission_count", "--admission-count"), ("show_click", "--show
                 ("shrink_min_score", "--shrink-min-score"),
                 ("shrink_unseen_passes", "--shrink-unseen-passes"),
                 ("curve_dir", "--curve-dir"))
-# Options whose restart and in-pass checkpoint machinery is not wired to MPI workers yet.
-_NOT_YET = (("checkpoint_steps", "--checkpoint-steps"),
-            ("checkpoint_every", "--checkpoint-every"), ("max_restarts", "--max-restarts"))
 
 
 def check_mode_options(args, explicit):
@@ -33,10 +30,6 @@ def check_mode_options(args, explicit):
                          f"{args.mode})")
     if args.mode not in MPI_MODES:
         return
-    for dest, flag in _NOT_YET:
-        if getattr(args, dest, None):
-            raise SystemExit(f"pyfleet train: {flag} is not available with --mode {args.mode} "
-                             f"yet (checkpoints are written at pass ends)")
     if args.mode == "collective":
         if "servers" in explicit and args.servers != 0:
             raise SystemExit("pyfleet train: --mode collective has no server: drop "

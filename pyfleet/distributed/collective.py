@@ -243,14 +243,18 @@ class Collective:
         return self._backend
 
     # ---------------------------------------------------------- checkpoints
-    def save_persistables(self, executor=None, dirname=None, main_program=None, meta=None):
+    def save_persistables(self, executor=None, dirname=None, main_program=None, meta=None,
+                          mode="full"):
         """Rank 0 writes every parameter (sparse rows with optimizer state, dense
         values with theirs) as a checkpoint of one parameter server (the format
         of :mod:`pyfleet.service.checkpoint`): a parameter-server job loads it
         with ``fleet.init_server(dirname)`` on any number of servers, and this
         mode loads a parameter-server checkpoint with :meth:`load_persistables`.
         Other ranks write nothing (their replicas are identical). Returns the
-        manifest on rank 0, None elsewhere."""
+        manifest on rank 0, None elsewhere. ``mode="delta"`` is written full (a
+        replica keeps no record of the rows changed since a save)."""
+        if mode not in ("full", "delta"):
+            raise ValueError(f"mode must be 'full' or 'delta', got {mode!r}")
         self._require_program("save_persistables")
         if dirname is None:
             raise ValueError("save_persistables needs dirname")

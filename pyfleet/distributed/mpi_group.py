@@ -44,6 +44,9 @@ SAVE_FACTOR = 10  # the next collective after a save waits for rank 0's writing
 
 def import_mpi():
     """mpi4py's ``MPI`` module, or an ImportError saying how to install it."""
+    # Open MPI's UCX one-sided component prints an error when it declines a shared-memory
+    # window (the stall board's); the shared-memory one serves it. Read at MPI_Init.
+    os.environ.setdefault("OMPI_MCA_osc", "^ucx")
     try:  # the optional mpi extra
         from mpi4py import MPI
     except ImportError as exc:

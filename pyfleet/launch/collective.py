@@ -63,6 +63,9 @@ def mpiexec_command(workers: int, *, hosts: str | None = None,
         argv += ["--hostfile", str(hostfile)]
     env = {}
     if openmpi:
+        # The UCX one-sided component prints an error as it declines the ranks'
+        # shared-memory window (pyfleet.distributed.mpi_group's stall board).
+        env["OMPI_MCA_osc"] = "^ucx"
         if not hosts and not hostfile:
             argv.append("--oversubscribe")
             env["OMPI_MCA_mpi_yield_when_idle"] = "1"

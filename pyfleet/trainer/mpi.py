@@ -11,6 +11,7 @@ rank: each pass ends on every rank at the step where the first rank runs out of 
 """
 
 import logging
+import os
 
 import numpy as np
 
@@ -44,9 +45,13 @@ def distributed_optimizer(fleet, job):
 
 
 def load_replicas(fleet, exe, job, where):
-    """After the startup program: a resumed hybrid or collective job loads checkpoint
-    ``where`` into this worker's replicas (hybrid: the dense parameters, the servers
-    load the sparse rows; collective: every table)."""
+    """After the startup program: a resumed or restarted hybrid or collective job loads
+    its checkpoint into this worker's replicas (hybrid: the dense parameters, the servers
+    load the sparse rows; collective: every table): ``PYFLEET_RESTORE_DIR`` (a restart,
+    at the checkpoint's recorded position) when it holds one, else ``where``."""
+    restore = os.environ.get("PYFLEET_RESTORE_DIR")
+    if restore and os.path.exists(os.path.join(restore, "MANIFEST.json")):
+        where = restore
     if job["mode"] in MPI_MODES and where:
         log.info("worker %d: loading %s into the replicas", fleet.worker_index(), where)
         fleet.load_persistables(exe, where)

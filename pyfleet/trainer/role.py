@@ -111,8 +111,9 @@ def run_role(job):
     last = int(job["first_pass"]) + int(job["epochs"]) - 1
     first, position = restore_position(job, wi, wn)
     auc_names = [v.name for v in model.auc_states]
+    # MPI ranks step together (every step all-reduces): a round is asked for a step ahead.
     rounds = Rounds(run_dir, wi, wn, job.get("checkpoint_steps"),
-                    job.get("checkpoint_seconds"), job["mode"] == "sync",
+                    job.get("checkpoint_seconds"), job["mode"] in ("sync", *_mpi.MPI_MODES),
                     job["barrier_timeout"])
     if position is not None:  # a restart's or a --resume's counts go on from the position
         progress.examples, progress.steps = position["examples"], position["steps"]

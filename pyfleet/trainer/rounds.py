@@ -203,9 +203,8 @@ class Rounds:
             time.sleep(POLL)
 
     def _follow(self, state):
-        from pyfleet.distributed.fleet import fleet  # lazy: the module is importable alone
         t0 = time.monotonic()
-        fleet.flush()
+        _flush()
         _write(self._path("ack", self.round, self.wi), state())
         done, ended = self._path("done", self.round), self._path("ended", w=0)
         self._wait(lambda: True if os.path.exists(done) or os.path.exists(ended) else None,
@@ -214,9 +213,8 @@ class Rounds:
         self.round += 1
 
     def _lead(self, state, save):
-        from pyfleet.distributed.fleet import fleet
         t0 = time.monotonic()
-        fleet.flush()
+        _flush()
         positions = {"0": state()}
         _write(self._path("ack", self.round, 0), positions["0"])  # a record, read by no one
         for w in range(1, self.wn):
@@ -241,9 +239,7 @@ class Rounds:
         """This worker's share of the pass is trained: its end position answers any round
         asked from now on (worker 0's also cancels a round it asked but cannot reach), and
         gives the pass-end checkpoint every worker's counts. Before the pass barrier."""
-        from pyfleet.distributed.fleet import fleet
-        if fleet._client is not None:  # a collective rank (pyfleet.trainer.mpi) sends nothing
-            fleet.flush()
+        _flush()
         _write(self._path("ended", w=self.wi), state())
 
     def next_pass_position(self, own):
@@ -264,3 +260,10 @@ class Rounds:
         p = self.pauses
         return {"rounds": len(p), "pause_seconds_total": sum(p),
                 "pause_seconds_max": max(p) if p else 0.0}
+
+
+def _flush():
+    """This worker's pushes all applied (a collective rank sends none)."""
+    from pyfleet.distributed.fleet import fleet  # lazy: the module is importable alone
+    if fleet._client is not None:
+        fleet.flush()

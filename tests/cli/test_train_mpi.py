@@ -94,8 +94,6 @@ def test_a_collective_run_resumes_from_its_checkpoint(data, tmp_path):
     (["--mode", "async", "--sparse-mode", "sync"], "--sparse-mode is the servers' side"),
     (["--mode", "collective", "--servers", "2"], "--mode collective has no server"),
     (["--mode", "collective", "--show-click"], "--show-click acts on the servers' tables"),
-    (["--mode", "hybrid", "--checkpoint-steps", "5"],
-     "--checkpoint-steps is not available with --mode hybrid"),
     (["--mode", "async", "--collective-timeout", "30"],
      "--collective-timeout 30: a number of seconds > 0, for --mode collective or hybrid"),
     (["--mode", "collective", "--collective-timeout", "0"], "--collective-timeout 0: a number"),
