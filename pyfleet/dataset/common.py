@@ -11,16 +11,17 @@
 - ``cluster_files_reader(pattern, trainer_count, trainer_id, loader)``: read
   this trainer's share of those files (every ``trainer_count``-th, sorted).
 
-Files are written and read in binary mode (Python 3's pickle); the
-``dumper``/``loader`` are the caller's own (``pickle`` by default, as Paddle:
-these are the caller's local files, nothing crosses a socket).
+Files are written and read in binary mode with the caller's ``dumper`` /
+``loader``. Paddle defaulted them to ``pickle``; pyfleet holds no pickle code at
+all (docs/service.md, "Security"), so without them these calls raise a
+ValueError naming the argument: pass ``dumper=pickle.dump`` / ``loader=pickle.load``
+yourself for files you wrote.
 """
 
 import errno
 import glob
 import hashlib
 import os
-import pickle
 
 __all__ = ["DATA_HOME", "cluster_files_reader", "download", "md5file", "must_mkdirs", "split"]
 
@@ -57,9 +58,16 @@ def download(url, module_name, md5sum, save_name=None):
                      f"file from {url} (MD5 {md5sum}) at {filename}")
 
 
-def split(reader, line_count, suffix="%05d.pickle", dumper=pickle.dump):
-    if not callable(dumper):
-        raise TypeError("dumper should be callable.")
+def _needs(fn, name):
+    if fn is None:
+        raise ValueError(f"paddle.dataset.common: pyfleet has no pickle default for {name}: "
+                         f"pass your own (e.g. {name}=pickle.{name[:-2]}) for your own files")
+    if not callable(fn):
+        raise TypeError(f"{name} should be callable.")
+
+
+def split(reader, line_count, suffix="%05d.pickle", dumper=None):
+    _needs(dumper, "dumper")
     lines, index = [], 0
     for i, d in enumerate(reader()):
         lines.append(d)
@@ -72,10 +80,9 @@ def split(reader, line_count, suffix="%05d.pickle", dumper=pickle.dump):
             dumper(lines, f)
 
 
-def cluster_files_reader(files_pattern, trainer_count, trainer_id, loader=pickle.load):
+def cluster_files_reader(files_pattern, trainer_count, trainer_id, loader=None):
     def reader():
-        if not callable(loader):
-            raise TypeError("loader should be callable.")
+        _needs(loader, "loader")
         files = sorted(glob.glob(files_pattern))
         for fn in files[trainer_id::trainer_count]:
             with open(fn, "rb") as f:

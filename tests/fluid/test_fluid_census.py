@@ -119,9 +119,15 @@ def test_dataset_common_file_helpers(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="has MD5"):
         common.download("http://x/data.txt", "m", "0" * 32)
     monkeypatch.chdir(tmp_path)
-    common.split(lambda: iter(range(7)), 3, suffix="part-%02d.pickle")
+    with pytest.raises(ValueError, match="no pickle default for dumper"):
+        common.split(lambda: iter(range(7)), 3, suffix="part-%02d.pickle")
+    with pytest.raises(ValueError, match="no pickle default for loader"):
+        list(common.cluster_files_reader(str(tmp_path / "part-*.pickle"), 2, 0)())
+    dump = lambda obj, f: f.write(json.dumps(obj).encode())  # noqa: E731
+    common.split(lambda: iter(range(7)), 3, suffix="part-%02d.pickle", dumper=dump)
     parts = sorted(p.name for p in tmp_path.glob("part-*.pickle"))
     assert parts == ["part-00.pickle", "part-01.pickle"]
-    read = [list(common.cluster_files_reader(str(tmp_path / "part-*.pickle"), 2, i)())
+    read = [list(common.cluster_files_reader(str(tmp_path / "part-*.pickle"), 2, i,
+                                             loader=lambda f: json.loads(f.read()))())
             for i in (0, 1)]
     assert read == [[0, 1, 2, 3], [4, 5, 6]]    # as Paddle: the first file holds one more
