@@ -311,8 +311,13 @@ def test_after_authenticated_fuzzing_the_server_still_serves(auth_fuzz_target):
 # Modules and calls that turn bytes into objects or code.
 _FORBIDDEN = {"pickle", "cPickle", "_pickle", "dill", "cloudpickle", "marshal", "shelve",
               "recv_pyobj", "send_pyobj", "recv_serialized", "import_module"}
-# Builtins that execute text; as attributes (re.compile) they are harmless.
+# Builtins that execute text; as attributes (re.compile) they are harmless, and so is a
+# method of that name being defined (Fluid's metrics have ``def eval(self)``).
 _FORBIDDEN_BUILTINS = {"eval", "exec", "compile", "__import__"}
+# The one module that imports by name: zero-edit mode's import hook, which maps the
+# ``paddle.*`` names of the process's own import statements onto ``pyfleet.*`` modules.
+# Nothing it imports comes from data, a file or a socket.
+_IMPORT_BY_NAME_OK = {"as_paddle/__init__.py": {"import_module"}}
 
 
 def _forbidden_names(src):
@@ -320,7 +325,7 @@ def _forbidden_names(src):
     for tok in tokenize.generate_tokens(io.StringIO(src).readline):
         if tok.type == tokenize.NAME and (
                 tok.string in _FORBIDDEN
-                or (tok.string in _FORBIDDEN_BUILTINS and prev != ".")):
+                or (tok.string in _FORBIDDEN_BUILTINS and prev not in (".", "def"))):
             out.append((tok.string, tok.start[0]))
         if tok.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT):
             prev = tok.string
@@ -338,7 +343,9 @@ def test_no_pickle_or_eval_anywhere_in_the_package():
         files += 1
         src = path.read_text()
         rel = path.relative_to(PACKAGE)
-        hits += [f"{rel}:{line}: {name}" for name, line in _forbidden_names(src)]
+        allowed = _IMPORT_BY_NAME_OK.get(rel.as_posix(), set())
+        hits += [f"{rel}:{line}: {name}" for name, line in _forbidden_names(src)
+                 if name not in allowed]
         for i, line in enumerate(src.splitlines()):
             if "allow_pickle=True" in line.replace(" ", ""):
                 hits.append(f"{rel}:{i + 1}: allow_pickle=True")
@@ -348,8 +355,10 @@ def test_no_pickle_or_eval_anywhere_in_the_package():
 
 def test_the_scan_catches_what_it_looks_for():
     src = ("import pickle\nx = eval(data)\n# eval in a comment is fine\ns = 'exec'\n"
-           "r = re.compile('x')\ny = sock.recv_pyobj()\n")
-    assert _forbidden_names(src) == [("pickle", 1), ("eval", 2), ("recv_pyobj", 6)]
+           "r = re.compile('x')\ny = sock.recv_pyobj()\ndef eval(self):\n    pass\n"
+           "z = m.eval()\nw = importlib.import_module(n)\n")
+    assert _forbidden_names(src) == [("pickle", 1), ("eval", 2), ("recv_pyobj", 6),
+                                     ("import_module", 10)]
 
 
 def test_the_server_command_refuses_an_unauthenticated_public_bind():
