@@ -1,6 +1,7 @@
 """Chaos: a self-healing ``pyfleet train`` job whose roles are SIGKILLed at random.
 
-    python benchmarks/service/bench_chaos.py [--rows 1000000] [--mode async] [--kill-every 30,60]
+    python benchmarks/service/bench_chaos.py [--rows 1000000] [--mode async|sync|collective|hybrid]
+                                     [--kill-every 30,60]
                                      [--checkpoint-steps 100] [--max-restarts 20]
                                      [--servers 2] [--workers 2] [--epochs 3] [--seed 0] [--kill-seed 0]
                                      [--json out.json]
@@ -10,7 +11,8 @@ runs the same ``pyfleet train`` job twice (``--servers`` servers, ``--workers`` 
 reference DNN, one pass, ``--checkpoint-steps`` K):
 
 1. undisturbed;
-2. with ``--max-restarts`` and a random live role (server or worker) SIGKILLed after every
+2. with ``--max-restarts`` and a random live role (server, worker, or in ``--mode
+   collective|hybrid`` one MPI rank, ``rank.N``) SIGKILLed after every
    uniform(a, b) seconds of ``--kill-every a,b`` until the job ends (never within 3 s of a
    restart, so every kill hits a running job).
 
@@ -37,8 +39,9 @@ import time
 
 
 def _train_cmd(args, run_dir, extra=()):
+    servers = [] if args.mode == "collective" else ["--servers", str(args.servers)]
     return [sys.executable, "-m", "pyfleet.cli", "train", "--rows", str(args.rows),
-            "--servers", str(args.servers), "--workers", str(args.workers),
+            *servers, "--workers", str(args.workers),
             "--mode", args.mode, "--seed", str(args.seed), "--run-dir", run_dir,
             "--epochs", str(args.epochs),
             "--cache-dir", args.cache_dir, "--checkpoint-steps", str(args.checkpoint_steps),
@@ -54,8 +57,26 @@ def _children(pid):
         return []
 
 
-def _roles(pid):
-    out = {}
+def _ranks(run_dir):
+    """``{"rank.N": pid}`` of the MPI ranks training into ``run_dir`` (the launcher's
+    grandchildren, under mpiexec)."""
+    want, out = f"PYFLEET_CHECKPOINT_DIR={run_dir}".encode(), {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                trainer = b"pyfleet.trainer" in f.read()
+        except OSError:
+            continue
+        rank = [kv.split(b"=", 1)[1] for kv in env if kv.startswith(b"OMPI_COMM_WORLD_RANK=")]
+        if trainer and want in env and rank:
+            out[f"rank.{rank[0].decode()}"] = int(pid)
+    return out
+
+
+def _roles(pid, run_dir, mpi):
+    out = _ranks(run_dir) if mpi else {}
     for child in _children(pid):
         try:
             with open(f"/proc/{child}/environ", "rb") as f:
@@ -64,7 +85,7 @@ def _roles(pid):
             continue
         role = env.get(b"PYFLEET_ROLE", b"").decode()
         key = b"PYFLEET_SERVER_INDEX" if role == "server" else b"PYFLEET_WORKER_INDEX"
-        if role:
+        if role and not (mpi and role == "worker"):  # (the MPI job's mpiexec)
             out[f"{role}.{env.get(key, b'').decode()}"] = child
     return out
 
@@ -93,7 +114,7 @@ def _run(cmd, cwd):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rows", type=int, default=1_000_000)
-    p.add_argument("--mode", default="async", choices=["async", "sync"])
+    p.add_argument("--mode", default="async", choices=["async", "sync", "collective", "hybrid"])
     p.add_argument("--servers", type=int, default=2)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
@@ -108,6 +129,9 @@ def main(argv=None):
     p.add_argument("--work-dir", default=None, help="default: a new temporary directory")
     p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args(argv)
+    mpi = args.mode in ("collective", "hybrid")
+    if args.mode == "collective":
+        args.servers = 0
     lo, hi = (float(x) for x in args.kill_every.split(","))
     rng = random.Random(args.kill_seed)
     work = args.work_dir or tempfile.mkdtemp(prefix="bench-chaos-")
@@ -132,7 +156,7 @@ def main(argv=None):
             time.sleep(0.05)
             if time.time() < next_kill:
                 continue
-            roles = _roles(proc.pid)
+            roles = _roles(proc.pid, run_dir, mpi)
             if len(roles) < args.servers + args.workers:  # restarting: try again soon
                 next_kill = time.time() + 3
                 continue
@@ -155,7 +179,7 @@ def main(argv=None):
         raise SystemExit(f"bench_chaos: the healed job failed ({proc.returncode}):\n{err}")
     chaos = json.loads(out)
 
-    resumed = _resumptions(run_dir, args.workers)
+    resumed = _resumptions(run_dir, args.workers, mpi)
     rows = []
     for i, kill in enumerate(kills, start=1):
         back = resumed.get(i, {})
@@ -191,14 +215,18 @@ def main(argv=None):
     return 0 if chaos["train_examples"] == calm["train_examples"] else 1
 
 
-def _resumptions(run_dir, workers):
+def _resumptions(run_dir, workers, mpi=False):
     """``{attempt: {worker: (time it trains again, examples in all it restored)}}`` from
-    the workers' logs (a restart before any checkpoint restores 0 examples)."""
+    the workers' logs (a restart before any checkpoint restores 0 examples); an MPI job's
+    ranks share ``workers.log``, each line labelled ``worker.N``."""
     out = {}
     for w in range(workers):
         attempt = 0
-        with open(os.path.join(run_dir, "logs", f"worker.{w}.log"), errors="replace") as f:
+        log = "workers.log" if mpi else f"worker.{w}.log"
+        with open(os.path.join(run_dir, "logs", log), errors="replace") as f:
             for line in f:
+                if mpi and not line.startswith("---") and f" worker.{w} " not in line:
+                    continue
                 if line.startswith("--- pyfleet.launch: restart "):
                     attempt = int(line.split()[3])
                     out.setdefault(attempt, {})[w] = (None, 0)
