@@ -53,6 +53,20 @@ def _train_parser(sub):
                     "Train a CTR model with a local parameter-server cluster on 127.0.0.1.\n"
                     "With no --train, a synthetic data set with a known ground truth is\n"
                     "generated (and cached) first.")
+    _add_input_options(p)
+    _add_network_options(p)
+    _add_optimizer_options(p)
+    _add_run_dir_options(p)
+    _add_output_options(p)
+    _add_table_options(p)
+    _add_job_options(p)
+    add_data_options(p)
+    add_scale_out_options(p)
+    return p
+
+
+def _add_input_options(p):
+    """The training and test data and a settings file."""
     p.add_argument("--config", metavar="FILE",
                    help="read settings from a .toml, .yaml or .json file: the options' "
                         "names as keys (embedding_dim = 8, layers = [256, 128]); options on "
@@ -71,6 +85,10 @@ def _train_parser(sub):
                         "none; not with --test)")
     p.add_argument("--format", default="auto", choices=["auto", "criteo", "csv", "slot"],
                    help="data format; auto reads it from each file's first line")
+
+
+def _add_network_options(p):
+    """The network, the cluster and the passes."""
     p.add_argument("--model", default="dnn", choices=["lr", "dnn", "widedeep", "deepfm"],
                    help="the network")
     p.add_argument("--servers", type=int, default=1,
@@ -92,6 +110,10 @@ def _train_parser(sub):
     p.add_argument("--embedding-dim", type=int, default=16, help="sparse embedding width")
     p.add_argument("--layers", default="256,128,64",
                    help="hidden layer sizes, comma-separated")
+
+
+def _add_optimizer_options(p):
+    """The update rule and its parameters."""
     p.add_argument("--optimizer", default="adam",
                    choices=["adam", "adagrad", "sgd", "ftrl", "momentum", "rmsprop"],
                    help="update rule, applied on the servers")
@@ -116,6 +138,10 @@ def _train_parser(sub):
     p.add_argument("--rho", type=float, default=None, help="rmsprop only (default: 0.95)")
     p.add_argument("--centered", action="store_true", default=None,
                    help="rmsprop only: normalize by the gradient's variance (default: off)")
+
+
+def _add_run_dir_options(p):
+    """The generated data set, the run directory and its checkpoints."""
     p.add_argument("--rows", type=int, default=DEFAULT_ROWS,
                    help="rows of the generated data set (with no --train)")
     p.add_argument("--cache-dir", default=None, metavar="DIR",
@@ -140,6 +166,10 @@ def _train_parser(sub):
                         "RUN_DIR/checkpoints/best (needs test data; default: off)")
     p.add_argument("--seed", type=int, default=0, help="shuffling, initialisation and "
                                                        "generated data")
+
+
+def _add_output_options(p):
+    """What is printed and logged, and the job's keys."""
     p.add_argument("--quiet", "-q", action="store_true",
                    help="print no progress and no phase, only warnings, errors and the "
                         "summary (metrics.jsonl and the logs are written all the same; "
@@ -161,6 +191,10 @@ def _train_parser(sub):
                    help="a 'pyfleet keygen' directory: roles authenticate with its CURVE "
                         "keys (sets PYFLEET_CURVE_DIR, docs/operations.md; default: a fresh "
                         "key pair for this job, PYFLEET_JOB_KEYS=0 turns that off)")
+
+
+def _add_table_options(p):
+    """The sparse tables: admission, shrink, storage, memory budget."""
     p.add_argument("--admission-count", type=int, default=None, metavar="N",
                    help="admit a sparse key as a trainable row only once it was pulled N "
                         "times (CountFilterEntry(N)); default: every key on first sight")
@@ -188,6 +222,10 @@ def _train_parser(sub):
                    help="the directory on the servers' machines for the rows beyond "
                         "--memory-budget (unnamed files, nothing left after the run; "
                         "default: none, required with --memory-budget)")
+
+
+def _add_job_options(p):
+    """Timeouts, the inference model, checkpoints inside a pass, restarts."""
     p.add_argument("--request-timeout", type=float, default=60.0, metavar="SECONDS",
                    help="how long a worker waits for a server's answer before calling the "
                         "job failed; a checkpoint save may take 10 times this (raise it for "
@@ -214,9 +252,6 @@ def _train_parser(sub):
                         "--restart-window; 0: the first death fails the job")
     p.add_argument("--restart-window", type=float, default=3600.0, metavar="SECONDS",
                    help="the window --max-restarts counts restarts in")
-    add_data_options(p)
-    add_scale_out_options(p)
-    return p
 
 
 def add_data_options(p):
