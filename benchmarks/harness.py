@@ -133,7 +133,7 @@ class Servers(NamedTuple):
 
 @contextlib.contextmanager
 def servers(num_servers: int, workers: int, *, start_timeout: float = 60.0, **options):
-    """``num_servers`` ``python -m pyfleet.server`` processes on 127.0.0.1 with
+    """``num_servers`` ``python -m pyfleet.service`` processes on 127.0.0.1 with
     ephemeral ports, as :class:`Servers`; always stopped at the end. ``options``
     become flags: ``handler_threads=2`` is ``--handler-threads 2`` (``None``
     leaves a flag out)."""
@@ -144,7 +144,7 @@ def servers(num_servers: int, workers: int, *, start_timeout: float = 60.0, **op
     procs, endpoints = [], []
     try:
         for i in range(num_servers):
-            cmd = [sys.executable, "-m", "pyfleet.server", "--endpoint", "127.0.0.1:0",
+            cmd = [sys.executable, "-m", "pyfleet.service", "--endpoint", "127.0.0.1:0",
                    "--index", str(i), "--num-servers", str(num_servers),
                    "--workers", str(workers), "--log-level", "ERROR", *flags]
             procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE))

@@ -24,7 +24,7 @@ ROOMS = [
     ("table", 1, ["pyfleet.entry", "pyfleet.initializer", "pyfleet.optimizer", "pyfleet.table",
                   "pyfleet.metrics"]),
     ("data", 1, ["pyfleet.data", "pyfleet.reader"]),
-    ("config", 2, ["pyfleet.config", "pyfleet.role_maker", "pyfleet._transpiler_flags"]),
+    ("config", 2, ["pyfleet.config", "pyfleet._transpiler_flags"]),
     ("service", 3, ["pyfleet.service"]),
     ("fluid", 3, ["pyfleet.fluid", "pyfleet.dataset"]),
     ("distributed", 4, ["pyfleet.distributed", "pyfleet.models"]),
@@ -35,8 +35,9 @@ ROOMS = [
     ("facade", 7, ["pyfleet.__init__"]),
 ]
 # Old import paths kept for users and docs: thin re-exports of a module's new home.
-COMPAT = ["pyfleet.server", "pyfleet.client", "pyfleet.protocol", "pyfleet.auth",
-          "pyfleet.inference", "pyfleet._fleet", "pyfleet._checkpoint", "pyfleet._prefetch"]
+COMPAT = ["pyfleet.role_maker", "pyfleet.server", "pyfleet.client", "pyfleet.protocol",
+          "pyfleet.auth", "pyfleet.inference", "pyfleet._fleet", "pyfleet._checkpoint",
+          "pyfleet._prefetch"]
 
 MAX_MODULE_LINES = 550
 MAX_CLASS_LINES = 420
@@ -146,8 +147,21 @@ def test_no_module_imports_a_higher_or_sibling_room():
     assert not bad, "imports against the layers:\n" + "\n".join(bad)
 
 
-def test_module_level_imports_have_no_circle():
-    edges = {m: sorted({t for t, _, top in imps if top and t != m}) for m, imps in GRAPH.items()}
+# Fluid's program, ops and layers still reach each other through imports inside
+# functions (framework -> program_desc -> ops -> layers -> framework; clip ->
+# framework -> param_attr -> clip). A circle among these modules alone is known
+# debt, to be removed; any other circle, or one reaching outside them, fails.
+FLUID_CIRCLES_TO_REMOVE = {f"pyfleet.fluid.{m}" for m in (
+    "clip", "data_feeder", "fluid_model", "framework", "layers", "layers_lr", "layers_math",
+    "layers_nn", "layers_tensor", "math_ops", "ops", "param_attr", "program_desc", "reader",
+    "tensor_ops")}
+
+
+def test_imports_have_no_circle():
+    """No circle, counting imports inside functions too: a function-level import that
+    closes a circle only hides it until the function runs."""
+    edges = {m: sorted({t for t, _, _ in imps if t != m and not _is_parent_package(t, m)})
+             for m, imps in GRAPH.items()}
     # A package's __init__ runs before any of its submodules: importing a submodule
     # depends on the package. Facades re-export everything below them, so they
     # are roots, not parts of a cycle (nothing below imports them: checked above).
@@ -167,7 +181,14 @@ def test_module_level_imports_have_no_circle():
     for m in edges:
         if m not in state:
             visit(m)
+    cycles = [c for c in cycles if not set(c) <= FLUID_CIRCLES_TO_REMOVE]
     assert not cycles, "import circles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def _is_parent_package(target, module):
+    """``pkg.__init__`` of ``pkg.sub``: importing a submodule runs its package first,
+    so a package's ``__init__`` re-exporting its submodules is no circle."""
+    return target.endswith(".__init__") and module.startswith(target[:-len("__init__")])
 
 
 def test_compat_modules_are_thin():

@@ -47,7 +47,7 @@ import numpy as np
 __all__ = ["main", "write_data"]
 
 def _bytes(text):
-    from pyfleet.cli.parser import byte_count
+    from pyfleet.cli.units import byte_count
     return byte_count(text)
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pyfleet.cli.parser import byte_count
+from pyfleet.cli.units import byte_count
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
 from harness import json_child, load_note  # noqa: E402

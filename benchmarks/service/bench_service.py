@@ -9,7 +9,7 @@ Everything on loopback, measured in the same run:
   carries the bytes of the keys (pull) or keys + gradients (push), the reply the
   bytes of the rows (pull) or 8 bytes (push);
 - ``service``: ``Client.pull_sparse`` / ``push_sparse`` through 1 and 2
-  ``pyfleet.server`` processes (Adam, dim 16, rows already present, batches of
+  ``pyfleet.service`` processes (Adam, dim 16, rows already present, batches of
   distinct keys);
 - ``in-process``: the same calls on a ``pyfleet.SparseTable`` in this process.
 

@@ -21,7 +21,7 @@ with the 13 dense features, fc 256-128-64 relu, batch 512, Adam 0.001) for
   ``benchmarks/training/bench_mpi_train.py``, the same network and data), and beside it
   ``single b<N*512>``, one process with the batch of all ranks together (what
   the collective job is equivalent to: its AUC is the one to compare with);
-- ``hybridSxW``: S servers (``python -m pyfleet.server``, sparse table only, in
+- ``hybridSxW``: S servers (``python -m pyfleet.service``, sparse table only, in
   mode M) and W worker ranks under ``mpirun`` all-reducing the dense parameters.
 
 Every process of every row (the single process, each role, each server, each
@@ -216,7 +216,7 @@ def _mpi_env(extra):
 
 
 def _start_server(index, num, workers, mode):
-    p = subprocess.Popen([sys.executable, "-m", "pyfleet.server", "--endpoint", "127.0.0.1:0",
+    p = subprocess.Popen([sys.executable, "-m", "pyfleet.service", "--endpoint", "127.0.0.1:0",
                           "--index", str(index), "--num-servers", str(num), "--workers",
                           str(workers), "--mode", mode, "--log-level", "ERROR"],
                          stdout=subprocess.PIPE, text=True, env=_role_env(),

@@ -6,6 +6,7 @@
     pyfleet export [options]     write the inference model of a checkpoint
     pyfleet plan [options]       bytes a row, rows a server holds, servers needed
     pyfleet serve [options]      answer prediction requests over HTTP
+    pyfleet server [options]     run one parameter server (as python -m pyfleet.service)
     pyfleet keygen DIR           write CURVE key pairs for authenticated clusters
     pyfleet run SCRIPT [ARGS]    run Fleet-era code unchanged (`paddle` is pyfleet)
 
@@ -40,6 +41,9 @@ def main(argv=None):
     if argv[:1] == ["run"]:   # everything after it is the script's: no option parsing
         from pyfleet.cli.run import cmd_run
         return cmd_run(argv[1:])
+    if argv[:1] == ["server"]:  # one parameter server: the service's own options
+        from pyfleet.service.command import main as server_main
+        return server_main(argv[1:], prog="pyfleet server")
     parser, train = build_parser()
     commands = subcommand_parser(parser, None, every=True)
     if argv and not argv[0].startswith("-") and argv[0] not in commands:

@@ -5,23 +5,10 @@ import difflib
 
 from pyfleet._version import __version__
 from pyfleet.cli.config import AppendOverride
+from pyfleet.cli.units import byte_count
 from pyfleet.launch.command import HelpFormatter
 
 DEFAULT_ROWS = 200_000
-_BYTE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-
-
-def byte_count(text):
-    """``4G``, ``512M``, ``1048576``: bytes (binary units, a trailing B or iB allowed)."""
-    t = str(text).strip().upper().removesuffix("IB").removesuffix("B")
-    unit = t[-1:] if t[-1:] in _BYTE_UNITS else ""
-    try:
-        value = float(t[:len(t) - len(unit)])
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a byte count: {text!r} (e.g. 4G, 512M)") from None
-    if not value > 0 or value * _BYTE_UNITS[unit] >= 1 << 63:
-        raise argparse.ArgumentTypeError(f"a byte count must be > 0, got {text!r}")
-    return int(value * _BYTE_UNITS[unit])
 
 
 def _add_parser(sub, name, help, description):
@@ -357,6 +344,11 @@ def build_parser():
                    "its arguments")
     from pyfleet.cli.serve import add_serve_parser
     add_serve_parser(sub, _add_parser)
+    sv = _add_parser(sub, "server", "run one parameter server",
+                     "pyfleet server --index I --num-servers S --workers W [...]: one\n"
+                     "parameter server (python -m pyfleet.service is the same; every option:\n"
+                     "pyfleet server --help, docs/service.md).")
+    sv.add_argument("options", nargs=argparse.REMAINDER, help="the server's options")
     k = _add_parser(sub, "keygen", "write CURVE key pairs (server and client)",
                     "Write CURVE key pairs into DIR (see docs/operations.md).")
     k.add_argument("dir", help="output directory")

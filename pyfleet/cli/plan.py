@@ -21,7 +21,7 @@ import tempfile
 
 import numpy as np
 
-from pyfleet.cli.parser import byte_count
+from pyfleet.cli.units import byte_count
 
 __all__ = ["measure_row_bytes", "cmd_plan"]
 

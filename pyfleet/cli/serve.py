@@ -6,7 +6,7 @@ import os
 import signal
 import sys
 
-from pyfleet.cli.parser import byte_count
+from pyfleet.cli.units import byte_count
 
 __all__ = ["add_serve_parser", "cmd_serve"]
 

@@ -26,14 +26,15 @@ import os
 
 from pyfleet.distributed.collective_backend import CollectiveBackend, checkpoint_registry
 from pyfleet.distributed.fleet import table_configs
+from pyfleet.distributed.fleet_base import FleetBase
 from pyfleet.distributed.mpi_group import MPIGroup
+from pyfleet.distributed.role_maker import PaddleCloudRoleMaker
 from pyfleet.errors import ConfigError
 from pyfleet.fluid import inference
 from pyfleet.fluid.backend import LocalSource
 from pyfleet.fluid.framework import default_startup_program
 from pyfleet.fluid.optimizer import minimize
 from pyfleet.optimizer import Optimizer
-from pyfleet.role_maker import PaddleCloudRoleMaker, RoleMakerBase
 from pyfleet.service import checkpoint as _checkpoint
 
 __all__ = ["Collective", "CollectiveOptimizer", "DistributedStrategy", "fleet"]
@@ -127,28 +128,24 @@ class CollectiveOptimizer:
         return result
 
 
-class Collective:
+class Collective(FleetBase):
     """The collective Fleet (one per process: use :data:`fleet`)."""
 
+    _NO_ROLE = ("call fleet.init() first (collective mode: under mpirun or "
+                "python -m pyfleet.launch --collective)")
+
     def __init__(self):
-        self._role = None
+        super().__init__()
         self._group = None
         self._backend = None
-        self._tables = None
-        self._strategy = None
-        self.main_program = None
-        self.startup_program = None
 
-    # ----------------------------------------------------------------- roles
     def init(self, role_maker=None):
         """This rank's role from MPI (``PaddleCloudRoleMaker(is_collective=True)``
         by default); a ConfigError saying how to start the job when this
         process was not started by an MPI launcher."""
         if role_maker is None:
             role_maker = PaddleCloudRoleMaker(is_collective=True)
-        if not isinstance(role_maker, RoleMakerBase):
-            raise ConfigError(f"role_maker must be a pyfleet.role_maker role maker, "
-                              f"got {role_maker!r}")
+        self._check_role_maker(role_maker)
         if not role_maker.info.collective:
             raise ConfigError(f"collective fleet.init() needs "
                               f"PaddleCloudRoleMaker(is_collective=True), got "
@@ -158,27 +155,10 @@ class Collective:
         self._backend = CollectiveBackend(self._group)
         self._hosts = None
 
-    def _role_maker(self):
-        if self._role is None:
-            raise ConfigError("call fleet.init() first (collective mode: under mpirun or "
-                              "python -m pyfleet.launch --collective)")
-        return self._role
-
-    def is_worker(self):
-        return self._role_maker().is_worker()
-
+    # No server in collective mode: the server queries answer for none.
     def is_server(self):
         self._role_maker()
         return False
-
-    def is_first_worker(self):
-        return self._role_maker().is_first_worker()
-
-    def worker_index(self):
-        return self._role_maker().worker_index()
-
-    def worker_num(self):
-        return self._role_maker().worker_num()
 
     def server_num(self):
         self._role_maker()
@@ -231,11 +211,6 @@ class Collective:
         self._tables, _ = table_configs(main)
         main.set_backend(self._backend)
         startup.set_backend(self._backend)
-
-    def _require_program(self, what):
-        if self._tables is None:
-            raise ConfigError(f"{what} needs the program: call "
-                              "fleet.distributed_optimizer(...).minimize(loss) first")
 
     @property
     def backend(self):

@@ -37,7 +37,10 @@ import sys
 
 from pyfleet import config as _config
 from pyfleet.distributed import hybrid, remote_paths
+from pyfleet.distributed.checkpoint_paths import checkpoint_root, relative_to_root
+from pyfleet.distributed.fleet_base import FleetBase
 from pyfleet.distributed.remote_backend import NoServers, RemoteBackend
+from pyfleet.distributed.role_maker import default_role_maker
 from pyfleet.distributed.strategy import job_config
 from pyfleet.distributed.tables import server_table_configs, servers_regularize, table_configs
 from pyfleet.entry import Entry
@@ -47,7 +50,6 @@ from pyfleet.fluid.framework import default_startup_program
 from pyfleet.fluid.io import check_local_path, load_scope_state, save_scope_state
 from pyfleet.fluid.optimizer import minimize
 from pyfleet.optimizer import Optimizer
-from pyfleet.role_maker import RoleMakerBase, default_role_maker
 from pyfleet.service import checkpoint as _checkpoint
 from pyfleet.service.auth import client_options_from_env, server_options_from_env
 from pyfleet.service.client import Client
@@ -71,20 +73,6 @@ MANIFEST_NAME = _checkpoint.MANIFEST_NAME
 MANIFEST_VERSION = _checkpoint.MANIFEST_VERSION
 
 
-def checkpoint_root():
-    """The directory every save/load path is confined to (see the module doc)."""
-    return os.path.realpath(os.environ.get("PYFLEET_CHECKPOINT_DIR") or os.getcwd())
-
-
-def _relative_to_root(dirname):
-    root = checkpoint_root()
-    path = os.path.realpath(os.path.join(root, check_local_path(dirname, "dirname")))
-    if os.path.commonpath([path, root]) != root or path == root:
-        raise ValueError(f"checkpoint directory {os.fspath(dirname)!r} must be inside the "
-                         f"checkpoint root {root} (set PYFLEET_CHECKPOINT_DIR to change it)")
-    return os.path.relpath(path, root), path
-
-
 class DistributedOptimizer:
     """``fleet.distributed_optimizer(optimizer, strategy)``: ``minimize`` builds the
     program as usual and decides where every parameter lives."""
@@ -105,82 +93,26 @@ class DistributedOptimizer:
         return result
 
 
-class Fleet:
+class Fleet(FleetBase):
     """The parameter-server Fleet (one per process: use :data:`fleet`)."""
 
     def __init__(self):
-        self._role = None
-        self._strategy = None
+        super().__init__()
         self._server = None
         self._client = None
         self._backend = None
-        self._tables = None
         self._placement = None
-        self.main_program = None
-        self.startup_program = None
         self._last_save = None  # (abs dir, head id) of this worker's last committed save
         self._hdfs_config = None
 
-    # ----------------------------------------------------------------- roles
     def init(self, role_maker=None):
         """Resolve this process's role once (default: MPI under mpirun, else the
         environment contract of docs/fleet.md, else a ConfigError saying what to set)."""
         if role_maker is None:
             role_maker = default_role_maker()
-        if not isinstance(role_maker, RoleMakerBase):
-            raise ConfigError(f"role_maker must be a pyfleet.role_maker role maker, "
-                              f"got {role_maker!r}")
+        self._check_role_maker(role_maker)
         role_maker.generate_role()
         self._role = role_maker
-
-    def _role_maker(self):
-        if self._role is None:
-            raise ConfigError("call fleet.init(role_maker) first")
-        return self._role
-
-    def is_worker(self):
-        return self._role_maker().is_worker()
-
-    def is_server(self):
-        return self._role_maker().is_server()
-
-    def is_first_worker(self):
-        return self._role_maker().is_first_worker()
-
-    def worker_index(self):
-        return self._role_maker().worker_index()
-
-    def server_index(self):
-        return self._role_maker().server_index()
-
-    def worker_num(self):
-        return self._role_maker().worker_num()
-
-    def server_num(self):
-        return self._role_maker().server_num()
-
-    def server_endpoints(self, to_string=False):
-        eps = self._role_maker().server_endpoints()
-        return ",".join(eps) if to_string else list(eps)
-
-    def worker_endpoints(self, to_string=False):
-        """Fluid's trainer endpoints (see ``RoleMakerBase.worker_endpoints``:
-        ``PADDLE_TRAINER_ENDPOINTS`` when set, else empty)."""
-        eps = self._role_maker().worker_endpoints()
-        return ",".join(eps) if to_string else list(eps)
-
-    def split_files(self, files):
-        """This worker's contiguous share of ``files``, in order, as Fluid splits
-        them: with ``n`` files and ``w`` workers each gets ``n // w``, the first
-        ``n % w`` workers one more (``[a, b, c, d, e]`` over 2 workers: ``[a, b,
-        c]`` and ``[d, e]``). ValueError when there are fewer files than workers."""
-        files = list(files)
-        n, w, i = len(files), self.worker_num(), self.worker_index()
-        if w > n:
-            raise ValueError(f"split_files: {n} file(s) for {w} workers: every worker "
-                             f"needs at least one file (trainer_num should be <= file_num)")
-        start = i * (n // w) + min(i, n % w)
-        return files[start:start + n // w + (i < n % w)]
 
     def set_hdfs_config(self, fs_name=None, fs_ugi=None, **kwargs):
         """Fluid's HDFS settings (``fleet._hdfs_config``): the ``hadoop fs -D`` options of
@@ -236,11 +168,6 @@ class Fleet:
             (b.name, b.start, b.end, b.server_index)
             for b in _config.place_dense(dense_shapes, self.server_num(), strategy)
             if not strategy.hybrid]
-
-    def _require_program(self, what):
-        if self._tables is None:
-            raise ConfigError(f"{what} needs the program: call "
-                              "fleet.distributed_optimizer(...).minimize(loss) first")
 
     # --------------------------------------------------------------- server
     def init_server(self, model_dir=None, **kwargs):
@@ -431,7 +358,7 @@ class Fleet:
                 raise ValueError(f"meta must be JSON-serializable: {e}") from None
         if mode not in ("full", "delta"):
             raise ValueError(f"mode must be 'full' or 'delta', got {mode!r}")
-        rel, path = _relative_to_root(dirname)
+        rel, path = relative_to_root(dirname)
         self._backend.finish()
         previous = parent = None
         if mode == "delta":
@@ -512,7 +439,7 @@ class Fleet:
         self._require_worker("load_persistables")
         if dirname is None:
             raise ValueError("load_persistables needs dirname")
-        path = _relative_to_root(dirname)[1]
+        path = relative_to_root(dirname)[1]
         if _checkpoint.read_manifest(path) is None:
             raise ValueError(f"dirname {os.fspath(dirname)!r} has no {MANIFEST_NAME}: not a "
                              f"fleet checkpoint, or an incomplete save")

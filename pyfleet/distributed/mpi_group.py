@@ -33,8 +33,8 @@ import time
 import numpy as np
 
 from pyfleet._extras import install_hint
+from pyfleet.distributed.role_maker import COLLECTIVE_LAUNCH, MPI_ENV_VARS
 from pyfleet.errors import ConfigError
-from pyfleet.role_maker import COLLECTIVE_LAUNCH, MPI_ENV_VARS
 
 __all__ = ["DEFAULT_TIMEOUT", "MPIGroup", "import_mpi"]
 

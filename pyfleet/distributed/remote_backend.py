@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from pyfleet.distributed.checkpoint_paths import relative_to_root
 from pyfleet.errors import ConfigError, RemoteError
 from pyfleet.fluid.backend import Backend
 from pyfleet.fluid.inference import RemoteSource
@@ -296,8 +297,7 @@ class RemoteBackend(Backend):
         """``dirname`` as the servers resolve it (relative: under the checkpoint
         root, ``$PYFLEET_CHECKPOINT_DIR`` or the start directory), so the worker's
         auc counters land beside the manifest, not under the working directory."""
-        from pyfleet.distributed.fleet import _relative_to_root  # fleet imports this module
-        return _relative_to_root(dirname)[1] if self.fleet is not None else dirname
+        return relative_to_root(dirname)[1] if self.fleet is not None else dirname
 
     def inference_source(self):
         """The servers' parameters for ``fluid.io.save_inference_model`` (what

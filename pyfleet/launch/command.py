@@ -7,11 +7,11 @@ import os
 import sys
 from collections.abc import Sequence
 
+from pyfleet.endpoint import parse_endpoints
 from pyfleet.errors import ConfigError
 from pyfleet.launch.collective import launch_collective
 from pyfleet.launch.hosts import DEFAULT_PORT, launch_hosts
 from pyfleet.launch.local import launch_local
-from pyfleet.role_maker import parse_endpoints
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):

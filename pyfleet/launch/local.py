@@ -27,7 +27,7 @@ from pyfleet.launch.contract import (
     role_env,
 )
 from pyfleet.launch.restart import RESTART_PAUSE, RestartPolicy, restart_vars
-from pyfleet.role_maker import parse_endpoints
+from pyfleet.endpoint import parse_endpoints
 from pyfleet.service import auth
 from pyfleet.service.wire import check_ipc_dir
 

@@ -10,7 +10,7 @@ One module per concept (see docs/architecture.md)::
     checkpoint  checkpoint directories, their manifest, a server's shard files
     table_ops   the data ops (pull, push, export) and table control ops of a server
     loop        a server's socket loop: which thread answers which request
-    server      one server: dispatch, control ops, ``python -m pyfleet.server``
+    server      one server: dispatch, control ops, ``python -m pyfleet.service``
     channel     a client thread's sockets, its calls in flight, the pusher
     routing     keys to servers, dense blocks to servers (no sockets)
     client      the worker's Client

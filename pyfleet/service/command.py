@@ -1,6 +1,6 @@
-"""``python -m pyfleet.server``: run one parameter server from the command line.
+"""``pyfleet server`` (or ``python -m pyfleet.service``): run one parameter server from the command line.
 
-``python -m pyfleet.server --endpoint HOST:PORT --index I --num-servers S
+``pyfleet server --endpoint HOST:PORT --index I --num-servers S
 --workers W --mode MODE`` runs one :class:`~pyfleet.service.server.Server`
 and exits 0 once every worker has called ``stop_worker``, 1 when the server
 gave up (its reason on stderr) or could not start (a taken port, a bad table
@@ -28,8 +28,8 @@ from pyfleet.service.table_ops import SPLIT_PULL_KEYS
 __all__ = ["main"]
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m pyfleet.server", description="Run one pyfleet parameter server.")
+def main(argv=None, prog="python -m pyfleet.service"):
+    p = argparse.ArgumentParser(prog=prog, description="Run one pyfleet parameter server.")
     p.add_argument("--endpoint", default="127.0.0.1:0",
                    help="host:port to bind (port 0: any free port; default 127.0.0.1:0)")
     p.add_argument("--index", type=int, required=True, help="this server's index")

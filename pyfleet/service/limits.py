@@ -1,7 +1,7 @@
 """What a peer may make one server hold: :class:`Limits` (docs/service.md, "Limits").
 
 A server's memory must not grow with what an untrusted or broken peer sends.
-Each limit is a ``Server(...)`` argument and a ``python -m pyfleet.server``
+Each limit is a ``Server(...)`` argument and a ``python -m pyfleet.service``
 flag (the same name with dashes):
 
 - ``max_message_bytes`` (default 256 MiB: the largest dense block a server
@@ -167,7 +167,7 @@ DEFAULTS = Limits()
 
 
 def add_arguments(parser):
-    """The ``--max-*`` flags of ``python -m pyfleet.server`` (read them back
+    """The ``--max-*`` flags of ``python -m pyfleet.service`` (read them back
     with ``Limits.make(**vars(args))``)."""
     helps = {
         "max_message_bytes": "largest message: per frame by libzmq, whole messages once "

@@ -60,7 +60,7 @@ from pyfleet.service.protocol import Op, ProtocolError, Refused, Status
 from pyfleet.service.registry import Registry
 from pyfleet.service.table_ops import SPLIT_PULL_KEYS, TableOps, control_payload, segment_sum
 
-__all__ = ["Server", "main", "segment_sum"]
+__all__ = ["Server", "segment_sum"]
 
 log = logging.getLogger("pyfleet.server")
 
@@ -525,9 +525,3 @@ def _peak_rss_bytes():
     except (OSError, ValueError, IndexError):
         pass
     return -1
-
-
-def main(argv=None):
-    """``python -m pyfleet.server``: see :mod:`pyfleet.service.command`."""
-    from pyfleet.service.command import main as _main  # it imports this module
-    return _main(argv)

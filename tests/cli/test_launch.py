@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 ROLE_SCRIPT = textwrap.dedent("""
     import json, os, signal, subprocess, sys, time
     from pyfleet.config import DistributeTranspilerConfig
-    from pyfleet.role_maker import PaddleCloudRoleMaker, default_role_maker
+    from pyfleet.distributed.role_maker import PaddleCloudRoleMaker, default_role_maker
 
     piddir, action = sys.argv[1], sys.argv[2]
     wait_for = int(sys.argv[3]) if len(sys.argv) > 3 else 0

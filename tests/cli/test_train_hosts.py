@@ -63,7 +63,7 @@ def test_pyfleet_train_places_servers_and_workers_across_hosts(hosts, tmp_path):
 
 ROLE_SCRIPT = textwrap.dedent("""
     import json, os, socket, sys
-    from pyfleet.role_maker import PaddleCloudRoleMaker
+    from pyfleet.distributed.role_maker import PaddleCloudRoleMaker
     r = PaddleCloudRoleMaker()
     r.generate_role()
     label = (f"server.{r.server_index()}" if r.is_server() else f"worker.{r.worker_index()}")

@@ -19,7 +19,7 @@ from pyfleet.data import Dataset, synthetic
 from pyfleet.distributed.fleet import MANIFEST_NAME, Fleet
 from pyfleet.launch import free_ports
 from pyfleet.optimizer import Adam
-from pyfleet.role_maker import Role, UserDefinedRoleMaker
+from pyfleet.distributed.role_maker import Role, UserDefinedRoleMaker
 from pyfleet.service.checkpoint import body_digest
 from pyfleet.trainer import JOB_DEFAULTS, build_program, feed_of, strategy_of
 

@@ -15,10 +15,10 @@ from test_collective import run_job
 from pyfleet import fluid
 from pyfleet.config import DistributeTranspilerConfig
 from pyfleet.distributed.fleet import Fleet
+from pyfleet.distributed.role_maker import Role, UserDefinedRoleMaker
 from pyfleet.fluid import inference
 from pyfleet.launch import free_ports
 from pyfleet.optimizer import Adam
-from pyfleet.role_maker import Role, UserDefinedRoleMaker
 
 pytestmark = _mpi_marks
 

@@ -5,7 +5,7 @@ import pytest
 
 from pyfleet import fluid
 from pyfleet.distributed.fleet import Fleet
-from pyfleet.role_maker import PaddleCloudRoleMaker, Role, UserDefinedRoleMaker
+from pyfleet.distributed.role_maker import PaddleCloudRoleMaker, Role, UserDefinedRoleMaker
 
 EPS = ["127.0.0.1:6001", "127.0.0.1:6002"]
 

@@ -19,9 +19,9 @@ from support.service import ServerGroup
 from pyfleet import fluid
 from pyfleet.config import DistributeTranspilerConfig
 from pyfleet.distributed.fleet import Fleet
+from pyfleet.distributed.role_maker import Role, UserDefinedRoleMaker
 from pyfleet.fluid import inference
 from pyfleet.optimizer import Adam
-from pyfleet.role_maker import Role, UserDefinedRoleMaker
 
 pytestmark = MPI_MARKS
 

@@ -8,9 +8,9 @@ import textwrap
 
 import pytest
 
+from pyfleet.distributed.role_maker import MPI_ENV_VARS, PaddleCloudRoleMaker
 from pyfleet.errors import ConfigError
 from pyfleet.launch import CONTRACT_VARS
-from pyfleet.role_maker import MPI_ENV_VARS, PaddleCloudRoleMaker
 
 SCRIPTS = {
     "cloud.py": """

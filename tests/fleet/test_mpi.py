@@ -13,8 +13,8 @@ import textwrap
 import pytest
 from support.mpi import MPI_MARKS
 
+from pyfleet.distributed.role_maker import MPI_ENV_VARS
 from pyfleet.launch import CONTRACT_VARS, free_ports
-from pyfleet.role_maker import MPI_ENV_VARS
 
 pytestmark = MPI_MARKS
 
@@ -22,7 +22,7 @@ pytestmark = MPI_MARKS
 SCRIPT = textwrap.dedent("""
     import json, os, sys
     from pyfleet.errors import ConfigError
-    from pyfleet.role_maker import MPISymetricRoleMaker, default_role_maker
+    from pyfleet.distributed.role_maker import MPISymetricRoleMaker, default_role_maker
     r = default_role_maker() if sys.argv[1] == "default" else MPISymetricRoleMaker()
     out = os.path.join(sys.argv[2], "rank" + os.environ["OMPI_COMM_WORLD_RANK"])
     try:

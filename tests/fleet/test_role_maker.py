@@ -6,9 +6,8 @@ import threading
 import pytest
 from support import REPO
 
-import pyfleet.role_maker as rm
-from pyfleet.errors import ConfigError
-from pyfleet.role_maker import (
+import pyfleet.distributed.role_maker as rm
+from pyfleet.distributed.role_maker import (
     PaddleCloudRoleMaker,
     Role,
     RoleInfo,
@@ -17,6 +16,7 @@ from pyfleet.role_maker import (
     default_role_maker,
     parse_endpoints,
 )
+from pyfleet.errors import ConfigError
 
 EPS = ["127.0.0.1:6001", "127.0.0.1:6002", "127.0.0.1:6003"]
 

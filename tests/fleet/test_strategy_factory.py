@@ -10,6 +10,7 @@ import pytest
 
 from pyfleet import fluid
 from pyfleet.distributed.fleet import Fleet
+from pyfleet.distributed.role_maker import Role, UserDefinedRoleMaker
 from pyfleet.errors import ConfigError
 from pyfleet.fluid.incubate.fleet.parameter_server.distribute_transpiler.distributed_strategy import (  # noqa: E501
     DistributedStrategy,
@@ -19,7 +20,6 @@ from pyfleet.fluid.incubate.fleet.parameter_server.distribute_transpiler.distrib
 )
 from pyfleet.fluid.transpiler.distribute_transpiler import DistributedMode
 from pyfleet.launch import free_ports
-from pyfleet.role_maker import Role, UserDefinedRoleMaker
 
 SF = StrategyFactory
 

@@ -202,7 +202,7 @@ def test_init_without_role_maker_or_environment_says_what_to_set(no_role_env):
 
 
 def _minimized(f, role):
-    from pyfleet.role_maker import UserDefinedRoleMaker
+    from pyfleet.distributed.role_maker import UserDefinedRoleMaker
     f.init(UserDefinedRoleMaker(current_id=0, role=role, worker_num=1,
                                 server_endpoints=["127.0.0.1:1"]))
     main, startup = fluid.Program(), fluid.Program()
@@ -213,7 +213,7 @@ def _minimized(f, role):
 
 
 def test_role_errors():
-    from pyfleet.role_maker import Role
+    from pyfleet.distributed.role_maker import Role
     with pytest.raises(ConfigError, match="fleet.init"):
         Fleet().is_worker()
     with pytest.raises(ConfigError, match="init_server.*worker"):
@@ -222,7 +222,7 @@ def test_role_errors():
         _minimized(Fleet(), Role.SERVER).init_worker()
     with pytest.raises(ConfigError, match=r"fleet\.init"):
         Fleet().init_server()
-    from pyfleet.role_maker import UserDefinedRoleMaker
+    from pyfleet.distributed.role_maker import UserDefinedRoleMaker
     f = Fleet()
     f.init(UserDefinedRoleMaker(current_id=0, role=Role.SERVER, worker_num=1,
                                 server_endpoints=["127.0.0.1:1"]))
@@ -242,8 +242,8 @@ def test_a_worker_program_without_init_worker_trains_through_the_servers_or_fail
     """As in Fluid's sync mode, init_worker is optional: the first run that needs a
     parameter connects (never a silent local model), so with no server there it
     fails within connect_timeout, naming the server."""
+    from pyfleet.distributed.role_maker import Role
     from pyfleet.errors import PeerTimeout
-    from pyfleet.role_maker import Role
     f = _minimized(Fleet(), Role.WORKER)
     f._strategy.runtime.connect_timeout = 1.0
     exe = fluid.Executor()

@@ -364,7 +364,7 @@ def test_the_scan_catches_what_it_looks_for():
 def test_the_server_command_refuses_an_unauthenticated_public_bind():
     import subprocess
     import sys
-    cmd = [sys.executable, "-m", "pyfleet.server", "--endpoint", "0.0.0.0:0", "--index", "0",
+    cmd = [sys.executable, "-m", "pyfleet.service", "--endpoint", "0.0.0.0:0", "--index", "0",
            "--num-servers", "1", "--workers", "1"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYFLEET_")}
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)

@@ -262,7 +262,7 @@ def test_a_key_directory_without_authorized_clients_is_refused_by_name(tmp_path)
     shutil.rmtree(tmp_path / "k2" / "authorized_clients")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYFLEET_")}
     start = time.monotonic()
-    p = subprocess.run([sys.executable, "-m", "pyfleet.server", "--index", "0",
+    p = subprocess.run([sys.executable, "-m", "pyfleet.service", "--index", "0",
                         "--num-servers", "1", "--workers", "1"], capture_output=True,
                        text=True, timeout=60, env={**env, "PYFLEET_CURVE_DIR": str(tmp_path / "k2")})
     assert p.returncode != 0 and "authorized_clients/" in p.stderr, p.stderr

@@ -169,7 +169,7 @@ def test_a_taken_port_is_an_error_naming_it(tmp_path):
         with pytest.raises(pyfleet.PyfleetError, match=rf"server 0: cannot serve on "
                                                        rf"127.0.0.1:{port}: Address already in use"):
             Server(f"127.0.0.1:{port}", 0, 1, 1)
-        r = subprocess.run([sys.executable, "-m", "pyfleet.server", "--endpoint",
+        r = subprocess.run([sys.executable, "-m", "pyfleet.service", "--endpoint",
                             f"127.0.0.1:{port}", "--index", "0", "--num-servers", "1",
                             "--workers", "1"], capture_output=True, text=True, timeout=60,
                            check=False)
@@ -177,7 +177,7 @@ def test_a_taken_port_is_an_error_naming_it(tmp_path):
         assert "Traceback" not in r.stderr
     finally:
         taken.close(linger=0)
-    r = subprocess.run([sys.executable, "-m", "pyfleet.server", "--index", "0", "--num-servers",
+    r = subprocess.run([sys.executable, "-m", "pyfleet.service", "--index", "0", "--num-servers",
                         "1", "--workers", "1", "--checkpoint-dir", str(tmp_path / "nope")],
                        capture_output=True, text=True, timeout=60, check=False)
     assert r.returncode == 2 and "is not a directory" in r.stderr

@@ -142,7 +142,7 @@ def test_a_server_not_listening_there_is_reached_over_tcp(ipc_dir):
 WORKER = textwrap.dedent("""
     import json, os, stat, sys
     import zmq
-    from pyfleet.role_maker import PaddleCloudRoleMaker
+    from pyfleet.distributed.role_maker import PaddleCloudRoleMaker
     from pyfleet.service import auth
     from pyfleet.service.client import Client
     role = PaddleCloudRoleMaker()

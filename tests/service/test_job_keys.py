@@ -19,7 +19,7 @@ pytestmark = pytest.mark.timeout(300)
 WORKER = textwrap.dedent("""
     import json, os, stat, sys
     from pyfleet.errors import PeerTimeout
-    from pyfleet.role_maker import PaddleCloudRoleMaker
+    from pyfleet.distributed.role_maker import PaddleCloudRoleMaker
     from pyfleet.service import auth
     from pyfleet.service.client import Client
     role = PaddleCloudRoleMaker()

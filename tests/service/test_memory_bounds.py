@@ -1,5 +1,5 @@
 """A server's memory stays bounded whatever a peer sends ("Server memory has no
-bound"), checked on a real ``python -m pyfleet.server`` process on 127.0.0.1 by its peak
+bound"), checked on a real ``python -m pyfleet.service`` process on 127.0.0.1 by its peak
 RSS (``VmHWM``):
 
 - a client that never reads its replies: at most ``--max-queued-replies`` replies and

@@ -177,7 +177,7 @@ _LOOP = textwrap.dedent("""
     import numpy as np
     from pyfleet.service import auth
     from pyfleet.errors import PyfleetError
-    from pyfleet.role_maker import PaddleCloudRoleMaker
+    from pyfleet.distributed.role_maker import PaddleCloudRoleMaker
 
     out_dir = sys.argv[1]
     role = PaddleCloudRoleMaker()

@@ -1,7 +1,7 @@
 """A table config sent over the wire (CREATE_TABLES) is a peer's word, not the
 operator's: every number is checked by type and range, a peer never chooses where a
 server writes, and the rows and bytes a peer can make a server allocate are capped,
-each refused by name (real ``python -m pyfleet.server`` processes on 127.0.0.1)."""
+each refused by name (real ``python -m pyfleet.service`` processes on 127.0.0.1)."""
 
 import json
 import re

@@ -6,8 +6,8 @@ import shutil
 
 import pytest
 
+from pyfleet.distributed.role_maker import MPI_ENV_VARS
 from pyfleet.launch import CONTRACT_VARS
-from pyfleet.role_maker import MPI_ENV_VARS
 from support import REPO
 
 MPI_MARKS = [

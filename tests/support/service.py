@@ -1,7 +1,7 @@
 """Helpers for tests and benchmarks of the service: server processes on loopback
 and scripted worker processes (``from support.service import ServerGroup``).
 
-``ServerGroup`` starts ``S`` ``python -m pyfleet.server`` processes on
+``ServerGroup`` starts ``S`` ``python -m pyfleet.service`` processes on
 127.0.0.1 with ephemeral ports and always stops them (context manager).
 ``python tests/support/service.py SCENARIO JSON`` runs one scripted worker
 (see ``SCENARIOS``; :func:`start_worker` starts one); deterministic data comes
@@ -33,7 +33,7 @@ class ServerGroup:
         self.procs, self.endpoints = [], []
         try:
             for i in range(num_servers):
-                cmd = [sys.executable, "-m", "pyfleet.server", "--endpoint", "127.0.0.1:0",
+                cmd = [sys.executable, "-m", "pyfleet.service", "--endpoint", "127.0.0.1:0",
                        "--index", str(i), "--num-servers", str(num_servers),
                        "--workers", str(workers), "--mode", mode,
                        "--heartbeat-timeout", str(heartbeat_timeout),
@@ -158,7 +158,7 @@ if __name__ == "__main__":
 
 
 def run_launched_script(tmp_path, script, env):
-    """Launch one ``python -m pyfleet.server`` on a free loopback port and
+    """Launch one ``python -m pyfleet.service`` on a free loopback port and
     ``script`` (Python source, given the path of a report file to write as its
     argument) as the job's one worker, through ``launch_local`` with ``env``;
     the report file's JSON (asserting the job succeeded)."""
@@ -173,7 +173,7 @@ def run_launched_script(tmp_path, script, env):
 
     def cmd(role, index):
         if role == "server":
-            return [sys.executable, "-m", "pyfleet.server", "--endpoint", f"127.0.0.1:{port}",
+            return [sys.executable, "-m", "pyfleet.service", "--endpoint", f"127.0.0.1:{port}",
                     "--index", str(index), "--num-servers", "1", "--workers", "1"]
         return [sys.executable, str(path), str(report)]
 

@@ -32,7 +32,7 @@ def fleet_table_configs(optimizer=None, **distributed_optimizer_kwargs):
     ``fleet.distributed_optimizer(optimizer or SGD(0.1), **distributed_optimizer_kwargs)``."""
     from pyfleet import fluid, models
     from pyfleet.distributed.fleet import Fleet
-    from pyfleet.role_maker import Role, UserDefinedRoleMaker
+    from pyfleet.distributed.role_maker import Role, UserDefinedRoleMaker
 
     f = Fleet()
     f.init(UserDefinedRoleMaker(current_id=0, role=Role.WORKER, worker_num=1,

@@ -74,7 +74,7 @@ def test_trainer_counts_match_a_python_reference():
 def test_through_the_service_equals_the_in_process_table():
     from support.service import ServerGroup
 
-    from pyfleet.client import Client
+    from pyfleet.service.client import Client
     local = pyfleet.SparseTable(2, SGD(0.1), name="emb")
     config = {"kind": "sparse", **local.config()}
     rng = np.random.default_rng(0)

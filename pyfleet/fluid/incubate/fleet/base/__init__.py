@@ -1,4 +1,4 @@
-"""Fluid 1.5's ``paddle.fluid.incubate.fleet.base`` (re-exports of :mod:`pyfleet.role_maker`)."""
+"""Fluid 1.5's ``paddle.fluid.incubate.fleet.base`` (re-exports of :mod:`pyfleet.distributed.role_maker`)."""
 
 from pyfleet.fluid.incubate.fleet.base import role_maker
 

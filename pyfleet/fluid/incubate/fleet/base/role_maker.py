@@ -1,15 +1,15 @@
 """Fluid 1.5-1.8's ``paddle.fluid.incubate.fleet.base.role_maker``: re-exports of
-:mod:`pyfleet.role_maker` (see docs/fleet.md for the environment contract), and
+:mod:`pyfleet.distributed.role_maker` (see docs/fleet.md for the environment contract), and
 Fluid 1.8's :class:`GeneralRoleMaker`."""
 
-from pyfleet.errors import ConfigError
-from pyfleet.role_maker import (
+from pyfleet.distributed.role_maker import (
     MPISymetricRoleMaker,
     PaddleCloudRoleMaker,
     Role,
     RoleMakerBase,
     UserDefinedRoleMaker,
 )
+from pyfleet.errors import ConfigError
 
 __all__ = ["GeneralRoleMaker", "MPISymetricRoleMaker", "PaddleCloudRoleMaker", "Role",
            "RoleMakerBase", "UserDefinedRoleMaker"]
