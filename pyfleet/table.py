@@ -18,7 +18,7 @@ __all__ = ["SparseTable", "DenseTable", "route", "DEFAULT_INITIALIZER", "FORMAT_
            "STORAGE_TYPES", "check_spill_options"]
 
 FORMAT_VERSION = _core.FORMAT_VERSION
-# How a sparse table stores weights and optimizer state (docs/tables.md).
+# How a sparse table stores weights and optimizer state (docs/storage.md).
 STORAGE_TYPES = ("fp32", "fp16", "bf16", "fp16_q8", "bf16_q8")
 # A sparse table config's optional keys and what their absence means.
 SPARSE_CONFIG_DEFAULTS = {"seed": 0, "entry": None, "storage": "fp32",
@@ -120,7 +120,7 @@ class SparseTable:
         memory_budget, spill_dir: a disk tier (both or neither). Rows beyond
             ``memory_budget`` bytes (rows and index) leave RAM for an unnamed
             file in the directory ``spill_dir``; a pull or push brings them
-            back, rows in use stay (docs/tables.md, "A disk tier"). Keys
+            back, rows in use stay (docs/disk_tier.md). Keys
             stay in RAM: the index costs about 19 bytes a key of the budget,
             and a budget below that is exceeded by the index.
         regularizer: None, or a weight decay the table adds to every pushed row's
@@ -212,8 +212,7 @@ class SparseTable:
         (keys without a row are ignored), no value, count or admission
         counter changed. A no-op on a table without a disk tier. Meant for
         another thread, on the next batch's keys while this batch is pulled
-        and pushed: that pull then finds its rows in RAM (docs/tables.md, "A
-        disk tier"). Same ``keys`` checks as :meth:`pull`; a disk error raises
+        and pushed: that pull then finds its rows in RAM (docs/disk_tier.md). Same ``keys`` checks as :meth:`pull`; a disk error raises
         as a pull's would (rows already read back stay in RAM, exact)."""
         self._t.prefetch(_keys(keys))
 
@@ -283,7 +282,7 @@ class SparseTable:
         and the rows they read back, counted in ``spill_reads`` too), and
         ``spill_ghost_hits`` (rows read back soon after they left RAM, within
         a shard's rows in RAM of evictions: evicted too early, they skip
-        probation; docs/tables.md)."""
+        probation; docs/disk_tier.md)."""
         s = dict(self._t.stats())
         s["name"] = self.name
         return s

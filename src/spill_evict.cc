@@ -17,7 +17,7 @@
 // key queued again; one at zero goes too. So the Zipf tail, seen once,
 // leaves after two steps instead of a whole pass of CLOCK's queue, and the
 // room goes to rows used again: bench_capacity's steady phase reads back
-// ~12% fewer rows a step (docs/disk_tier_log.md, with the simulation that chose
+// ~12% fewer rows a step (docs/dev/disk_tier_log.md, with the simulation that chose
 // this). When probation's old rows are not enough, CLOCK's queue gives the
 // rest, then the rows of the step before on probation, this step's rows
 // last: the push after a pull uses them.
@@ -254,7 +254,7 @@ void SparseTable::WriteVictimsLocked(ShardSpill& sp, Victims& v) {
   // The victims were last used a while ago: their rows' lines (in three
   // columns, four at dim 16 fp32) are asked for kRowAhead victims ahead of
   // the copy instead of missing one by one in it (bench_capacity's steady
-  // step 1.4 ms shorter, of ~20; docs/tables.md).
+  // step 1.4 ms shorter, of ~20; docs/dev/disk_tier_log.md).
   constexpr size_t kRowAhead = 8;
   for (size_t j = 0; j < k; ++j) {
     if (j + kRowAhead < k) PrefetchRow(rows_, *v.values[j + kRowAhead]);

@@ -199,7 +199,7 @@ void SparseTable::RelocateLocked(KeyIndex& index, ShardSpill& sp) {
     // column): a pass over those rows, of every shard (a shard's rows are
     // spread over the ids), not a lookup of every key this shard holds in
     // RAM, which took a quarter of a table's CPU while new keys kept its
-    // index growing and the limit moving (docs/tables.md). A key read is
+    // index growing and the limit moving (docs/disk_tier.md). A key read is
     // checked against this shard's index: the row may be another shard's,
     // or freed and made again since its key was written.
     thread_local std::vector<uint64_t> found;

@@ -16,7 +16,7 @@ are measured, --steps steps each:
   makes the rows in rank order, so what it leaves in RAM is the coldest
   ranks, and these steps read back nearly every key they touch for the first
   time (32 steps touch 343k distinct keys): even a clairvoyant policy reads
-  back about 10.4k rows a step there (docs/disk_tier_log.md, "Which rows stay").
+  back about 10.4k rows a step there (docs/dev/disk_tier_log.md, "Which rows stay").
 - "steady": after --warm-steps more (unmeasured) steps, when the rows in RAM
   follow the use and the spill file's cleaner runs (garbage reaches the
   live rows on disk after about 220 steps; with 70 warm steps it had not

@@ -10,7 +10,7 @@ default (`ahead`: the next step's pull before this step's push, as a server
 answering a worker's early pull sees them; `plain`: pull then push). So the
 index grows every call, the rows the budget buys fall with it, the row
 store's limit moves down every few dozen steps and the shards move their
-rows below it (docs/tables.md, "Row memory follows the budget down"), and
+rows below it (docs/disk_tier.md, "Row memory follows the budget down"), and
 nearly every new row goes to disk a few steps after it came. Each table runs
 in its own child process; printed per window of --window steps: ms of CPU a
 step (the process's, the kernel's writes included) for both tables and their

@@ -4,7 +4,7 @@
 // reads submitted to io_uring CHUNK at a time (raw syscalls: liburing is not
 // on the package index). With MIB > 0, MIB MiB of memory are touched before
 // each CHUNK records, out of the timing. A file smaller than the last-level
-// cache (480 MiB on the machine of docs/tables.md) stays in it after it is
+// cache (480 MiB on the machine of docs/dev/disk_tier_log.md) stays in it after it is
 // written, and its reads cost a quarter of the table's: use a file several
 // times larger than that cache, or read another such file first.
 //

@@ -1,4 +1,4 @@
-// Two error tiers (STYLE.md): a broken internal invariant aborts with
+// Two error tiers (docs/development.md, "C++"): a broken internal invariant aborts with
 // file:line; a caller's mistake throws, and the binding turns it into
 // ValueError (std::invalid_argument) or RuntimeError (std::runtime_error).
 #pragma once

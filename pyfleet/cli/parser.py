@@ -200,11 +200,11 @@ def _add_table_options(p):
     p.add_argument("--storage", default="fp32", choices=["fp32", "fp16", "bf16", "fp16_q8", "bf16_q8"],
                    help="how the sparse tables hold rows: fp16/bf16 halve their memory, "
                         "fp16_q8/bf16_q8 also keep Adam/Adagrad state in 8 bits; updates "
-                        "rounded stochastically (docs/tables.md)")
+                        "rounded stochastically (docs/storage.md)")
     p.add_argument("--memory-budget", type=byte_count, default=None, metavar="BYTES",
                    help="each server's RAM for its sparse rows and their index (e.g. 4G, "
                         "split evenly among the sparse tables); rows beyond it spill to "
-                        "--spill-dir, hot rows stay (docs/tables.md; default: all in RAM)")
+                        "--spill-dir, hot rows stay (docs/disk_tier.md; default: all in RAM)")
     p.add_argument("--spill-dir", default=None, metavar="DIR",
                    help="the directory on the servers' machines for the rows beyond "
                         "--memory-budget (unnamed files, nothing left after the run; "

@@ -132,11 +132,11 @@ class Fleet(FleetBase):
         ``sparse_storage`` (a pyfleet extension): how every sparse table holds
         its rows, ``"fp32"``, ``"fp16"``, ``"bf16"``, or with Adam/Adagrad
         ``"fp16_q8"``/``"bf16_q8"`` (8-bit optimizer state; see
-        :class:`pyfleet.SparseTable`'s ``storage``; docs/tables.md).
+        :class:`pyfleet.SparseTable`'s ``storage``; docs/storage.md).
         ``sparse_memory_budget`` (bytes) and ``sparse_spill_dir`` (pyfleet
         extensions, both or neither): a disk tier on every server, the budget
         split evenly among the program's sparse tables, ``sparse_spill_dir``
-        a directory on the servers' machines (docs/tables.md, "A disk tier")."""
+        a directory on the servers' machines (docs/disk_tier.md)."""
         check_spill_options(sparse_memory_budget, sparse_spill_dir, "sparse_")
         if sparse_storage not in STORAGE_TYPES:
             raise ValueError(f"sparse_storage must be one of {', '.join(STORAGE_TYPES)}, "

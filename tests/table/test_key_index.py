@@ -113,7 +113,7 @@ def test_a_run_that_wraps_around_the_array(tmp_path, disk):
 
 def test_an_index_larger_than_the_budget(tmp_path):
     # Only rows leave RAM, never keys: a budget smaller than the index of the
-    # keys held (about 19 bytes a key, docs/tables.md) is exceeded by the
+    # keys held (about 19 bytes a key, docs/disk_tier.md) is exceeded by the
     # index, the rows in RAM fall to the floor (a row a shard, and a call's
     # rows until it evicts), and every value stays right.
     ram = pyfleet.SparseTable(DIM, SGD(learning_rate=1.0), seed=3)

@@ -115,7 +115,7 @@ def test_evicted_rows_come_back_bit_identical(tmp_path):
 def test_spill_file_stays_within_a_multiple_of_the_rows_on_disk(tmp_path):
     """Rows read back and evicted again leave garbage in the spill file's
     extents; the cleaner keeps the file within (1 + 1) x the rows on disk
-    plus two extents a shard (docs/tables.md, "The store"), where appending
+    plus two extents a shard (docs/disk_tier.md, "The store"), where appending
     without it grows the file by every eviction. The rows stay exact, and the
     stats count the cleaner's reads (whole extents) and moves apart."""
     spill, ram = pair(tmp_path, dim=8, opt=SGD(learning_rate=0.1), budget=4 << 20)

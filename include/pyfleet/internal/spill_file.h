@@ -41,7 +41,7 @@
 // Only the first kGrowShare of the machine's memory is grown so: a file the
 // page cache cannot hold is read from the device, where the folios do not
 // matter, and its zeros reach the device too, written twice (the 100M-row
-// headline trained ~10% slower with zeros all the way; docs/tables.md).
+// headline trained ~10% slower with zeros all the way; docs/dev/disk_tier_log.md).
 //
 // The file is unlinked as soon as it is created: it has no name while the
 // table lives, a crashed process leaves nothing behind in spill_dir (the
