@@ -30,8 +30,21 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent  # benchmarks/
 REPO = ROOT.parent
 
-__all__ = ["REPO", "ROOT", "best_of", "clock", "emit", "generated_rows", "interleaved_medians",
-           "json_child", "load_average", "load_note", "median_seconds", "servers", "Servers"]
+__all__ = [
+    "REPO",
+    "ROOT",
+    "Servers",
+    "best_of",
+    "clock",
+    "emit",
+    "generated_rows",
+    "interleaved_medians",
+    "json_child",
+    "load_average",
+    "load_note",
+    "median_seconds",
+    "servers",
+]
 
 
 def load_average() -> float:

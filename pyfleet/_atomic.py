@@ -17,8 +17,18 @@ import os
 
 import numpy as np
 
-__all__ = ["BODY_KEY", "WriteError", "append_line", "atomic_open", "body_digest", "check_body",
-           "writing", "write_json", "save_npy", "fsync_dir"]
+__all__ = [
+    "BODY_KEY",
+    "WriteError",
+    "append_line",
+    "atomic_open",
+    "body_digest",
+    "check_body",
+    "fsync_dir",
+    "save_npy",
+    "write_json",
+    "writing",
+]
 
 # A sealed JSON file (a checkpoint's manifest, a model's description) holds the
 # sha256 of its own body under this key.

@@ -10,7 +10,7 @@ import os
 
 from pyfleet.errors import ConfigError
 
-__all__ = ["split_endpoint", "check_endpoint", "parse_endpoints", "check_file_name"]
+__all__ = ["check_endpoint", "check_file_name", "parse_endpoints", "split_endpoint"]
 
 
 def split_endpoint(ep, what: str = "endpoint", allow_zero: bool = False) -> tuple[str, int]:

@@ -27,7 +27,7 @@ from pyfleet import _core
 from pyfleet._record import ConfigRecord
 from pyfleet._record import from_config as _from_config
 
-__all__ = ["Entry", "CountFilterEntry", "ProbabilityEntry"]
+__all__ = ["CountFilterEntry", "Entry", "ProbabilityEntry"]
 
 
 class Entry(ConfigRecord):

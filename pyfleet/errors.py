@@ -9,8 +9,16 @@ a :class:`PyfleetError` naming the endpoint and the operation.
 import os
 import sys
 
-__all__ = ["PyfleetError", "PeerTimeout", "RemoteError", "BarrierError", "ConfigError",
-           "EndpointInUse", "NoRoleError", "UnsupportedError"]
+__all__ = [
+    "BarrierError",
+    "ConfigError",
+    "EndpointInUse",
+    "NoRoleError",
+    "PeerTimeout",
+    "PyfleetError",
+    "RemoteError",
+    "UnsupportedError",
+]
 
 
 class PyfleetError(RuntimeError):

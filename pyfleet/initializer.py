@@ -13,9 +13,21 @@ from pyfleet import _core
 from pyfleet._record import ConfigRecord
 from pyfleet._record import from_config as _from_config
 
-__all__ = ["Initializer", "Constant", "Uniform", "Normal", "TruncatedNormal", "Xavier", "MSRA",
-           "ConstantInitializer", "UniformInitializer", "NormalInitializer",
-           "TruncatedNormalInitializer", "XavierInitializer", "MSRAInitializer"]
+__all__ = [
+    "MSRA",
+    "Constant",
+    "ConstantInitializer",
+    "Initializer",
+    "MSRAInitializer",
+    "Normal",
+    "NormalInitializer",
+    "TruncatedNormal",
+    "TruncatedNormalInitializer",
+    "Uniform",
+    "UniformInitializer",
+    "Xavier",
+    "XavierInitializer",
+]
 
 
 class Initializer(ConfigRecord):

@@ -21,15 +21,15 @@ import numpy as np
 __all__ = [
     "DEFAULT_NUM_THRESHOLDS",
     "MetricStats",
-    "calibration",
-    "normalized_entropy",
     "SlidingAuc",
     "bucket_counts",
     "bucket_index",
     "bucketed_auc",
+    "calibration",
     "count_buckets",
     "exact_auc",
     "logloss",
+    "normalized_entropy",
 ]
 
 DEFAULT_NUM_THRESHOLDS = 2 ** 12 - 1

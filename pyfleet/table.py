@@ -14,8 +14,15 @@ from pyfleet import entry as _entry
 from pyfleet import initializer as _init
 from pyfleet import optimizer as _opt
 
-__all__ = ["SparseTable", "DenseTable", "route", "DEFAULT_INITIALIZER", "FORMAT_VERSION",
-           "STORAGE_TYPES", "check_spill_options"]
+__all__ = [
+    "DEFAULT_INITIALIZER",
+    "FORMAT_VERSION",
+    "STORAGE_TYPES",
+    "DenseTable",
+    "SparseTable",
+    "check_spill_options",
+    "route",
+]
 
 FORMAT_VERSION = _core.FORMAT_VERSION
 # How a sparse table stores weights and optimizer state (docs/storage.md).

@@ -205,7 +205,8 @@ void SpillFile::Transfer(const uint32_t* slots, char* data, size_t n, bool write
     PYFLEET_ASSERT(i == 0 || slots[i] > slots[i - 1]);
     size_t j = i + 1;
     while (j < n && slots[j] == slots[j - 1] + 1) ++j;
-    runs.push_back({iov.size(), 1, static_cast<off_t>(slots[i]) * slot_bytes_});
+    const off_t at = static_cast<off_t>(slots[i]) * static_cast<off_t>(slot_bytes_);
+    runs.push_back({iov.size(), 1, at});
     iov.push_back({data + i * slot_bytes_, (j - i) * slot_bytes_});
     i = j;
   }

@@ -79,9 +79,9 @@ def _room(module):
     best = None
     for room, level, prefixes in ROOMS:
         for p in prefixes:
-            if module == p or module.startswith(p + "."):
-                if best is None or len(p) > best[2]:
-                    best = (room, level, len(p))
+            if (module == p or module.startswith(p + ".")) and (
+                    best is None or len(p) > best[2]):
+                best = (room, level, len(p))
     if best is None:
         raise AssertionError(f"{module} belongs to no room: add it to ROOMS in {__file__}")
     return best[:2]
@@ -89,7 +89,7 @@ def _room(module):
 
 def _package_of(module):
     parts = module.split(".")
-    return ".".join(parts[:-1]) if parts[-1] != "__init__" else ".".join(parts[:-1])
+    return ".".join(parts[:-1])
 
 
 def _imports(module, path):

@@ -103,10 +103,10 @@ def bench_dim(dim, rows, batch, rng, report):
                       for _ in range(3))
         t_push2 = min(in_threads([lambda t=table, k=ks: t.push(k, grads)] * 2)
                       for _ in range(3))
-        report["rows"].append(dict(
-            dim=dim, dist=dist,
-            take=batch / t_take, pull=batch / t_pull, pull2=2 * batch / t_pull2,
-            np_adam=batch / t_np_adam, push=batch / t_push, push2=2 * batch / t_push2))
+        report["rows"].append({
+            "dim": dim, "dist": dist,
+            "take": batch / t_take, "pull": batch / t_pull, "pull2": 2 * batch / t_pull2,
+            "np_adam": batch / t_np_adam, "push": batch / t_push, "push2": 2 * batch / t_push2})
     del table, dense, m, v
     gc.collect()
 

@@ -15,7 +15,7 @@ import os
 import shutil
 import tempfile
 
-__all__ = ["export_checkpoint", "find_job_file", "model_of_best_pass", "cmd_export"]
+__all__ = ["cmd_export", "export_checkpoint", "find_job_file", "model_of_best_pass"]
 
 
 def find_job_file(checkpoint):

@@ -73,7 +73,7 @@ def _fmt(x):
 
 
 def _clock(seconds):
-    seconds = int(round(seconds))
+    seconds = round(seconds)
     h, rest = divmod(seconds, 3600)
     return f"{h}:{rest // 60:02d}:{rest % 60:02d}"
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from pyfleet.cli.units import byte_count
 
-__all__ = ["measure_row_bytes", "cmd_plan"]
+__all__ = ["cmd_plan", "measure_row_bytes"]
 
 # One table grown through one growth of its index (1.25x) from 100,000 rows, measured
 # at 8 sizes: past the index's first huge pages, where a row costs what it costs at

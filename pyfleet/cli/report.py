@@ -1,6 +1,7 @@
 """What ``pyfleet train`` shows: the summary table, the roles' console lines, why a
 data set gave no example (the training plot: :mod:`pyfleet.cli.plot`)."""
 
+import contextlib
 import errno
 import logging
 import re
@@ -107,10 +108,8 @@ class _LogFile(logging.FileHandler):
               f"longer written there", file=sys.stderr, flush=True)
         stream, self.stream = self.stream, None
         self.emit = lambda record: None
-        try:
+        with contextlib.suppress(OSError):
             stream.close()
-        except OSError:
-            pass
 
 
 class QuietLauncher:

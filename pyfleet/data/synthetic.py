@@ -238,7 +238,7 @@ def generate(path_or_dir, rows: int, seed: int = 0, test_fraction: float = 0.1,
     if os.path.isfile(out_dir):
         raise ValueError(f"generate: {out_dir!r} is a file; pass a directory")
     os.makedirs(out_dir, exist_ok=True)
-    n_test = int(round(rows * test_fraction)) if rows else 0
+    n_test = round(rows * test_fraction) if rows else 0
     n_train = rows - n_test
     if train_shards > 1:
         train_path = os.path.join(out_dir, "train")

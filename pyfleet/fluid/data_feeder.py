@@ -64,7 +64,7 @@ class DataFeeder:
                        else c for c in col]
                 out[var.name] = sequences_to_lod(col, var.dtype)
             else:
-                tail = [d for d in var.shape[1:]] if var.shape and var.shape[0] == -1 \
+                tail = list(var.shape[1:]) if var.shape and var.shape[0] == -1 \
                     else list(var.shape or [])
                 try:
                     a = np.asarray(col, dtype=var.dtype)

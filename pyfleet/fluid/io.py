@@ -36,6 +36,7 @@ __all__ = [
     "load_inference_model",
     "load_params",
     "load_persistables",
+    "load_scope_state",
     "load_vars",
     "register_checkpoint_reader",
     "save",
@@ -43,7 +44,6 @@ __all__ = [
     "save_params",
     "save_persistables",
     "save_scope_state",
-    "load_scope_state",
     "save_vars",
 ]
 

@@ -174,10 +174,7 @@ def _embedding(input, size, is_sparse, is_distributed, padding_idx, param_attr, 
     vocab, dim = int(size[0]), int(size[1])
     sparse_table = bool(is_distributed) or vocab >= framework.SPARSE_TABLE_MIN_VOCAB
     attr = ParamAttr._to_attr(param_attr)
-    if sparse_table:
-        default = DEFAULT_INITIALIZER
-    else:
-        default = _init.Xavier()
+    default = DEFAULT_INITIALIZER if sparse_table else _init.Xavier()
     w = _param(attr, [vocab, dim], dtype, default, "embedding", sparse_table)
     if padding_idx is not None:
         padding_idx = int(padding_idx)

@@ -235,7 +235,7 @@ def create_global_var(shape, value, dtype, persistable=False, force_cpu=False, n
     shape = tuple(int(s) for s in shape)
     block = _block()
     var = block.create_var(name or unique_name.generate("global_var"), shape, dtype,
-                           persistable=True if persistable else False, stop_gradient=True)
+                           persistable=bool(persistable), stop_gradient=True)
     var.persistable = True   # its value lives in the scope, as Fluid's global block
     framework.default_startup_program()._init_states.append(
         (var.name, np.full(shape, value, dtype=convert_dtype(dtype))))

@@ -13,7 +13,7 @@ tools/fluid_census.py --report`` prints that section).
 
 from pyfleet.errors import UnsupportedError
 
-__all__ = ["REFUSED", "is_refused", "install", "placeholder", "refuse", "refused_module_getattr"]
+__all__ = ["REFUSED", "install", "is_refused", "placeholder", "refuse", "refused_module_getattr"]
 
 GPU = "a GPU/CUDA feature: pyfleet trains on CPUs"
 DYGRAPH = ("dygraph (imperative) mode: pyfleet runs Fluid's static-graph programs only "

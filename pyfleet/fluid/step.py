@@ -81,8 +81,8 @@ class Plan:
                 if p.trainable and (allowed is None or p.name in allowed):
                     self.need.add(p.name)
             for op in self.ops:
-                if op.type in _ops.NO_GRAD or op.type not in _ops.BACKWARD and \
-                        op.type != "lookup_table":
+                if op.type in _ops.NO_GRAD or (op.type not in _ops.BACKWARD and \
+                        op.type != "lookup_table"):
                     continue
                 if any(v.name in self.need for v in op.input_vars()):
                     for v in op.output_vars():

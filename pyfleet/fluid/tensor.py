@@ -13,13 +13,13 @@ import numpy as np
 
 __all__ = [
     "CPUPlace",
-    "create_random_int_lodtensor",
     "CUDAPlace",
     "FetchedArray",
     "LoDTensor",
     "Scope",
     "convert_dtype",
     "create_lod_tensor",
+    "create_random_int_lodtensor",
     "global_scope",
     "scope_guard",
 ]

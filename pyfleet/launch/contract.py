@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 from collections.abc import Sequence
 
@@ -40,10 +41,8 @@ def hold_endpoints(n: int, host: str, endpoints: Sequence[str] | None = None):
             return tuple(out), held
         for i, ep in enumerate(endpoints):
             h, port = split_endpoint(ep, "server endpoint")
-            try:
+            with contextlib.suppress(OSError):
                 held[i] = _listen(h, port)
-            except OSError:
-                pass
         return tuple(endpoints), held
     except BaseException:
         for sock in held.values():

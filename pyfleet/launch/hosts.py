@@ -33,7 +33,7 @@ from pyfleet.launch.collective import mpiexec_command, run_mpi_job
 from pyfleet.launch.contract import CONTRACT_VARS, role_env
 from pyfleet.service import auth
 
-__all__ = ["DEFAULT_PORT", "host_list", "placement", "hosts_command", "launch_hosts"]
+__all__ = ["DEFAULT_PORT", "host_list", "hosts_command", "launch_hosts", "placement"]
 
 DEFAULT_PORT = 36000
 # Forwarded from the launcher to every role, besides PYFLEET_* (mpirun's -x NAME).
@@ -85,7 +85,7 @@ def hosts_command(cmd: Sequence[str], servers: int, workers: int, hosts: Sequenc
     variables it sets are forwarded."""
     if servers < 1 or workers < 1:
         raise ConfigError("a job across hosts needs >= 1 server and >= 1 worker")
-    if not (0 < port and port + servers <= 65536):
+    if not (port > 0 and port + servers <= 65536):
         raise ConfigError(f"--port must leave room for {servers} server port(s), got {port}")
     places = placement(hosts, servers, workers)
     eps = [f"{host}:{port + i}" for role, i, host in places if role == "server"]

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import os
 
-__all__ = ["RUN_DIR", "DATA_DIR", "manifests", "write_manifests", "to_yaml"]
+__all__ = ["DATA_DIR", "RUN_DIR", "manifests", "to_yaml", "write_manifests"]
 
 RUN_DIR = "/pyfleet/run"
 DATA_DIR = "/pyfleet/data"

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Callable, TextIO, Union
 
+from pyfleet.endpoint import parse_endpoints
 from pyfleet.errors import ConfigError, EndpointInUse
 from pyfleet.launch.collective import mpiexec_command
 from pyfleet.launch.contract import (
@@ -27,7 +28,6 @@ from pyfleet.launch.contract import (
     role_env,
 )
 from pyfleet.launch.restart import RESTART_PAUSE, RestartPolicy, restart_vars
-from pyfleet.endpoint import parse_endpoints
 from pyfleet.service import auth
 from pyfleet.service.wire import check_ipc_dir
 
@@ -85,10 +85,8 @@ def _describe_rc(rc: int) -> str:
 
 
 def _killpg(pid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _pump(role: _Role, out: TextIO, lock: threading.Lock, report) -> None:

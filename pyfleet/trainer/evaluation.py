@@ -1,6 +1,7 @@
 """The test after every pass and the job's summary: the AUC and logloss of every worker's
 predictions together, never an average of the workers'."""
 
+import contextlib
 import json
 import os
 
@@ -46,10 +47,8 @@ def _pass_metrics(run_dir, epoch, workers):
 
 
 def _remove(path):
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 def _test_file(run_dir, epoch, worker):

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.timeout(300)
 WORKER = textwrap.dedent("""
     import os, sys, time
     import numpy as np
-    from pyfleet.role_maker import PaddleCloudRoleMaker
+    from pyfleet.distributed.role_maker import PaddleCloudRoleMaker
     from pyfleet.service import auth
     from pyfleet.service.client import Client
     out = sys.argv[1]
@@ -53,7 +53,7 @@ WORKER = textwrap.dedent("""
 
 
 def _server_cmd(port, index):
-    return [sys.executable, "-m", "pyfleet.server", "--endpoint", f"127.0.0.1:{port}",
+    return [sys.executable, "-m", "pyfleet.service", "--endpoint", f"127.0.0.1:{port}",
             "--index", str(index), "--num-servers", "2", "--workers", "1",
             "--heartbeat-timeout", "30"]
 

@@ -158,8 +158,8 @@ def test_a_role_that_keeps_dying_fails_the_job_after_n_restarts(tmp_path):
         m = _checkpoint.read_manifest(os.path.join(run, "checkpoint"))
         gen = m["chain"][0]["dir"]
         files = sorted(os.listdir(os.path.join(run, "checkpoint", gen)))
-        path = os.path.join(run, "checkpoint", gen, [f for f in files
-                                                     if f.endswith(".bin")][0])
+        path = os.path.join(run, "checkpoint", gen, next(f for f in files
+                                                     if f.endswith(".bin")))
         with open(path, "r+b") as f:
             f.seek(40)
             f.write(b"\xff\xff\xff\xff")

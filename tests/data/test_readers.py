@@ -56,7 +56,7 @@ def ref_criteo(path, transform="log"):
 def ref_csv(path, transform="log"):
     lines = ref_lines(path)
     names = lines[0].decode().split(",")
-    lab = [i for i, n in enumerate(names) if n.lower() == "label"][0]
+    lab = next(i for i, n in enumerate(names) if n.lower() == "label")
     dense_cols = sorted((int(n[1:]), i) for i, n in enumerate(names)
                         if n[0] == "I" and n[1:].isdigit())
     slot_cols = sorted((int(n[1:]), i) for i, n in enumerate(names)
@@ -255,10 +255,10 @@ def test_line_sharding_skips_csv_headers(tmp_path):
 
 def test_bad_worker_arguments(tmp_path):
     f = write(tmp_path / "a.tsv", synthetic_lines(3))
-    for kw in [dict(worker_index=2, worker_num=2), dict(worker_index=-1, worker_num=2),
-               dict(worker_num=0), dict(batch_size=0), dict(format="parquet"),
-               dict(dense_transform="sqrt"), dict(dense_transform="minmax"),
-               dict(dense_transform="minmax", dense_min=[0] * 12, dense_max=[1] * 13)]:
+    for kw in [{"worker_index": 2, "worker_num": 2}, {"worker_index": -1, "worker_num": 2},
+               {"worker_num": 0}, {"batch_size": 0}, {"format": "parquet"},
+               {"dense_transform": "sqrt"}, {"dense_transform": "minmax"},
+               {"dense_transform": "minmax", "dense_min": [0] * 12, "dense_max": [1] * 13}]:
         with pytest.raises(ValueError):
             Dataset(f, **kw)
 
@@ -413,7 +413,8 @@ def test_shuffle_keeps_slot_rows_intact(tmp_path):
     ref = ref_slot(need(SLOT))
     ds = Dataset(SLOT, format="slot", shuffle=True, seed=1, batch_size=13)
     got = collect(ds)
-    key = lambda r: (r[0], tuple(np.float32(r[1]).tolist()), tuple(map(tuple, r[2])))
+    def key(r):
+        return (r[0], tuple(np.float32(r[1]).tolist()), tuple(map(tuple, r[2])))
     assert sorted(map(key, got)) == sorted(map(key, ref))
     assert [r[2] for r in got] != [r[2] for r in ref]
 

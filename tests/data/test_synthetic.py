@@ -117,8 +117,8 @@ def test_auc_and_logloss_helpers():
     assert synthetic.logloss([1, 0], [0.5, 0.5]) == pytest.approx(np.log(2))
 
 
-@pytest.mark.parametrize("kw", [dict(rows=-1), dict(rows=10, test_fraction=1.0),
-                                dict(rows=10, ctr=0.0), dict(rows=10, train_shards=0)])
+@pytest.mark.parametrize("kw", [{"rows": -1}, {"rows": 10, "test_fraction": 1.0},
+                                {"rows": 10, "ctr": 0.0}, {"rows": 10, "train_shards": 0}])
 def test_bad_arguments(tmp_path, kw):
     with pytest.raises(ValueError):
         synthetic.generate(tmp_path, **kw)

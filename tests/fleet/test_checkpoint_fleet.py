@@ -17,9 +17,9 @@ import pyfleet
 from pyfleet import _atomic, fluid
 from pyfleet.data import Dataset, synthetic
 from pyfleet.distributed.fleet import MANIFEST_NAME, Fleet
+from pyfleet.distributed.role_maker import Role, UserDefinedRoleMaker
 from pyfleet.launch import free_ports
 from pyfleet.optimizer import Adam
-from pyfleet.distributed.role_maker import Role, UserDefinedRoleMaker
 from pyfleet.service.checkpoint import body_digest
 from pyfleet.trainer import JOB_DEFAULTS, build_program, feed_of, strategy_of
 

@@ -100,7 +100,8 @@ def _example_module():
 
 
 def test_fleet_inference_model_equals_training_forward(tmp_path):
-    from pyfleet import fluid, inference
+    from pyfleet import fluid
+    from pyfleet.fluid import inference
     launch(tmp_path, 2, 1, "--passes", "1", "--mode", "sync", "--inference-dir", "infer",
            "--predict-out", "pred.txt")
     want = np.loadtxt(tmp_path / "pred.txt")

@@ -5,6 +5,7 @@ import csv
 
 import numpy as np
 import pytest
+from support import DATA
 from support.fluid import RecordingBackend
 
 import pyfleet
@@ -13,7 +14,6 @@ from pyfleet.fluid.backend import LocalBackend
 from pyfleet.optimizer import SGD, Adam
 
 L = fluid.layers
-from support import DATA
 
 TINY = DATA / "criteo-kaggle-tiny" / "train.tiny.csv"
 

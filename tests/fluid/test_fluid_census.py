@@ -93,7 +93,7 @@ def test_fluid_module_level_helpers_work():
         with fluid.device_guard("gpu"):
             pass
     t = fluid.create_random_int_lodtensor([[2, 3]], [1], fluid.CPUPlace(), low=0, high=9)
-    assert t.lod() == [[0, 2, 5]] and 0 <= t.data.min() and t.data.max() <= 9
+    assert t.lod() == [[0, 2, 5]] and t.data.min() >= 0 and t.data.max() <= 9
     assert fluid.Tensor is fluid.LoDTensor
     arr = fluid.LoDTensorArray()
     arr.append(t)

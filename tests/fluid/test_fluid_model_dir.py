@@ -9,6 +9,7 @@ on a directory pyfleet wrote when ``PYFLEET_FLUID18_PYTHON`` names such an
 interpreter (docs/dev/fluid-model-format.md).
 """
 
+import contextlib
 import json
 import os
 import shutil
@@ -149,7 +150,7 @@ def test_a_model_written_by_fluid_1_8_predicts_what_fluid_predicted():
                     ("combined", {"model_filename": "model", "params_filename": "params"})):
         program, feeds, fetches = fluid.io.load_inference_model(str(FIXTURE / sub), exe, **kw)
         assert feeds == ["x", "ids"]
-        assert [v.name for v in fetches][0].startswith("save_infer_model/scale_0")
+        assert next(v.name for v in fetches).startswith("save_infer_model/scale_0")
         ids = fluid.create_lod_tensor(io["ids"], [list(io["lens"])], fluid.CPUPlace())
         (out,) = exe.run(program, feed={"x": io["x"], "ids": ids}, fetch_list=fetches)
         np.testing.assert_allclose(np.asarray(out), io["pred"], rtol=1e-5, atol=1e-6)
@@ -415,7 +416,5 @@ def test_damaged_program_bytes_are_a_clear_error_never_a_crash(noise, at, byte):
     changed = bytearray(real)
     changed[at % len(real)] = byte
     for data in (noise, bytes(changed), real[:at]):
-        try:
+        with contextlib.suppress(ValueError):
             fluid.Program.parse_from_string(data)
-        except ValueError:
-            pass

@@ -443,7 +443,8 @@ def test_conv2d_forward_matches_direct_loops(size, stride, pad, dil):
     exe.run(startup)
     got = exe.run(main, feed={"x": x}, fetch_list=out)[0]
     w = np.array(fluid.global_scope().find_var("cw").get_tensor())
-    pair = (lambda v: (v, v) if isinstance(v, int) else v)
+    def pair(v):
+        return ((v, v) if isinstance(v, int) else v)
     np.testing.assert_allclose(got, _conv_ref(x, w, pair(stride), pair(pad), pair(dil)),
                                rtol=1e-10)
     assert got.shape == tuple(out[0].shape)      # the static shape the layer declared
@@ -461,7 +462,7 @@ def test_conv2d_gradients(stride, pad, dil):
     main, startup = _program()
     with fluid.program_guard(main, startup), fluid.unique_name.guard():
         loss = build()
-        shape = [v for v in main.global_block().vars.values() if v.name == "loss_w"][0].shape
+        shape = next(v for v in main.global_block().vars.values() if v.name == "loss_w").shape
         SGD(0.1).minimize(loss)
     assert check_gradients(main, startup, loss, {"x": x, "loss_w": _w(shape)}) > 0
 
@@ -480,7 +481,8 @@ def test_conv2d_refuses_what_it_does_not_do():
 
 def _gru_ref(x, lens, w, b, h0, reverse, origin):
     d = w.shape[0]
-    sig = (lambda z: 1 / (1 + np.exp(-z)))
+    def sig(z):
+        return (1 / (1 + np.exp(-z)))
     out = np.zeros((x.shape[0], d))
     start = 0
     for n, ln in enumerate(lens):

@@ -120,7 +120,8 @@ def test_strategies_record_known_fields_and_refuse_the_rest():
 
 
 def test_paddle_reader_decorators():
-    r = lambda: iter(range(10))
+    def r():
+        return iter(range(10))
     out = list(paddle.reader.shuffle(r, buf_size=4)())
     assert sorted(out) == list(range(10))
     assert sorted(out[:4]) == [0, 1, 2, 3]   # shuffled within windows

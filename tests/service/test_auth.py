@@ -197,10 +197,10 @@ def test_unlisted_clients_cannot_pull_push_save_or_stop(cluster):
         ids = dict(c._ids[0])
     keys = np.array([11, 12, 13], np.uint64)
     for who in ("intruder", None, "plain"):
+        kw = {} if who == "plain" else {"curve_server_keys": cluster.server_public}
+        if who == "intruder":
+            kw["curve_client_key"] = cluster.keys / "intruder.key_secret"
         with pytest.raises(PeerTimeout, match="HEARTBEAT"):
-            kw = {} if who == "plain" else {"curve_server_keys": cluster.server_public}
-            if who == "intruder":
-                kw["curve_client_key"] = cluster.keys / "intruder.key_secret"
             Client([cluster.endpoint], timeout=1, connect_deadline=1, **kw)
         for op, frames in _requests(ids).items():
             sock = cluster.raw_socket(who)

@@ -50,7 +50,7 @@ def _flip(path, old, new):
 
 
 def _refused(root, c, match):
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(ValueError, match=match):  # noqa: PT012 (reading or verifying refuses)
         ck.read_manifest(str(root / "ckpt"))
         for _, gen, path in ck.resolve(str(root), "ckpt"):
             ck.verify_generation(path, gen)

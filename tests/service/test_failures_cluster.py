@@ -268,7 +268,7 @@ def test_workers_started_before_servers_train(jobs, data):
         j.start("server", i)
     done = j.wait_exit(list(j.procs), 120)
     # every server exits 0 by itself once every worker called stop_worker
-    assert {k: rc for k, (rc, _) in done.items()} == {k: 0 for k in done}
+    assert {k: rc for k, (rc, _) in done.items()} == dict.fromkeys(done, 0)
     assert j.losses()
     assert _checkpoint.read_manifest(os.path.join(j.run_dir, "checkpoint")) is not None
 

@@ -85,4 +85,4 @@ def test_error_reply_carries_status_and_message():
 
 
 def test_control_and_data_ops_partition_the_ops():
-    assert P.CONTROL_OPS | P.DATA_OPS == set(Op) and not P.CONTROL_OPS & P.DATA_OPS
+    assert set(Op) == P.CONTROL_OPS | P.DATA_OPS and not P.CONTROL_OPS & P.DATA_OPS

@@ -192,7 +192,7 @@ def test_metrics_parse_as_prometheus_text_and_count_what_happened(models, tmp_pa
     steps = samples[("pyfleet_serve_batch_rows_count", ())]
     assert samples[("pyfleet_serve_batch_rows_sum", ())] == 14 + 32
     assert steps < 3 + 32, "32 concurrent single-row requests never shared a model step"
-    info = [smp for smp in fams["pyfleet_serve_model_info"].samples]
+    info = list(fams["pyfleet_serve_model_info"].samples)
     assert len(info) == 1 and info[0].labels["version"].startswith("v1@")
     assert fams["pyfleet_serve_request_duration_seconds"].type == "histogram"
 

@@ -58,7 +58,7 @@ def main(argv=None):
     info = {"index": wi, "num": wn, "mode": cfg.mode, "sparse_mode": cfg.sparse_mode,
             "checksum": fleet._backend.dense_checksum(), "stats": fleet.stats(),
             "losses": losses, "rank": int(os.environ.get("OMPI_COMM_WORLD_RANK", "-1")),
-            "yield_when_idle": os.environ.get("OMPI_MCA_mpi_yield_when_idle")}
+            "yield_when_idle": os.environ.get("OMPI_MCA_mpi_yield_when_idle")}  # noqa: SIM112
     with open(os.path.join(a.out, f"worker{wi}.json"), "w") as f:
         json.dump(info, f)
     fleet.stop_worker()

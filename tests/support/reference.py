@@ -5,7 +5,7 @@ Used by the tests only: each function updates one row (or a dense block) in plac
 
 import numpy as np
 
-__all__ = ["decayed", "state_dim", "init_state", "update"]
+__all__ = ["decayed", "init_state", "state_dim", "update"]
 
 f32 = np.float32
 

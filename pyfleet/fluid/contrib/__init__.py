@@ -35,10 +35,8 @@ from pyfleet.fluid.contrib.utils import (
 
 __all__ = [
     "HDFSClient",
-    "ctr_metric_bundle",
-    "shuffle_batch",
-    "sparse_embedding",
     "convert_dist_to_sparse_program",
+    "ctr_metric_bundle",
     "fused_embedding_seq_pool",
     "layers",
     "load_persistables_for_increment",
@@ -46,6 +44,8 @@ __all__ = [
     "mixed_precision",
     "multi_download",
     "multi_upload",
+    "shuffle_batch",
+    "sparse_embedding",
     "utils",
 ]
 

@@ -6,7 +6,7 @@
 import os
 import sys
 
-os.environ["FLAGS_enable_pir_api"] = "0"
+os.environ["FLAGS_ENABLE_PIR_API"] = "0"
 
 import numpy as np  # noqa: E402
 import paddle  # noqa: E402
