@@ -16,6 +16,7 @@ minutes: compare only figures measured in the same run, alternated
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import select
@@ -157,7 +158,7 @@ def servers(num_servers: int, workers: int, *, start_timeout: float = 60.0, **op
     procs, endpoints = [], []
     try:
         for i in range(num_servers):
-            cmd = [sys.executable, "-m", "pyfleet.service", "--endpoint", "127.0.0.1:0",
+            cmd = [sys.executable, "-m", _server_module(), "--endpoint", "127.0.0.1:0",
                    "--index", str(i), "--num-servers", str(num_servers),
                    "--workers", str(workers), "--log-level", "ERROR", *flags]
             procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE))
@@ -174,6 +175,13 @@ def servers(num_servers: int, workers: int, *, start_timeout: float = 60.0, **op
                 p.kill()
                 p.wait(10)
             p.stdout.close()
+
+
+def _server_module() -> str:
+    """``pyfleet.service`` (``python -m pyfleet.service``), or ``pyfleet.server`` in a
+    revision before it (``tools/ab.py`` runs a benchmark against older builds too)."""
+    found = importlib.util.find_spec("pyfleet.service.__main__") is not None
+    return "pyfleet.service" if found else "pyfleet.server"
 
 
 def _ready_endpoint(p: subprocess.Popen, timeout: float) -> str:
