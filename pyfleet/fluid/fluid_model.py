@@ -410,8 +410,8 @@ def write_params(dirname, ops, section, params_filename):
                 if os.path.exists(tmp):
                     os.remove(tmp)
         files.append(params_filename)
-    for name, why in left_out.items():
-        _log.warning("inference model %s: sparse table %r is not in Fluid's parameter "
+    for name, why in left_out.items():  # recorded in __model__.json; hashed ids are the norm
+        _log.info("inference model %s: sparse table %r is not in Fluid's parameter "
                      "files (%s); pyfleet's own files hold it", dirname, name, why)
     return {"params": params_filename, "files": files, "tables_left_out": left_out}
 

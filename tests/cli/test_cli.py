@@ -221,10 +221,12 @@ def test_train_refuses_half_a_disk_tier(tmp_path):
 
 
 def test_train_names_a_budget_below_the_tables_minimum(tmp_path):
-    """A budget the servers' tables refuse (below room for 16 rows a shard) fails
-    the job with the table's reason, not a load of a checkpoint that is not there."""
+    """A budget the tables refuse (below room for 16 rows a shard) is refused with the
+    table's reason before the cluster starts, not as a load of a checkpoint that is not
+    there."""
     r = pyfleet("train", "--memory-budget", "1K", "--spill-dir", str(tmp_path / "spill"),
                 "--rows", "2000", cwd=tmp_path, timeout=120)
     assert r.returncode != 0
-    assert "cannot start its tables" in r.stderr and "memory_budget must be at least" in r.stderr
+    assert "cannot start with --memory-budget" in r.stderr
+    assert "memory_budget must be at least" in r.stderr
     assert "None" not in r.stderr, r.stderr
