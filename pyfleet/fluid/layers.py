@@ -19,6 +19,7 @@ import numpy as np
 
 from pyfleet import initializer as _init
 from pyfleet.fluid import framework, unique_name
+from pyfleet.fluid import layers_create as _lc
 from pyfleet.fluid import layers_index as _li
 from pyfleet.fluid import layers_lr as _lr
 from pyfleet.fluid import layers_math as _lm
@@ -26,6 +27,7 @@ from pyfleet.fluid import layers_nn as _ln
 from pyfleet.fluid import layers_tensor as _lt
 from pyfleet.fluid import refusals as _refusals
 from pyfleet.fluid.framework import check_variable as _check_var
+from pyfleet.fluid.layers_create import *  # noqa: F403
 from pyfleet.fluid.layers_index import *  # noqa: F403
 from pyfleet.fluid.layers_lr import *  # noqa: F403 (their __all__ joins this module's)
 from pyfleet.fluid.layers_math import *  # noqa: F403
@@ -74,7 +76,7 @@ __all__ = [
     "square_error_cost",
     "sums",
     "tanh",
-] + _lm.__all__ + _lt.__all__ + _lr.__all__ + _li.__all__ + [
+] + _lm.__all__ + _lt.__all__ + _lr.__all__ + _li.__all__ + _lc.__all__ + [
     n for n in _ln.__all__ if n != "one_hot_v2"]
 
 
