@@ -22,6 +22,7 @@ import os
 import select
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable, NamedTuple
@@ -138,6 +139,29 @@ def json_child(script: str | os.PathLike, argv: list[str], budget: int | None = 
         cmd += ["--budget", str(budget)]
     r = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def run_watched(cmd: list[str], env: dict, timeout: float, watch: Callable[[int], None],
+                every: float = 0.2) -> str:
+    """Run ``cmd`` to its end, calling ``watch(pid)`` every ``every`` seconds while it
+    runs (to sample its processes' CPU); its stdout. Killed after ``timeout`` + 60 s;
+    a non-zero exit raises with the tail of both streams."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        p = subprocess.Popen(cmd, env=env, stdout=out, stderr=err, text=True)
+        deadline = time.monotonic() + timeout + 60
+        while p.poll() is None:
+            watch(p.pid)
+            if time.monotonic() > deadline:
+                p.kill()
+                p.wait()
+                raise RuntimeError(f"{' '.join(cmd)} did not finish in {timeout + 60:.0f} s")
+            time.sleep(every)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    if p.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{stdout[-2000:]}\n{stderr[-2000:]}")
+    return stdout
 
 
 class Servers(NamedTuple):

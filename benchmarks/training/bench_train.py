@@ -83,6 +83,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
+import harness  # noqa: E402
 
 __all__ = ["job_roles", "main"]
 
@@ -174,22 +178,9 @@ def run_cluster(data, servers, workers, mode, epochs, timeout, run_dir, storage=
     if budget is not None:  # each server's sparse table in RAM; the rest in run_dir-spill
         cmd += ["--memory-budget", str(budget), "--spill-dir", run_dir + "-spill"]
     seen = {}
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        p = subprocess.Popen(cmd, env=_role_env(), stdout=out, stderr=err, text=True)
-        deadline = time.monotonic() + timeout + 60
-        while p.poll() is None:
-            if os.path.isdir("/proc"):
-                _role_cpu(run_dir, seen)
-            if time.monotonic() > deadline:
-                p.kill()
-                p.wait()
-                raise RuntimeError(f"{' '.join(cmd)} did not finish in {timeout + 60:.0f} s")
-            time.sleep(0.2)
-        out.seek(0)
-        err.seek(0)
-        stdout, stderr = out.read(), err.read()
-    if p.returncode:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{stdout[-2000:]}\n{stderr[-2000:]}")
+    stdout = harness.run_watched(
+        cmd, _role_env(), timeout,
+        lambda _pid: _role_cpu(run_dir, seen) if os.path.isdir("/proc") else None)
     r = _last_json(stdout)
     if seen:
         r["server_cpu_seconds"] = sum(c for role, c, _, _ in seen.values() if role == "server")

@@ -148,22 +148,8 @@ def run_pyfleet(name, data, run_root, timeout):
            *PYFLEET_RUNS[name], "--run-dir", run_dir, "--json", "--quiet", "--no-model",
            "--timeout", str(timeout)]
     seen = {}
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        p = subprocess.Popen(cmd, env={**_env(), **PYFLEET_ENV.get(name, {})}, stdout=out,
-                             stderr=err, text=True)
-        deadline = time.monotonic() + timeout + 60
-        while p.poll() is None:
-            _sample(p.pid, seen)
-            if time.monotonic() > deadline:
-                p.kill()
-                p.wait()
-                raise RuntimeError(f"{' '.join(cmd)} did not finish in {timeout + 60:.0f} s")
-            time.sleep(0.1)
-        out.seek(0)
-        err.seek(0)
-        stdout, stderr = out.read(), err.read()
-    if p.returncode:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{stdout[-2000:]}\n{stderr[-2000:]}")
+    stdout = harness.run_watched(cmd, {**_env(), **PYFLEET_ENV.get(name, {})}, timeout,
+                                 lambda pid: _sample(pid, seen), every=0.1)
     r = json.loads(stdout)
     cpu = {}
     for role, user, kernel in seen.values():
