@@ -40,6 +40,7 @@ __all__ = [
     "SparseTable",
     "__version__",
     "batch",
+    "dataset",
     "entry",
     "fleet",
     "fluid",
@@ -64,6 +65,8 @@ def __getattr__(name):
         from pyfleet.fluid.reader import batch as value
     elif name == "reader":   # Paddle's paddle.reader decorators
         import pyfleet.reader as value
+    elif name == "dataset":  # Paddle's `import paddle` imports paddle.dataset too
+        import pyfleet.dataset as value
     else:
         raise AttributeError(f"module 'pyfleet' has no attribute {name!r}")
     globals()[name] = value  # later lookups skip __getattr__

@@ -93,6 +93,21 @@ def test_pyfleet_run_usage_errors_name_the_problem(tmp_path):
         assert code == 2 and match in err, (argv, err)
 
 
+def test_import_paddle_alone_reaches_paddle_dataset_and_reader(tmp_path):
+    """Fluid's ``import paddle`` imports ``paddle.dataset`` and ``paddle.reader``: Paddle's
+    ctr_dataset_reader.py calls ``paddle.dataset.common.download`` with nothing else
+    imported. A fresh interpreter, so no earlier import has set the attribute."""
+    (tmp_path / "data.txt").write_bytes(b"abc")
+    (tmp_path / "s.py").write_text(
+        "import hashlib, paddle\n"
+        "print(paddle.dataset.common.md5file('data.txt') == hashlib.md5(b'abc').hexdigest())\n"
+        "print(paddle.dataset.common.DATA_HOME.endswith('.cache/paddle/dataset'))\n"
+        "print(callable(paddle.reader.shuffle), callable(paddle.batch))\n")
+    code, out, err = _run([*PYFLEET, "run", "s.py"], tmp_path)
+    assert code == 0, err
+    assert out.split() == ["True", "True", "True", "True"], out
+
+
 def _fake_real_paddle(tmp_path):
     real = tmp_path / "site" / "paddle"
     real.mkdir(parents=True)
