@@ -52,6 +52,21 @@ def param_path(dirname, param):
     return os.path.join(dirname, name + (".table" if param.is_sparse_table else ".npy"))
 
 
+def _old_name_hint(dirname, param):
+    """Why a parameter may be missing from an older pyfleet checkpoint: pyfleet
+    0.1 named an unnamed embedding's or create_parameter's parameter
+    ``embedding_<k>`` where Fluid (and pyfleet now) names it ``embedding_<k>.w_0``."""
+    base, dot, suffix = param.name.rpartition(".")
+    if not dot or suffix not in ("w_0", "b_0"):
+        return ""
+    old = base.rsplit("_", 1)[0]
+    if old not in ("embedding", "create_parameter"):
+        return ""
+    return (f" (checkpoints of pyfleet 0.1 name unnamed {old} parameters {old}_<k>, Fluid's "
+            f"name is {param.name}: give the parameter a name with param_attr= in both the "
+            f"saving and the loading program, or rename the file)")
+
+
 def _placeholder_optimizer(param):
     opt = param.optimizer or getattr(param, "_saved_optimizer", None)
     return SGD(1.0) if opt is None else opt
@@ -230,7 +245,8 @@ class LocalBackend(Backend):
         for p in params:
             path = param_path(dirname, p)
             if not os.path.exists(path):
-                raise ValueError(f"no saved value for parameter {p.name!r}: {path} is missing")
+                raise ValueError(f"no saved value for parameter {p.name!r}: {path} is missing"
+                                 f"{_old_name_hint(dirname, p)}")
             if p.is_sparse_table:
                 # A checkpoint replaces the whole table, as Fluid's load does:
                 # rows trained since must not survive beside the loaded ones.

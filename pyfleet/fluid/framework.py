@@ -535,7 +535,7 @@ def check_variable(x, what):
 def _append_math(type, inputs, shape, dtype, attrs):
     """Append one op of Variable arithmetic (output ``Out``) to the current main program."""
     block = _main_program.global_block()
-    out = block.create_var(unique_name.generate(type + ".tmp"), shape, dtype)
+    out = block.create_var(unique_name.generate("tmp"), shape, dtype)   # Fluid's math_op_patch
     block.append_op(type, inputs, {"Out": [out]}, attrs)
     return out
 
@@ -543,7 +543,7 @@ def _append_math(type, inputs, shape, dtype, attrs):
 def _fill_constant(dtype, value):
     """What ``fluid.layers.fill_constant([1], dtype, value)`` appends."""
     block = _main_program.global_block()
-    out = block.create_var(unique_name.generate("fill_constant.tmp"), (1,), dtype)
+    out = block.create_var(unique_name.generate("tmp"), (1,), dtype)
     out.stop_gradient = True
     block.append_op("fill_constant", {}, {"Out": [out]},
                     {"shape": [1], "dtype": convert_dtype(dtype).str, "value": float(value)})

@@ -27,8 +27,7 @@ class LayerHelper:
     def __init__(self, layer_type, **kwargs):
         self.kwargs = kwargs
         self.layer_type = layer_type
-        name = kwargs.get("name")
-        self.name = name if name is not None else unique_name.generate(layer_type)
+        self.name = unique_name.layer(layer_type, kwargs.get("name"))
 
     @property
     def main_program(self):
@@ -53,12 +52,13 @@ class LayerHelper:
     def create_variable(self, name=None, shape=None, dtype="float32", persistable=False,
                         stop_gradient=False, lod_level=0, **kwargs):
         shape = None if shape is None else tuple(int(d) for d in shape)
-        return self._block().create_var(name or unique_name.generate(self.name + ".tmp"),
-                                        shape, dtype, lod_level, persistable=persistable,
-                                        stop_gradient=stop_gradient)
+        # No name: Fluid's block.create_var names it "_generated_var_<n>".
+        return self._block().create_var(name, shape, dtype, lod_level,
+                                        persistable=persistable, stop_gradient=stop_gradient)
 
     def create_variable_for_type_inference(self, dtype, stop_gradient=False):
-        return self.create_variable(dtype=dtype, stop_gradient=stop_gradient)
+        return self.create_variable(name=unique_name.tmp(self.name), dtype=dtype,
+                                    stop_gradient=stop_gradient)
 
     def set_variable_initializer(self, var, initializer):
         if not isinstance(initializer, _initializer.Constant):

@@ -88,33 +88,54 @@ def _block():
     return _main().global_block()
 
 
-def _tmp(prefix, shape, dtype="float32", lod_level=0):
-    return _block().create_var(unique_name.generate(prefix + ".tmp"), shape, dtype, lod_level)
+def _tmp(layer, shape, dtype="float32", lod_level=0):
+    """A variable ``layer`` makes (a layer call's name, or a layer type: a call of its own)."""
+    return _block().create_var(unique_name.tmp(layer), shape, dtype, lod_level)
+
+
+def _named_out(layer_type, name, shape, dtype="float32"):
+    """The output of a Fluid layer that names it ``name`` itself when given
+    (elementwise ops, ``scale``), else ``<layer_type>_<k>.tmp_0``."""
+    if name is None:
+        return _tmp(layer_type, shape, dtype)
+    return _block().create_var(name, shape, dtype)
 
 
 def _op(type, inputs, outputs, attrs=None):
     return _block().append_op(type, inputs, outputs, attrs)
 
 
-def _unary(type, x, shape=None):
+def _unary(type, x, shape=None, name=None):
     _check_var(x, f"{type} input")
-    out = _tmp(type, shape if shape is not None else x.shape, x.dtype)
+    out = _tmp(unique_name.layer(type, name), shape if shape is not None else x.shape, x.dtype)
     _op(type, {"X": [x]}, {"Out": [out]})
     return out
 
 
-def _act(x, act):
+def _act(x, act, layer):
+    """``act`` applied to ``x`` as part of the call ``layer`` (Fluid's append_activation)."""
     if act is None:
         return x
     if act not in ("relu", "sigmoid", "tanh", "softmax"):
         raise ValueError(f"unsupported activation {act!r}; expected relu, sigmoid, tanh, "
                          "softmax or None")
-    return _unary(act, x)
+    out = _tmp(layer, x.shape, x.dtype)
+    _op(act, {"X": [x]}, {"Out": [out]})
+    return out
 
 
-def _param(attr, shape, dtype, default_initializer, prefix, is_sparse_table=False):
+def _param(attr, shape, dtype, default_initializer, layer, is_sparse_table=False,
+           is_bias=False):
+    """A parameter of the call ``layer``: ``attr``'s name, else ``<layer>.w_<n>``/``.b_<n>``."""
+    if attr.name is None:
+        attr = _with_name(attr, unique_name.param(layer, is_bias))
     return create_parameter_in(_main(), framework.default_startup_program(), attr, shape,
-                               dtype, default_initializer, prefix, is_sparse_table)
+                               dtype, default_initializer, None, is_sparse_table)
+
+
+def _with_name(attr, name):
+    return ParamAttr(name, attr.initializer, attr.learning_rate, attr.regularizer,
+                     attr.trainable, attr.gradient_clip, attr.do_model_average)
 
 
 # --------------------------------------------------------------------------- inputs
@@ -175,9 +196,10 @@ def _embedding(input, size, is_sparse, is_distributed, padding_idx, param_attr, 
                          f"got {size!r}")
     vocab, dim = int(size[0]), int(size[1])
     sparse_table = bool(is_distributed) or vocab >= framework.SPARSE_TABLE_MIN_VOCAB
+    layer = unique_name.layer("embedding")
     attr = ParamAttr._to_attr(param_attr)
     default = DEFAULT_INITIALIZER if sparse_table else _init.Xavier()
-    w = _param(attr, [vocab, dim], dtype, default, "embedding", sparse_table)
+    w = _param(attr, [vocab, dim], dtype, default, layer, sparse_table)
     if padding_idx is not None:
         padding_idx = int(padding_idx)
         if padding_idx < 0:
@@ -186,7 +208,7 @@ def _embedding(input, size, is_sparse, is_distributed, padding_idx, param_attr, 
         shape = tuple(input.shape[:-1]) + (dim,)
     else:
         shape = tuple(input.shape or (-1,)) + (dim,)
-    out = _tmp("embedding", shape, dtype, input.lod_level)
+    out = _tmp(layer, shape, dtype, input.lod_level)
     _op("lookup_table", {"W": [w], "Ids": [input]}, {"Out": [out]},
         {"is_sparse": bool(is_sparse), "is_distributed": bool(is_distributed),
          "padding_idx": padding_idx, "keep_last_dim": bool(keep_last_dim)})
@@ -205,9 +227,9 @@ def fc(input, size, num_flatten_dims=1, param_attr=None, bias_attr=None, act=Non
     if len(attrs) != len(inputs):
         raise ValueError(f"fc: {len(attrs)} param_attrs for {len(inputs)} inputs")
     size = int(size)
-    prefix = name or unique_name.generate("fc")
+    layer = unique_name.layer("fc", name)
     partial = []
-    for i, (x, a) in enumerate(zip(inputs, attrs)):
+    for x, a in zip(inputs, attrs):
         _check_var(x, "fc input")
         feat = x.shape[num_flatten_dims:]
         if any(d < 0 for d in feat):
@@ -216,26 +238,24 @@ def fc(input, size, num_flatten_dims=1, param_attr=None, bias_attr=None, act=Non
         attr = ParamAttr._to_attr(a)
         if attr is False:
             raise ValueError("fc weights cannot be disabled (param_attr=False)")
-        if attr.name is None:
-            attr = ParamAttr(f"{prefix}.w_{i}", attr.initializer, attr.learning_rate,
-                             trainable=attr.trainable)
-        w = _param(attr, [k, size], x.dtype, _init.Xavier(), "fc")
-        out = _tmp(prefix, tuple(x.shape[:num_flatten_dims]) + (size,), x.dtype)
+        w = _param(attr, [k, size], x.dtype, _init.Xavier(), layer)
+        out = _tmp(layer, tuple(x.shape[:num_flatten_dims]) + (size,), x.dtype)
         _op("mul", {"X": [x], "Y": [w]}, {"Out": [out]},
             {"x_num_col_dims": num_flatten_dims, "y_num_col_dims": 1})
         partial.append(out)
-    pre = partial[0] if len(partial) == 1 else sums(partial)
+    if len(partial) == 1:
+        pre = partial[0]
+    else:
+        pre = _tmp(layer, partial[0].shape, partial[0].dtype)
+        _op("sum", {"X": partial}, {"Out": [pre]})
     battr = ParamAttr._to_attr(bias_attr)
     if battr is not False:
-        if battr.name is None:
-            battr = ParamAttr(f"{prefix}.b_0", battr.initializer, battr.learning_rate,
-                              trainable=battr.trainable)
-        b = _param(battr, [size], pre.dtype, _init.Constant(0.0), "fc")
-        biased = _tmp(prefix, pre.shape, pre.dtype)
+        b = _param(battr, [size], pre.dtype, _init.Constant(0.0), layer, is_bias=True)
+        biased = _tmp(layer, pre.shape, pre.dtype)
         _op("elementwise_add", {"X": [pre], "Y": [b]}, {"Out": [biased]},
             {"axis": num_flatten_dims})
         pre = biased
-    return _act(pre, act)
+    return _act(pre, act, layer)
 
 
 def create_parameter(shape, dtype, name=None, attr=None, is_bias=False,
@@ -245,9 +265,10 @@ def create_parameter(shape, dtype, name=None, attr=None, is_bias=False,
     if attr is False:
         raise ValueError("create_parameter needs a ParamAttr, not False")
     if name is not None and attr.name is None:
-        attr = ParamAttr(name, attr.initializer, attr.learning_rate, trainable=attr.trainable)
+        attr = _with_name(attr, name)
     default = default_initializer or (_init.Constant(0.0) if is_bias else _init.Xavier())
-    return _param(attr, [int(s) for s in shape], dtype, default, "create_parameter")
+    return _param(attr, [int(s) for s in shape], dtype, default,
+                  unique_name.layer("create_parameter"), is_bias=is_bias)
 
 
 # --------------------------------------------------------------------------- shape ops
@@ -265,7 +286,7 @@ def concat(input, axis=0, name=None):
             break
         total += x.shape[ax]
     shape = tuple(total if i == ax else d for i, d in enumerate(ref))
-    out = _tmp("concat", shape, xs[0].dtype)
+    out = _tmp(unique_name.layer("concat", name), shape, xs[0].dtype)
     _op("concat", {"X": xs}, {"Out": [out]}, {"axis": axis})
     return out
 
@@ -283,9 +304,11 @@ def reshape(x, shape, actual_shape=None, act=None, inplace=False, name=None):
     if shape.count(-1) > 1:
         raise ValueError(f"reshape: at most one -1 in shape, got {shape}")
     static = tuple(x.shape[i] if d == 0 else d for i, d in enumerate(shape))
-    out = _tmp("reshape2", static, x.dtype)
+    layer = unique_name.layer("reshape2", name)
+    out = _tmp(layer, static, x.dtype)
+    _tmp(layer, None, x.dtype)   # Fluid's XShape output, made second
     _op("reshape2", {"X": [x]}, {"Out": [out]}, {"shape": shape})
-    return _act(out, act)
+    return _act(out, act, layer)
 
 
 def slice(input, axes, starts, ends):
@@ -309,29 +332,32 @@ def cast(x, dtype):
 
 # --------------------------------------------------------------------------- math
 
-def _elementwise(type, x, y, axis, act):
+def _elementwise(type, x, y, axis, act, name=None):
+    """Fluid's _elementwise_op: the output is ``name`` when given, else a tmp of the call."""
     _check_var(x, f"{type} x")
     _check_var(y, f"{type} y")
     shape = x.shape if len(x.shape) >= len(y.shape) else y.shape
-    out = _tmp(type, shape, x.dtype)
+    layer = unique_name.layer(type)
+    out = _tmp(layer, shape, x.dtype) if name is None else _block().create_var(
+        name, shape, x.dtype)
     _op(type, {"X": [x], "Y": [y]}, {"Out": [out]}, {"axis": int(axis)})
-    return _act(out, act)
+    return _act(out, act, layer)
 
 
 def elementwise_add(x, y, axis=-1, act=None, name=None):
-    return _elementwise("elementwise_add", x, y, axis, act)
+    return _elementwise("elementwise_add", x, y, axis, act, name)
 
 
 def elementwise_sub(x, y, axis=-1, act=None, name=None):
-    return _elementwise("elementwise_sub", x, y, axis, act)
+    return _elementwise("elementwise_sub", x, y, axis, act, name)
 
 
 def elementwise_mul(x, y, axis=-1, act=None, name=None):
-    return _elementwise("elementwise_mul", x, y, axis, act)
+    return _elementwise("elementwise_mul", x, y, axis, act, name)
 
 
 def elementwise_div(x, y, axis=-1, act=None, name=None):
-    return _elementwise("elementwise_div", x, y, axis, act)
+    return _elementwise("elementwise_div", x, y, axis, act, name)
 
 
 def matmul(x, y, transpose_x=False, transpose_y=False, alpha=1.0, name=None):
@@ -340,7 +366,7 @@ def matmul(x, y, transpose_x=False, transpose_y=False, alpha=1.0, name=None):
     xs = list(x.shape[::-1][:2][::-1]) if not transpose_x else list(x.shape[-2:][::-1])
     ys = list(y.shape[-2:]) if not transpose_y else list(y.shape[-2:][::-1])
     shape = tuple(x.shape[:-2]) + (xs[0], ys[1])
-    out = _tmp("matmul", shape, x.dtype)
+    out = _tmp(unique_name.layer("matmul", name), shape, x.dtype)
     _op("matmul", {"X": [x], "Y": [y]}, {"Out": [out]},
         {"transpose_x": bool(transpose_x), "transpose_y": bool(transpose_y),
          "alpha": float(alpha)})
@@ -349,50 +375,52 @@ def matmul(x, y, transpose_x=False, transpose_y=False, alpha=1.0, name=None):
 
 def scale(x, scale=1.0, bias=0.0, bias_after_scale=True, act=None, name=None):
     _check_var(x, "scale input")
-    out = _tmp("scale", x.shape, x.dtype)
+    layer = unique_name.layer("scale")
+    out = _tmp(layer, x.shape, x.dtype) if name is None else _block().create_var(
+        name, x.shape, x.dtype)
     _op("scale", {"X": [x]}, {"Out": [out]},
         {"scale": float(scale), "bias": float(bias), "bias_after_scale": bool(bias_after_scale)})
-    return _act(out, act)
+    return _act(out, act, layer)
 
 
 def sigmoid(x, name=None):
-    return _unary("sigmoid", x)
+    return _unary("sigmoid", x, name=name)
 
 
 def relu(x, name=None):
-    return _unary("relu", x)
+    return _unary("relu", x, name=name)
 
 
 def tanh(x, name=None):
-    return _unary("tanh", x)
+    return _unary("tanh", x, name=name)
 
 
 def softmax(input, use_cudnn=False, name=None, axis=-1):
     if axis not in (-1, len(input.shape) - 1):
         raise ValueError("softmax: only the last axis is supported")
-    return _unary("softmax", input)
+    return _unary("softmax", input, name=name)
 
 
 def square(x, name=None):
-    return _unary("square", x)
+    return _unary("square", x, name=name)
 
 
 def exp(x, name=None):
-    return _unary("exp", x)
+    return _unary("exp", x, name=name)
 
 
 def log(x, name=None):
-    return _unary("log", x)
+    return _unary("log", x, name=name)
 
 
 def mean(x, name=None):
     _check_var(x, "mean input")
-    out = _tmp("mean", (1,), x.dtype)
+    out = _tmp(unique_name.layer("mean", name), (1,), x.dtype)
     _op("mean", {"X": [x]}, {"Out": [out]})
     return out
 
 
-def _reduce(type, input, dim, keep_dim):
+def _reduce(type, input, dim, keep_dim, name=None):
     _check_var(input, f"{type} input")
     nd = len(input.shape)
     if dim is None:
@@ -401,18 +429,18 @@ def _reduce(type, input, dim, keep_dim):
         dims = {d % nd for d in ([dim] if np.isscalar(dim) else dim)}
         shape = tuple(1 if i in dims else s for i, s in enumerate(input.shape)
                       if keep_dim or i not in dims) or (1,)
-    out = _tmp(type, shape, input.dtype)
+    out = _tmp(unique_name.layer(type, name), shape, input.dtype)
     _op(type, {"X": [input]}, {"Out": [out]},
         {"dim": dim, "keep_dim": bool(keep_dim), "reduce_all": dim is None})
     return out
 
 
 def reduce_sum(input, dim=None, keep_dim=False, name=None):
-    return _reduce("reduce_sum", input, dim, keep_dim)
+    return _reduce("reduce_sum", input, dim, keep_dim, name)
 
 
 def reduce_mean(input, dim=None, keep_dim=False, name=None):
-    return _reduce("reduce_mean", input, dim, keep_dim)
+    return _reduce("reduce_mean", input, dim, keep_dim, name)
 
 
 # --------------------------------------------------------------------------- sequences
@@ -429,7 +457,9 @@ def sequence_pool(input, pool_type, is_test=False, pad_value=0.0):
         raise ValueError(f"sequence_pool: unknown pool_type {pool_type!r}")
     if pad_value != 0.0:
         raise ValueError("sequence_pool: only pad_value=0.0 is supported")
-    out = _tmp("sequence_pool", tuple(input.shape), input.dtype)
+    layer = unique_name.layer("sequence_pool")
+    out = _tmp(layer, tuple(input.shape), input.dtype)
+    unique_name.tmp(layer)      # Fluid's MaxIndex output
     _op("sequence_pool", {"X": [input]}, {"Out": [out]}, {"pooltype": pool_type.upper()})
     return out
 
@@ -439,7 +469,7 @@ def sequence_pool(input, pool_type, is_test=False, pad_value=0.0):
 def sigmoid_cross_entropy_with_logits(x, label, ignore_index=-100, name=None, normalize=False):
     _check_var(x, "sigmoid_cross_entropy_with_logits x")
     _check_var(label, "sigmoid_cross_entropy_with_logits label")
-    out = _tmp("sigmoid_cross_entropy_with_logits", x.shape, x.dtype)
+    out = _tmp(unique_name.layer("sigmoid_cross_entropy_with_logits", name), x.shape, x.dtype)
     _op("sigmoid_cross_entropy_with_logits", {"X": [x], "Label": [label]}, {"Out": [out]},
         {"ignore_index": int(ignore_index), "normalize": bool(normalize)})
     return out
@@ -450,7 +480,9 @@ def cross_entropy(input, label, soft_label=False, ignore_index=-100):
     ``label`` int64 ``[B, 1]`` (or ``[B, C]`` with ``soft_label``)."""
     _check_var(input, "cross_entropy input")
     _check_var(label, "cross_entropy label")
-    out = _tmp("cross_entropy", tuple(input.shape[:-1]) + (1,), input.dtype)
+    # Fluid 1.8 builds a hard-label cross_entropy as its cross_entropy2 layer.
+    layer = unique_name.layer("cross_entropy" if soft_label else "cross_entropy2")
+    out = _tmp(layer, tuple(input.shape[:-1]) + (1,), input.dtype)
     _op("cross_entropy", {"X": [input], "Label": [label]}, {"Y": [out]},
         {"soft_label": bool(soft_label), "ignore_index": int(ignore_index)})
     return out
@@ -458,14 +490,21 @@ def cross_entropy(input, label, soft_label=False, ignore_index=-100):
 
 def log_loss(input, label, epsilon=1e-4, name=None):
     _check_var(input, "log_loss input")
-    out = _tmp("log_loss", input.shape, input.dtype)
+    out = _tmp(unique_name.layer("log_loss", name), input.shape, input.dtype)
     _op("log_loss", {"Predicted": [input], "Labels": [label]}, {"Loss": [out]},
         {"epsilon": float(epsilon)})
     return out
 
 
 def square_error_cost(input, label):
-    return square(elementwise_sub(input, label))
+    layer = unique_name.layer("square_error_cost")
+    _check_var(input, "square_error_cost input")
+    _check_var(label, "square_error_cost label")
+    minus = _tmp(layer, input.shape, input.dtype)
+    _op("elementwise_sub", {"X": [input], "Y": [label]}, {"Out": [minus]}, {"axis": -1})
+    out = _tmp(layer, input.shape, input.dtype)
+    _op("square", {"X": [minus]}, {"Out": [out]})
+    return out
 
 
 # --------------------------------------------------------------------------- metrics
@@ -474,12 +513,16 @@ def accuracy(input, label, k=1, correct=None, total=None):
     """Top-``k`` accuracy of a batch; ``correct`` and ``total`` (e.g.
     ``create_tensor('int64')``), when given, receive the int64 counts."""
     _check_var(input, "accuracy input")
-    out = _tmp("accuracy", (1,), "float32")
+    layer = unique_name.layer("accuracy")
+    unique_name.tmp("top_k")    # Fluid's accuracy calls its topk layer (named like Fluid's)
+    out = _tmp(layer, (1,), "float32")
     outputs = {"Accuracy": [out]}
     for slot, var in (("Correct", correct), ("Total", total)):
-        if var is not None:
-            var.shape = (1,)
-            outputs[slot] = [var]
+        if var is None:
+            unique_name.tmp(layer)
+            continue
+        var.shape = (1,)
+        outputs[slot] = [var]
     _op("accuracy", {"Out": [input], "Label": [label]}, outputs, {"k": int(k)})
     return out
 
@@ -503,6 +546,7 @@ def auc(input, label, curve="ROC", num_thresholds=2 ** 12 - 1, topk=1, slide_ste
     if num_thresholds < 1 or slide_steps < 0:
         raise ValueError(f"auc: num_thresholds must be >= 1 and slide_steps >= 0, got "
                          f"{num_thresholds} and {slide_steps}")
+    layer = unique_name.layer("auc")
     block = _block()
     startup = framework.default_startup_program()
     bucket = num_thresholds + 1
@@ -518,8 +562,8 @@ def auc(input, label, curve="ROC", num_thresholds=2 ** 12 - 1, topk=1, slide_ste
     batch_neg = state(((window + 1) * bucket + 1,))
     stat_pos = state((1, bucket))
     stat_neg = state((1, bucket))
-    auc_out = _tmp("auc", (1,), "float64")
-    batch_auc_out = _tmp("auc", (1,), "float64")
+    auc_out = _tmp(layer, (1,), "float64")
+    batch_auc_out = _tmp(layer, (1,), "float64")
     _op("auc", {"Predict": [input], "Label": [label], "StatPos": [batch_pos],
                 "StatNeg": [batch_neg]},
         {"AUC": [batch_auc_out], "StatPosOut": [batch_pos], "StatNegOut": [batch_neg]},

@@ -23,7 +23,8 @@ def _random(kind, shape, dtype, seed, params, input=None, input_dim_idx=0, outpu
     if input is not None:
         inputs["Input"] = [_check_var(input, f"{kind}_random_batch_size_like input")]
         static[output_dim_idx] = input.shape[input_dim_idx]
-    out = _tmp(f"{kind}_random", tuple(static), dtype, True)
+    layer_type = f"{kind}_random" + ("" if input is None else "_batch_size_like")
+    out = _tmp(layer_type, tuple(static), dtype, True)
     _op("random", inputs, {"Out": [out]},
         {"kind": kind, "shape": shape, "dtype": convert_dtype(dtype).str,
          "fix_seed": int(seed) != 0, "seed": int(seed), "input_dim_idx": int(input_dim_idx),

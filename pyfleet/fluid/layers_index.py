@@ -10,7 +10,7 @@ the last three are compositions of layers (their gradients are theirs).
 
 import math
 
-from pyfleet.fluid import framework
+from pyfleet.fluid import framework, unique_name
 from pyfleet.fluid.framework import check_variable as _check_var
 from pyfleet.fluid.layers_nn import _op
 from pyfleet.fluid.layers_nn import _tmp as _new_tmp
@@ -89,10 +89,11 @@ def split(input, num_or_sections, dim=-1, name=None):
         if sections.count(-1) == 1 and total >= 0:
             sections[sections.index(-1)] = total - (sum(sections) + 1)
     outs = []
+    call = unique_name.layer("split", name)
     for n in sections:
         shape = list(input.shape)
         shape[dim] = n
-        outs.append(_tmp("split", tuple(shape), input.dtype))
+        outs.append(_tmp(call, tuple(shape), input.dtype))
     _op("split", {"X": [input]}, {"Out": outs}, {"axis": dim, "sections": sections})
     return outs
 
@@ -109,7 +110,8 @@ def gather(input, index, overwrite=True):
 def _arg(kind, x, axis):
     _check_var(x, f"{kind} x")
     axis = _axis(x, axis)
-    out = _tmp(kind, tuple(d for i, d in enumerate(x.shape) if i != axis), "int64", True)
+    out = _tmp(kind.replace("arg", "arg_"), tuple(d for i, d in enumerate(x.shape) if i != axis),
+               "int64", True)
     _op("arg_min_max", {"X": [x]}, {"Out": [out]}, {"axis": axis, "kind": kind})
     return out
 
@@ -126,8 +128,9 @@ def argsort(input, axis=-1, descending=False, name=None):
     """``(sorted values, int64 indices)`` along ``axis`` (a stable sort)."""
     _check_var(input, "argsort input")
     axis = _axis(input, axis)
-    out = _tmp("argsort", input.shape, input.dtype)
-    idx = _tmp("argsort", input.shape, "int64", True)
+    call = unique_name.layer("argsort", name)
+    out = _tmp(call, input.shape, input.dtype)
+    idx = _tmp(call, input.shape, "int64", True)
     _op("argsort", {"X": [input]}, {"Out": [out], "Indices": [idx]},
         {"axis": axis, "kind": "argsort", "descending": bool(descending)})
     return out, idx
@@ -266,8 +269,9 @@ def softmax_with_cross_entropy(logits, label, soft_label=False, ignore_index=-10
     _check_var(label, "softmax_with_cross_entropy label")
     if _axis(logits, axis) != len(logits.shape) - 1:
         raise ValueError("softmax_with_cross_entropy: only the last axis is supported")
-    loss = _tmp("softmax_with_cross_entropy", tuple(logits.shape[:-1]) + (1,), logits.dtype)
-    prob = _tmp("softmax_with_cross_entropy", logits.shape, logits.dtype)
+    call = unique_name.layer("softmax_with_cross_entropy")
+    prob = _tmp(call, logits.shape, logits.dtype)       # Fluid makes Softmax first
+    loss = _tmp(call, tuple(logits.shape[:-1]) + (1,), logits.dtype)
     _op("softmax_with_cross_entropy", {"Logits": [logits], "Label": [label]},
         {"Loss": [loss], "Softmax": [prob]},
         {"soft_label": bool(soft_label), "ignore_index": int(ignore_index)})
@@ -304,7 +308,7 @@ def margin_rank_loss(label, left, right, margin=0.1, name=None):
 def where(condition):
     """The int64 ``[K, ndim]`` indices of the True entries of ``condition``."""
     _check_var(condition, "where condition")
-    out = _tmp("where", (-1, len(condition.shape)), "int64", True)
+    out = _tmp("where_index", (-1, len(condition.shape)), "int64", True)
     _op("where_index", {"Condition": [condition]}, {"Out": [out]})
     return out
 
@@ -437,10 +441,11 @@ def roll(input, shifts, dims=None):
 
 def _unique(x, dtype, counts):
     _check_var(x, "unique x")
-    out = _tmp("unique", (-1,), x.dtype, True)
-    outputs = {"Out": [out], "Index": [_tmp("unique", (-1,), dtype, True)]}
+    call = unique_name.layer("unique_with_counts" if counts else "unique")
+    out = _tmp(call, (-1,), x.dtype, True)
+    outputs = {"Out": [out], "Index": [_tmp(call, (-1,), dtype, True)]}
     if counts:
-        outputs["Count"] = [_tmp("unique", (-1,), dtype, True)]
+        outputs["Count"] = [_tmp(call, (-1,), dtype, True)]
     from pyfleet.fluid.tensor import convert_dtype
     _op("unique", {"X": [x]}, outputs, {"dtype": convert_dtype(dtype).str})
     return (out, outputs["Index"][0]) + ((outputs["Count"][0],) if counts else ())
@@ -488,6 +493,8 @@ def smooth_l1(x, y, inside_weight=None, outside_weight=None, sigma=None):
     if outside_weight is not None:
         inputs["OutsideWeight"] = [_check_var(outside_weight, "smooth_l1 outside_weight")]
     sigma = 1.0 if sigma is None else float(sigma)
-    out = _tmp("smooth_l1", (x.shape[0], 1), x.dtype)
+    call = unique_name.layer("smooth_l1_loss")
+    unique_name.tmp(call)       # Fluid's Diff output, made first
+    out = _tmp(call, (x.shape[0], 1), x.dtype)
     _op("smooth_l1_loss", inputs, {"Out": [out]}, {"sigma2": sigma * sigma})
     return out

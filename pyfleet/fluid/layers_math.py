@@ -8,6 +8,7 @@ Signatures and semantics are Fluid 1.8's; kernels in
 """
 
 
+from pyfleet.fluid import unique_name
 from pyfleet.fluid.framework import Variable
 from pyfleet.fluid.framework import check_variable as _check_var
 from pyfleet.fluid.layers_nn import _op, _tmp
@@ -77,20 +78,29 @@ __all__ = [
 _ACTS = ("relu", "sigmoid", "tanh", "softmax")
 
 
-def _unary(type, x, attrs=None, stop_gradient=False):
+def _unary(type, x, attrs=None, stop_gradient=False, name=None, layer_type=None,
+           out_name=None):
+    """One op of a layer call named as Fluid's ``LayerHelper(layer_type or type,
+    name=name)`` names it; ``out_name``: the output's own name (Fluid's ``clip``)."""
     _check_var(x, f"{type} x")
-    out = _tmp(type, x.shape, x.dtype, x.lod_level)
+    if out_name is not None:
+        out = x.block.create_var(out_name, x.shape, x.dtype, x.lod_level)
+    else:
+        out = _tmp(unique_name.layer(layer_type or type, name), x.shape, x.dtype, x.lod_level)
     out.stop_gradient = stop_gradient
     _op(type, {"X": [x]}, {"Out": [out]}, attrs or {})
     return out
 
 
-def _act(x, act, layer):
+def _act(x, act, layer, call):
+    """``act`` applied to ``x`` as part of the layer call ``call`` (Fluid's append_activation)."""
     if act is None:
         return x
     if act not in _ACTS:
         raise ValueError(f"{layer}: unsupported act {act!r}; expected one of {_ACTS} or None")
-    return _unary(act, x)
+    out = _tmp(call, x.shape, x.dtype, x.lod_level)
+    _op(act, {"X": [x]}, {"Out": [out]}, {})
+    return out
 
 
 def _broadcast_shape(x, y):
@@ -99,28 +109,32 @@ def _broadcast_shape(x, y):
 
 # --------------------------------------------------------------------------- elementwise
 
-def _elementwise(type, x, y, axis, act):
+def _elementwise(type, x, y, axis, act, name):
+    """Fluid's _elementwise_op: the output is ``name`` when given, else a tmp of the call."""
     _check_var(x, f"{type} x")
     _check_var(y, f"{type} y")
-    out = _tmp(type, _broadcast_shape(x, y), x.dtype)
+    call = unique_name.layer(type)
+    shape = _broadcast_shape(x, y)
+    out = _tmp(call, shape, x.dtype) if name is None else x.block.create_var(
+        name, shape, x.dtype)
     _op(type, {"X": [x], "Y": [y]}, {"Out": [out]}, {"axis": int(axis)})
-    return _act(out, act, type)
+    return _act(out, act, type, call)
 
 
 def elementwise_max(x, y, axis=-1, act=None, name=None):
     """``max(x, y)`` with Fluid's broadcast of ``y`` at ``axis``; the gradient
     goes to ``x`` where ``x > y``, to ``y`` elsewhere."""
-    return _elementwise("elementwise_max", x, y, axis, act)
+    return _elementwise("elementwise_max", x, y, axis, act, name)
 
 
 def elementwise_min(x, y, axis=-1, act=None, name=None):
     """``min(x, y)``; the gradient goes to ``x`` where ``x < y``, to ``y`` elsewhere."""
-    return _elementwise("elementwise_min", x, y, axis, act)
+    return _elementwise("elementwise_min", x, y, axis, act, name)
 
 
 def elementwise_pow(x, y, axis=-1, act=None, name=None):
     """``x ** y`` (the gradient to ``y`` needs ``x > 0``)."""
-    return _elementwise("elementwise_pow", x, y, axis, act)
+    return _elementwise("elementwise_pow", x, y, axis, act, name)
 
 
 def _compare(fn, x, y, cond):
@@ -192,70 +206,70 @@ def clip(x, min, max, name=None):
     """``min(max(x, min), max)``; the gradient passes where ``min < x < max``."""
     if float(min) > float(max):
         raise ValueError(f"clip: min {min} is greater than max {max}")
-    return _unary("clip", x, {"min": float(min), "max": float(max)})
+    return _unary("clip", x, {"min": float(min), "max": float(max)}, out_name=name)
 
 
 def relu6(x, threshold=6.0, name=None):
-    return _unary("relu6", x, {"threshold": float(threshold)})
+    return _unary("relu6", x, {"threshold": float(threshold)}, name=name)
 
 
 def softsign(x, name=None):
     """``x / (1 + |x|)``."""
-    return _unary("softsign", x)
+    return _unary("softsign", x, name=name)
 
 
 def softplus(x, name=None):
-    return _unary("softplus", x)
+    return _unary("softplus", x, name=name)
 
 
 def logsigmoid(x, name=None):
-    return _unary("logsigmoid", x)
+    return _unary("logsigmoid", x, name=name)
 
 
 def leaky_relu(x, alpha=0.02, name=None):
-    return _unary("leaky_relu", x, {"alpha": float(alpha)})
+    return _unary("leaky_relu", x, {"alpha": float(alpha)}, name=name)
 
 
 def elu(x, alpha=1.0, name=None):
-    return _unary("elu", x, {"alpha": float(alpha)})
+    return _unary("elu", x, {"alpha": float(alpha)}, name=name)
 
 
 def abs(x, name=None):
-    return _unary("abs", x)
+    return _unary("abs", x, name=name)
 
 
 def sqrt(x, name=None):
-    return _unary("sqrt", x)
+    return _unary("sqrt", x, name=name)
 
 
 def rsqrt(x, name=None):
-    return _unary("rsqrt", x)
+    return _unary("rsqrt", x, name=name)
 
 
 def reciprocal(x, name=None):
-    return _unary("reciprocal", x)
+    return _unary("reciprocal", x, name=name)
 
 
 def cos(x, name=None):
-    return _unary("cos", x)
+    return _unary("cos", x, name=name)
 
 
 def sin(x, name=None):
-    return _unary("sin", x)
+    return _unary("sin", x, name=name)
 
 
 def pow(x, factor=1.0, name=None):
     if isinstance(factor, Variable):
         raise ValueError("pow: a Variable factor is not supported; use elementwise_pow")
-    return _unary("pow", x, {"factor": float(factor)})
+    return _unary("pow", x, {"factor": float(factor)}, name=name)
 
 
 def floor(x, name=None):
-    return _unary("floor", x, stop_gradient=True)
+    return _unary("floor", x, stop_gradient=True, name=name)
 
 
 def ceil(x, name=None):
-    return _unary("ceil", x, stop_gradient=True)
+    return _unary("ceil", x, stop_gradient=True, name=name)
 
 
 def sign(x):
@@ -263,7 +277,7 @@ def sign(x):
 
 
 def round(x, name=None):
-    return _unary("round", x, stop_gradient=True)
+    return _unary("round", x, stop_gradient=True, name=name)
 
 
 # --------------------------------------------------------------------------- similarity
@@ -283,7 +297,8 @@ def l2_normalize(x, axis, epsilon=1e-12, name=None):
     """``x / sqrt(sum(x * x, axis) + epsilon)``."""
     _check_var(x, "l2_normalize x")
     axis = int(axis) % len(x.shape)
-    return _unary("norm", x, {"axis": axis, "epsilon": float(epsilon)})
+    return _unary("norm", x, {"axis": axis, "epsilon": float(epsilon)}, name=name,
+                  layer_type="l2_normalize")
 
 
 def topk(input, k, name=None):
@@ -295,8 +310,9 @@ def topk(input, k, name=None):
     if k < 1:
         raise ValueError(f"topk: k must be >= 1, got {k}")
     shape = tuple(input.shape[:-1]) + (k,)
-    values = _tmp("top_k", shape, input.dtype)
-    indices = _tmp("top_k", shape, "int64")
+    call = unique_name.layer("top_k", name)
+    values = _tmp(call, shape, input.dtype)
+    indices = _tmp(call, shape, "int64")
     indices.stop_gradient = True
     _op("top_k", {"X": [input]}, {"Out": [values], "Indices": [indices]}, {"k": k})
     return values, indices
@@ -306,26 +322,30 @@ def mse_loss(input, label):
     """``mean((input - label) ** 2)`` as a ``[1]`` tensor."""
     _check_var(input, "mse_loss input")
     _check_var(label, "mse_loss label")
-    out = _tmp("mse_loss", (1,), input.dtype)
+    # Fluid 1.8's mse_loss is reduce_mean(square_error_cost(input, label)): named so.
+    square_error = unique_name.layer("square_error_cost")
+    unique_name.tmp(square_error)
+    unique_name.tmp(square_error)
+    out = _tmp("reduce_mean", (1,), input.dtype)
     _op("mse_loss", {"X": [input], "Y": [label]}, {"Out": [out]})
     return out
 
 
-def _reduce(type, input, dim, keep_dim):
+def _reduce(type, input, dim, keep_dim, name):
     from pyfleet.fluid.layers import _reduce as reduce_
-    return reduce_(type, input, dim, keep_dim)
+    return reduce_(type, input, dim, keep_dim, name)
 
 
 def reduce_max(input, dim=None, keep_dim=False, name=None):
-    return _reduce("reduce_max", input, dim, keep_dim)
+    return _reduce("reduce_max", input, dim, keep_dim, name)
 
 
 def reduce_min(input, dim=None, keep_dim=False, name=None):
-    return _reduce("reduce_min", input, dim, keep_dim)
+    return _reduce("reduce_min", input, dim, keep_dim, name)
 
 
 def reduce_prod(input, dim=None, keep_dim=False, name=None):
-    return _reduce("reduce_prod", input, dim, keep_dim)
+    return _reduce("reduce_prod", input, dim, keep_dim, name)
 
 
 def sum(x):
@@ -349,11 +369,11 @@ def sequence_last_step(input):
 # --------------------------------------------------------------------------- more activations
 
 def hard_sigmoid(x, slope=0.2, offset=0.5, name=None):
-    return _unary("hard_sigmoid", x, {"slope": float(slope), "offset": float(offset)})
+    return _unary("hard_sigmoid", x, {"slope": float(slope), "offset": float(offset)}, name=name)
 
 
 def swish(x, beta=1.0, name=None):
-    return _unary("swish", x, {"beta": float(beta)})
+    return _unary("swish", x, {"beta": float(beta)}, name=name)
 
 
 def selu(x, scale=None, alpha=None, name=None):
@@ -363,19 +383,19 @@ def selu(x, scale=None, alpha=None, name=None):
 
 
 def brelu(x, t_min=0.0, t_max=24.0, name=None):
-    return _unary("brelu", x, {"t_min": float(t_min), "t_max": float(t_max)})
+    return _unary("brelu", x, {"t_min": float(t_min), "t_max": float(t_max)}, name=name)
 
 
 def soft_relu(x, threshold=40.0, name=None):
-    return _unary("soft_relu", x, {"threshold": float(threshold)})
+    return _unary("soft_relu", x, {"threshold": float(threshold)}, name=name)
 
 
 def stanh(x, scale_a=0.67, scale_b=1.7159, name=None):
-    return _unary("stanh", x, {"scale_a": float(scale_a), "scale_b": float(scale_b)})
+    return _unary("stanh", x, {"scale_a": float(scale_a), "scale_b": float(scale_b)}, name=name)
 
 
 def tanh_shrink(x, name=None):
-    return _unary("tanh_shrink", x)
+    return _unary("tanh_shrink", x, name=name)
 
 
 def thresholded_relu(x, threshold=1.0):
@@ -398,23 +418,23 @@ def hard_swish(x, threshold=6.0, scale=6.0, offset=3.0, name=None):
 def mish(x, threshold=20, name=None):
     """``x * tanh(softplus(x))``, softplus taken as ``x`` above ``threshold`` and
     ``exp(x)`` below ``-threshold``, as Fluid."""
-    return _unary("mish", x, {"threshold": float(threshold)})
+    return _unary("mish", x, {"threshold": float(threshold)}, name=name)
 
 
 def log1p(x, out=None, name=None):
-    return _unary("log1p", x)
+    return _unary("log1p", x, name=name)
 
 
 def acos(x, name=None):
-    return _unary("acos", x)
+    return _unary("acos", x, name=name)
 
 
 def asin(x, name=None):
-    return _unary("asin", x)
+    return _unary("asin", x, name=name)
 
 
 def atan(x, name=None):
-    return _unary("atan", x)
+    return _unary("atan", x, name=name)
 
 
 def erf(x):

@@ -25,20 +25,22 @@ def _block():
     return framework.default_main_program().global_block()
 
 
-def _tmp(prefix, shape, dtype="float32", lod_level=0):
-    return _block().create_var(unique_name.generate(prefix + ".tmp"), shape, dtype, lod_level)
+def _tmp(layer, shape, dtype="float32", lod_level=0):
+    """A variable ``layer`` makes (a layer call's name, or a layer type: a call of its own)."""
+    return _block().create_var(unique_name.tmp(layer), shape, dtype, lod_level)
 
 
 def _op(type, inputs, outputs, attrs=None):
     return _block().append_op(type, inputs, outputs, attrs)
 
 
-def _act(x, act, layer):
+def _act(x, act, layer, call=None):
+    """``act`` applied to ``x`` as part of the layer call ``call`` (Fluid's append_activation)."""
     if act is None:
         return x
     if act not in _ACTS:
         raise ValueError(f"{layer}: unsupported act {act!r}; expected one of {_ACTS} or None")
-    out = _tmp(act, x.shape, x.dtype, x.lod_level)
+    out = _tmp(call if call is not None else act, x.shape, x.dtype, x.lod_level)
     _op(act, {"X": [x]}, {"Out": [out]})
     return out
 
@@ -56,13 +58,15 @@ def _statistic(name, shape, dtype, value, rule):
     return p
 
 
-def _named(attr, name):
-    """``attr`` (a ParamAttr, a name, an initializer, None) with ``name`` if it has none."""
+def _named(attr, layer, is_bias=False):
+    """``attr`` (a ParamAttr, a name, an initializer, None), named as Fluid names a
+    parameter of the call ``layer`` if it has no name (``<layer>.w_<n>``/``.b_<n>``)."""
     attr = ParamAttr._to_attr(attr)
     if attr is False or attr.name is not None:
         return attr
-    return ParamAttr(name, attr.initializer, attr.learning_rate, attr.regularizer,
-                     attr.trainable, attr.gradient_clip, attr.do_model_average)
+    return ParamAttr(unique_name.param(layer, is_bias), attr.initializer, attr.learning_rate,
+                     attr.regularizer, attr.trainable, attr.gradient_clip,
+                     attr.do_model_average)
 
 
 def _refuse(layer, **options):
@@ -89,7 +93,9 @@ def dropout(x, dropout_prob, is_test=False, seed=None, name=None,
     if dropout_implementation not in ("downgrade_in_infer", "upscale_in_train"):
         raise ValueError(f"dropout: dropout_implementation must be 'downgrade_in_infer' or "
                          f"'upscale_in_train', got {dropout_implementation!r}")
-    out = _tmp(name or "dropout", x.shape, x.dtype, x.lod_level)
+    layer = unique_name.layer("dropout", name)
+    out = _tmp(layer, x.shape, x.dtype, x.lod_level)
+    unique_name.tmp(layer)      # Fluid's Mask output
     _op("dropout", {"X": [x]}, {"Out": [out]},
         {"dropout_prob": p, "is_test": bool(is_test), "fix_seed": seed is not None,
          "seed": 0 if seed is None else int(seed),
@@ -127,27 +133,29 @@ def batch_norm(input, act=None, is_test=False, momentum=0.9, epsilon=1e-05, para
     if channels < 1:
         raise ValueError(f"batch_norm: input {input.name} has an unknown channel count "
                          f"(shape {input.shape}, axis {c})")
-    prefix = name or unique_name.generate("batch_norm")
+    prefix = unique_name.layer("batch_norm", name)
     dtype = input.dtype
-    scale = _param(_named(param_attr, f"{prefix}.w_0"), [channels], dtype,
+    scale = _param(_named(param_attr, prefix), [channels], dtype,
                    _init.Constant(1.0), prefix)
     battr = ParamAttr._to_attr(bias_attr)
     if battr is False:
         raise ValueError("batch_norm: bias_attr=False is not supported (Fluid always has "
                          "the bias)")
-    bias = _param(_named(battr, f"{prefix}.b_0"), [channels], dtype, _init.Constant(0.0),
-                  prefix)
-    mean = _statistic(moving_mean_name or f"{prefix}.w_1", [channels], dtype, 0.0,
+    bias = _param(_named(battr, prefix, is_bias=True), [channels], dtype,
+                  _init.Constant(0.0), prefix)
+    mean = _statistic(moving_mean_name or unique_name.param(prefix), [channels], dtype, 0.0,
                       "batch_norm")
-    var = _statistic(moving_variance_name or f"{prefix}.w_2", [channels], dtype, 1.0,
-                     "batch_norm")
+    var = _statistic(moving_variance_name or unique_name.param(prefix), [channels], dtype,
+                     1.0, "batch_norm")
+    unique_name.tmp(prefix)     # Fluid's SavedMean and SavedVariance, made before Y
+    unique_name.tmp(prefix)
     out = _tmp(prefix, input.shape, dtype, input.lod_level)
     _op("batch_norm", {"X": [input], "Scale": [scale], "Bias": [bias], "Mean": [mean],
                        "Variance": [var]},
         {"Y": [out]},
         {"momentum": float(momentum), "epsilon": float(epsilon), "is_test": bool(is_test),
          "data_layout": data_layout, "use_global_stats": bool(use_global_stats)})
-    return _act(out, act, "batch_norm")
+    return _act(out, act, "batch_norm", prefix)
 
 
 # --------------------------------------------------------------------------- data_norm
@@ -190,13 +198,15 @@ def data_norm(input, act=None, epsilon=1e-05, param_attr=None, data_layout="NCHW
         raise ValueError("data_norm: param_attr must be a dict of initial values "
                          "{'batch_size', 'batch_sum', 'batch_square'} or None (Fluid uses "
                          f"nothing else of it), got {param_attr!r}")
-    prefix = name or unique_name.generate("data_norm")
+    unique_name.layer("data_norm", name)
+    prefix = name or "dn"       # Fluid's statistics names when the layer has no name
     c = [int(input.shape[1])]
     size = _statistic(f"{prefix}.batch_size", c, input.dtype, init["batch_size"], "data_norm")
     total = _statistic(f"{prefix}.batch_sum", c, input.dtype, init["batch_sum"], "data_norm")
     square = _statistic(f"{prefix}.batch_square_sum", c, input.dtype, init["batch_square"],
                         "data_norm")
-    out = _tmp(prefix, input.shape, input.dtype, input.lod_level)
+    # Fluid makes the output with create_variable() and no name: "_generated_var_<n>".
+    out = _block().create_var(None, input.shape, input.dtype, input.lod_level)
     _op("data_norm", {"X": [input], "BatchSize": [size], "BatchSum": [total],
                       "BatchSquareSum": [square]},
         {"Y": [out]},
@@ -244,7 +254,8 @@ def _one_hot(input, depth, allow_out_of_range, drop_last_dim, layer):
             raise ValueError(f"{layer}: input {input.name} must end in a dimension of 1 "
                              f"(fluid.one_hot takes ids without it), got shape {shape}")
         shape = shape[:-1]
-    out = _tmp("one_hot", shape + (depth,), "float32", input.lod_level)
+    out = _tmp("one_hot" if drop_last_dim else "one_hot_v2", shape + (depth,), "float32",
+               input.lod_level)
     out.stop_gradient = True
     _op("one_hot", {"X": [input]}, {"Out": [out]},
         {"depth": depth, "allow_out_of_range": bool(allow_out_of_range),
@@ -273,7 +284,7 @@ def transpose(x, perm, name=None):
     if sorted(perm) != list(range(len(x.shape))):
         raise ValueError(f"transpose: perm {perm} must be a permutation of the "
                          f"{len(x.shape)} axes of {x.name} (shape {x.shape})")
-    out = _tmp(name or "transpose", tuple(x.shape[p] for p in perm), x.dtype)
+    out = _tmp(unique_name.layer("transpose", name), tuple(x.shape[p] for p in perm), x.dtype)
     _op("transpose2", {"X": [x]}, {"Out": [out]}, {"axis": perm})
     return out
 
@@ -312,9 +323,9 @@ def conv2d(input, num_filters, filter_size, stride=1, padding=0, dilation=1, gro
     if min(kh, kw, *stride, *dilation) < 1:
         raise ValueError("conv2d: filter_size, stride and dilation must be positive")
     channels = int(input.shape[1])
-    prefix = name or unique_name.generate("conv2d")
+    prefix = unique_name.layer("conv2d", name)
     std = (2.0 / (kh * kw * channels)) ** 0.5
-    w = _param(_named(param_attr, f"{prefix}.w_0"), [int(num_filters), channels, kh, kw],
+    w = _param(_named(param_attr, prefix), [int(num_filters), channels, kh, kw],
                input.dtype, _init.Normal(0.0, std), prefix)
 
     def out_size(n, k, p, s, d):
@@ -328,12 +339,12 @@ def conv2d(input, num_filters, filter_size, stride=1, padding=0, dilation=1, gro
          "dilations": list(dilation)})
     battr = ParamAttr._to_attr(bias_attr)
     if battr is not False:
-        b = _param(_named(battr, f"{prefix}.b_0"), [int(num_filters)], input.dtype,
+        b = _param(_named(battr, prefix, is_bias=True), [int(num_filters)], input.dtype,
                    _init.Constant(0.0), prefix)
         biased = _tmp(prefix, shape, input.dtype)
         _op("elementwise_add", {"X": [out], "Y": [b]}, {"Out": [biased]}, {"axis": 1})
         out = biased
-    return _act(out, act, "conv2d")
+    return _act(out, act, "conv2d", prefix)
 
 
 # --------------------------------------------------------------------------- dynamic_gru
@@ -360,14 +371,14 @@ def dynamic_gru(input, size, param_attr=None, bias_attr=None, is_reverse=False,
         if act not in ACTIVATIONS:
             raise ValueError(f"dynamic_gru: {what} must be one of {sorted(ACTIVATIONS)}, "
                              f"got {act!r}")
-    prefix = unique_name.generate("gru")
-    w = _param(_named(param_attr, f"{prefix}.w_0"), [size, 3 * size], input.dtype,
+    prefix = unique_name.layer("gru")
+    w = _param(_named(param_attr, prefix), [size, 3 * size], input.dtype,
                _init.Xavier(), prefix)
     battr = ParamAttr._to_attr(bias_attr)
     if battr is False:
         raise ValueError("dynamic_gru: bias_attr=False is not supported (Fluid's GRU has "
                          "its bias)")
-    b = _param(_named(battr, f"{prefix}.b_0"), [1, 3 * size], input.dtype,
+    b = _param(_named(battr, prefix, is_bias=True), [1, 3 * size], input.dtype,
                _init.Constant(0.0), prefix)
     inputs = {"Input": [input], "Weight": [w], "Bias": [b]}
     if h_0 is not None:
@@ -394,18 +405,20 @@ def layer_norm(input, scale=True, shift=True, begin_norm_axis=1, epsilon=1e-05,
     width = 1
     for d in input.shape[k:]:
         width *= int(d)
-    prefix = name or unique_name.generate("layer_norm")
+    prefix = unique_name.layer("layer_norm", name)
     inputs = {"X": [input]}
     if scale:
-        inputs["Scale"] = [_param(_named(param_attr, f"{prefix}.w_0"), [width], input.dtype,
+        inputs["Scale"] = [_param(_named(param_attr, prefix), [width], input.dtype,
                                   _init.Constant(1.0), prefix)]
     if shift:
-        inputs["Bias"] = [_param(_named(bias_attr, f"{prefix}.b_0"), [width], input.dtype,
+        inputs["Bias"] = [_param(_named(bias_attr, prefix, is_bias=True), [width], input.dtype,
                                  _init.Constant(0.0), prefix)]
+    unique_name.tmp(prefix)     # Fluid's Mean and Variance, made before Y
+    unique_name.tmp(prefix)
     out = _tmp(prefix, input.shape, input.dtype)
     _op("layer_norm", inputs, {"Y": [out]},
         {"begin_norm_axis": k, "epsilon": float(epsilon)})
-    return _act(out, act, "layer_norm")
+    return _act(out, act, "layer_norm", prefix)
 
 
 def prelu(x, mode, param_attr=None, name=None):
@@ -425,8 +438,8 @@ def prelu(x, mode, param_attr=None, name=None):
         shape = [1] + [int(d) for d in x.shape[1:]]
     else:
         raise ValueError(f"prelu: mode must be 'all', 'channel' or 'element', got {mode!r}")
-    prefix = name or unique_name.generate("prelu")
-    alpha = _param(_named(param_attr, f"{prefix}.w_0"), shape, x.dtype, _init.Constant(0.25),
+    prefix = unique_name.layer("prelu", name)
+    alpha = _param(_named(param_attr, prefix), shape, x.dtype, _init.Constant(0.25),
                    prefix)
     out = _tmp(prefix, x.shape, x.dtype)
     _op("prelu", {"X": [x], "Alpha": [alpha]}, {"Out": [out]}, {"mode": mode})

@@ -28,9 +28,9 @@ __all__ = [
 
 # --------------------------------------------------------------------------- shapes
 
-def _reshape_like(type, x, shape, attrs):
+def _reshape_like(type, x, shape, attrs, layer_type, name):
     _check_var(x, f"{type} input")
-    out = _tmp(type, shape, x.dtype)
+    out = _tmp(unique_name.layer(layer_type, name), shape, x.dtype)
     _op(type, {"X": [x]}, {"Out": [out]}, attrs)
     return out
 
@@ -46,7 +46,7 @@ def squeeze(input, axes, name=None):
             raise ValueError(f"squeeze: axis {a} of {input.name} has size {input.shape[a]}, "
                              f"not 1 (shape {input.shape})")
     shape = tuple(d for i, d in enumerate(input.shape) if i not in dropped)
-    return _reshape_like("squeeze2", input, shape, {"axes": axes})
+    return _reshape_like("squeeze2", input, shape, {"axes": axes}, "squeeze", name)
 
 
 def unsqueeze(input, axes, name=None):
@@ -57,7 +57,7 @@ def unsqueeze(input, axes, name=None):
     shape = list(input.shape)
     for a in axes:
         shape.insert(a if a >= 0 else a + len(shape) + 1, 1)
-    return _reshape_like("unsqueeze2", input, tuple(shape), {"axes": axes})
+    return _reshape_like("unsqueeze2", input, tuple(shape), {"axes": axes}, "unsqueeze2", name)
 
 
 def flatten(x, axis=1, name=None):
@@ -69,7 +69,7 @@ def flatten(x, axis=1, name=None):
     def prod(dims):
         return -1 if any(d < 0 for d in dims) else int(np.prod(dims))
     return _reshape_like("flatten2", x, (prod(x.shape[:axis]), prod(x.shape[axis:])),
-                         {"axis": axis})
+                         {"axis": axis}, "flatten", name)
 
 
 def stack(x, axis=0):
@@ -96,7 +96,8 @@ def unstack(x, axis=0, num=None):
     if n < 0:
         raise ValueError(f"unstack: axis {axis} of {x.name} has unknown size; pass num")
     shape = tuple(d for i, d in enumerate(x.shape) if i != axis)
-    outs = [_tmp("unstack", shape, x.dtype) for _ in range(n)]
+    call = unique_name.layer("unstack")
+    outs = [_tmp(call, shape, x.dtype) for _ in range(n)]
     _op("unstack", {"X": [x]}, {"Y": outs}, {"axis": axis})
     return outs
 
@@ -112,7 +113,7 @@ def expand(x, expand_times, name=None):
         raise ValueError(f"expand: expand_times {times} must have one entry per dimension "
                          f"of {x.name} (shape {x.shape})")
     shape = tuple(-1 if d < 0 else d * t for d, t in zip(x.shape, times))
-    out = _tmp("expand", shape, x.dtype)
+    out = _tmp(unique_name.layer("expand", name), shape, x.dtype)
     _op("expand", {"X": [x]}, {"Out": [out]}, {"expand_times": times})
     return out
 
@@ -225,7 +226,7 @@ def ones_like(x, out=None):
 
 def create_tensor(dtype, name=None, persistable=False):
     """An empty variable, for a layer's ``out``/``total`` argument or ``assign``."""
-    return _block().create_var(name or unique_name.generate("create_tensor.tmp"), None,
+    return _block().create_var(unique_name.layer("create_tensor", name), None,
                                dtype, persistable=persistable, stop_gradient=True)
 
 
@@ -234,7 +235,8 @@ def create_global_var(shape, value, dtype, persistable=False, force_cpu=False, n
     persistable one keeps what ``assign`` writes into it from run to run."""
     shape = tuple(int(s) for s in shape)
     block = _block()
-    var = block.create_var(name or unique_name.generate("global_var"), shape, dtype,
+    unique_name.layer("global_var", name)   # Fluid's helper; the variable is unnamed
+    var = block.create_var(name, shape, dtype,
                            persistable=bool(persistable), stop_gradient=True)
     var.persistable = True   # its value lives in the scope, as Fluid's global block
     framework.default_startup_program()._init_states.append(

@@ -36,7 +36,7 @@ def shuffle_batch(x, seed=None):
     if isinstance(seed, framework.Variable):
         raise ValueError("shuffle_batch: a Variable seed is not supported; pass an int")
     block = framework.default_main_program().global_block()
-    out = block.create_var(unique_name.generate("shuffle_batch.tmp"), x.shape, x.dtype)
+    out = block.create_var(unique_name.tmp("shuffle_batch"), x.shape, x.dtype)
     attrs = {"startup_seed": int(framework.default_main_program().random_seed or 0)}
     if seed is not None:
         attrs["seed"] = int(seed)
