@@ -44,7 +44,7 @@ from pyfleet.distributed.role_maker import default_role_maker
 from pyfleet.distributed.strategy import job_config
 from pyfleet.distributed.tables import server_table_configs, servers_regularize, table_configs
 from pyfleet.entry import Entry
-from pyfleet.errors import ConfigError, PyfleetError
+from pyfleet.errors import ConfigError, PeerTimeout, PyfleetError
 from pyfleet.fluid import inference
 from pyfleet.fluid.framework import default_startup_program
 from pyfleet.fluid.io import check_local_path, load_scope_state, save_scope_state
@@ -254,9 +254,20 @@ class Fleet(FleetBase):
             return
         _install_exit_hook(self)
         rt = self._strategy.runtime
-        self._client = Client(role.server_endpoints(), worker_index=role.worker_index(),
-                              timeout=rt.request_timeout, connect_deadline=rt.connect_timeout,
-                              **client_options_from_env())
+        try:
+            self._client = Client(role.server_endpoints(), worker_index=role.worker_index(),
+                                  timeout=rt.request_timeout, connect_deadline=rt.connect_timeout,
+                                  **client_options_from_env())
+        except PeerTimeout as exc:
+            if not getattr(self, "_stopped", False):
+                raise
+            # Fluid's pservers served until they were killed, so a Fluid worker could stop
+            # and start again (Paddle 1.5's own Fleet test trains twice); pyfleet's servers
+            # end the job once every worker has stopped.
+            raise PeerTimeout(f"{exc}. This worker called fleet.stop_worker() before: "
+                              f"pyfleet's servers end the job once every worker has stopped, "
+                              f"so they may be gone (Fluid's served until killed); train "
+                              f"before stop_worker(), not after it") from exc
         if self._strategy.hybrid:  # dense replicas all-reduced among the workers' MPI job
             group = hybrid.open_group(role)
             self._client.create_tables(hybrid.sparse_only(self._tables), [])
@@ -304,6 +315,7 @@ class Fleet(FleetBase):
         finally:
             client.close()
             self._client = None
+            self._stopped = True
             self._set_backend(NoServers(
                 "fleet.stop_worker() was called: this worker is no longer connected to the "
                 "servers"))

@@ -1,0 +1,53 @@
+"""A worker that called fleet.stop_worker() and then init_worker() again (Paddle
+1.5's own Fleet test trains twice, stopping in between): Fluid's servers served
+until killed; pyfleet's end the job once every worker has stopped, so the second
+init_worker fails within connect_timeout with a PeerTimeout that says why."""
+
+import threading
+
+import numpy as np
+import pytest
+
+from pyfleet import fluid
+from pyfleet.distributed.fleet import Fleet
+from pyfleet.distributed.role_maker import Role, UserDefinedRoleMaker
+from pyfleet.errors import PeerTimeout
+from pyfleet.fluid.incubate.fleet.parameter_server.distribute_transpiler.distributed_strategy import (  # noqa: E501
+    StrategyFactory,
+)
+from pyfleet.launch import free_ports
+
+
+def _fleet(role, ep, connect_timeout=30.0):
+    f = Fleet()
+    f.init(UserDefinedRoleMaker(0, role, 1, [ep]))
+    strategy = StrategyFactory.create_async_strategy()
+    strategy.get_program_config().runtime.connect_timeout = connect_timeout
+    with fluid.program_guard(fluid.Program(), fluid.Program()), fluid.unique_name.guard():
+        x = fluid.layers.data(name="x", shape=[4], dtype="float32")
+        y = fluid.layers.data(name="y", shape=[1], dtype="float32")
+        loss = fluid.layers.mean(fluid.layers.square_error_cost(fluid.layers.fc(x, 1), y))
+        f.distributed_optimizer(fluid.optimizer.SGD(0.1), strategy).minimize(loss)
+    return f, loss
+
+
+@pytest.mark.timeout(120)
+def test_init_worker_after_stop_worker_says_the_servers_ended_the_job(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    ep = f"127.0.0.1:{free_ports(1)[0]}"
+    server, _ = _fleet(Role.SERVER, ep)
+    server.init_server()
+    t = threading.Thread(target=server.run_server, daemon=True)
+    t.start()
+    worker, loss = _fleet(Role.WORKER, ep, connect_timeout=2.0)
+    worker.init_worker()
+    exe = fluid.Executor(fluid.CPUPlace())
+    exe.run(worker.startup_program)
+    feed = {"x": np.ones((8, 4), "float32"), "y": np.zeros((8, 1), "float32")}
+    (first,) = exe.run(worker.main_program, feed=feed, fetch_list=[loss])
+    assert np.isfinite(np.asarray(first)).all()
+    worker.stop_worker()
+    t.join(30)
+    assert not t.is_alive()                       # every worker stopped: the server ended
+    with pytest.raises(PeerTimeout, match=r"called fleet.stop_worker\(\) before"):
+        worker.init_worker()
