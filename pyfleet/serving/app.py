@@ -20,6 +20,7 @@ the server keeps serving.
 """
 
 import asyncio
+import collections
 import io
 import json
 import logging
@@ -83,7 +84,8 @@ class Server:
         self.version = None
         self.schema = None
         self.last_refusal = None
-        self._queue = None
+        self._pending = collections.deque()  # (Pending rows, future) of queued requests
+        self._wake = None  # the batcher's future while it waits for a request
         self._waiting_bodies = 0  # requests accepted whose rows are not queued yet
         self._model_thread = ThreadPoolExecutor(1, thread_name_prefix="pyfleet-serve-model")
         self._parse_threads = ThreadPoolExecutor(2, thread_name_prefix="pyfleet-serve-parse")
@@ -126,7 +128,6 @@ class Server:
 
     async def start(self, host, port):
         """Listen on ``host:port`` (0: a free port); returns the port."""
-        self._queue = asyncio.Queue()
         self._batcher = asyncio.get_running_loop().create_task(self._batch_loop())
         self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
         await self._runner.setup()
@@ -194,11 +195,14 @@ class Server:
         self._waiting_bodies += 1
         queued = False
         try:
-            try:  # a client that stalls mid-body must not hold its slot for ever
-                body = await asyncio.wait_for(request.read(), self.options.read_timeout)
-            except asyncio.TimeoutError:
-                return _error(408, f"the body did not arrive within --read-timeout "
-                                   f"{self.options.read_timeout:g} s", "timeout")
+            if request.content.is_eof():  # all received with the head: no wait, no timer
+                body = await request.read()
+            else:
+                try:  # a client that stalls mid-body must not hold its slot for ever
+                    body = await asyncio.wait_for(request.read(), self.options.read_timeout)
+                except asyncio.TimeoutError:
+                    return _error(408, f"the body did not arrive within --read-timeout "
+                                       f"{self.options.read_timeout:g} s", "timeout")
             schema = self.schema
             try:
                 if len(body) > _PARSE_IN_THREAD:
@@ -211,7 +215,7 @@ class Server:
             fut = asyncio.get_running_loop().create_future()
             self._waiting_bodies -= 1
             queued = True
-            self._queue.put_nowait((rows, fut))
+            self._enqueue((rows, fut))
             try:
                 prob, version = await fut
             except BadRequest as e:  # its lines, parsed with the step's
@@ -236,31 +240,52 @@ class Server:
 
     # -- the micro-batcher ----------------------------------------------------
 
+    def _enqueue(self, item):
+        self._pending.append(item)
+        wake = self._wake
+        if wake is not None and not wake.done():
+            wake.set_result(None)
+
+    async def _arrival(self, timeout=None):
+        """Until a request is queued (or ``timeout`` seconds pass)."""
+        loop = asyncio.get_running_loop()
+        self._wake = wake = loop.create_future()
+        timer = None if timeout is None else loop.call_later(timeout, _settle, wake)
+        try:
+            await wake
+        finally:
+            self._wake = None
+            if timer is not None:
+                timer.cancel()
+
+    def _gather(self, items, rows):
+        """Move queued requests into ``items`` while they fit in one step;
+        the rows gathered, and whether the step is full."""
+        pending, limit = self._pending, self.options.max_batch_rows
+        while pending:
+            n = pending[0][0].rows
+            if items and rows + n > limit:
+                return rows, True
+            items.append(pending.popleft())
+            rows += n
+        return rows, rows >= limit
+
     async def _batch_loop(self):
         loop = asyncio.get_running_loop()
-        q, opts = self._queue, self.options
-        carry = None
+        opts = self.options
         while True:
-            first = carry or await q.get()
-            carry = None
-            items, rows = [first], first[0].rows
+            if not self._pending:
+                await self._arrival()
+            items = []
+            rows, full = self._gather(items, 0)
             deadline = loop.time() + opts.batch_wait
-            while rows < opts.max_batch_rows:
-                if q.empty():
-                    # Others are still sending their bodies: wait a little for them.
-                    if self._waiting_bodies <= 0 or loop.time() >= deadline:
-                        break
-                    try:
-                        item = await asyncio.wait_for(q.get(), deadline - loop.time())
-                    except asyncio.TimeoutError:
-                        break
-                else:
-                    item = q.get_nowait()
-                if rows + item[0].rows > opts.max_batch_rows:
-                    carry = item
+            # Others are still sending their bodies: wait a little for them.
+            while not full and self._waiting_bodies > 0:
+                left = deadline - loop.time()
+                if left <= 0:
                     break
-                items.append(item)
-                rows += item[0].rows
+                await self._arrival(left)
+                rows, full = self._gather(items, rows)
             version, schema = self.version, self.schema  # one version for the whole step
             try:
                 prob, order, results = await loop.run_in_executor(
@@ -286,3 +311,8 @@ class Server:
                 if not fut.done():  # its client may have gone
                     fut.set_result((prob[a:a + n], version))
                 a += n
+
+
+def _settle(fut):
+    if not fut.done():
+        fut.set_result(None)

@@ -78,10 +78,18 @@ def _serving_storage(storage):
 
 
 class _ServingBackend(Backend):
-    """Read-only parameters: dense arrays and sparse rows in C++ tables."""
+    """Read-only parameters: dense arrays and sparse rows in C++ tables.
+
+    A step gets the dense arrays themselves, not copies (a copy of every weight
+    matrix was a fifth of a one-row step): they are made read-only, so a kernel
+    that wrote into one would raise instead of changing the served model."""
 
     def __init__(self, dense, tables):
-        self.dense = dense
+        self.dense = {}
+        for name, value in dense.items():
+            value = np.asarray(value).view()
+            value.flags.writeable = False
+            self.dense[name] = value
         self.tables = tables
 
     def _refuse(self, *_):
@@ -92,7 +100,7 @@ class _ServingBackend(Backend):
 
     def pull_dense(self, name):
         try:
-            return self.dense[name].copy()
+            return self.dense[name]
         except KeyError:
             raise ValueError(f"the served model has no parameter {name!r}") from None
 

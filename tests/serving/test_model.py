@@ -42,6 +42,23 @@ def test_rows_are_the_models_and_unseen_ids_get_the_initial_row(model, tmp_path)
     assert table.stats()["spilled_rows"] > 0
 
 
+def test_steps_read_the_dense_weights_in_place_and_cannot_change_them(model):
+    from pyfleet.data import Dataset
+    program, _, _ = load_program(model)
+    saved = {n: np.array(a) for n, a in program.backend.dense.items()}
+    v = ModelVersion(model)
+    batch = next(iter(Dataset(str(CSV), format="csv", batch_size=50)))
+    first = v.predict(batch)
+    backend = v.program.backend
+    for name, want in saved.items():
+        got = backend.pull_dense(name)
+        assert got is backend.pull_dense(name)  # no copy a step
+        np.testing.assert_array_equal(got, want)
+        with pytest.raises(ValueError, match="read-only"):
+            got[...] = 0
+    np.testing.assert_array_equal(v.predict(batch), first)
+
+
 def test_fp16_storage_holds_each_weight_rounded_to_fp16(model):
     program, _, _ = load_program(model)
     keys, weights = program.backend.sparse_rows("SparseFeatFactors")
