@@ -23,6 +23,7 @@ from pyfleet.fluid import layers_create as _lc
 from pyfleet.fluid import layers_index as _li
 from pyfleet.fluid import layers_lr as _lr
 from pyfleet.fluid import layers_math as _lm
+from pyfleet.fluid import layers_metric as _lmt
 from pyfleet.fluid import layers_nn as _ln
 from pyfleet.fluid import layers_tensor as _lt
 from pyfleet.fluid import refusals as _refusals
@@ -31,6 +32,7 @@ from pyfleet.fluid.layers_create import *  # noqa: F403
 from pyfleet.fluid.layers_index import *  # noqa: F403
 from pyfleet.fluid.layers_lr import *  # noqa: F403 (their __all__ joins this module's)
 from pyfleet.fluid.layers_math import *  # noqa: F403
+from pyfleet.fluid.layers_metric import *  # noqa: F403
 from pyfleet.fluid.layers_nn import *  # noqa: F403
 from pyfleet.fluid.layers_tensor import *  # noqa: F403
 from pyfleet.fluid.param_attr import ParamAttr, create_parameter_in
@@ -39,8 +41,6 @@ from pyfleet.fluid.tensor import convert_dtype
 from pyfleet.table import DEFAULT_INITIALIZER
 
 __all__ = [
-    "accuracy",
-    "auc",
     "cast",
     "concat",
     "create_parameter",
@@ -76,7 +76,7 @@ __all__ = [
     "square_error_cost",
     "sums",
     "tanh",
-] + _lm.__all__ + _lt.__all__ + _lr.__all__ + _li.__all__ + _lc.__all__ + [
+] + _lmt.__all__ + _lm.__all__ + _lt.__all__ + _lr.__all__ + _li.__all__ + _lc.__all__ + [
     n for n in _ln.__all__ if n != "one_hot_v2"]
 
 
@@ -505,74 +505,6 @@ def square_error_cost(input, label):
     out = _tmp(layer, input.shape, input.dtype)
     _op("square", {"X": [minus]}, {"Out": [out]})
     return out
-
-
-# --------------------------------------------------------------------------- metrics
-
-def accuracy(input, label, k=1, correct=None, total=None):
-    """Top-``k`` accuracy of a batch; ``correct`` and ``total`` (e.g.
-    ``create_tensor('int64')``), when given, receive the int64 counts."""
-    _check_var(input, "accuracy input")
-    layer = unique_name.layer("accuracy")
-    unique_name.tmp("top_k")    # Fluid's accuracy calls its topk layer (named like Fluid's)
-    out = _tmp(layer, (1,), "float32")
-    outputs = {"Accuracy": [out]}
-    for slot, var in (("Correct", correct), ("Total", total)):
-        if var is None:
-            unique_name.tmp(layer)
-            continue
-        var.shape = (1,)
-        outputs[slot] = [var]
-    _op("accuracy", {"Out": [input], "Label": [label]}, outputs, {"k": int(k)})
-    return out
-
-
-def auc(input, label, curve="ROC", num_thresholds=2 ** 12 - 1, topk=1, slide_steps=1):
-    """Fluid's auc layer: ``(auc_out, batch_auc_out, state_vars)``.
-
-    ``input`` is ``[B, 2]`` probabilities (column 1 = click), ``label`` int
-    ``[B, 1]``. The global AUC accumulates bucket counts over every step the
-    op runs; the batch AUC covers the last ``slide_steps`` batches. The four
-    state variables ``[batch_stat_pos, batch_stat_neg, stat_pos, stat_neg]``
-    live in the executor's scope (reset them with
-    ``global_scope().find_var(v.name).get_tensor().set(zeros, place)``).
-    """
-    _check_var(input, "auc input")
-    _check_var(label, "auc label")
-    if curve != "ROC":
-        raise ValueError(f"auc: only curve='ROC' is supported, got {curve!r}")
-    num_thresholds = int(num_thresholds)
-    slide_steps = int(slide_steps)
-    if num_thresholds < 1 or slide_steps < 0:
-        raise ValueError(f"auc: num_thresholds must be >= 1 and slide_steps >= 0, got "
-                         f"{num_thresholds} and {slide_steps}")
-    layer = unique_name.layer("auc")
-    block = _block()
-    startup = framework.default_startup_program()
-    bucket = num_thresholds + 1
-
-    def state(shape):
-        v = block.create_var(unique_name.generate("_generated_var"), shape, "int64",
-                             persistable=True, stop_gradient=True)
-        startup._init_states.append((v.name, np.zeros(shape, dtype=np.int64)))
-        return v
-
-    window = max(slide_steps, 1)
-    batch_pos = state(((window + 1) * bucket + 1,))
-    batch_neg = state(((window + 1) * bucket + 1,))
-    stat_pos = state((1, bucket))
-    stat_neg = state((1, bucket))
-    auc_out = _tmp(layer, (1,), "float64")
-    batch_auc_out = _tmp(layer, (1,), "float64")
-    _op("auc", {"Predict": [input], "Label": [label], "StatPos": [batch_pos],
-                "StatNeg": [batch_neg]},
-        {"AUC": [batch_auc_out], "StatPosOut": [batch_pos], "StatNegOut": [batch_neg]},
-        {"curve": curve, "num_thresholds": num_thresholds, "slide_steps": window})
-    _op("auc", {"Predict": [input], "Label": [label], "StatPos": [stat_pos],
-                "StatNeg": [stat_neg]},
-        {"AUC": [auc_out], "StatPosOut": [stat_pos], "StatNegOut": [stat_neg]},
-        {"curve": curve, "num_thresholds": num_thresholds, "slide_steps": 0})
-    return auc_out, batch_auc_out, [batch_pos, batch_neg, stat_pos, stat_neg]
 
 
 _refusals.install(globals(), "paddle.fluid.layers")   # shadows range, hash: use builtins.*
