@@ -10,8 +10,11 @@ flag (the same name with dashes):
   disconnected); a message whose frames add up to more is refused once
   received. libzmq delivers a multipart message whole, so a peer can make the
   server buffer several frames of up to this size before the server sees any
-  of them: against a hostile peer the bound is authentication
+  of them (``RCVHWM`` counts whole messages; frames per message have no
+  bound): against a hostile peer the bound is authentication
   (``curve_client_keys``), which keeps unlisted peers from sending anything.
+  The memory of a large message goes back to the system once the server lets
+  go of it (:data:`pyfleet.service.loop.TRIM_BYTES`).
 - ``max_queued_replies`` (default 16) and ``max_backlog_bytes`` (default
   64 MiB): replies waiting for one peer that does not read them: that many in
   libzmq's queue (``ZMQ_SNDHWM`` with ``ZMQ_ROUTER_MANDATORY``), then up to

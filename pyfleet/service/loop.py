@@ -28,10 +28,19 @@ always gets the next one); while the requests in the handlers exceed the
 budget, the ROUTER is not read (libzmq keeps at most ``wire.RCVHWM`` requests
 a peer, then stops reading that peer's connection).
 
+Once a message of at least :data:`TRIM_BYTES` is let go (served or refused),
+the loop asks the C library to give its free memory back to the system
+(glibc's ``malloc_trim``): libzmq receives a frame under glibc's mmap
+threshold (which rises up to 32 MiB as large blocks are freed) into a heap
+that free() keeps, so a refused message of many 1 MiB frames stayed in the
+server's RSS after its refusal.
+
 Not thread-safe beyond that: :meth:`run` once, from one thread; the
 ``done`` event (set from anywhere) ends it.
 """
 
+import ctypes
+import ctypes.util
 import struct
 import threading
 import time
@@ -44,7 +53,7 @@ from pyfleet.service import protocol as P
 from pyfleet.service import wire as Z
 from pyfleet.service.protocol import Op
 
-__all__ = ["INLINE_LIMIT", "SocketLoop"]
+__all__ = ["INLINE_LIMIT", "TRIM_BYTES", "SocketLoop"]
 
 # Requests of at most this many floats are answered by the ROUTER thread: a
 # training step's requests (a client chunk of 32768 keys x dim 16, every dense
@@ -64,6 +73,26 @@ _DENSE_MANY_OPS = frozenset({int(Op.PULL_DENSE_MANY), int(Op.PUSH_DENSE_MANY)})
 # Control ops that may take long: never answered by the ROUTER thread.
 _HANDLER_OPS = frozenset({int(Op.SAVE), int(Op.LOAD), int(Op.SHRINK), int(Op.CREATE_TABLES),
                           int(Op.EXPORT_SPARSE)})
+
+
+# A message of at least this many bytes, once let go, is followed by malloc_trim.
+TRIM_BYTES = 32 << 20
+
+
+def _malloc_trim():
+    """glibc's ``malloc_trim(0)`` (a no-op elsewhere): free pages of every
+    arena go back to the system (a walk of the free lists: cheap beside the
+    message that freed them)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return lambda: None
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return lambda: trim(0)
+
+
+_give_back_memory = _malloc_trim()
 
 
 def _nbytes(frames):
@@ -146,10 +175,19 @@ class SocketLoop:
                         elif self._inline(msg):
                             for out in self.handle(msg):
                                 self.reply(out)
+                            if _nbytes(msg) >= TRIM_BYTES:  # a forged header: count 1
+                                del msg
+                                _give_back_memory()
                         else:
+                            size = _nbytes(msg)
                             with self._busy_lock:
-                                self._busy += _nbytes(msg)
+                                self._busy += size
                             Z.send_frames(self._work, msg, copy=False)
+                            # The handler may be done with it first: whichever lets go last
+                            # frees its frames, so both give the memory back.
+                            del msg
+                            if size >= TRIM_BYTES:
+                                _give_back_memory()
                 self.tick(front)
         finally:
             self.done.set()
@@ -281,6 +319,8 @@ class SocketLoop:
                             Z.send_frames(out, reply)
                     finally:
                         del msg  # the request's memory goes before the budget says so
+                        if size >= TRIM_BYTES:
+                            _give_back_memory()
                         with self._busy_lock:
                             self._busy -= size
         finally:

@@ -206,3 +206,123 @@ def test_a_frame_over_max_message_bytes_is_refused_before_it_is_held():
         finally:
             sock.close(0)
     assert grown < 24 * MIB, f"server peak RSS grew by {grown / MIB:.0f} MiB"
+
+
+def _rss(pid):
+    return _status(pid)["VmRSS"]
+
+
+def _many_frames(count, frames, mib=1):
+    """A PUSH_DENSE request claiming ``count`` floats, followed by ``frames`` frames of
+    ``mib`` MiB each (the same buffer, sent without a copy): over max_message_bytes in
+    all, each frame under it."""
+    big = np.ones(mib * MIB, np.uint8)
+    return [P.pack_header(Op.PUSH_DENSE, 1, 1, count, 1)] + [big] * frames
+
+
+def _peer(endpoint, curve=None, monitor=0):
+    """A DEALER connected to ``endpoint``; with ``monitor`` (events), also the socket
+    those events of its connection arrive on, started before it connects."""
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    if curve is not None:
+        server_public, (public, secret) = curve
+        sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = (
+            server_public, public, secret)
+    events = sock.get_monitor_socket(monitor) if monitor else None
+    sock.connect("tcp://" + endpoint)
+    return (sock, events) if monitor else sock
+
+
+def _refusal(sock, seconds=120):
+    assert sock.poll(seconds * 1000), "no answer to a message over max_message_bytes"
+    return P.parse_json(sock.recv_multipart()[-1]).get("error", "")
+
+
+def _wait_rss_below(pid, limit, seconds=30):
+    end = time.monotonic() + seconds
+    while _rss(pid) > limit and time.monotonic() < end:
+        time.sleep(0.1)
+    return _rss(pid)
+
+
+def test_a_refused_message_of_many_frames_gives_its_memory_back():
+    # The attack: a message of many frames, each under max_message_bytes (256 MiB), is
+    # held whole by libzmq and refused once received. Frames under glibc's mmap threshold
+    # (which large frames freed before raise to 32 MiB) live in a heap free() keeps: the
+    # server's RSS stayed 300 MiB up after refusing 300 x 1 MiB (341 MiB where it had been
+    # 41). The server now gives the memory back once it lets go of a large message.
+    with ServerGroup(1, 1) as g, Client(g.endpoints, timeout=30) as c:
+        pid = g.procs[0].pid
+        sock = _peer(g.endpoints[0])
+        base = _rss(pid)
+        try:
+            sock.send_multipart(_many_frames(1, 12, mib=25), copy=False)  # threshold: 25 MiB
+            assert "max_message_bytes" in _refusal(sock)
+            assert _wait_rss_below(pid, base + 32 * MIB) <= base + 32 * MIB
+            # count 1: answered by the socket's own thread; a large count: by a handler
+            for count in (1, 300 * MIB // 4):
+                sock.send_multipart(_many_frames(count, 300), copy=False)
+                error = _refusal(sock)
+                assert "exceeds max_message_bytes=268435456" in error, error
+                left = _wait_rss_below(pid, base + 32 * MIB) - base
+                assert left <= 32 * MIB, f"{left / MIB:.0f} MiB still held after the refusal"
+            assert c.stats()[0]["server_index"] == 0  # the server serves on
+        finally:
+            sock.close(0)
+
+
+def _first_event(mon, seconds=30):
+    """The first event on monitor socket ``mon``, or None after ``seconds``."""
+    from zmq.utils.monitor import recv_monitor_message
+    if not mon.poll(seconds * 1000):
+        return None
+    return recv_monitor_message(mon)["event"]
+
+
+def test_only_an_authenticated_peer_can_make_a_server_hold_a_large_message(tmp_path):
+    # libzmq delivers a multipart message whole and has no bound on its frames, so what
+    # keeps a stranger's 300 x 1 MiB message out of a server is authentication (the
+    # job's CURVE keys, on by default for a launched job): a peer without a listed key
+    # never completes its handshake, and nothing it sends is read.
+    from pyfleet.service import auth
+    keys = tmp_path / "keys"
+    auth.keygen(keys)
+    server_public = auth.load_public_key(keys / "server.key")
+    flags = ["--curve-secret-key-file", keys / "server.key_secret",
+             "--curve-client-keys", keys / auth.AUTHORIZED_DIR]
+    with ServerGroup(1, 1, extra_args=flags) as g, \
+            Client(g.endpoints, timeout=30, curve_server_keys=server_public,
+                   curve_client_key=keys / "client.key_secret") as c:
+        pid = g.procs[0].pid
+        before = _status(pid)["VmHWM"]
+        handshake = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                     zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        for curve in ((server_public, zmq.curve_keypair()), None):  # unlisted key; no CURVE
+            sock, mon = _peer(g.endpoints[0], curve, monitor=handshake)
+            try:
+                sock.send_multipart(_many_frames(1, 300), copy=False)
+                assert _first_event(mon) in (zmq.EVENT_HANDSHAKE_FAILED_AUTH,
+                                             zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
+                assert not sock.poll(500)
+            finally:
+                sock.disable_monitor()
+                mon.close(0)
+                sock.close(0)
+        stranger = _status(pid)["VmHWM"] - before
+        assert c.stats()[0]["server_index"] == 0
+        member = _peer(g.endpoints[0], (server_public,
+                                        auth.load_keypair(keys / "client.key_secret")))
+        try:
+            base = _rss(pid)
+            member.send_multipart(_many_frames(1, 300), copy=False)
+            assert "max_message_bytes" in _refusal(member)
+            held = _status(pid)["VmHWM"] - before
+            left = _wait_rss_below(pid, base + 32 * MIB) - base
+        finally:
+            member.close(0)
+    assert stranger < 16 * MIB, f"a stranger's message grew the server by {stranger / MIB:.0f} MiB"
+    # A job member's message is held whole before its refusal (the bound is who may send),
+    # then given back.
+    assert held > 250 * MIB, held
+    assert left <= 32 * MIB, f"{left / MIB:.0f} MiB still held after the refusal"
