@@ -1,17 +1,30 @@
 """`pyfleet serve` under load: requests/s, rows/s and latency against the
-in-process predict of the same model on the same rows (the floor), all in one run.
+in-process predict of the same model on the same rows (the floor), all in one run,
+with the CPU time each side spends a row, so a loaded machine still shows the ratio.
 
-    python benchmarks/service/bench_serve.py [--rows 100000] [--seconds 4] [--out FILE.json]
+    python benchmarks/service/bench_serve.py [--rows 100000] [--seconds 4]
+        [--client auto|python|wrk] [--client-procs 2] [--out FILE.json]
 
 The reference DNN (``pyfleet train``'s default: embedding dim 16, layers
 256-128-64) is trained for one pass on ``--rows`` generated Criteo rows in this
 process and saved as an inference model. Then ``pyfleet serve`` runs as its
-own process on 127.0.0.1, and a load generator in another process (asyncio
-streams, ``C`` keep-alive connections each sending one request after the other) sends
-Criteo TSV requests of 1 row at concurrency 1, 8, 64 and of 256 rows at
-concurrency 1 and 8, for ``--seconds`` each after a warm-up. The floor is
+own process on 127.0.0.1 and a load generator in other processes sends Criteo
+TSV requests of 1 row at concurrency 1, 8, 64 and of 256 rows at concurrency 1
+and 8, for ``--seconds`` each after a warm-up: ``wrk`` (Debian's package) when
+it is on PATH and ``--client`` is auto or wrk, else ``--client-procs`` Python
+processes (asyncio streams, keep-alive connections each sending one request
+after the other; the concurrency split among them). The floor is
 ``ModelVersion.predict`` in this process on the same rows in steps of 1, 64 and
 256 rows, measured before and after the server runs (their mean is printed).
+
+Beside the wall figures, for each load: the server process's CPU time (user +
+system, all its threads, from /proc/PID/stat) a row answered, the rows of the
+model steps the server formed (its /metrics), and the load generator's CPU a
+request. "CPU / floor" is the floor's CPU a row divided by the server's: the
+share of the in-process speed the server reaches a CPU second, whatever the
+machine's load. "aiohttp alone" is a server with a handler that reads the body
+and answers a fixed JSON (``--echo``), under the same load generator: the
+HTTP stack's own CPU a request, which no batching removes.
 
 Also: a version swap under load (concurrency 8, single rows, a new version
 committed into ``--follow``'s directory mid-run: failed requests must be 0), and
@@ -38,12 +51,17 @@ import tempfile
 import threading
 import time
 
-import numpy as np
+# One BLAS thread, as the server runs (before numpy loads OpenBLAS): with its
+# default of a thread a core, the floor's 64-row steps cost 20x the CPU on a
+# loaded 2-core machine, and the floor was that much too low.
+os.environ["OPENBLAS_NUM_THREADS"] = "1"
+
+import numpy as np  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-# -- the load generator (run as: bench_serve.py --client URL ...) ------------------
+# -- the load generator (run as: bench_serve.py --load-url URL ...) ----------------
 
 async def _request(reader, writer, head, body):
     """One keep-alive HTTP/1.1 round trip: ``(status, X-Model-Version)``."""
@@ -65,17 +83,16 @@ async def _request(reader, writer, head, body):
 
 
 async def _client_main(url, body, concurrency, seconds, warmup):
-    # A lean client (asyncio streams, the request's bytes built once): its CPU a
-    # request is a small part of the server's, so the figures are the server's.
+    # A lean client (asyncio streams, the request's bytes built once).
     host, port = url.split("//", 1)[1].rsplit(":", 1)
     head = (f"POST /predict HTTP/1.1\r\nHost: {host}\r\nContent-Type: "
             f"text/tab-separated-values\r\nContent-Length: {len(body)}\r\n\r\n").encode()
-    lat, failed, versions = [], 0, {}
+    lat, failed, versions, answered = [], 0, {}, 0
     stop_at = time.perf_counter() + warmup + seconds
     measure_from = time.perf_counter() + warmup
 
     async def worker():
-        nonlocal failed
+        nonlocal failed, answered
         reader, writer = await asyncio.open_connection(host, int(port))
         try:
             while True:
@@ -91,6 +108,7 @@ async def _client_main(url, body, concurrency, seconds, warmup):
                     writer.close()
                     reader, writer = await asyncio.open_connection(host, int(port))
                 t1 = time.perf_counter()
+                answered += ok
                 if t0 >= measure_from:
                     if ok:
                         lat.append(t1 - t0)
@@ -100,12 +118,13 @@ async def _client_main(url, body, concurrency, seconds, warmup):
         finally:
             writer.close()
     await asyncio.gather(*[worker() for _ in range(concurrency)])
-    return {"latencies": lat, "failed": failed, "versions": versions, "seconds": seconds}
+    return {"latencies": lat, "failed": failed, "versions": versions, "seconds": seconds,
+            "answered": answered}
 
 
 def client_main(argv):
     p = argparse.ArgumentParser()
-    p.add_argument("--client", required=True)
+    p.add_argument("--load-url", required=True)
     p.add_argument("--body", required=True)
     p.add_argument("--concurrency", type=int, required=True)
     p.add_argument("--seconds", type=float, required=True)
@@ -113,8 +132,37 @@ def client_main(argv):
     a = p.parse_args(argv)
     with open(a.body, "rb") as f:
         body = f.read()
-    out = asyncio.run(_client_main(a.client, body, a.concurrency, a.seconds, a.warmup))
+    out = asyncio.run(_client_main(a.load_url, body, a.concurrency, a.seconds, a.warmup))
     json.dump(out, sys.stdout)
+
+
+ECHO_ANSWER = b'{"predictions": [0.5], "model_version": "echo"}'
+
+
+def echo_main():
+    """``--echo``: aiohttp alone, a handler that reads the body and answers a fixed
+    JSON (the HTTP stack's own cost a request, beside the server's)."""
+    from aiohttp import web
+
+    async def answer(request):
+        await request.read()
+        return web.Response(body=ECHO_ANSWER, content_type="application/json")
+
+    async def ready(request):
+        return web.Response(text="ready")
+
+    async def run():
+        app = web.Application()
+        app.router.add_post("/predict", answer)
+        app.router.add_get("/healthz", ready)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        print(f"pyfleet serve: listening on http://127.0.0.1:{port}", flush=True)
+        await asyncio.Event().wait()  # until SIGTERM
+    asyncio.run(run())
 
 
 # -- the parts run by the benchmark --------------------------------------------------
@@ -142,10 +190,14 @@ def build_model(where, data_dir, seed=0):
 
 
 class Server:
-    def __init__(self, *args):
+    """``pyfleet serve ARGS`` (or the echo server) as its own process on 127.0.0.1."""
+
+    def __init__(self, *args, echo=False):
         env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "pyfleet.cli", "serve", "--port",
-                                      "0", *map(str, args)], env=env, stdout=subprocess.PIPE,
+        cmd = ([sys.executable, os.path.abspath(__file__), "--echo"] if echo else
+               [sys.executable, "-m", "pyfleet.cli", "serve", "--port", "0", *map(str, args)])
+        self.echo = echo
+        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True)
         self.err = []
         threading.Thread(target=lambda: self.err.extend(self.proc.stderr), daemon=True).start()
@@ -173,6 +225,23 @@ class Server:
         with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:
             return r.read().decode()
 
+    def steps(self):
+        """``(model steps, rows)`` so far, from /metrics' batch_rows histogram."""
+        if self.echo:
+            return 0, 0
+        got = {}
+        for line in self.metrics().splitlines():
+            name, _, value = line.partition(" ")
+            if name in ("pyfleet_serve_batch_rows_count", "pyfleet_serve_batch_rows_sum"):
+                got[name] = float(value)
+        return got["pyfleet_serve_batch_rows_count"], got["pyfleet_serve_batch_rows_sum"]
+
+    def cpu_seconds(self):
+        """User + system CPU of the server process so far (every thread, /proc/PID/stat)."""
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def close(self):
         self.proc.terminate()
         try:
@@ -181,50 +250,145 @@ class Server:
             self.proc.kill()
 
 
-def load(url, body_path, concurrency, seconds, during=None):
-    """The client process's result; ``during()`` runs in this process meanwhile."""
-    cmd = [sys.executable, os.path.abspath(__file__), "--client", url, "--body", body_path,
-           "--concurrency", str(concurrency), "--seconds", str(seconds)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+def _children_cpu():
+    t = os.times()
+    return t.children_user + t.children_system
+
+
+def _python_load(url, body_path, concurrency, seconds, procs, during):
+    """``procs`` client processes sharing ``concurrency``: merged results."""
+    procs = max(1, min(procs, concurrency))
+    shares = [concurrency // procs + (i < concurrency % procs) for i in range(procs)]
+    running = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--load-url", url,
+                                 "--body", body_path, "--concurrency", str(c),
+                                 "--seconds", str(seconds)], stdout=subprocess.PIPE, text=True)
+               for c in shares]
     if during is not None:
         during()
-    out, _ = proc.communicate(timeout=seconds + 300)
-    r = json.loads(out)
-    lat = np.array(r["latencies"])
-    return {"requests_s": lat.shape[0] / r["seconds"], "p50_ms": 1e3 * np.percentile(lat, 50),
-            "p99_ms": 1e3 * np.percentile(lat, 99), "failed": r["failed"],
-            "versions": r["versions"], "n": int(lat.shape[0])}
+    outs = [json.loads(p.communicate(timeout=seconds + 300)[0]) for p in running]
+    versions = {}
+    for o in outs:
+        for v, n in o["versions"].items():
+            versions[v] = versions.get(v, 0) + n
+    lat = np.concatenate([np.asarray(o["latencies"], dtype=np.float64) for o in outs])
+    return {"latencies": lat, "failed": sum(o["failed"] for o in outs), "versions": versions,
+            "answered": sum(o["answered"] for o in outs)}
+
+
+_WRK_SCRIPT = """wrk.method = "POST"
+local f = assert(io.open(os.getenv("BENCH_SERVE_BODY"), "rb"))
+wrk.body = f:read("*all")
+f:close()
+wrk.headers["Content-Type"] = "text/tab-separated-values"
+"""
+
+
+def _wrk_seconds(text):
+    for unit, scale in (("us", 1e-6), ("ms", 1e-3), ("m", 60.0), ("s", 1.0)):
+        if text.endswith(unit):
+            return float(text[:-len(unit)]) * scale
+    return float(text)
+
+
+def _wrk(url, script, body_path, concurrency, seconds):
+    env = {**os.environ, "BENCH_SERVE_BODY": body_path}
+    out = subprocess.run(["wrk", "-t1", f"-c{concurrency}", f"-d{seconds:g}s", "--latency",
+                          "--timeout", "30s", "-s", script, url + "/predict"],
+                         env=env, capture_output=True, text=True, timeout=seconds + 120)
+    if out.returncode != 0:
+        raise SystemExit(f"wrk failed: {out.stderr or out.stdout}")
+    r = {"failed": 0}
+    for line in out.stdout.splitlines():
+        words = line.split()
+        if line.strip().startswith(("50%", "99%")):
+            r["p" + words[0].rstrip("%")] = _wrk_seconds(words[1])
+        elif " requests in " in line:
+            r["requests"] = int(words[0])
+        elif line.startswith("Non-2xx"):
+            r["failed"] += int(words[-1])
+        elif line.strip().startswith("Socket errors"):
+            r["failed"] += sum(int(w.rstrip(",")) for w in words[3::2])
+    return r
+
+
+def load(server, body_path, rows, concurrency, seconds, client="python", procs=1,
+         during=None, tmp=None):
+    """Requests of ``rows`` rows at ``concurrency`` for ``seconds`` (after a warm-up)
+    against ``server``; ``during()`` runs in this process meanwhile (Python client).
+    Wall figures, and the CPU the server and the load generator spent a row/request."""
+    url = server.url
+    if client == "wrk":
+        script = os.path.join(tmp, "post.lua")
+        with open(script, "w") as f:
+            f.write(_WRK_SCRIPT)
+        _wrk(url, script, body_path, concurrency, 1)  # warm-up
+    steps0, cpu0, ccpu0 = server.steps(), server.cpu_seconds(), _children_cpu()
+    if client == "wrk":
+        w = _wrk(url, script, body_path, concurrency, seconds)
+        answered, n, failed, versions = w["requests"], w["requests"], w["failed"], {}
+        p50, p99 = w["p50"], w["p99"]
+    else:
+        r = _python_load(url, body_path, concurrency, seconds, procs, during)
+        lat, answered, failed, versions = r["latencies"], r["answered"], r["failed"], \
+            r["versions"]
+        n = int(lat.shape[0])
+        p50, p99 = (np.percentile(lat, 50), np.percentile(lat, 99)) if n else (np.nan,) * 2
+    steps1, cpu1, ccpu1 = server.steps(), server.cpu_seconds(), _children_cpu()
+    answered = max(answered, 1)
+    formed = steps1[0] - steps0[0]
+    return {"client": client if client == "wrk" else f"python x{max(1, min(procs, concurrency))}",
+            "requests_s": n / seconds, "p50_ms": 1e3 * p50, "p99_ms": 1e3 * p99,
+            "failed": failed, "versions": versions, "n": n,
+            "server_cpu_ms_row": 1e3 * (cpu1 - cpu0) / (answered * rows),
+            "client_cpu_ms_request": 1e3 * (ccpu1 - ccpu0) / answered,
+            "rows_step": (steps1[1] - steps0[1]) / formed if formed else float("nan"),
+            "steps": formed}
 
 
 def floor(model_dir, batch, steps_seconds=2.0):
-    """rows/s and ms per step of ``ModelVersion.predict`` on ``batch`` in this process."""
+    """rows/s, ms a step and CPU ms a row of ``ModelVersion.predict`` on ``batch`` here."""
     from pyfleet.serving.model import ModelVersion
     v = ModelVersion(model_dir)
     for _ in range(3):
         v.predict(batch)
-    n, t0 = 0, time.perf_counter()
+    n, t0, c0 = 0, time.perf_counter(), time.thread_time()
     while time.perf_counter() - t0 < steps_seconds:
         v.predict(batch)
         n += 1
-    dt = time.perf_counter() - t0
-    return {"rows_s": n * len(batch) / dt, "ms": 1e3 * dt / n}
+    dt, cpu = time.perf_counter() - t0, time.thread_time() - c0
+    return {"rows_s": n * len(batch) / dt, "ms": 1e3 * dt / n,
+            "cpu_ms_row": 1e3 * cpu / (n * len(batch))}
 
 
 def main():
-    if "--client" in sys.argv:
+    if "--load-url" in sys.argv:
         return client_main(sys.argv[1:])
+    if sys.argv[1:] == ["--echo"]:
+        return echo_main()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", type=int, default=100_000, help="generated training rows")
     p.add_argument("--seconds", type=float, default=4.0, help="measured seconds per load")
+    p.add_argument("--client", default="auto", choices=["auto", "python", "wrk"],
+                   help="the load generator (auto: wrk when on PATH, else Python processes; "
+                        "the swap run always uses the Python one, which reads the versions)")
+    p.add_argument("--client-procs", type=int, default=2,
+                   help="Python load generator processes sharing the concurrency")
     p.add_argument("--out", default=None, help="also write the results as JSON")
     a = p.parse_args()
-    os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    client = a.client
+    if client == "auto":
+        client = "wrk" if shutil.which("wrk") else "python"
+    elif client == "wrk" and not shutil.which("wrk"):
+        raise SystemExit("--client wrk: wrk is not on PATH (apt-get install wrk)")
+    if a.client_procs < 1:
+        raise SystemExit(f"--client-procs must be >= 1, got {a.client_procs}")
     from pyfleet.data import synthetic
     from pyfleet.serving.model import ModelVersion
     from pyfleet.serving.rows import RowSchema
 
     tmp = tempfile.mkdtemp(prefix="bench-serve-")
     load0 = os.getloadavg()
+    opts = {"client": client, "procs": a.client_procs, "tmp": tmp}
     try:
         data = os.path.join(tmp, "data")
         synthetic.generate(data, rows=a.rows, seed=0)
@@ -252,17 +416,25 @@ def main():
 
         floors = [{n: floor(v1, batches[n]) for n in (1, 64, 256)}]
         results = []
+        echo = Server(echo=True)
+        try:
+            for conc in (1, 64):
+                r = load(echo, bodies[1], 1, conc, a.seconds, **opts)
+                results.append({"table": "aiohttp alone", "rows": 1, "concurrency": conc, **r})
+        finally:
+            echo.close()
         server = Server("--follow", models_dir, "--poll-interval", "0.2")
         try:
             for rows, conc in ((1, 1), (1, 8), (1, 64), (256, 1), (256, 8)):
-                r = load(server.url, bodies[rows], conc, a.seconds)
+                r = load(server, bodies[rows], rows, conc, a.seconds, **opts)
                 results.append({"table": "RAM", "rows": rows, "concurrency": conc, **r})
 
             def swap():
                 time.sleep(a.seconds / 2 + 1.0)
                 shutil.copytree(v1, os.path.join(models_dir, ".2.tmp"))
                 os.rename(os.path.join(models_dir, ".2.tmp"), os.path.join(models_dir, "2"))
-            r = load(server.url, bodies[1], 8, a.seconds, during=swap)
+            r = load(server, bodies[1], 1, 8, a.seconds, **{**opts, "client": "python"},
+                     during=swap)
             results.append({"table": "RAM, swap", "rows": 1, "concurrency": 8, **r})
         finally:
             server.close()
@@ -273,7 +445,7 @@ def main():
                      for ln in server.metrics().splitlines()
                      if ln.startswith("pyfleet_serve_table_rows{")}
             for rows, conc in ((1, 1), (1, 64), (256, 8)):
-                r = load(server.url, bodies[rows], conc, a.seconds)
+                r = load(server, bodies[rows], rows, conc, a.seconds, **opts)
                 results.append({"table": "1/4 in RAM", "rows": rows, "concurrency": conc, **r})
         finally:
             server.close()
@@ -282,43 +454,58 @@ def main():
         shutil.rmtree(tmp, ignore_errors=True)
     load1 = os.getloadavg()
 
-    fl = {n: {k: (floors[0][n][k] + floors[1][n][k]) / 2 for k in ("rows_s", "ms")}
+    fl = {n: {k: (floors[0][n][k] + floors[1][n][k]) / 2 for k in ("rows_s", "ms", "cpu_ms_row")}
           for n in (1, 64, 256)}
     print(f"\nreference DNN (dim 16, 256-128-64), {table_rows:,} rows in its table "
           f"({table_bytes / 2**20:.1f} MiB in RAM; budget of the 1/4 runs "
           f"{budget / 2**20:.1f} MiB: {tiers.get('ram', 0):,} rows in RAM, "
           f"{tiers.get('disk', 0):,} on disk)")
     print("floor, in-process ModelVersion.predict: "
-          + ", ".join(f"{n} rows {fl[n]['rows_s']:,.0f} rows/s ({fl[n]['ms']:.2f} ms)"
-                      for n in (1, 64, 256))
+          + ", ".join(f"{n} rows {fl[n]['rows_s']:,.0f} rows/s ({fl[n]['ms']:.2f} ms a step, "
+                      f"{fl[n]['cpu_ms_row']:.4f} ms CPU a row)" for n in (1, 64, 256))
           + f"  [before/after: {floors[0][64]['rows_s']:,.0f}/{floors[1][64]['rows_s']:,.0f}"
             f" rows/s at 64]")
-    print("\n| table | rows/request | concurrency | requests/s | rows/s | p50 ms | p99 ms | "
-          "failed | rows/s / floor |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("\n| table | client | rows/request | concurrency | requests/s | rows/s | p50 ms | "
+          "p99 ms | failed | rows a step | server CPU ms a row | client CPU ms a request | "
+          "rows/s / floor | CPU / floor |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
-        ref = fl[256 if r["rows"] == 256 else 1 if r["concurrency"] == 1 else 64]["rows_s"]
-        print(f"| {r['table']} | {r['rows']} | {r['concurrency']} | {r['requests_s']:,.0f} | "
-              f"{r['requests_s'] * r['rows']:,.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
-              f"{r['failed']} | {r['requests_s'] * r['rows'] / ref:.2f} |")
+        ref = fl[256 if r["rows"] == 256 else 1 if r["concurrency"] == 1 else 64]
+        echo_row = r["table"] == "aiohttp alone"
+        print(f"| {r['table']} | {r['client']} | {r['rows']} | {r['concurrency']} | "
+              f"{r['requests_s']:,.0f} | {r['requests_s'] * r['rows']:,.0f} | "
+              f"{r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['failed']} | "
+              f"{'-' if echo_row else format(r['rows_step'], '.1f')} | "
+              f"{r['server_cpu_ms_row']:.4f} | {r['client_cpu_ms_request']:.4f} | "
+              f"{'-' if echo_row else format(r['requests_s'] * r['rows'] / ref['rows_s'], '.2f')}"
+              f" | {ref['cpu_ms_row'] / r['server_cpu_ms_row']:.2f} |")
     by = {(r["table"], r["rows"], r["concurrency"]): r for r in results}
     swap = by[("RAM, swap", 1, 8)]
     c1, c64 = by[("RAM", 1, 1)], by[("RAM", 1, 64)]
     ratio = c64["requests_s"] / fl[64]["rows_s"]
+    cpu_ratio = fl[64]["cpu_ms_row"] / c64["server_cpu_ms_row"]
+    echo64 = by[("aiohttp alone", 1, 64)]
     print(f"\nswap under load: versions answered {swap['versions']}, failed {swap['failed']}")
     print(f"targets: single-row p99 at concurrency 1 {c1['p99_ms']:.2f} ms (<= 5: "
           f"{'met' if c1['p99_ms'] <= 5 else 'NOT met'}); concurrency 64 rows/s "
-          f"{ratio:.2f}x the 64-row floor (>= 0.5: {'met' if ratio >= 0.5 else 'NOT met'}); "
-          f"swap with {swap['failed']} failed requests and "
-          f"{len(swap['versions'])} versions seen "
+          f"{ratio:.2f}x the 64-row floor, {cpu_ratio:.2f}x by CPU a row (>= 0.5: "
+          f"{'met' if ratio >= 0.5 else 'NOT met'}); swap with {swap['failed']} failed "
+          f"requests and {len(swap['versions'])} versions seen "
           f"({'met' if swap['failed'] == 0 and len(swap['versions']) == 2 else 'NOT met'})")
+    print(f"single rows at concurrency 64: the server {c64['server_cpu_ms_row']:.4f} ms CPU a "
+          f"row in steps of {c64['rows_step']:.1f} rows; aiohttp alone "
+          f"{echo64['server_cpu_ms_row']:.4f} ms a request; the 64-row floor "
+          f"{fl[64]['cpu_ms_row']:.4f} ms a row: with aiohttp's cost a request, the server's "
+          f"ceiling is {fl[64]['cpu_ms_row'] / (echo64['server_cpu_ms_row'] + fl[64]['cpu_ms_row']):.2f}x "
+          f"the 64-row floor by CPU")
     for rows, conc in ((1, 1), (1, 64), (256, 8)):
         d, r = by[("1/4 in RAM", rows, conc)], by[("RAM", rows, conc)]
         print(f"1/4 in RAM vs all in RAM, {rows} row(s) at {conc}: rows/s "
               f"{d['requests_s'] / r['requests_s']:.2f}x, p99 {d['p99_ms']:.2f} vs "
-              f"{r['p99_ms']:.2f} ms")
+              f"{r['p99_ms']:.2f} ms, server CPU a row {d['server_cpu_ms_row']:.4f} vs "
+              f"{r['server_cpu_ms_row']:.4f} ms")
     print(f"load average: {load0[0]:.2f} at the start, {load1[0]:.2f} at the end "
-          f"(2 cores: figures are this machine's at that load)")
+          f"(2 cores: wall figures are this machine's at that load; the CPU figures less so)")
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"results": results, "floor": fl, "load": [load0, load1],
