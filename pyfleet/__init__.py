@@ -40,6 +40,7 @@ __all__ = [
     "SparseTable",
     "__version__",
     "batch",
+    "compat",
     "dataset",
     "entry",
     "fleet",
@@ -67,6 +68,8 @@ def __getattr__(name):
         import pyfleet.reader as value
     elif name == "dataset":  # Paddle's `import paddle` imports paddle.dataset too
         import pyfleet.dataset as value
+    elif name == "compat":   # and paddle.compat
+        import pyfleet.compat as value
     else:
         raise AttributeError(f"module 'pyfleet' has no attribute {name!r}")
     globals()[name] = value  # later lookups skip __getattr__

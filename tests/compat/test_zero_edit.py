@@ -93,8 +93,9 @@ def test_pyfleet_run_usage_errors_name_the_problem(tmp_path):
         assert code == 2 and match in err, (argv, err)
 
 
-def test_import_paddle_alone_reaches_paddle_dataset_and_reader(tmp_path):
-    """Fluid's ``import paddle`` imports ``paddle.dataset`` and ``paddle.reader``: Paddle's
+def test_import_paddle_alone_reaches_paddle_dataset_reader_and_compat(tmp_path):
+    """Fluid's ``import paddle`` imports ``paddle.dataset``, ``paddle.reader`` and
+    ``paddle.compat``: Paddle's
     ctr_dataset_reader.py calls ``paddle.dataset.common.download`` with nothing else
     imported. A fresh interpreter, so no earlier import has set the attribute."""
     (tmp_path / "data.txt").write_bytes(b"abc")
@@ -102,10 +103,13 @@ def test_import_paddle_alone_reaches_paddle_dataset_and_reader(tmp_path):
         "import hashlib, paddle\n"
         "print(paddle.dataset.common.md5file('data.txt') == hashlib.md5(b'abc').hexdigest())\n"
         "print(paddle.dataset.common.DATA_HOME.endswith('.cache/paddle/dataset'))\n"
-        "print(callable(paddle.reader.shuffle), callable(paddle.batch))\n")
+        "print(callable(paddle.reader.shuffle), callable(paddle.batch))\n"
+        "print(paddle.compat.to_text(b'ok'))\n"
+        "import paddle.compat as cpt\n"            # Paddle's test_dist_base.py, at import time
+        "print(cpt is paddle.compat)\n")
     code, out, err = _run([*PYFLEET, "run", "s.py"], tmp_path)
     assert code == 0, err
-    assert out.split() == ["True", "True", "True", "True"], out
+    assert out.split() == ["True", "True", "True", "True", "ok", "True"], out
 
 
 def _fake_real_paddle(tmp_path):
