@@ -304,8 +304,13 @@ class DistributeTranspilerConfig(Fluid18Flags):
     def _set_plain(self, key, value):
         if key == "min_block_size":
             value = _check_int("min_block_size", value, 1)
-        elif key in ("slice_var_up", "wait_port", "print_log", "runtime_split_send_recv",
-                     *FLUID18_FLAGS):
+        elif key == "runtime_split_send_recv":
+            value = _check_bool(key, value)
+            if value and self.sync_mode:     # Fluid refuses the pair, from either side
+                raise ConfigError("runtime_split_send_recv = True needs sync_mode = False "
+                                  "first (Fluid splits sends at run time only without the "
+                                  "sync barrier)")
+        elif key in ("slice_var_up", "wait_port", "print_log", *FLUID18_FLAGS):
             value = _check_bool(key, value)
         elif key == "enable_dc_asgd":
             if _check_bool(key, value):
@@ -360,6 +365,9 @@ class DistributeTranspilerConfig(Fluid18Flags):
     @sync_mode.setter
     def sync_mode(self, value):
         if _check_bool("sync_mode", value):
+            if getattr(self, "runtime_split_send_recv", False):
+                raise ConfigError("sync_mode = True needs runtime_split_send_recv = False "
+                                  "first (as in Fluid)")
             object.__setattr__(self, self._side(), "sync")
             self._clear_fluid18()
         elif getattr(self, self._side()) == "sync":
@@ -436,6 +444,7 @@ class DistributeTranspilerConfig(Fluid18Flags):
         cfg = cls._defaults()
         d = dict(d)
         sparse_mode = d.pop("sparse_mode", None)
+        split = d.pop("runtime_split_send_recv", None)
         for key, value in d.items():
             if key == "runtime":
                 cfg.runtime = RuntimeConfig.from_dict(value)
@@ -443,6 +452,10 @@ class DistributeTranspilerConfig(Fluid18Flags):
                 setattr(cfg, key, value)
         if sparse_mode is not None:
             cfg.sparse_mode = sparse_mode
+        if split is not None:   # restored as saved: a Fluid 1.8 sync strategy's config reads
+            # mode "sync" with the flag set (its sync_mode is False; to_dict keeps the mode)
+            object.__setattr__(cfg, "runtime_split_send_recv",
+                               _check_bool("runtime_split_send_recv", split))
         return cfg
 
     def __eq__(self, other):

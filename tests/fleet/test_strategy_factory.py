@@ -113,9 +113,11 @@ def test_server_runtime_config_defaults_and_refusal(monkeypatch):
 
 def test_set_program_config_applies_the_strategys_flags_again():
     s = SF.create_sync_strategy()
-    s.set_program_config({"slice_var_up": False, "sync_mode": True})
+    s.set_program_config({"slice_var_up": False})
     c = s.get_program_config()
     assert c.slice_var_up is False and c.mode == "sync" and c.half_async
+    with pytest.raises(ValueError, match="runtime_split_send_recv = False first"):
+        s.set_program_config({"sync_mode": True})   # as Fluid: its config has the split flag
     cfg = fluid.DistributeTranspilerConfig()
     cfg.min_block_size = 16
     a = SF.create_async_strategy()
@@ -145,8 +147,13 @@ def test_fluid_18_flags_on_a_plain_config():
     c.mode = "async"                              # pyfleet's explicit choice clears them
     assert not c.half_async and c.mode == "async"
     c.half_async = c.completely_not_async = True
+    with pytest.raises(ConfigError, match="runtime_split_send_recv = False first"):
+        c.sync_mode = True                        # Fluid refuses the pair, from either side
+    c.runtime_split_send_recv = False
     c.sync_mode = True
     assert c.mode == "sync" and c.sync_mode and not c.half_async
+    with pytest.raises(ConfigError, match="sync_mode = False first"):
+        c.runtime_split_send_recv = True
     c.half_async = c.completely_not_async = True
     c.mode = "hybrid"                             # the sparse side it had: sync
     assert c.sparse_mode == "sync"
