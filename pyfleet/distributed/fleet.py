@@ -41,7 +41,7 @@ from pyfleet.distributed.checkpoint_paths import checkpoint_root, relative_to_ro
 from pyfleet.distributed.fleet_base import FleetBase
 from pyfleet.distributed.remote_backend import NoServers, RemoteBackend
 from pyfleet.distributed.role_maker import default_role_maker
-from pyfleet.distributed.strategy import job_config
+from pyfleet.distributed.strategy import DistributedStrategy, job_config
 from pyfleet.distributed.tables import server_table_configs, servers_regularize, table_configs
 from pyfleet.entry import Entry
 from pyfleet.errors import ConfigError, PeerTimeout, PyfleetError
@@ -91,6 +91,34 @@ class DistributedOptimizer:
                                  getattr(self, "_sparse_storage", "fp32"),
                                  getattr(self, "_sparse_spill", (None, None)))
         return result
+
+
+class TranspilerOptimizer(DistributedOptimizer):
+    """Fluid's class of the same name, built directly: ``TranspilerOptimizer(optimizer,
+    strategy=None)`` wraps ``optimizer`` for the process's :data:`fleet`, as
+    ``fleet.distributed_optimizer`` does, with Fluid's checks (a pyfleet optimizer
+    rule; a ``DistributeTranspilerConfig``, a :class:`StrategyFactory` strategy or
+    None) and Fluid's ``minimize(loss, scopes=None, startup_program=None, ...)``."""
+
+    def __init__(self, optimizer, strategy=None):
+        if not isinstance(optimizer, Optimizer):
+            raise TypeError(f"optimizer must be an instance of Optimizer, got {optimizer!r}")
+        if strategy is not None and not isinstance(
+                strategy, (_config.DistributeTranspilerConfig, DistributedStrategy)):
+            raise TypeError(f"strategy must be an instance of DistributeTranspilerConfig, "
+                            f"SyncStrategy, AsyncStrategy or GeoStrategy, got {strategy!r}")
+        super().__init__(fleet, optimizer, job_config(strategy))
+
+    def minimize(self, loss, scopes=None, startup_program=None, parameter_list=None,
+                 no_grad_set=None):
+        if isinstance(loss, list):
+            raise TypeError("TranspilerOptimizer.minimize takes one loss, not a list")
+        if isinstance(startup_program, list):
+            raise TypeError("TranspilerOptimizer.minimize takes one startup program, "
+                            "not a list")
+        if not hasattr(loss, "block"):
+            raise TypeError(f"loss must be a Variable of the program, got {loss!r}")
+        return super().minimize(loss, startup_program, parameter_list, no_grad_set)
 
 
 class Fleet(FleetBase):

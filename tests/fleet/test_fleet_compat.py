@@ -144,3 +144,35 @@ def test_fluid_save_and_load_round_trip_a_local_program(tmp_path):
     np.testing.assert_array_equal(exe.run(main2, feed=feed, fetch_list=[out2])[0], want)
     with pytest.raises(ValueError, match="does not exist"):
         fluid.load(main2, str(tmp_path / "nothing"), exe)
+
+
+def test_transpiler_optimizer_built_directly_checks_as_fluid_and_minimizes(monkeypatch):
+    from pyfleet.distributed import fleet as fleet_module
+    from pyfleet.fluid.incubate.fleet.parameter_server.distribute_transpiler import (
+        TranspilerOptimizer,
+    )
+    from pyfleet.fluid.incubate.fleet.parameter_server.distribute_transpiler.distributed_strategy import (  # noqa: E501
+        StrategyFactory,
+    )
+    with pytest.raises(TypeError, match="optimizer must be an instance of Optimizer"):
+        TranspilerOptimizer("Adam", None)
+    with pytest.raises(TypeError, match="strategy must be"):
+        TranspilerOptimizer(fluid.optimizer.Adam(0.001), "strategy")
+    f = _fleet(0, 2)
+    monkeypatch.setattr(fleet_module, "fleet", f)        # the process's fleet it wraps
+    opt = TranspilerOptimizer(fluid.optimizer.Adam(0.001),
+                              StrategyFactory.create_async_strategy())
+    with fluid.program_guard(fluid.Program(), fluid.Program()), fluid.unique_name.guard():
+        x = fluid.layers.data(name="x", shape=[4], dtype="float32")
+        loss = fluid.layers.mean(fluid.layers.fc(x, 3))
+        with pytest.raises(TypeError, match="not a list"):
+            opt.minimize(loss=[])
+        with pytest.raises(TypeError, match="not a list"):
+            opt.minimize(loss, startup_program=[])
+        with pytest.raises(TypeError, match="must be a Variable"):
+            opt.minimize(loss=loss.name)
+        opt.minimize(loss, None)                 # Fluid's second argument: scopes
+        assert f.main_program is loss.block.program
+        assert f._strategy.mode == "async"
+        placed = sorted({name for name, *_ in f._placement})
+        assert placed == sorted(p.name for p in f.main_program.all_parameters())

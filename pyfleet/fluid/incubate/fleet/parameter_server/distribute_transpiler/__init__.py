@@ -6,12 +6,10 @@
 gives the same object as ``from pyfleet import fleet``."""
 
 from pyfleet.config import DistributeTranspilerConfig
-from pyfleet.distributed.fleet import DistributedOptimizer, Fleet, fleet
+from pyfleet.distributed.fleet import DistributedOptimizer, Fleet, TranspilerOptimizer, fleet
 
 __all__ = ["DistributeTranspilerConfig", "DistributedOptimizer", "DistributedTranspiler",
            "Fleet", "TranspilerOptimizer", "fleet"]
 
-# Fluid 1.8's names of the same two classes: fleet = DistributedTranspiler(), and
-# fleet.distributed_optimizer(...) returns a TranspilerOptimizer.
+# Fluid 1.8's name of the class: fleet = DistributedTranspiler().
 DistributedTranspiler = type(fleet)
-TranspilerOptimizer = DistributedOptimizer
