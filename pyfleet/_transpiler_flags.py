@@ -35,3 +35,29 @@ class Fluid18Flags:
             raise ConfigError("half_async = True (Fluid's half-async mode: pushes without "
                               "waiting, merged gradients applied at barriers) has no pyfleet "
                               "equivalent; train sync (sync_mode = True) or async")
+
+    # Fluid's setters refuse sync_mode and runtime_split_send_recv both True, from
+    # either side (Paddle's test_fleet_api_input checks it).
+    @property
+    def runtime_split_send_recv(self):
+        return self._split
+
+    @runtime_split_send_recv.setter
+    def runtime_split_send_recv(self, value):
+        if not isinstance(value, (bool, int)) or value not in (0, 1):
+            raise ConfigError(f"runtime_split_send_recv must be True or False, got {value!r}")
+        if value and self.sync_mode:
+            raise ConfigError("runtime_split_send_recv = True needs sync_mode = False first")
+        object.__setattr__(self, "_split", bool(value))
+
+    def _refuse_sync_with_split(self):
+        if getattr(self, "_split", False):
+            raise ConfigError("sync_mode = True needs runtime_split_send_recv = False first")
+
+    def _restore_split(self, value):
+        """A saved config's flag, as saved: a Fluid 1.8 sync strategy's config reads
+        mode "sync" with the flag set (its sync_mode is False; to_dict keeps the mode)."""
+        if value is not None:
+            if not isinstance(value, (bool, int)) or value not in (0, 1):
+                raise ConfigError(f"runtime_split_send_recv must be True or False, got {value!r}")
+            object.__setattr__(self, "_split", bool(value))

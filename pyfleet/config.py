@@ -304,12 +304,6 @@ class DistributeTranspilerConfig(Fluid18Flags):
     def _set_plain(self, key, value):
         if key == "min_block_size":
             value = _check_int("min_block_size", value, 1)
-        elif key == "runtime_split_send_recv":
-            value = _check_bool(key, value)
-            if value and self.sync_mode:     # Fluid refuses the pair, from either side
-                raise ConfigError("runtime_split_send_recv = True needs sync_mode = False "
-                                  "first (Fluid splits sends at run time only without the "
-                                  "sync barrier)")
         elif key in ("slice_var_up", "wait_port", "print_log", *FLUID18_FLAGS):
             value = _check_bool(key, value)
         elif key == "enable_dc_asgd":
@@ -365,9 +359,7 @@ class DistributeTranspilerConfig(Fluid18Flags):
     @sync_mode.setter
     def sync_mode(self, value):
         if _check_bool("sync_mode", value):
-            if getattr(self, "runtime_split_send_recv", False):
-                raise ConfigError("sync_mode = True needs runtime_split_send_recv = False "
-                                  "first (as in Fluid)")
+            self._refuse_sync_with_split()
             object.__setattr__(self, self._side(), "sync")
             self._clear_fluid18()
         elif getattr(self, self._side()) == "sync":
@@ -436,15 +428,14 @@ class DistributeTranspilerConfig(Fluid18Flags):
         """
         if not isinstance(d, dict):
             raise ConfigError(f"a config dict is expected, got {type(d).__name__}")
-        known = {"mode", "sparse_mode", "geo_k_steps", "split_method", "slice_var_up", "min_block_size",
-                 "wait_port", "print_log", "runtime_split_send_recv", "runtime"}
+        known = {*cls._defaults().to_dict(), "sparse_mode"}
         unknown = set(d) - known
         if unknown:
             raise ConfigError(f"unknown config keys: {sorted(unknown)}")
         cfg = cls._defaults()
         d = dict(d)
         sparse_mode = d.pop("sparse_mode", None)
-        split = d.pop("runtime_split_send_recv", None)
+        cfg._restore_split(d.pop("runtime_split_send_recv", None))   # before the mode
         for key, value in d.items():
             if key == "runtime":
                 cfg.runtime = RuntimeConfig.from_dict(value)
@@ -452,10 +443,6 @@ class DistributeTranspilerConfig(Fluid18Flags):
                 setattr(cfg, key, value)
         if sparse_mode is not None:
             cfg.sparse_mode = sparse_mode
-        if split is not None:   # restored as saved: a Fluid 1.8 sync strategy's config reads
-            # mode "sync" with the flag set (its sync_mode is False; to_dict keeps the mode)
-            object.__setattr__(cfg, "runtime_split_send_recv",
-                               _check_bool("runtime_split_send_recv", split))
         return cfg
 
     def __eq__(self, other):

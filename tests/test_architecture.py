@@ -20,7 +20,7 @@ PACKAGE = REPO / "pyfleet"
 ROOMS = [
     ("base", 0, ["pyfleet._core", "pyfleet._version", "pyfleet.errors", "pyfleet._atomic",
                  "pyfleet._extras",
-                 "pyfleet.endpoint", "pyfleet._record"]),
+                 "pyfleet.endpoint", "pyfleet._record", "pyfleet.compat"]),
     ("table", 1, ["pyfleet.entry", "pyfleet.initializer", "pyfleet.optimizer", "pyfleet.table",
                   "pyfleet.metrics"]),
     ("data", 1, ["pyfleet.data", "pyfleet.reader"]),

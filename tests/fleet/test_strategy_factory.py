@@ -118,6 +118,10 @@ def test_set_program_config_applies_the_strategys_flags_again():
     assert c.slice_var_up is False and c.mode == "sync" and c.half_async
     with pytest.raises(ValueError, match="runtime_split_send_recv = False first"):
         s.set_program_config({"sync_mode": True})   # as Fluid: its config has the split flag
+    again = fluid.DistributeTranspilerConfig.from_dict(c.to_dict())   # mode "sync", flag set
+    assert again.mode == "sync" and again.runtime_split_send_recv is True
+    with pytest.raises(ConfigError, match="must be True or False"):
+        fluid.DistributeTranspilerConfig.from_dict({**c.to_dict(), "runtime_split_send_recv": "y"})
     cfg = fluid.DistributeTranspilerConfig()
     cfg.min_block_size = 16
     a = SF.create_async_strategy()
