@@ -19,7 +19,7 @@ PACKAGE = REPO / "pyfleet"
 # re-exports of old import paths sit on top: nothing below may import them.
 ROOMS = [
     ("base", 0, ["pyfleet._core", "pyfleet._version", "pyfleet.errors", "pyfleet._atomic",
-                 "pyfleet._extras",
+                 "pyfleet._extras", "pyfleet._malloc",
                  "pyfleet.endpoint", "pyfleet._record", "pyfleet.compat"]),
     ("table", 1, ["pyfleet.entry", "pyfleet.initializer", "pyfleet.optimizer", "pyfleet.table",
                   "pyfleet.metrics"]),

@@ -24,6 +24,7 @@ raises a ConfigError saying so. As in Fluid, ``init_worker``, ``init_server``,
 import logging
 import os
 
+from pyfleet import _malloc
 from pyfleet.distributed.collective_backend import CollectiveBackend, checkpoint_registry
 from pyfleet.distributed.fleet import table_configs
 from pyfleet.distributed.fleet_base import FleetBase
@@ -142,7 +143,9 @@ class Collective(FleetBase):
     def init(self, role_maker=None):
         """This rank's role from MPI (``PaddleCloudRoleMaker(is_collective=True)``
         by default); a ConfigError saying how to start the job when this
-        process was not started by an MPI launcher."""
+        process was not started by an MPI launcher. Freed buffers stay mapped
+        from here on, as in the parameter-server Fleet (:mod:`pyfleet._malloc`)."""
+        _malloc.keep_freed_memory()
         if role_maker is None:
             role_maker = PaddleCloudRoleMaker(is_collective=True)
         self._check_role_maker(role_maker)

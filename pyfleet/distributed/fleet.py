@@ -35,6 +35,7 @@ import logging
 import os
 import sys
 
+from pyfleet import _malloc
 from pyfleet import config as _config
 from pyfleet.distributed import hybrid, remote_paths
 from pyfleet.distributed.checkpoint_paths import checkpoint_root, relative_to_root
@@ -135,7 +136,10 @@ class Fleet(FleetBase):
 
     def init(self, role_maker=None):
         """Resolve this process's role once (default: MPI under mpirun, else the
-        environment contract of docs/fleet.md, else a ConfigError saying what to set)."""
+        environment contract of docs/fleet.md, else a ConfigError saying what to set).
+        The process keeps its freed buffers mapped from here on (a training role's
+        step reuses the same few MB every batch: :mod:`pyfleet._malloc`)."""
+        _malloc.keep_freed_memory()
         if role_maker is None:
             role_maker = default_role_maker()
         self._check_role_maker(role_maker)
