@@ -9,10 +9,10 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 from support.cli import pyfleet
+from support.wait import wait_for_text
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -116,12 +116,7 @@ def test_ctrl_c_names_the_checkpoint_kept_and_the_exact_resume_command(data, tmp
                           "12", *SMALL, "--run-dir", str(run)], cwd=tmp_path,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     events = run / "progress" / "events.jsonl"
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and p.poll() is None:
-        if events.exists() and '"saved"' in events.read_text():
-            break
-        time.sleep(0.05)
-    assert p.poll() is None, "the run ended before its first checkpoint was seen"
+    wait_for_text(events, '"saved"', 240, "the run's first checkpoint", alive=p)
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=120)
     assert p.returncode == 130, err

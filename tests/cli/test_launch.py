@@ -8,9 +8,10 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
+from support import TESTS
+from support.wait import wait_until
 
 from pyfleet.errors import ConfigError
 from pyfleet.launch import CONTRACT_VARS, EXIT_TIMEOUT, free_ports, launch_local, main
@@ -18,8 +19,9 @@ from pyfleet.launch import CONTRACT_VARS, EXIT_TIMEOUT, free_ports, launch_local
 pytestmark = pytest.mark.slow
 
 # One script plays every scenario; argv: <piddir> <action> [<pid files to wait for>].
-ROLE_SCRIPT = textwrap.dedent("""
+ROLE_SCRIPT = f"import sys; sys.path.insert(0, {str(TESTS)!r})\n" + textwrap.dedent("""
     import json, os, signal, subprocess, sys, time
+    from support.wait import wait_until
     from pyfleet.config import DistributeTranspilerConfig
     from pyfleet.distributed.role_maker import PaddleCloudRoleMaker, default_role_maker
 
@@ -37,12 +39,11 @@ ROLE_SCRIPT = textwrap.dedent("""
         os.replace(tmp, os.path.join(piddir, name + ".pid"))
 
     def wait_for_pids():
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            if len([n for n in os.listdir(piddir) if n.endswith(".pid")]) >= wait_for:
-                return
-            time.sleep(0.05)
-        sys.exit(99)
+        try:
+            wait_until(lambda: len([n for n in os.listdir(piddir) if n.endswith(".pid")])
+                       >= wait_for, 60, f"{wait_for} pid files")
+        except AssertionError:
+            sys.exit(99)
 
     if action == "print":
         d = default_role_maker()
@@ -65,12 +66,12 @@ ROLE_SCRIPT = textwrap.dedent("""
     elif action == "hang":
         if label == "worker.0" and len(sys.argv) > 4:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the helper inherits it too
-        helper = subprocess.Popen(["sleep", "300"])
+        helper = subprocess.Popen(["sleep", "300"])  # a grandchild the launcher must stop
         write_pid(label + ".helper", helper.pid)
     elif action == "linger":
         if r.is_worker():
             sys.exit(0)
-    time.sleep(120)
+    time.sleep(120)  # parked: the launcher (or the test) stops every role before this ends
     sys.exit(98)
 """)
 
@@ -109,20 +110,17 @@ def _pids(piddir):
 
 
 def _assert_all_gone(pids):
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(_alive(p) for p in pids.values()):
-        time.sleep(0.05)
-    assert not [name for name, p in pids.items() if _alive(p)], pids
+    wait_until(lambda: not any(_alive(p) for p in pids.values()), 10, "every process gone",
+               detail=lambda: {name: p for name, p in pids.items() if _alive(p)})
 
 
 def _wait_pid_files(piddir, n, proc):
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if len(list(piddir.glob("*.pid"))) >= n:
-            return
+    def written():
         assert proc.poll() is None, proc.communicate()
-        time.sleep(0.05)
-    pytest.fail(f"only {len(list(piddir.glob('*.pid')))} of {n} pid files appeared")
+        return len(list(piddir.glob("*.pid"))) >= n
+
+    wait_until(written, 60, f"{n} pid files",
+               detail=lambda: f"only {len(list(piddir.glob('*.pid')))} appeared")
 
 
 LINE = re.compile(r"^\[(server|worker)\.(\d+)\] (.*)$")

@@ -8,11 +8,13 @@ import sys
 import textwrap
 
 import pytest
+from support import TESTS
 
 pytestmark = pytest.mark.slow  # real multi-process jobs, killed and restarted
 
-ROLE = textwrap.dedent("""
+ROLE = f"import sys; sys.path.insert(0, {str(TESTS)!r})\n" + textwrap.dedent("""
     import json, os, signal, sys, time
+    from support.wait import wait_until
     out, plan = sys.argv[1], sys.argv[2]
     env = os.environ
     role = env["PYFLEET_ROLE"]
@@ -34,10 +36,8 @@ ROLE = textwrap.dedent("""
     if label == target and (attempts == "all" or str(attempt) in attempts.split(",")):
         # Die only once every role of this attempt has written its record: the launcher
         # stops the others when this one dies, and a role still starting up would leave none.
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and sum(
-                n.endswith(f".{attempt}.json") for n in os.listdir(out)) < int(sys.argv[4]):
-            time.sleep(0.05)
+        wait_until(lambda: sum(n.endswith(f".{attempt}.json") for n in os.listdir(out))
+                   >= int(sys.argv[4]), 60, "every role's record")
         if attempt == 0 and sys.argv[3]:  # a committed checkpoint before the death
             os.makedirs(sys.argv[3], exist_ok=True)
             open(os.path.join(sys.argv[3], "MANIFEST.json"), "w").write("{}")
@@ -156,7 +156,7 @@ FLEET_SCRIPT = textwrap.dedent("""
         fleet.barrier_worker()
         if wi == 1:  # dies once the checkpoint is committed
             os.kill(os.getpid(), signal.SIGKILL)
-        time.sleep(60)
+        time.sleep(60)  # parked: worker 1's death ends the attempt (the launcher stops it)
     rows = sum(int(t.get("rows", 0)) for s in fleet.stats()
                for t in s.get("tables", {}).values())
     with open(os.path.join(out, f"worker{wi}.attempt{attempt}.json"), "w") as f:

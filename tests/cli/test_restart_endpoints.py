@@ -20,6 +20,7 @@ import time
 
 import numpy as np
 import pytest
+from support.wait import wait_until
 
 from pyfleet.errors import PyfleetError
 from pyfleet.launch import free_ports, launch_local
@@ -46,7 +47,7 @@ WORKER = textwrap.dedent("""
         c.push_sparse("emb", np.arange(1, 5, dtype=np.uint64), np.ones((4, 4), np.float32))
         open(os.path.join(out, f"ready.{attempt}"), "w").close()
         if attempt == 0 and sys.argv[2] == "wait":
-            time.sleep(200)          # the test kills server 0 meanwhile
+            time.sleep(200)          # parked: the test kills server 0 meanwhile
         c.stop_worker()
     open(os.path.join(out, f"done.{attempt}"), "w").close()
 """)
@@ -79,10 +80,7 @@ def _server_pid(index):
 
 
 def _wait(path, what, timeout=120):
-    end = time.monotonic() + timeout
-    while not os.path.exists(path):
-        assert time.monotonic() < end, f"{what} never happened"
-        time.sleep(0.02)
+    wait_until(lambda: os.path.exists(path), timeout, what)
 
 
 def _launch_in_thread(tmp_path, ports, result, **kw):
@@ -130,7 +128,7 @@ def test_a_port_taken_right_after_a_servers_death_does_not_stop_its_restart(tmp_
                 squatter.listen(8)
                 squatted.append(time.monotonic())
             except OSError:
-                time.sleep(0.002)
+                time.sleep(0.002)  # the attack itself: try again at once, for 5 s
         t.join(240)
     finally:
         squatter.close()
@@ -154,10 +152,11 @@ def test_a_taken_endpoint_does_not_use_up_a_restart(tmp_path):
     t = _launch_in_thread(tmp_path, ports, result, max_restarts=1, restarts=restarts,
                           messages=messages, worker="go")
     try:
-        end = time.monotonic() + 60
-        while "could not bind its endpoint" not in messages.getvalue():
-            assert time.monotonic() < end and t.is_alive(), messages.getvalue()
-            time.sleep(0.02)
+        def refused():
+            assert t.is_alive(), messages.getvalue()
+            return "could not bind its endpoint" in messages.getvalue()
+
+        wait_until(refused, 60, "the taken endpoint's message", detail=messages.getvalue)
     finally:
         squatter.close()
         t.join(240)

@@ -8,10 +8,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
+from support.wait import wait_until
 
 from pyfleet.metrics import MetricStats
 from pyfleet.service import checkpoint as _checkpoint
@@ -67,16 +67,11 @@ def _train(tmp_path, run, *flags):
 def _kill_when(proc, run_dir, role, ready):
     """SIGKILL ``role`` of the running job once ``ready()``; the position of the
     checkpoint it will restart from."""
-    deadline = time.monotonic() + DEADLINE
-    while time.monotonic() < deadline:
+    def target():
         assert proc.poll() is None, "the job ended before the kill: " + proc.stderr.read()
-        if ready():
-            pid = _role_pids(proc.pid).get(role)
-            if pid is not None:
-                os.kill(pid, signal.SIGKILL)
-                return
-        time.sleep(0.02)
-    raise AssertionError(f"{role} was never killed")
+        return ready() and _role_pids(proc.pid).get(role)
+
+    os.kill(wait_until(target, DEADLINE, f"{role} to kill"), signal.SIGKILL)
 
 
 def _run_killing(proc, run_dir, *kills):

@@ -11,10 +11,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 from support.mpi import MPI_MARKS, mpi_env
+from support.wait import wait_until
 
 pytestmark = [*MPI_MARKS, pytest.mark.timeout(600)]
 
@@ -60,15 +60,12 @@ def _killing_rank_1(tmp_path, run, mode):
     proc = _train(tmp_path, run, mode)
     run_dir = str(tmp_path / run)
     manifest = os.path.join(run_dir, "checkpoint", "MANIFEST.json")
-    deadline = time.monotonic() + DEADLINE
-    while True:  # once the first in-pass checkpoint is committed
+
+    def rank_1():  # once the first in-pass checkpoint is committed
         assert proc.poll() is None, "the job ended before the kill: " + proc.stderr.read()
-        assert time.monotonic() < deadline, "rank 1 was never killed"
-        pid = _rank_pid(run_dir, 1) if os.path.exists(manifest) else None
-        if pid is not None:
-            os.kill(pid, signal.SIGKILL)
-            break
-        time.sleep(0.02)
+        return os.path.exists(manifest) and _rank_pid(run_dir, 1)
+
+    os.kill(wait_until(rank_1, DEADLINE, "rank 1 to kill"), signal.SIGKILL)
     return _summary(proc)
 
 

@@ -8,11 +8,11 @@ it, and it applies one. Real server process on 127.0.0.1; bounded waits.
 
 import signal
 import threading
-import time
 
 import numpy as np
 import pytest
 from support.service import ServerGroup
+from support.wait import LogWatch
 
 from pyfleet.optimizer import SGD
 from pyfleet.service.client import Client
@@ -55,8 +55,9 @@ def test_a_retried_push_is_applied_once(dense):
             t.start()
             assert ready.wait(30)
             g.procs[0].send_signal(signal.SIGSTOP)
-            go.set()
-            time.sleep(1.6)  # past the client's timeout: the push is sent again
+            with LogWatch("pyfleet.client") as watch:
+                go.set()  # past the client's timeout, the push is sent again
+                watch.wait_for("sending it again", 30)
             g.procs[0].send_signal(signal.SIGCONT)
             t.join(30)
             assert not t.is_alive() and errors == []

@@ -13,10 +13,10 @@ would break the identities without any save; the saves run concurrently.
 
 import os
 import threading
-import time
 
 import numpy as np
 import pytest
+from support.wait import wait_until
 
 import pyfleet
 from pyfleet.optimizer import SGD, Adagrad
@@ -71,10 +71,9 @@ def _await_pushes(progress, seeds, since, timeout=30):
     """Wait until every pusher in ``seeds`` has pushed twice more than in
     ``since``, so that consecutive saves see different states (a save may be
     faster than a push)."""
-    deadline = time.monotonic() + timeout
-    while any(progress.get(s, 0) < since.get(s, 0) + 2 for s in seeds):
-        assert time.monotonic() < deadline, f"pushes stalled: {progress}"
-        time.sleep(0.001)
+    wait_until(lambda: all(progress.get(s, 0) >= since.get(s, 0) + 2 for s in seeds),
+               timeout, "two more pushes of every pusher", interval=0.001,
+               detail=lambda: progress)
     return dict(progress)
 
 

@@ -3,11 +3,11 @@ holds: one parked in the backlog of a peer whose queue was full (an async
 worker that reads its acks late) included, so that worker's STOP_WORKER is
 answered instead of timing out. A real ``python -m pyfleet.server`` process."""
 
-import time
 
 import pytest
 import zmq
 from support.service import ServerGroup
+from support.wait import wait_for_counter
 
 from pyfleet.service import protocol as P
 from pyfleet.service.client import Client
@@ -35,7 +35,8 @@ def test_the_stop_worker_reply_parked_behind_unread_replies_arrives():
             for i in range(pulls):
                 sock.send_multipart([bytes(f) for f in P.request(Op.PULL_DENSE, i + 1,
                                                                  table=tid, worker=0)])
-            time.sleep(1.0)                          # the pulls are answered (and parked)
+            with Client(g.endpoints, timeout=30, heartbeat_interval=0) as c:
+                wait_for_counter(c, "op_pull_dense", pulls)  # answered (and parked)
             stop_id = pulls + 1
             sock.send_multipart([bytes(f) for f in P.request(
                 Op.STOP_WORKER, stop_id, payload={"worker": 0}, worker=0)])

@@ -15,6 +15,7 @@ import sys
 import time
 
 import pytest
+from support.wait import file_text, wait_until
 
 from pyfleet.data import Dataset, synthetic
 from pyfleet.launch import free_ports, role_env
@@ -74,14 +75,16 @@ class Job:
     def wait_exit(self, keys, timeout):
         """``{key: (returncode, seconds)}`` once every process of ``keys`` exited."""
         t0, out = time.monotonic(), {}
-        while len(out) < len(keys) and time.monotonic() - t0 < timeout:
+
+        def exited():
             for k in keys:
                 if k not in out and self.procs[k].poll() is not None:
                     out[k] = (self.procs[k].returncode, time.monotonic() - t0)
-            time.sleep(0.02)
-        missing = [k for k in keys if k not in out]
-        assert not missing, f"{missing} still running after {timeout} s: " + \
-            " | ".join(self.log(*k)[-500:] for k in missing)
+            return len(out) == len(keys)
+
+        def missing():
+            return " | ".join(f"{k}: {self.log(*k)[-500:]}" for k in keys if k not in out)
+        wait_until(exited, timeout, f"the exit of {keys}", detail=missing)
         return out
 
     def losses(self):
@@ -120,20 +123,28 @@ def jobs(tmp_path):
         j.close()
 
 
-def _wait_for(cond, timeout, what):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+def _has_zmq_thread(pid):
+    """Whether process ``pid`` runs libzmq's I/O thread: it made its first socket (a
+    worker: its client, connecting to its servers)."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    for t in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{t}/comm") as f:
+                if f.read().startswith("ZMQbg/IO"):
+                    return True
+        except OSError:
+            continue
+    return False
 
 
 def test_killed_server_in_async_training_then_resume(jobs, data):
     j = jobs(data, "run1", servers=2, workers=2, mode="async", epochs=200)
     j.start_all()
     manifest = os.path.join(j.run_dir, "checkpoint", _checkpoint.MANIFEST_NAME)
-    _wait_for(lambda: os.path.exists(manifest) and len(j.losses()) >= 4, 120,
+    wait_until(lambda: os.path.exists(manifest) and len(j.losses()) >= 4, 120,
               "a checkpoint of pass 3")
     killed_at = time.monotonic()
     j.procs["server", 1].send_signal(signal.SIGKILL)
@@ -175,7 +186,7 @@ def test_killed_server_in_async_training_then_resume(jobs, data):
 def test_killed_worker_in_sync_training_fails_the_others_and_ends_the_servers(jobs, data):
     j = jobs(data, "run", servers=2, workers=2, mode="sync", epochs=200)
     j.start_all()
-    _wait_for(lambda: len(j.losses()) >= 2, 120, "pass 2")
+    wait_until(lambda: len(j.losses()) >= 2, 120, "pass 2")
     killed_at = time.monotonic()
     j.procs["worker", 1].send_signal(signal.SIGKILL)
     out = j.wait_exit([("worker", 0)], 60)
@@ -226,7 +237,7 @@ def test_server_killed_during_save_leaves_the_previous_checkpoint(jobs, data, tm
         j.start("server", i)
     w = j.start("worker", 0, cmd=[sys.executable, str(script), j.path])
     ck = os.path.join(j.run_dir, "ck")
-    _wait_for(lambda: "saved" in j.log("worker", 0), 120, "the first save")
+    wait_until(lambda: "saved" in j.log("worker", 0), 120, "the first save")
     m1 = _checkpoint.read_manifest(ck)
     # Server 1 frozen, then killed, while server 0 writes its part of the next save.
     j.procs["server", 1].send_signal(signal.SIGSTOP)
@@ -234,7 +245,7 @@ def test_server_killed_during_save_leaves_the_previous_checkpoint(jobs, data, tm
     w.stdin.write(b"go\n")
     w.stdin.flush()
     gen = os.path.join(ck, "g000002-full")
-    _wait_for(lambda: os.path.isdir(gen) and any(n.endswith(".bin") for n in os.listdir(gen)),
+    wait_until(lambda: os.path.isdir(gen) and any(n.endswith(".bin") for n in os.listdir(gen)),
               60, "server 0's files of the second save")
     j.procs["server", 1].send_signal(signal.SIGKILL)
     out = j.wait_exit([("worker", 0)], 60)
@@ -262,8 +273,13 @@ def test_workers_started_before_servers_train(jobs, data):
     j = jobs(data, "run", servers=2, workers=2, mode="sync", epochs=1)
     for i in range(2):
         j.start("worker", i)
-    time.sleep(3.0)
-    assert all(j.procs["worker", i].poll() is None for i in range(2))
+    # both workers are trying to reach their servers (they made their clients)
+
+    def connecting():
+        assert all(j.procs["worker", i].poll() is None for i in range(2)), \
+            [j.log("worker", i)[-500:] for i in range(2)]
+        return all(_has_zmq_thread(j.procs["worker", i].pid) for i in range(2))
+    wait_until(connecting, 120, "both workers' clients")
     for i in range(2):
         j.start("server", i)
     done = j.wait_exit(list(j.procs), 120)
@@ -303,8 +319,10 @@ def test_pyfleet_train_leaves_no_process(tmp_path, interrupt):
     marker = str(run / "job.json")
     try:
         if interrupt:
-            _wait_for(lambda: len(_pids_running(marker)) == 4, 120, "4 roles running")
-            time.sleep(1.0)
+            events = run / "progress" / "events.jsonl"
+            wait_until(lambda: len(_pids_running(marker)) == 4
+                       and '"event": "pass"' in file_text(events), 120,
+                       "4 roles running and training")
             p.send_signal(signal.SIGINT)
         out = p.communicate(timeout=180)[0].decode()
     finally:
@@ -324,7 +342,7 @@ import sys, time
 from pyfleet.service.client import Client
 c = Client(sys.argv[1].split(","), worker_index=1, timeout=10)
 print("connected", flush=True)
-time.sleep(600)
+time.sleep(600)  # parked: the test kills this worker
 """
 
 

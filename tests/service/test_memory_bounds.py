@@ -9,12 +9,15 @@ RSS (``VmHWM``):
   ``--max-sparse-dim`` or ``--max-tables``.
 """
 
-import time
+
+import contextlib
 
 import numpy as np
 import pytest
 import zmq
 from support.service import ServerGroup
+from support.wait import wait_for_counter, wait_until
+from zmq.utils.monitor import recv_monitor_message
 
 from pyfleet.errors import RemoteError
 from pyfleet.service import protocol as P
@@ -46,13 +49,6 @@ def _counters(c):
     return c.stats()[0]["counters"]
 
 
-def _wait_counter(c, name, at_least, seconds=120):
-    end = time.monotonic() + seconds
-    while _counters(c).get(name, 0) < at_least:
-        assert time.monotonic() < end, (name, _counters(c))
-        time.sleep(0.2)
-
-
 def test_a_client_that_never_reads_its_replies_cannot_grow_the_server():
     sent = 100  # 400 MiB of replies: unbounded, the server's RSS grows by all of them
     with ServerGroup(1, 1) as g, Client(g.endpoints, timeout=30, heartbeat_interval=0) as c:
@@ -72,7 +68,7 @@ def test_a_client_that_never_reads_its_replies_cannot_grow_the_server():
             for i in range(sent):
                 sock.send_multipart([bytes(f) for f in P.request(Op.PULL_DENSE, i + 1,
                                                                  table=tid)])
-            _wait_counter(c, "op_pull_dense", sent)
+            wait_for_counter(c, "op_pull_dense", sent)
             counters = _counters(c)
             grown = _status(pid)["VmHWM"] - before
             # Other clients are still served, with the right values.
@@ -170,7 +166,7 @@ def test_slow_readers_together_stay_within_one_server_budget():
                 for sock in socks:
                     sock.send_multipart([bytes(f) for f in P.request(Op.PULL_DENSE, i + 1,
                                                                      table=tid)])
-            _wait_counter(c, "op_pull_dense", peers * sent)
+            wait_for_counter(c, "op_pull_dense", peers * sent)
             counters = _counters(c)
             grown = _status(pid)["VmHWM"] - before
             # a client that reads its replies is still served, large replies included
@@ -184,6 +180,16 @@ def test_slow_readers_together_stay_within_one_server_budget():
     assert grown < 120 * MIB, f"server peak RSS grew by {grown / MIB:.0f} MiB"
 
 
+def _wait_event(monitor, event, timeout=60):
+    """Wait for the socket event ``event`` on ``monitor`` (a zmq monitor socket)."""
+    def seen():
+        while monitor.poll(100):
+            if recv_monitor_message(monitor)["event"] == event:
+                return True
+        return False
+    wait_until(seen, timeout, f"socket event {event!r}", interval=0)
+
+
 def test_a_frame_over_max_message_bytes_is_refused_before_it_is_held():
     # The attack: one 900 MiB frame made a server hold 940 MiB before refusing it. A frame
     # over max_message_bytes (default 256 MiB) drops the connection as it arrives.
@@ -195,15 +201,19 @@ def test_a_frame_over_max_message_bytes_is_refused_before_it_is_held():
         before = _status(pid)["VmHWM"]
         sock = zmq.Context.instance().socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         sock.connect("tcp://" + g.endpoints[0])
         try:
+            _wait_event(monitor, zmq.EVENT_CONNECTED)
             big = np.zeros(96 * MIB, np.uint8)   # 12 times the limit
             sock.send_multipart([P.pack_header(Op.PUSH_DENSE, 1, 1, big.size // 4, 1), big])
-            time.sleep(2.0)  # what the server would have read by now
+            _wait_event(monitor, zmq.EVENT_DISCONNECTED)  # the server dropped the connection
             assert not sock.poll(100)             # no reply: the connection was dropped
             grown = _status(pid)["VmHWM"] - before
             assert c.stats()[0]["server_index"] == 0  # and the server serves on
         finally:
+            sock.disable_monitor()
+            monitor.close(0)
             sock.close(0)
     assert grown < 24 * MIB, f"server peak RSS grew by {grown / MIB:.0f} MiB"
 
@@ -240,9 +250,10 @@ def _refusal(sock, seconds=120):
 
 
 def _wait_rss_below(pid, limit, seconds=30):
-    end = time.monotonic() + seconds
-    while _rss(pid) > limit and time.monotonic() < end:
-        time.sleep(0.1)
+    """The server's RSS once it is at most ``limit``, else after ``seconds`` (the caller
+    asserts on it)."""
+    with contextlib.suppress(AssertionError):
+        wait_until(lambda: _rss(pid) <= limit, seconds, f"RSS <= {limit}", interval=0.1)
     return _rss(pid)
 
 
@@ -274,7 +285,6 @@ def test_a_refused_message_of_many_frames_gives_its_memory_back():
 
 def _first_event(mon, seconds=30):
     """The first event on monitor socket ``mon``, or None after ``seconds``."""
-    from zmq.utils.monitor import recv_monitor_message
     if not mon.poll(seconds * 1000):
         return None
     return recv_monitor_message(mon)["event"]

@@ -23,11 +23,11 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 from support.netns import bridge_namespaces
+from support.wait import wait_until
 
 from pyfleet.launch import CONTRACT_VARS, role_env
 
@@ -206,7 +206,7 @@ _LOOP = textwrap.dedent("""
             last_ok = time.monotonic()
             if step == 20:
                 open(f"{{out_dir}}/ready{{w}}", "w").close()
-            time.sleep(0.02)
+            time.sleep(0.02)  # paces the steps: the load, not a wait
     except PyfleetError as e:
         rep = {{"type": type(e).__name__, "message": str(e), "steps": step,
                "seconds_after_last_success": time.monotonic() - last_ok}}
@@ -227,18 +227,17 @@ def test_link_down_is_a_peer_timeout_naming_the_server(netns, keys, tmp_path):
     procs = _start(netns, [sys.executable, str(script), str(out)],
                    {"PYFLEET_CURVE_DIR": str(keys)}, tmp_path / "logs")
     try:
-        deadline = time.monotonic() + 90
-        while not all((out / f"ready{i}").exists() for i in range(2)):
-            assert time.monotonic() < deadline, _logs(tmp_path / "logs")
+        def ready():
             assert all(p.poll() is None for _, p in procs), _logs(tmp_path / "logs")
-            time.sleep(0.2)
+            return all((out / f"ready{i}").exists() for i in range(2))
+
+        wait_until(ready, 90, "both workers' 20th step", interval=0.2,
+                   detail=lambda: _logs(tmp_path / "logs"))
         _ip("-n", netns.servers[1], "link", "set", "eth0", "down")
         # every request has a deadline: a report must come within a few timeouts
-        deadline = time.monotonic() + 6 * REQUEST_TIMEOUT
-        while not all((out / f"report{i}.json").exists() for i in range(2)):
-            assert time.monotonic() < deadline, "a worker hung after the link went down\n" + \
-                _logs(tmp_path / "logs")
-            time.sleep(0.2)
+        wait_until(lambda: all((out / f"report{i}.json").exists() for i in range(2)),
+                   6 * REQUEST_TIMEOUT, "both workers' reports (a worker hung after the link "
+                   "went down)", interval=0.2, detail=lambda: _logs(tmp_path / "logs"))
         reports = [json.loads((out / f"report{i}.json").read_text()) for i in range(2)]
     finally:
         _stop(procs)

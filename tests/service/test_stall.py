@@ -26,6 +26,9 @@ import time
 import pytest
 from support import REPO
 from support.service import ServerGroup
+from support.wait import wait_for_counter
+
+from pyfleet.service.client import Client
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -56,12 +59,12 @@ with Client(endpoints, worker_index=worker, timeout=60) as c:
             c.flush()
             if worker in quiet:
                 print("quiet", flush=True)
-                time.sleep(quiet_s)
+                time.sleep(quiet_s)  # the quiet step under test: computing, only heartbeats
             else:
                 print("barrier", flush=True)
         if mode == "sync":
             c.barrier()
-        time.sleep(0.02)
+        time.sleep(0.02)  # paces the steps: the load, not a wait
     c.stop_worker()
 print("worker done", flush=True)
 """
@@ -86,10 +89,13 @@ def test_a_stopped_then_continued_server_finishes_the_job(mode, workers, quiet, 
                 line = p.stdout.readline().strip()
                 assert line == ("quiet" if w in quiet else "barrier"), (
                     w, line, p.stderr.read() if p.poll() is not None else "")
-            time.sleep(0.2)  # a barrier request said "barrier" before it was sent
+            if mode == "sync":  # the barrier requests said "barrier" reached the server
+                barriers = workers * QUIET_STEP + workers - len(quiet)
+                with Client(g.endpoints, timeout=30, heartbeat_interval=0) as c:
+                    wait_for_counter(c, "op_barrier", barriers, 60)
             assert all(p.poll() is None for p in procs), "the job ended before the stall"
             g.procs[0].send_signal(signal.SIGSTOP)
-            time.sleep(STALL)  # longer than the heartbeat timeout
+            time.sleep(STALL)  # the stall under test: longer than the heartbeat timeout
             g.procs[0].send_signal(signal.SIGCONT)
             outs = [p.communicate(timeout=120) for p in procs]
             codes = [p.returncode for p in procs]

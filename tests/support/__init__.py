@@ -9,5 +9,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 """The checkout's root (holds pyproject.toml, examples/, benchmarks/)."""
 
+TESTS = REPO / "tests"
+"""The test suite's root: a child script puts it on ``sys.path`` to import ``support``."""
+
 DATA = REPO.parent / "shared" / "data"
 """The small real CTR samples beside the checkout (``../shared/data``)."""

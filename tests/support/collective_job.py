@@ -99,7 +99,7 @@ def collective(a):
         if a.die_at is not None and step == a.die_at and rank == size - 1:
             os.kill(os.getpid(), signal.SIGKILL)
         if a.stall_at is not None and step == a.stall_at and rank == size - 1:
-            time.sleep(600)
+            time.sleep(600)  # the stalled rank under test (the job's stall bound ends it)
         if a.sigstop_at is not None and step == a.sigstop_at and rank == size - 1:
             os.kill(os.getpid(), signal.SIGSTOP)   # stopped: no thread of it runs
         exs = examples(step, size * a.batch)[rank * a.batch:(rank + 1) * a.batch]

@@ -140,7 +140,7 @@ def _sync_steps(endpoints, worker, steps, n, dim, table, out=None, hang_after=No
     with Client(endpoints, worker_index=worker, timeout=timeout) as c:
         for step in range(steps):
             if hang_after is not None and step == hang_after:
-                time.sleep(3600)  # the test kills this process here
+                time.sleep(3600)  # parked: the test kills this process here
             keys, grads = batch(worker, step, n, dim, dyadic=True)
             pulled.append(c.pull_sparse(table, keys))
             c.push_sparse(table, keys, grads)

@@ -6,9 +6,10 @@ import queue
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
+
+from support.wait import wait_until
 
 
 class ServeProcess:
@@ -50,24 +51,15 @@ class ServeProcess:
         return "".join(self.stderr_lines)
 
     def wait_ready(self, timeout=120):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def healthy():
             if self.proc.poll() is not None:
                 raise AssertionError(f"pyfleet serve exited with {self.proc.returncode}: "
                                      f"{self.stderr_text()}")
-            status, _, _ = request(self.url + "/healthz", timeout=5)
-            if status == 200:
-                return
-            time.sleep(0.05)
-        raise AssertionError(f"/healthz not ready in {timeout} s: {self.stderr_text()}")
+            return request(self.url + "/healthz", timeout=5)[0] == 200
+        wait_until(healthy, timeout, "/healthz", interval=0.05, detail=self.stderr_text)
 
     def wait_for(self, predicate, timeout=60, what="the condition"):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if predicate():
-                return
-            time.sleep(0.05)
-        raise AssertionError(f"{what} not reached in {timeout} s: {self.stderr_text()}")
+        wait_until(predicate, timeout, what, interval=0.05, detail=self.stderr_text)
 
     def close(self):
         if self.proc.poll() is None:
