@@ -175,6 +175,47 @@ def launch_local(cmd_for_role: CmdForRole, servers: int, workers: int,
     and SIGHUP are installed for the duration of the call when it runs on the main thread
     (elsewhere only KeyboardInterrupt-free shutdown paths apply). Not reentrant.
     """
+    make_cmd, given = _checked(cmd_for_role, servers, workers, mode, timeout, grace_period,
+                               stop_timeout, server_endpoints)
+    out = sys.stdout if output is None else output
+    report = _reporter(sys.stderr if messages is None else messages)
+    policy = RestartPolicy(max_restarts, restart_window, restore_dir, restarts)
+    base = _base_env(env)
+    if log_dir is not None:
+        Path(log_dir).mkdir(parents=True, exist_ok=True)
+    signals_seen: list[int] = []
+    previous = _catch_signals(signals_seen)
+    lock = threading.Lock()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    listeners, made = {}, []
+    try:
+        eps, listeners = hold_endpoints(servers, host, given)
+        if servers:  # the job's keys and socket directory (removed at the end)
+            made.append(_job_keys(base))
+            made.append(_job_ipc(base))
+        bind_retries = 0
+        while True:
+            roles = _roles(servers, workers, mode)
+            try:
+                code, died = _attempt(roles, make_cmd, base, eps, workers, mode, log_dir, cwd,
+                                      policy, out, lock, report, deadline, timeout,
+                                      grace_period, signals_seen, listeners)
+            finally:
+                _end_attempt(roles, signals_seen, report, stop_timeout, lock)
+            if died is None or signals_seen:
+                return code
+            bind_retries = _restart_after(died, policy, bind_retries, report)
+            if bind_retries is None:
+                return code
+            time.sleep(RESTART_PAUSE)
+    finally:
+        _release(previous, made, listeners)
+
+
+def _checked(cmd_for_role, servers, workers, mode, timeout, grace_period, stop_timeout,
+             server_endpoints):
+    """``launch_local``'s arguments checked, each bad one refused by name:
+    ``(make_cmd, the parsed server endpoints or None)``."""
     if mode is not None and mode not in ("sync", "async", "geo", "hybrid", "collective"):
         raise ConfigError(f"mode must be sync, async, geo, hybrid or collective, got {mode!r}")
     if mode == "collective" and servers != 0:
@@ -193,31 +234,42 @@ def launch_local(cmd_for_role: CmdForRole, servers: int, workers: int,
         raise ConfigError(f"stop_timeout must be > 0 seconds, got {stop_timeout!r}")
     if mode in ("hybrid", "collective"):
         mpiexec_command(workers)  # no mpiexec: refused here, not when the roles start
+    given = None
     if server_endpoints is not None:
         given = parse_endpoints(list(server_endpoints), "server_endpoints")
         if len(given) != servers:
             raise ConfigError(f"{len(given)} server endpoints given for {servers} servers")
+    return _command_maker(cmd_for_role), given
+
+
+def _command_maker(cmd_for_role):
+    """``(role, index) -> argv`` of ``cmd_for_role`` (a callable already, or one argv)."""
     if callable(cmd_for_role):
-        make_cmd = cmd_for_role
-    else:
-        fixed = list(cmd_for_role)
-        if not fixed:
-            raise ConfigError("the command to run is empty")
+        return cmd_for_role
+    fixed = list(cmd_for_role)
+    if not fixed:
+        raise ConfigError("the command to run is empty")
 
-        def make_cmd(role, index):
-            return fixed
+    def make_cmd(role, index):
+        return fixed
+    return make_cmd
 
-    out = sys.stdout if output is None else output
-    msg = sys.stderr if messages is None else messages
 
+def _reporter(msg):
+    """The launcher's own ``report(text)``: one ``pyfleet.launch:`` line on ``msg``,
+    never an error of its own (a closed or full stream drops the line)."""
     def report(text: str) -> None:
         try:
             msg.write(f"pyfleet.launch: {text}\n")
             msg.flush()
         except (OSError, ValueError):
             pass
+    return report
 
-    policy = RestartPolicy(max_restarts, restart_window, restore_dir, restarts)
+
+def _base_env(env):
+    """The environment every role starts from: the launcher's without a contract or
+    restart variable, then ``env``, and the job's secret."""
     base = {k: v for k, v in os.environ.items()
             if k not in CONTRACT_VARS and k not in restart_vars()}
     base.update(env or {})
@@ -225,70 +277,71 @@ def launch_local(cmd_for_role: CmdForRole, servers: int, workers: int,
     # The job's secret: a server answers a client's challenge with it, so a restarted
     # job's workers talk only to servers of this job (pyfleet.service.auth.job_proof).
     base["PYFLEET_JOB_TOKEN"] = secrets.token_hex(32)
-    listeners = {}
-    job_keys = job_ipc = None
-    if log_dir is not None:
-        Path(log_dir).mkdir(parents=True, exist_ok=True)
+    return base
 
-    signals_seen: list[int] = []
+
+def _catch_signals(signals_seen):
+    """On the main thread, note SIGINT, SIGTERM and SIGHUP in ``signals_seen`` instead of
+    acting on them; the handlers they replace (restored by :func:`_release`)."""
     previous = {}
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             previous[sig] = signal.signal(sig, lambda signum, frame: signals_seen.append(signum))
-    lock = threading.Lock()
-    deadline = None if timeout is None else time.monotonic() + timeout
-    bind_retries = 0
-    try:
-        eps, listeners = hold_endpoints(servers, host,
-                                        None if server_endpoints is None else given)
-        job_keys = _job_keys(base) if servers else None
-        job_ipc = _job_ipc(base) if servers else None
-        while True:
-            roles = ([_Role("server", i) for i in range(servers)]
-                     + ([_Role("worker", 0, "workers")] if mode in ("hybrid", "collective")
-                        else [_Role("worker", i) for i in range(workers)]))
-            try:
-                code, died = _attempt(roles, make_cmd, base, eps, workers, mode, log_dir, cwd,
-                                      policy, out, lock, report, deadline, timeout,
-                                      grace_period, signals_seen, listeners)
-            finally:
-                _stop(roles, signals_seen, report, stop_timeout)
-                for role in roles:
-                    if role.reader is not None:
-                        role.reader.join(timeout=_REAP_WAIT)
-                    with lock, contextlib.suppress(OSError):  # a full disk: reported by _pump
-                        if role.log is not None:
-                            role.log.close()
-            if died is None or signals_seen:
-                return code
-            if (max_restarts and died.kind == "server" and bind_retries < _BIND_RETRIES
-                    and died.returncode == EndpointInUse.EXIT_CODE):
-                # Another process held the port (one the launcher could not hold):
-                # try again without using up a restart.
-                bind_retries += 1
-                report(f"{died.label} could not bind its endpoint (taken by another "
-                       f"process); starting the job again, not counted as a restart "
-                       f"({bind_retries} of at most {_BIND_RETRIES} such retries)")
-                time.sleep(RESTART_PAUSE)
-                continue
-            bind_retries = 0
-            if not policy.record(died.label, died.returncode, _describe_rc(died.returncode)):
-                if max_restarts:
-                    report(policy.gave_up())
-                return code
-            report(f"{died.label} {_describe_rc(died.returncode)}; restarting the whole job "
-                   f"(restart {policy.attempt} of at most {max_restarts} within "
-                   f"{policy.window:g} s)" + (f" from {policy.restore_dir}"
-                                              if "PYFLEET_RESTORE_DIR" in policy.env() else ""))
-            time.sleep(RESTART_PAUSE)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        for path in (job_keys, job_ipc):
-            if path is not None:
-                shutil.rmtree(path, ignore_errors=True)
-        for sock in listeners.values():
-            sock.close()
+    return previous
+
+
+def _release(previous, made, listeners):
+    """The launcher's signal handlers back, the job's directories removed, the held
+    server ports let go."""
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+    for path in made:
+        if path is not None:
+            shutil.rmtree(path, ignore_errors=True)
+    for sock in listeners.values():
+        sock.close()
+
+
+def _roles(servers, workers, mode):
+    """One attempt's roles: the servers, then the workers (one MPI role in hybrid and
+    collective jobs)."""
+    return ([_Role("server", i) for i in range(servers)]
+            + ([_Role("worker", 0, "workers")] if mode in ("hybrid", "collective")
+               else [_Role("worker", i) for i in range(workers)]))
+
+
+def _end_attempt(roles, signals_seen, report, stop_timeout, lock):
+    """Stop every role of an attempt, let its output drain, close its logs."""
+    _stop(roles, signals_seen, report, stop_timeout)
+    for role in roles:
+        if role.reader is not None:
+            role.reader.join(timeout=_REAP_WAIT)
+        with lock, contextlib.suppress(OSError):  # a full disk: reported by _pump
+            if role.log is not None:
+                role.log.close()
+
+
+def _restart_after(died, policy, bind_retries, report):
+    """Whether the death of ``died`` starts the job again: the taken-endpoint retries in
+    a row so far for the next attempt, or None when the job ends."""
+    if (policy.max_restarts and died.kind == "server" and bind_retries < _BIND_RETRIES
+            and died.returncode == EndpointInUse.EXIT_CODE):
+        # Another process held the port (one the launcher could not hold):
+        # try again without using up a restart.
+        bind_retries += 1
+        report(f"{died.label} could not bind its endpoint (taken by another "
+               f"process); starting the job again, not counted as a restart "
+               f"({bind_retries} of at most {_BIND_RETRIES} such retries)")
+        return bind_retries
+    if not policy.record(died.label, died.returncode, _describe_rc(died.returncode)):
+        if policy.max_restarts:
+            report(policy.gave_up())
+        return None
+    report(f"{died.label} {_describe_rc(died.returncode)}; restarting the whole job "
+           f"(restart {policy.attempt} of at most {policy.max_restarts} within "
+           f"{policy.window:g} s)" + (f" from {policy.restore_dir}"
+                                      if "PYFLEET_RESTORE_DIR" in policy.env() else ""))
+    return 0
 
 
 def _job_ipc(base):
