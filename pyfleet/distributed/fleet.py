@@ -47,9 +47,12 @@ from pyfleet.distributed.tables import server_table_configs, servers_regularize,
 from pyfleet.entry import Entry
 from pyfleet.errors import ConfigError, PeerTimeout, PyfleetError
 from pyfleet.fluid import inference
+from pyfleet.fluid.compiler import CompiledProgram
+from pyfleet.fluid.executor import Executor
 from pyfleet.fluid.framework import default_startup_program
 from pyfleet.fluid.io import check_local_path, load_scope_state, save_scope_state
 from pyfleet.fluid.optimizer import minimize
+from pyfleet.fluid.parallel_executor import ParallelExecutor
 from pyfleet.optimizer import Optimizer
 from pyfleet.service import checkpoint as _checkpoint
 from pyfleet.service.auth import client_options_from_env, server_options_from_env
@@ -92,6 +95,20 @@ class DistributedOptimizer:
                                  getattr(self, "_sparse_storage", "fp32"),
                                  getattr(self, "_sparse_spill", (None, None)))
         return result
+
+
+def _check_executor(executor, main_program, what):
+    """Fluid's checks of a Fleet save's arguments: an Executor (pyfleet's saves also
+    run without one), never a ParallelExecutor; a Program, never a CompiledProgram."""
+    if isinstance(executor, ParallelExecutor):
+        raise TypeError(f"in fleet.{what}() function, executor must be as Executor type, "
+                        f"ParallelExecutor is not allowed")
+    if executor is not None and not isinstance(executor, Executor):
+        raise TypeError(f"in fleet.{what}() function, executor must be as Executor type, "
+                        f"got {executor!r}")
+    if isinstance(main_program, CompiledProgram):
+        raise TypeError(f"in fleet.{what}() function, main_program must be as Program type, "
+                        f"CompiledProgram is not allowed")
 
 
 class TranspilerOptimizer(DistributedOptimizer):
@@ -200,6 +217,16 @@ class Fleet(FleetBase):
             (b.name, b.start, b.end, b.server_index)
             for b in _config.place_dense(dense_shapes, self.server_num(), strategy)
             if not strategy.hybrid]
+
+    def _transpile(self, config):
+        """Fluid's internal step of ``minimize``: a config or strategy of the wrong type is
+        Fluid's TypeError; a right one is refused by name (pyfleet places the program
+        in ``distributed_optimizer(...).minimize()``, which takes the config)."""
+        if not isinstance(config, (_config.DistributeTranspilerConfig, DistributedStrategy)):
+            raise TypeError(f"config must be an instance of DistributeTranspilerConfig, "
+                            f"SyncStrategy, AsyncStrategy or GeoStrategy, got {config!r}")
+        raise ConfigError("fleet._transpile(config) is Fluid's internal step of minimize(): "
+                          "give the config to fleet.distributed_optimizer(optimizer, config)")
 
     # --------------------------------------------------------------- server
     def init_server(self, model_dir=None, **kwargs):
@@ -389,6 +416,7 @@ class Fleet(FleetBase):
         scope state (auc counters) as ``<name>.state.npy`` beside the
         manifest (``fluid.io.load_persistables`` and :meth:`load_persistables`
         read it back). Returns the manifest."""
+        _check_executor(executor, main_program, "save_persistables")
         if dirname is None:
             raise ValueError("save_persistables needs dirname")
         check_local_path(dirname, "dirname")
@@ -437,6 +465,7 @@ class Fleet(FleetBase):
         """A self-contained prediction directory: the network, the dense weights
         and every embedding row (optimizer state dropped), gathered from the
         servers. ``pyfleet.fluid.inference.load(dirname)`` predicts from it."""
+        _check_executor(executor, main_program, "save_inference_model")
         client = self._require_worker("save_inference_model")
         self._backend.finish()
         program = main_program or self.main_program

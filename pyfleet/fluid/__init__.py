@@ -52,6 +52,7 @@ from pyfleet.fluid.framework import (
 )
 from pyfleet.fluid.io import load, save
 from pyfleet.fluid.layers_nn import one_hot_v2 as one_hot
+from pyfleet.fluid.parallel_executor import ParallelExecutor
 from pyfleet.fluid.param_attr import ParamAttr
 from pyfleet.fluid.reader import batch
 from pyfleet.fluid.tensor import (
@@ -145,6 +146,7 @@ __all__ = [
     "InMemoryDataset",
     "LoDTensor",
     "LoDTensorArray",
+    "ParallelExecutor",
     "ParamAttr",
     "Program",
     "QueueDataset",

@@ -85,8 +85,6 @@ _GROUPS = {
         RUNTIME: "get_flags set_flags load_op_library",
         WEIGHT_NORM: "WeightNormParamAttr",
         FEED_DESC: "DataFeedDesc",
-        "ParallelExecutor runs one program on many devices: use Executor (one CPU place "
-        "per process) or CompiledProgram": "ParallelExecutor",
     },
     "paddle.fluid.layers": {
         VISION: "adaptive_pool2d adaptive_pool3d affine_channel affine_grid anchor_generator "
@@ -186,9 +184,6 @@ _GROUPS = {
     },
     "paddle.fluid.incubate.fleet.collective": {
         COLLECTIVE_GPU: "CollectiveOpBasedOptimizer DistFCConfig LambConfig TrainStatus",
-    },
-    "paddle.fluid.incubate.fleet.base.role_maker": {
-        COLLECTIVE_GPU: "UserDefinedCollectiveRoleMaker",
     },
     "paddle.fluid.incubate.fleet.parameter_server.distribute_transpiler.distributed_strategy":
         {HALF_ASYNC: "HalfAsyncStrategy"},

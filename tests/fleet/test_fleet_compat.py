@@ -176,3 +176,27 @@ def test_transpiler_optimizer_built_directly_checks_as_fluid_and_minimizes(monke
         assert f._strategy.mode == "async"
         placed = sorted({name for name, *_ in f._placement})
         assert placed == sorted(p.name for p in f.main_program.all_parameters())
+
+
+def test_fleet_saves_refuse_what_fluids_refuse_before_anything_else():
+    f = _fleet(0, 2)
+    with fluid.program_guard(fluid.Program(), fluid.Program()), fluid.unique_name.guard():
+        x = fluid.layers.data(name="x", shape=[1], dtype="float32")
+        loss = fluid.layers.mean(fluid.layers.fc(x, 10))
+        fluid.optimizer.Adam().minimize(loss)
+        pe = fluid.ParallelExecutor(use_cuda=False, loss_name=loss.name)
+        compiled = fluid.compiler.CompiledProgram(loss.block.program)
+    exe = fluid.Executor(fluid.CPUPlace())
+    for call in (lambda **kw: f.save_inference_model(dirname="m", feeded_var_names=["x"],
+                                                     target_vars=[loss], **kw),
+                 lambda **kw: f.save_persistables(dirname="m", **kw)):
+        with pytest.raises(TypeError, match="ParallelExecutor is not allowed"):
+            call(executor=pe)
+        with pytest.raises(TypeError, match="executor must be as Executor type"):
+            call(executor="executor")
+        with pytest.raises(TypeError, match="CompiledProgram is not allowed"):
+            call(executor=exe, main_program=compiled)
+    with pytest.raises(TypeError, match="config must be an instance"):
+        f._transpile("config")
+    with pytest.raises(ValueError, match="give the config to fleet.distributed_optimizer"):
+        f._transpile(fluid.DistributeTranspilerConfig())
