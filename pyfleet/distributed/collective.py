@@ -153,8 +153,15 @@ class Collective(FleetBase):
             raise ConfigError(f"collective fleet.init() needs "
                               f"PaddleCloudRoleMaker(is_collective=True), got "
                               f"{type(role_maker).__name__} (a parameter-server role)")
+        group = MPIGroup()
+        info = role_maker.info
+        if (info.index, info.worker_num) != (group.rank, group.size):
+            raise ConfigError(f"{type(role_maker).__name__} says worker {info.index} of "
+                              f"{info.worker_num}, but this process is MPI rank {group.rank} "
+                              f"of {group.size}: collective mode all-reduces among the MPI "
+                              f"ranks, so start one rank per worker in that order")
         self._role = role_maker
-        self._group = MPIGroup()
+        self._group = group
         self._backend = CollectiveBackend(self._group)
         self._hosts = None
 

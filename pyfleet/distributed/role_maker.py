@@ -48,6 +48,7 @@ __all__ = [
     "Role",
     "RoleInfo",
     "RoleMakerBase",
+    "UserDefinedCollectiveRoleMaker",
     "UserDefinedRoleMaker",
     "default_role_maker",
     "parse_endpoints",
@@ -82,6 +83,30 @@ class UserDefinedRoleMaker(RoleMakerBase):
                               f"{role.name.lower()}: it must be < {kind} = {limit}")
         self._given = RoleInfo(role, current_id, worker_num, eps,
                                eps[current_id] if role == Role.SERVER else None)
+
+    def _resolve(self) -> RoleInfo:
+        return self._given
+
+
+class UserDefinedCollectiveRoleMaker(RoleMakerBase):
+    """Fluid's collective role given by the caller: ``current_id`` (this worker's
+    index) and ``worker_endpoints`` (one ``"host:port"`` per worker, no duplicate),
+    validated here. pyfleet's collective mode all-reduces among MPI ranks
+    (docs/collective.md): ``fleet.init(role)`` of the collective fleet checks that
+    this process is MPI rank ``current_id`` of ``len(worker_endpoints)``."""
+
+    def __init__(self, current_id: int = 0, worker_endpoints: Sequence[str] | None = None):
+        super().__init__()
+        if worker_endpoints is None or isinstance(worker_endpoints, str):
+            raise ConfigError(f"worker_endpoints must be a list of 'host:port' strings, "
+                              f"got {worker_endpoints!r}")
+        eps = parse_endpoints(worker_endpoints, "worker_endpoints")
+        current_id = _as_int(current_id, "current_id", 0)
+        if current_id >= len(eps):
+            raise ConfigError(f"current_id={current_id} is out of range: it must be < "
+                              f"len(worker_endpoints) = {len(eps)}")
+        self._given = RoleInfo(Role.WORKER, current_id, len(eps), (), None, collective=True,
+                               worker_endpoints=eps)
 
     def _resolve(self) -> RoleInfo:
         return self._given

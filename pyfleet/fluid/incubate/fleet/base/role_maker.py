@@ -7,12 +7,13 @@ from pyfleet.distributed.role_maker import (
     PaddleCloudRoleMaker,
     Role,
     RoleMakerBase,
+    UserDefinedCollectiveRoleMaker,
     UserDefinedRoleMaker,
 )
 from pyfleet.errors import ConfigError
 
 __all__ = ["GeneralRoleMaker", "MPISymetricRoleMaker", "PaddleCloudRoleMaker", "Role",
-           "RoleMakerBase", "UserDefinedRoleMaker"]
+           "RoleMakerBase", "UserDefinedCollectiveRoleMaker", "UserDefinedRoleMaker"]
 
 _GLOO_OPTIONS = ("hdfs_name", "hdfs_ugi", "path", "init_timeout_seconds",
                  "run_timeout_seconds", "http_ip_port")
