@@ -17,6 +17,7 @@ __all__ = [
     "PeerTimeout",
     "PyfleetError",
     "RemoteError",
+    "UncheckedModelWarning",
     "UnsupportedError",
 ]
 
@@ -83,3 +84,11 @@ class EndpointInUse(PyfleetError):
     does not count as a role's death."""
 
     EXIT_CODE = 75
+
+
+class UncheckedModelWarning(UserWarning):
+    """A model directory loaded with nothing to check its files against: Fluid's
+    layout without pyfleet's checksums (written by Paddle itself, or edited).
+    Fluid's ``load_inference_model`` loads one with this warning (Paddle's
+    models carry no checksums); pyfleet's own loaders refuse one unless asked
+    (``unchecked_ok=True``, ``--unchecked-model``)."""

@@ -332,6 +332,9 @@ def build_parser():
     p.add_argument("--skip-malformed", action="store_true",
                    help="skip malformed lines (default: stop at the first, naming it: a "
                         "skipped line shifts every later prediction against its input line)")
+    p.add_argument("--unchecked-model", action="store_true",
+                   help="load a model that carries no checksums (Fluid's layout written by "
+                        "Paddle, or one whose __model__.json is gone); default: refused")
     from pyfleet.cli.export import add_export_parser
     from pyfleet.cli.plan import add_plan_parser
     add_export_parser(sub, _add_parser)

@@ -32,7 +32,7 @@ def cmd_predict(args):
                          f"pyfleet export --checkpoint {args.model} --out MODEL, then "
                          f"pyfleet predict --model MODEL")
     try:
-        model = inference.load(args.model)
+        model = inference.load(args.model, unchecked_ok=args.unchecked_model)
     except (OSError, ValueError) as e:
         raise SystemExit(f"pyfleet predict: --model {args.model}: {e} (the model/ directory "
                          f"of a pyfleet train run, or fleet.save_inference_model's)") from None

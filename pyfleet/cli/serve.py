@@ -55,6 +55,9 @@ def add_serve_parser(sub, add_parser):
                         "them together (0: never waits)")
     p.add_argument("--max-batch-rows", type=int, default=4096,
                    help="most rows of one model step")
+    p.add_argument("--unchecked-model", action="store_true",
+                   help="serve models that carry no checksums (Fluid's layout written by "
+                        "Paddle, or one whose __model__.json is gone); default: refused")
     return p
 
 
@@ -105,7 +108,8 @@ async def _serve(args, server):
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     load = {"storage": None if args.storage == "auto" else args.storage,
-            "memory_budget": args.memory_budget, "spill_dir": args.spill_dir}
+            "memory_budget": args.memory_budget, "spill_dir": args.spill_dir,
+            "unchecked_ok": args.unchecked_model}
     try:
         port = await server.start(args.host, args.port)
     except OSError as e:

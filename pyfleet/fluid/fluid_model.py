@@ -456,11 +456,13 @@ def is_json(path):
         raise ValueError(f"no inference model at {path}") from None
 
 
-def load_dir(dirname, path, program_class, params_filename=None):
+def load_dir(dirname, path, program_class, params_filename=None, data=None):
     """``(program, feed names, fetch names, {name: array})`` of the Fluid model
-    file ``path`` and its tensor files in ``dirname``; ValueError naming ``path``."""
-    with open(path, "rb") as f:
-        data = f.read()
+    file ``path`` (``data``: its bytes, when already read) and its tensor files in
+    ``dirname``; ValueError naming ``path``."""
+    if data is None:
+        with open(path, "rb") as f:
+            data = f.read()
     try:
         program, feeds, fetches, persistables, _ = desc_to_program(
             data, program_class, program_desc.known_op_types(), _init.Constant(0.0))

@@ -27,8 +27,18 @@ compiled dependency, with its own version constraints, for one file format
 is weight every user would carry. Unknown fields are skipped when reading, as
 protobuf does; every length is checked against the bytes present before
 anything is allocated for it.
+
+A program pyfleet writes ends with its *mark* (:func:`mark_program`): field
+:data:`MARK_FIELD` of the ProgramDesc, which Paddle's framework.proto does not
+define (protobuf parsers, Paddle's included, skip a field they do not know),
+holding JSON: the file beside it that carries the checksums of the model's
+files, and the sha256 of the program bytes before the mark. A loader that
+finds an intact mark knows pyfleet wrote the program with checksums, so a
+deleted checksum file is seen; a program Paddle wrote has no mark.
 """
 
+import hashlib
+import json
 import os
 import struct
 
@@ -38,10 +48,13 @@ __all__ = [
     "FEED_MINIBATCH",
     "FETCH_LIST",
     "LOD_TENSOR",
+    "MARK_FIELD",
     "ProgramDescError",
     "decode_program",
     "dtype_of",
     "encode_program",
+    "mark_program",
+    "read_mark",
     "read_tensor",
     "tensor_header",
     "var_type_of",
@@ -302,6 +315,41 @@ def encode_program(blocks, version=0):
         body += b"".join(_f_bytes(4, _encode_op(op)) for op in b["ops"])
         out += _f_bytes(1, body)
     return out + _f_bytes(4, _f_varint(1, version))
+
+
+# A ProgramDesc field number far above Paddle's own (1 to 5): pyfleet's mark.
+MARK_FIELD = 1001
+
+
+def mark_program(data, checksums_file):
+    """ProgramDesc bytes ``data`` followed by pyfleet's mark: ``checksums_file``
+    (a file name beside the program) holds the checksums of the model's files."""
+    data = bytes(data)
+    mark = {"checksums": checksums_file, "program_sha256": hashlib.sha256(data).hexdigest()}
+    return data + _f_bytes(MARK_FIELD, json.dumps(mark, sort_keys=True).encode())
+
+
+def read_mark(data):
+    """The mark ``{"checksums": file name, "intact": bool}`` a program ends with,
+    or None (no mark: a program pyfleet did not write). ``intact``: the program
+    bytes before the mark are the ones it was made for (False: edited since, or
+    saved again by another tool)."""
+    data = bytes(data)
+    try:
+        items = _fields(memoryview(data), "ProgramDesc")
+    except ProgramDescError:
+        return None
+    if not items or items[-1][:2] != (MARK_FIELD, 2):
+        return None
+    try:
+        mark = json.loads(items[-1][2])
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(mark, dict) or not isinstance(mark.get("checksums"), str):
+        return None
+    body = data[:len(data) - len(_f_bytes(MARK_FIELD, items[-1][2]))]
+    return {"checksums": mark["checksums"],
+            "intact": hashlib.sha256(body).hexdigest() == mark.get("program_sha256")}
 
 
 def _decode_tensor_desc(data, what):

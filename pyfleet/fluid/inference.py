@@ -51,13 +51,15 @@ import logging
 import os
 import shutil
 import sys
+import warnings
 
 import numpy as np
 
 from pyfleet import _atomic, metrics
 from pyfleet.data.scoring import score_file
 from pyfleet.endpoint import check_file_name
-from pyfleet.fluid import fluid_model
+from pyfleet.errors import UncheckedModelWarning
+from pyfleet.fluid import fluid_model, fluid_proto
 from pyfleet.fluid.backend import LocalBackend, LocalSource, param_path
 from pyfleet.fluid.executor import Executor
 from pyfleet.fluid.framework import Parameter, Program, Variable, default_main_program
@@ -242,7 +244,8 @@ def save(dirname, program, feeded_var_names, target_vars, source, model_filename
             op["attrs"] = {**op["attrs"], "is_test": True}
     desc["feed"] = feed_names
     desc["fetch"] = [t.name for t in targets]
-    program_bytes = fluid_model.program_to_desc(ops, feed_vars, targets)
+    program_bytes = fluid_proto.mark_program(
+        fluid_model.program_to_desc(ops, feed_vars, targets), MODEL_FILENAME)
     created = not os.path.isdir(dirname)
     os.makedirs(dirname, exist_ok=True)
     try:
@@ -366,10 +369,36 @@ def _check_section(path, section):
                          f"supported (expected {INFERENCE_VERSION})")
 
 
-def _load_fluid(dirname, path, params_filename):
+def _check_unmarked(path, data, unchecked_ok, warn_unchecked):
+    """Refuse (ValueError) or warn of Fluid's model file ``path`` (bytes ``data``),
+    read because no pyfleet description of it is beside it: see :func:`load_program`."""
+    if unchecked_ok:
+        return
+    mark = fluid_proto.read_mark(data)
+    if mark is not None and mark["intact"]:
+        raise ValueError(f"{path} was written by pyfleet with the checksums of the model's "
+                         f"files in {mark['checksums']}, which is missing or describes "
+                         f"another model file (deleted or replaced?): nothing can check "
+                         f"this model; refused (load it with unchecked_ok=True, or "
+                         f"--unchecked-model, only if you trust it)")
+    why = (f"{path} is a model in Fluid's layout with no checksums pyfleet can check "
+           f"(written by Paddle, or edited since pyfleet wrote it)")
+    if not warn_unchecked:
+        raise ValueError(f"{why}: refused (load it with unchecked_ok=True, or "
+                         f"--unchecked-model, only if you trust it)")
+    warnings.warn(f"{why}: loaded unchecked", UncheckedModelWarning, stacklevel=5)
+
+
+def _load_fluid(dirname, path, params_filename, unchecked_ok, warn_unchecked):
     """``(program, feeds, fetches)`` of a directory in Fluid's own layout."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise ValueError(f"no inference model at {path}") from None
+    _check_unmarked(path, data, unchecked_ok, warn_unchecked)
     program, feeds, fetches, values = fluid_model.load_dir(dirname, path, Program,
-                                                           params_filename)
+                                                           params_filename, data=data)
     for name, value in values.items():
         if value.dtype.kind == "f":
             check_finite(value, f"parameter {name!r}")
@@ -378,7 +407,7 @@ def _load_fluid(dirname, path, params_filename):
 
 
 def load_program(dirname, model_filename=None, program_only_ok=True, params_filename=None,
-                 unchecked_ok=False):
+                 unchecked_ok=False, warn_unchecked=False):
     """``(program, feed names, fetch names)`` of a prediction directory, the
     program's backend set to its parameters. pyfleet's ``__model__.json`` is
     read when present: read-only rows and values of its "inference" section
@@ -391,7 +420,13 @@ def load_program(dirname, model_filename=None, program_only_ok=True, params_file
 
     ``__model__.json`` carries the sha256 of its own body and of every file
     the save wrote (pyfleet's and Fluid's): each is checked before it is used;
-    a description without them is refused unless ``unchecked_ok=True``."""
+    a description without them is refused unless ``unchecked_ok=True``. So is a
+    directory in Fluid's layout without ``__model__.json`` (nothing checks its
+    files): when its program carries pyfleet's mark
+    (:func:`pyfleet.fluid.fluid_proto.mark_program`), the checksums were
+    deleted; without one it was written by Paddle (or edited), and with
+    ``warn_unchecked`` (Fluid's ``load_inference_model``, which must open
+    Paddle's models) it loads with an :class:`UncheckedModelWarning` instead."""
     json_path = os.path.join(dirname, MODEL_FILENAME)
     if model_filename is None:
         path = json_path if os.path.exists(json_path) else os.path.join(
@@ -401,7 +436,7 @@ def load_program(dirname, model_filename=None, program_only_ok=True, params_file
     if not fluid_model.is_json(path):
         desc = read_model_desc(json_path) if os.path.exists(json_path) else {}
         if desc.get("fluid", {}).get("model") != os.path.basename(path):
-            return _load_fluid(dirname, path, params_filename)
+            return _load_fluid(dirname, path, params_filename, unchecked_ok, warn_unchecked)
         path = json_path   # written by pyfleet: its own description is complete
     desc = read_model_desc(path)
     section = desc.get("inference")  # its files' checksums, and the body's own

@@ -311,8 +311,11 @@ def load_inference_model(dirname, executor, model_filename=None, params_filename
     program computes only and holds the model's parameters
     (:func:`pyfleet.fluid.inference.load_program`: pyfleet's description when
     present, else Fluid's ``__model__``/``model_filename`` and tensor files or
-    ``params_filename``). ``pserver_endpoints`` (Fluid's distributed lookup
-    table served by parameter servers at prediction time) is refused by name."""
+    ``params_filename``). A directory in Fluid's layout alone (Paddle's
+    models carry no checksums) loads with an
+    :class:`~pyfleet.errors.UncheckedModelWarning`; one pyfleet wrote whose
+    checksums were deleted is refused. ``pserver_endpoints`` (Fluid's distributed
+    lookup table served by parameter servers at prediction time) is refused by name."""
     if pserver_endpoints:
         raise ValueError(f"load_inference_model(pserver_endpoints={pserver_endpoints!r}): "
                          f"the model directory holds every embedding row; load it without "
@@ -321,7 +324,8 @@ def load_inference_model(dirname, executor, model_filename=None, params_filename
     if not os.path.isdir(dirname):
         raise ValueError(f"There is no directory named {os.fspath(dirname)!r}")
     program, feeds, fetches = inference.load_program(dirname, model_filename,
-                                                     params_filename=params_filename)
+                                                     params_filename=params_filename,
+                                                     warn_unchecked=True)
     block = program.global_block()
     return [program, feeds, [block.var(n) for n in fetches]]
 

@@ -137,13 +137,17 @@ class ModelVersion:
     ``bf16``. ``memory_budget`` (bytes, all sparse tables together) and
     ``spill_dir``: the disk tier, both or neither. ``slots``: the slot names
     of slot-format requests (:class:`pyfleet.serving.rows.RowSchema`).
-    Raises ValueError naming what is wrong with the directory."""
+    ``unchecked_ok``: load a model without checksums (see
+    :func:`pyfleet.fluid.inference.load_program`). Raises ValueError naming
+    what is wrong with the directory."""
 
-    def __init__(self, dirname, name=None, storage=None, memory_budget=None, spill_dir=None):
+    def __init__(self, dirname, name=None, storage=None, memory_budget=None, spill_dir=None,
+                 unchecked_ok=False):
         self.dirname = os.path.abspath(dirname)
         self.digest = model_digest(dirname)
         self.name = name or f"{os.path.basename(self.dirname)}@{self.digest}"
-        program, feeds, fetches = load_program(dirname, program_only_ok=False)
+        program, feeds, fetches = load_program(dirname, program_only_ok=False,
+                                               unchecked_ok=unchecked_ok)
         frozen = program.backend
         predictor = Predictor(program, feeds, fetches)  # its feed rules, as predict_file's
         configs = frozen.sparse_configs

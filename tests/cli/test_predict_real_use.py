@@ -5,6 +5,7 @@ submission), standard input and output, and AUC / logloss for labelled rows."""
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -156,3 +157,15 @@ def test_ids_stay_with_their_rows_past_blank_and_skipped_lines(tmp_path, model):
     by_id = dict(line.split(",") for line in
                  (tmp_path / "clean_sub.csv").read_text().splitlines()[1:])
     assert all(by_id[i] == p for i, p in out)
+
+
+@needs_data
+def test_a_model_without_checksums_is_scored_only_with_unchecked_model(tmp_path):
+    fluid18 = Path(__file__).parents[1] / "fluid" / "data" / "fluid18_fc" / "separate"
+    r = pyfleet("predict", "--model", fluid18, "--data", CSV, cwd=tmp_path)
+    assert r.returncode != 0
+    assert b"no checksums pyfleet can check" in r.stderr and b"--unchecked-model" in r.stderr
+    # asked for: the model loads (Paddle's fc over one slot; this data has 26)
+    r = pyfleet("predict", "--unchecked-model", "--model", fluid18, "--data", CSV,
+                cwd=tmp_path)
+    assert r.returncode != 0 and b"the model reads 1 sparse slots" in r.stderr, r.stderr

@@ -25,6 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pyfleet import fluid
+from pyfleet.errors import UncheckedModelWarning
 from pyfleet.fluid import fluid_model, fluid_proto, inference
 
 HERE = Path(__file__).parent
@@ -155,6 +156,14 @@ def test_a_model_written_by_fluid_1_8_predicts_what_fluid_predicted():
         ids = fluid.create_lod_tensor(io["ids"], [list(io["lens"])], fluid.CPUPlace())
         (out,) = exe.run(program, feed={"x": io["x"], "ids": ids}, fetch_list=fetches)
         np.testing.assert_allclose(np.asarray(out), io["pred"], rtol=1e-5, atol=1e-6)
+        # Paddle's models carry no checksums: Fluid's API loads them with a named
+        # warning, pyfleet's own loader only when asked for explicitly
+        with pytest.warns(UncheckedModelWarning, match=r"no checksums pyfleet can check"):
+            fluid.io.load_inference_model(str(FIXTURE / sub), exe, **kw)
+        with pytest.raises(ValueError, match=r"no checksums pyfleet can check .* refused"):
+            inference.load(str(FIXTURE / sub), **kw)
+        assert inference.load(str(FIXTURE / sub), unchecked_ok=True, **kw).feed_names == \
+            ["x", "ids"]
     # Program.parse_from_string + load_persistables, as serving code of that era did
     program = fluid.Program.parse_from_string((FIXTURE / "separate" / "__model__").read_bytes())
     assert program._feed_target_names == ["x", "ids"]
@@ -318,7 +327,9 @@ def test_pyfleet_writes_fluids_layout_and_reads_it_back_alone(tmp_path, combined
     fluid_dir = tmp_path / "fluid_only"
     shutil.copytree(where, fluid_dir)
     os.remove(fluid_dir / "__model__.json")
-    program, _, fetches = fluid.io.load_inference_model(str(fluid_dir), exe, **kw)
+    # without its checksums, pyfleet's own program is read only when asked for explicitly
+    program, _, fetch_names = inference.load_program(str(fluid_dir), unchecked_ok=True, **kw)
+    fetches = [program.global_block().var(n) for n in fetch_names]
     table = program.backend.pull_dense("table")
     assert table.shape == (1000, 2)
     np.testing.assert_array_equal(table[keys.astype(np.int64)],
@@ -326,6 +337,47 @@ def test_pyfleet_writes_fluids_layout_and_reads_it_back_alone(tmp_path, combined
     others = np.setdiff1d(np.arange(1000, dtype=np.uint64), keys)
     np.testing.assert_array_equal(table[others.astype(np.int64)],
                                   backend.sparse["table"].initial_values(others))
+    np.testing.assert_allclose(_predict(program, exe, fetches, f), ref, rtol=1e-6)
+
+
+@pytest.mark.parametrize("combined", [False, True])
+def test_deleting_the_checksums_of_a_fluid_layout_model_pyfleet_wrote_is_detected(tmp_path,
+                                                                                 combined):
+    # The attack: __model__.json (the sha256 of every file) deleted, Fluid's files left:
+    # they loaded with nothing checked. pyfleet's program carries a mark Paddle skips
+    # (a protobuf field framework.proto does not define) naming its checksum file.
+    main, exe, pred, feed = _trained(vocab=1000)
+    where = tmp_path / "model"
+    kw = {"model_filename": "model", "params_filename": "params"} if combined else {}
+    fluid.io.save_inference_model(str(where), ["x", "ids", "big"], [pred], exe, main, **kw)
+    program_file = where / ("model" if combined else "__model__")
+    assert fluid_proto.read_mark(program_file.read_bytes()) == {
+        "checksums": "__model__.json", "intact": True}
+    f = feed(high=1000)
+    ref = _predict(main.clone(for_test=True), exe, [pred], f)
+    os.remove(where / "__model__.json")
+    deleted = r"written by pyfleet with the checksums .* in __model__.json, which is missing"
+    with pytest.raises(ValueError, match=deleted):
+        fluid.io.load_inference_model(str(where), exe, **kw)
+    with pytest.raises(ValueError, match=deleted):
+        inference.load(str(where), **kw)
+    program, _, names = inference.load_program(str(where), unchecked_ok=True, **kw)
+    fetches = [program.global_block().var(n) for n in names]
+    np.testing.assert_allclose(_predict(program, exe, fetches, f), ref, rtol=1e-6)
+
+    # The program edited as well (here re-encoded by a tool that keeps the old mark):
+    # the mark no longer matches it, so it is a model nothing can check, as Paddle's are
+    old = program_file.read_bytes()
+    blocks, version = fluid_proto.decode_program(old)
+    # the mark's length does not depend on the program (a name and a sha256)
+    old_mark = old[-len(fluid_proto.mark_program(b"", "__model__.json")):]
+    program_file.write_bytes(fluid_proto.encode_program(blocks, version + 1) + old_mark)
+    assert fluid_proto.read_mark(program_file.read_bytes()) == {
+        "checksums": "__model__.json", "intact": False}
+    with pytest.raises(ValueError, match=r"no checksums pyfleet can check .* refused"):
+        inference.load(str(where), **kw)
+    with pytest.warns(UncheckedModelWarning):
+        program, _, fetches = fluid.io.load_inference_model(str(where), exe, **kw)
     np.testing.assert_allclose(_predict(program, exe, fetches, f), ref, rtol=1e-6)
 
 
@@ -356,7 +408,7 @@ def test_a_table_holding_ids_beyond_its_vocabulary_is_left_out_by_name(tmp_path,
     os.remove(where / "__model__.json")   # Fluid's files alone miss the table, by name
     with pytest.raises(ValueError, match=r"parameter file .*table of variable 'table' is "
                                          r"missing"):
-        fluid.io.load_inference_model(str(where), exe)
+        inference.load_program(str(where), unchecked_ok=True)
 
 
 def test_program_only_and_refused_options(tmp_path):
@@ -402,7 +454,9 @@ def test_real_paddle_opens_a_pyfleet_model(tmp_path, interpreter, script):
 def test_inference_load_reads_a_fluid_directory_too(tmp_path):
     where = tmp_path / "m"
     w, b = _hand_built_fc(where)
-    p = inference.load(str(where))
+    with pytest.raises(ValueError, match="no checksums pyfleet can check"):
+        inference.load(str(where))   # a foreign model: only when asked for explicitly
+    p = inference.load(str(where), unchecked_ok=True)
     x = np.ones((2, 3), dtype=np.float32)
     np.testing.assert_allclose(np.asarray(p.predict({"x": x})[0]), _softmax(x @ w + b),
                                rtol=1e-6)

@@ -3,6 +3,7 @@ in the storage type asked for, and an id the model never saw gets the row traini
 would have created for it (the table's initializer with its seed), never zeros."""
 
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -91,8 +92,10 @@ def test_a_directory_being_written_is_not_a_version_and_fluid_files_alone_are_re
     for f in fluid_only.glob("*.npy"):
         f.unlink()
     assert is_model_dir(fluid_only)
-    with pytest.raises(ValueError, match="SparseFeatFactors"):  # a table of 64-bit ids
+    with pytest.raises(ValueError, match="checksums .* in __model__.json, which is missing"):
         ModelVersion(fluid_only)
+    with pytest.raises(ValueError, match="SparseFeatFactors"):  # a table of 64-bit ids
+        ModelVersion(fluid_only, unchecked_ok=True)
 
 
 def test_without_aiohttp_pyfleet_serve_names_the_extra(model, monkeypatch, capsys):
@@ -103,3 +106,13 @@ def test_without_aiohttp_pyfleet_serve_names_the_extra(model, monkeypatch, capsy
     monkeypatch.delitem(sys.modules, "pyfleet.serving.app", raising=False)
     with pytest.raises(SystemExit, match=r'needs aiohttp .*: pip install "\.\[serve\]"'):
         main(["serve", "--model", str(model), "--port", "0"])
+
+
+def test_a_model_without_checksums_is_served_only_when_asked_for():
+    # Fluid's layout written by Paddle 1.8 carries no checksums: nothing could tell a
+    # damaged or replaced file. pyfleet serve --unchecked-model is the explicit ask.
+    fluid18 = Path(__file__).parents[1] / "fluid" / "data" / "fluid18_fc" / "separate"
+    with pytest.raises(ValueError, match=r"no checksums pyfleet can check .* refused"):
+        ModelVersion(str(fluid18))
+    version = ModelVersion(str(fluid18), unchecked_ok=True)
+    assert version.info()["n_slots"] == 1
