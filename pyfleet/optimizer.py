@@ -33,6 +33,14 @@ Sparse rows follow the rules lazily, as a row-sparse gradient of Fluid's
 lazy Adam: only the rows a push touches move (Fluid's non-lazy sparse
 momentum/rmsprop kernels would also decay the velocity of every other row).
 
+A dense table of rows (a ``[vocab, dim]`` embedding) under Fluid's Adam
+``lazy_mode=True``, looked up only with ``is_sparse=True``, is
+``Adam(lazy_row_width=dim)``: its gradient rows that are all ``+0.0`` (the rows
+no id of the step looked up) keep their weights and moments, the others take
+the step, and the table's one beta-power pair advances once a push (Fluid's
+adam op on a SelectedRows gradient in lazy mode). The Fluid side sets it and
+marks a looked-up row whose gradient is all zero with ``-0.0``.
+
 A weight decay applied where the row lives (Fluid's regularizers on the
 servers) is a table's ``regularizer``: ``{"type": "L1Decay" | "L2Decay",
 "regularization_coeff": c}`` (:func:`check_regularizer`), given to
@@ -148,7 +156,10 @@ class Optimizer(ConfigRecord):
         c = _core.OptimizerConfig()
         c.kind = getattr(_core.OptimizerKind, self.kind)
         for k, v in self.params().items():
-            setattr(c, k, v if isinstance(v, bool) else float(v))
+            if k == "lazy_row_width":
+                c.lazy_row_width = int(v)
+            else:
+                setattr(c, k, v if isinstance(v, bool) else float(v))
         reg = check_regularizer(regularizer)
         if reg is not None:
             c.decay = getattr(_core.DecayKind, REGULARIZER_TYPES[reg["type"]])
@@ -201,7 +212,7 @@ class Adam(Optimizer):
 
     def __init__(self, learning_rate=0.001, beta1=0.9, beta2=0.999, epsilon=1e-8,
                  regularization=None, name=None, lazy_mode=False, grad_clip=None,
-                 parameter_list=None):
+                 parameter_list=None, lazy_row_width=0):
         self.learning_rate = self._rate(learning_rate)
         self.beta1 = _in_unit("beta1", beta1)
         self.beta2 = _in_unit("beta2", beta2)
@@ -209,13 +220,23 @@ class Adam(Optimizer):
         # Fluid's lazy_mode only matters for row-sparse gradients: a sparse
         # table is always lazy (only pushed rows move); a dense parameter gets a
         # full gradient, so both modes agree, except a dense embedding looked up
-        # with is_sparse=True, which the Fluid side refuses under lazy_mode=True.
-        self._lazy_mode = bool(lazy_mode)
+        # with is_sparse=True: the Fluid side gives its table lazy_row_width.
+        lazy_row_width = int(lazy_row_width)
+        if lazy_row_width < 0:
+            raise ValueError(f"lazy_row_width must be >= 0, got {lazy_row_width}")
+        self.lazy_row_width = lazy_row_width
+        self._lazy_mode = bool(lazy_mode) or lazy_row_width > 0
         self._fluid_args(regularization, grad_clip, name, parameter_list)
 
     @property
     def lazy_mode(self):
         return getattr(self, "_lazy_mode", False)
+
+    def params(self):
+        p = super().params()
+        if not p.get("lazy_row_width"):
+            p.pop("lazy_row_width", None)   # the plain rule's config stays as it was
+        return p
 
 
 class FTRL(Optimizer):

@@ -132,7 +132,8 @@ void BindOptimizer(py::module_& m) {
       .def_readwrite("rho", &pyfleet::OptimizerConfig::rho)
       .def_readwrite("centered", &pyfleet::OptimizerConfig::centered)
       .def_readwrite("decay", &pyfleet::OptimizerConfig::decay)
-      .def_readwrite("decay_coeff", &pyfleet::OptimizerConfig::decay_coeff);
+      .def_readwrite("decay_coeff", &pyfleet::OptimizerConfig::decay_coeff)
+      .def_readwrite("lazy_row_width", &pyfleet::OptimizerConfig::lazy_row_width);
   m.def("optimizer_state_dim", [](const pyfleet::OptimizerConfig& c, size_t dim) {
     pyfleet::ValidateOptimizer(c);
     return pyfleet::OptimizerStateDim(c, dim);

@@ -12,6 +12,10 @@ DenseTable::DenseTable(size_t size, const OptimizerConfig& opt)
     : size_(size), opt_(opt), weights_(size, 0.f) {
   if (size == 0) ThrowInvalid("a dense table needs at least one element");
   ValidateOptimizer(opt);
+  if (opt.lazy_row_width != 0 && size % opt.lazy_row_width != 0) {
+    ThrowInvalid("a lazy Adam dense table of ", size, " weights is not whole rows of ",
+                 opt.lazy_row_width);
+  }
   state_.resize(OptimizerStateDim(opt, size));
   OptimizerInitState(opt_, state_.data(), size_);
 }
@@ -38,7 +42,11 @@ static void CheckFinite(const float* v, size_t n, const char* what) {
 void DenseTable::Push(const float* grad) {
   CheckFinite(grad, size_, "dense push");
   std::lock_guard<std::mutex> lock(mu_);
-  OptimizerUpdate(opt_, weights_.data(), state_.data(), grad, size_);
+  if (opt_.lazy_row_width != 0) {
+    OptimizerUpdateLazyRows(opt_, weights_.data(), state_.data(), grad, size_);
+  } else {
+    OptimizerUpdate(opt_, weights_.data(), state_.data(), grad, size_);
+  }
 }
 
 void DenseTable::AddDelta(const float* delta) {

@@ -31,6 +31,9 @@ void ValidateOptimizer(const OptimizerConfig& c) {
     if (!(c.beta1 >= 0 && c.beta1 < 1)) ThrowInvalid("beta1 must be in [0, 1), got ", c.beta1);
     if (!(c.beta2 >= 0 && c.beta2 < 1)) ThrowInvalid("beta2 must be in [0, 1), got ", c.beta2);
   }
+  if (c.lazy_row_width != 0 && c.kind != OptimizerKind::kAdam) {
+    ThrowInvalid("lazy_row_width is Adam's lazy mode; ", OptimizerName(c.kind), " has none");
+  }
   if (c.kind == OptimizerKind::kFTRL && !(c.lr_power <= 0)) {
     ThrowInvalid("lr_power must be <= 0, got ", c.lr_power);
   }
@@ -253,7 +256,48 @@ void Decay(const OptimizerConfig& c, const float* __restrict w, const float* __r
   }
 }
 
+bool AllPositiveZero(const float* g, size_t n) {
+  uint32_t bits = 0;
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t b;
+    std::memcpy(&b, g + i, sizeof(b));
+    bits |= b;
+  }
+  return bits == 0;
+}
+
 }  // namespace
+
+void OptimizerUpdateLazyRows(const OptimizerConfig& c, float* w, float* state,
+                             const float* g, size_t size) {
+  const size_t width = c.lazy_row_width;
+  PYFLEET_ASSERT(c.kind == OptimizerKind::kAdam && width != 0 && size % width == 0);
+  float* m = state;
+  float* v = state + size;
+  float& b1p = state[2 * size];
+  float& b2p = state[2 * size + 1];
+  const float b1 = c.beta1, b2 = c.beta2;
+  const float lr = c.learning_rate * std::sqrt(1.f - b2p) / (1.f - b1p);
+  const float eps = c.epsilon * std::sqrt(1.f - b2p);
+  const bool decay = c.decay != DecayKind::kNone && c.decay_coeff != 0.f;
+  std::vector<float> decayed(decay ? width : 0);
+  for (size_t r = 0; r < size; r += width) {
+    const float* gr = g + r;
+    if (AllPositiveZero(gr, width)) continue;
+    if (decay) {
+      Decay(c, w + r, gr, decayed.data(), width);
+      gr = decayed.data();
+    }
+    for (size_t j = 0; j < width; ++j) {
+      const size_t i = r + j;
+      m[i] = b1 * m[i] + (1.f - b1) * gr[j];
+      v[i] = b2 * v[i] + (1.f - b2) * gr[j] * gr[j];
+      w[i] -= lr * (m[i] / (std::sqrt(v[i]) + eps));
+    }
+  }
+  b1p *= b1;
+  b2p *= b2;
+}
 
 void OptimizerUpdate(const OptimizerConfig& c, float* w, float* state, const float* g,
                      size_t dim) {

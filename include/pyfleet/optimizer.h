@@ -46,6 +46,9 @@ struct OptimizerConfig {
   bool centered = false;                  // RMSProp
   DecayKind decay = DecayKind::kNone;     // weight decay added to the gradient
   float decay_coeff = 0.f;
+  // Adam on a dense table of rows this wide (0: off): Fluid's lazy_mode for a
+  // row-sparse gradient (see OptimizerUpdateLazyRows).
+  uint32_t lazy_row_width = 0;
 };
 
 const char* OptimizerName(OptimizerKind kind);
@@ -80,5 +83,14 @@ size_t FirstNonFinite(const float* v, size_t n);
 // calls this, stores it back.
 void OptimizerUpdate(const OptimizerConfig& cfg, float* w, float* state,
                      const float* grad, size_t dim);
+
+// Fluid's lazy Adam over a dense block of `size` weights in rows of
+// cfg.lazy_row_width: a row whose gradient is all +0.0 (bit for bit) is not
+// touched, the others take the Adam step (and the decay) on their elements;
+// the block's beta powers advance once. The caller marks a row the gradient
+// holds (Fluid's SelectedRows row) whose values are all zero with -0.0, which
+// takes the same step as +0.0 would.
+void OptimizerUpdateLazyRows(const OptimizerConfig& cfg, float* w, float* state,
+                             const float* grad, size_t size);
 
 }  // namespace pyfleet

@@ -356,6 +356,8 @@ class Executor:
         rate = _lr_ratio(program, s)
         rules = has_gradient_rules(program)
         row_sparse = {}   # dense parameter -> rows its is_sparse lookups touched
+        lazy_rows = {}    # the same, of lazy Adam's tables (see pyfleet.optimizer)
+        lazy = getattr(program._optimizer, "lazy_mode", False)
         for grp in groups:   # embeddings of dense parameters: part of their gradient
             if not grp.param.is_sparse_table:
                 summed = s.summed_lookup_grads(grp)
@@ -364,8 +366,10 @@ class Executor:
                     gw = np.zeros(grp.param.shape, dtype=g.dtype)
                     gw[keys] = g
                     s.add_grad(grp.param, gw)
-                    if rules and _row_sparse(plan, grp):
+                    if (rules or lazy) and _row_sparse(plan, grp):
                         row_sparse[grp.param.name] = keys
+                        if lazy:
+                            lazy_rows.setdefault(grp.param.name, []).append(keys)
         dense = {}
         for name in plan.trained_dense:
             g = s.grads.get(name)
@@ -374,6 +378,7 @@ class Executor:
                                                    dtype=s.env[name].dtype)
         if dense and not rules:
             # Before the sparse sums: a remote backend's round trip starts sooner.
+            _mark_looked_up_rows(dense, lazy_rows)
             backend.push_dense_many(dense)
         sparse = {}
         row_dtype = {}
@@ -401,11 +406,26 @@ class Executor:
         if rules:
             Executor._apply_gradient_rules(program, s, backend, dense, merged, row_sparse)
             if dense:
+                _mark_looked_up_rows(dense, lazy_rows)
                 backend.push_dense_many(dense)
         for name, part in merged.items():
             backend.push_sparse(name, part[0],
                                 np.ascontiguousarray(part[1], dtype=row_dtype[name]))
         backend.step_end()
+
+
+def _mark_looked_up_rows(dense, lazy_rows):
+    """A lazy Adam table moves the rows whose gradient is not all +0.0: a row
+    the step looked up whose gradient is all zero is written -0.0, so it takes
+    its step (moments decay) as in Fluid's lazy adam over SelectedRows rows."""
+    for name, parts in lazy_rows.items():
+        g = dense.get(name)
+        if g is None:
+            continue
+        rows = np.unique(np.concatenate(parts))
+        zero = rows[~g[rows].any(axis=1)]
+        if zero.size:
+            g[zero] = -0.0
 
 
 def _lr_ratio(program, s):

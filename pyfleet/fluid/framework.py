@@ -199,10 +199,14 @@ class Parameter(Variable):
         opt = self.block.program._optimizer
         if opt is None:
             return None
-        if self.learning_rate == 1.0:
+        from pyfleet.fluid.optimizer import lazy_row_width
+        lazy = lazy_row_width(self, opt)
+        if self.learning_rate == 1.0 and not lazy:
             return opt
         cfg = opt.to_config()
         cfg["learning_rate"] = cfg["learning_rate"] * self.learning_rate
+        if lazy:
+            cfg["lazy_row_width"] = lazy
         return _opt.from_config(cfg)
 
     def initial_value(self):
@@ -418,15 +422,6 @@ class Program:
             raise ValueError(f"optimizer must be a pyfleet.optimizer rule, got {optimizer!r}")
         check_regularizer(optimizer.regularization, "the optimizer's regularization")
         check_clip(optimizer.grad_clip, "the optimizer's grad_clip")
-        if getattr(optimizer, "lazy_mode", False):
-            for op in self.global_block().ops:
-                w = op.input("W")[0] if op.type == "lookup_table" else None
-                if w is not None and not w.is_sparse_table and op.attrs.get("is_sparse"):
-                    raise ValueError(
-                        f"Adam lazy_mode=True: dense embedding {w.name!r} is looked up with "
-                        "is_sparse=True, whose lazy update (only looked-up rows move) is not "
-                        "supported; use lazy_mode=False, or is_distributed=True for a sparse "
-                        "table (always lazy)")
         if not isinstance(loss, Variable):
             raise ValueError(f"loss must be a fluid Variable, got {loss!r}")
         if loss.block.program is not self:

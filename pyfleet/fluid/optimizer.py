@@ -48,5 +48,19 @@ def minimize(optimizer, loss, startup_program=None, parameter_list=None, no_grad
                               parameter_list=parameter_list, no_grad_set=no_grad_set)
 
 
+def lazy_row_width(param, opt):
+    """The row width of dense parameter ``param``'s table under ``opt`` if that
+    is Fluid's lazy Adam and every use of ``param`` is a lookup with
+    ``is_sparse=True`` (its gradient is then Fluid's row-sparse SelectedRows,
+    whose rows alone move: see :mod:`pyfleet.optimizer`), else 0."""
+    if not getattr(opt, "lazy_mode", False) or param.is_sparse_table or len(param.shape) != 2:
+        return 0
+    uses = [op for op in param.block.ops
+            if any(v.name == param.name for v in op.input_vars())]
+    if uses and all(op.type == "lookup_table" and op.attrs.get("is_sparse") for op in uses):
+        return int(param.shape[1])
+    return 0
+
+
 # ModelAverage and the rules pyfleet's tables lack: refused by name when used.
 _refusals.install(globals(), "paddle.fluid.optimizer")

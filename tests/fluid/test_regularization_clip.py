@@ -245,8 +245,10 @@ def test_fluid_optimizer_keywords_and_bad_rules_refused():
                                 name="adam", lazy_mode=True)
     assert adam.name == "adam" and adam.lazy_mode and adam.to_config()["type"] == "Adam"
     assert "regularization" not in adam.to_config()
-    with pytest.raises(ValueError, match="lazy_mode=True: dense embedding 'demb'"):
-        _net(opt=adam)
+    main, _, _ = _net(opt=adam)   # the lazy rows of the dense 'demb' (tests/fluid/test_lazy_adam.py)
+    blk = main.global_block()
+    assert blk.var("demb").optimizer.lazy_row_width == 2
+    assert blk.var("fc_w").optimizer.to_config() == adam.to_config()   # a dense gradient
     with pytest.raises(ValueError, match="ParamAttr regularizer"):
         fluid.ParamAttr(regularizer=0.1)
     with pytest.raises(ValueError, match="ParamAttr gradient_clip"):
