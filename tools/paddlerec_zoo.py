@@ -12,7 +12,8 @@ untouched), run as ``pyfleet run -m paddlerec.run -m CONFIG``:
 
 - single process: the model's CPU ``train`` runner (at most ``--epochs`` epochs,
   a checkpoint every epoch), then its ``infer`` runner from that checkpoint
-  (``init_model_path``);
+  (``init_model_path``; a config whose infer phase is commented out, as
+  recall/ncf's, gets it as its comment says);
 - local cluster: a ``local_cluster_train`` runner, 2 servers and 2 workers,
   PaddleRec's default ``async`` strategy, the same epochs, a checkpoint each
   (sample data directories holding one file are split in two, one per worker;
@@ -53,6 +54,22 @@ def _runner(config, kind):
         if r.get("class") == kind and str(r.get("device", "cpu")).lower() == "cpu":
             return r
     return None
+
+
+def _infer_phase(config, train, infer):
+    """A config whose infer phase is commented out (it runs every phase, all on
+    training data, whose readers yield the label the infer network does not
+    feed) gets that phase as its comment tells users to write it: the model
+    of its phase on its ``*infer*`` dataset, for the infer runner only."""
+    phases = config.get("phase") or []
+    datasets = [d.get("name") for d in config.get("dataset", [])]
+    infer_sets = [n for n in datasets if "infer" in str(n)]
+    if infer is None or infer.get("phases") or len(phases) != 1 or not infer_sets or \
+            phases[0].get("dataset_name") in infer_sets:
+        return config, train, infer
+    phase = dict(phases[0], name="zoo_infer", dataset_name=infer_sets[0], thread_num=1)
+    config = dict(config, phase=phases + [phase])
+    return config, dict(train, phases=[phases[0]["name"]]), dict(infer, phases=["zoo_infer"])
 
 
 def _data_dirs(config, workspace, work):
@@ -156,6 +173,7 @@ def run_model(model, work, epochs, timeout, env):
         _split_in_two(path)
     row = {"model": model}
     train, infer = _runner(config, "train"), _runner(config, "infer")
+    config, train, infer = _infer_phase(config, train, infer)
     if train is None:
         row["single"] = row["cluster"] = row["infer"] = {"ok": False,
                                                          "why": "no CPU train runner"}
