@@ -8,9 +8,9 @@ is loaded, 503 before), ``GET /metrics`` (Prometheus text), ``GET /model``
 (the served version's description, JSON).
 
 Micro-batching: requests are checked on arrival and queued; one task takes
-every queued request (and, while other requests are still being read, waits up
-to ``batch_wait`` seconds for more, up to ``max_batch_rows`` rows) into one
-model step on the model thread, where the small Criteo TSV and JSON bodies are
+every queued request (and, while other requests are still being read or other
+open connections have not sent theirs, waits up to ``batch_wait`` seconds for
+more, up to ``max_batch_rows`` rows) into one model step on the model thread, where the small Criteo TSV and JSON bodies are
 parsed together in one call, then answers each request with its slice.
 The version served is read once per step, so a step, and every request in
 it, is answered by one whole version; a swap is one assignment on the loop.
@@ -258,6 +258,11 @@ class Server:
             if timer is not None:
                 timer.cancel()
 
+    def _open_connections(self):
+        """How many HTTP connections are open (each a client that may send a request)."""
+        server = getattr(self._runner, "server", None)
+        return 0 if server is None else len(server.connections)
+
     def _gather(self, items, rows):
         """Move queued requests into ``items`` while they fit in one step;
         the rows gathered, and whether the step is full."""
@@ -279,8 +284,11 @@ class Server:
             items = []
             rows, full = self._gather(items, 0)
             deadline = loop.time() + opts.batch_wait
-            # Others are still sending their bodies: wait a little for them.
-            while not full and self._waiting_bodies > 0:
+            # Wait a little for the requests of other clients: those still sending
+            # their bodies, and those of the other open connections (HTTP/1.1: one
+            # request at a time each), whose last answers are being written now.
+            clients = self._open_connections()
+            while not full and (self._waiting_bodies > 0 or len(items) < clients):
                 left = deadline - loop.time()
                 if left <= 0:
                     break

@@ -143,3 +143,24 @@ def test_without_requests_being_received_a_lone_request_does_not_wait():
 
     prob, _ = asyncio.run(_serve(server, work))
     assert model.steps == [1] and prob.tolist() == [7.0]
+
+
+def test_a_step_waits_for_the_requests_of_the_other_open_connections():
+    server, model = _server(max_batch_rows=64, batch_wait=1.0)
+    server._open_connections = lambda: 3  # three clients, one request at a time each
+
+    async def work():
+        def waiting():
+            return not server._pending and server._wake is not None \
+                and not server._wake.done()
+        first = _submit(server, _rows(0, 1))
+        await _until(waiting)  # waits: 1 request of 3 clients
+        second = _submit(server, _rows(1, 1))
+        await _until(waiting)  # still waits: 2 of 3
+        assert model.steps == []
+        third = _submit(server, _rows(2, 1))
+        return await asyncio.gather(first, second, third)
+
+    answers = asyncio.run(_serve(server, work))
+    assert model.steps == [3]
+    assert [a[0].tolist() for a in answers] == [[0.0], [1.0], [2.0]]
