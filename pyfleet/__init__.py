@@ -68,6 +68,8 @@ def __getattr__(name):
         import pyfleet.reader as value
     elif name == "dataset":  # Paddle's `import paddle` imports paddle.dataset too
         import pyfleet.dataset as value
+    elif name == "norm":     # Paddle 2.0's paddle.norm (PaddleRec's rank/pnn calls it)
+        from pyfleet.fluid.layers_math import paddle_norm as value
     elif name == "compat":   # and paddle.compat
         import pyfleet.compat as value
     else:

@@ -448,3 +448,45 @@ def gelu(x, approximate=False):
         raise ValueError("gelu: approximate=True (the tanh form) is not supported; use the "
                          "exact gelu (approximate=False)")
     return _unary("gelu", x)
+
+
+def paddle_norm(x, p="fro", axis=None, keepdim=False, name=None):
+    """Paddle 2.0's ``paddle.norm`` (what ``paddle.norm`` is in zero-edit mode;
+    PaddleRec 1.8.5's rank/pnn calls it). ``p``: ``"fro"``, ``inf``, ``-inf``,
+    ``0`` or a positive number; ``axis``: None (every element, as one vector),
+    an int or a one-element list (a vector norm along it), or two axes (over
+    both, as Paddle: a vector norm of the flattened pair; ``"fro"`` is the 2-norm
+    there). ``keepdim`` keeps the reduced axes as 1. Other values are refused."""
+    _check_var(x, "paddle.norm x")
+    if isinstance(p, str):
+        if p != "fro":
+            raise ValueError(f"paddle.norm: p={p!r} is not supported; expected 'fro', inf, "
+                             f"-inf, 0 or a positive number")
+        porder = 2.0
+    elif isinstance(p, (int, float)) and not isinstance(p, bool) and (
+            p >= 0 or p == -float("inf")):
+        porder = float(p)
+    else:
+        raise ValueError(f"paddle.norm: p={p!r} is not supported; expected 'fro', inf, -inf, "
+                         f"0 or a positive number (as Paddle 2.0)")
+    nd = len(x.shape)
+    if isinstance(axis, (list, tuple)) and len(axis) == 1:
+        axis = axis[0]
+    if axis is None:
+        axes = tuple(range(nd))
+    elif isinstance(axis, int):
+        axes = (axis % nd,)
+    elif isinstance(axis, (list, tuple)) and len(axis) == 2 and \
+            len({int(a) % nd for a in axis}) == 2:
+        axes = tuple(sorted(int(a) % nd for a in axis))
+    else:
+        raise ValueError(f"paddle.norm: axis={axis!r} is not supported; expected None, an int "
+                         f"or two different axes of {x.name} (shape {x.shape})")
+    shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape)
+                  if keepdim or i not in axes) or (1,)
+    call = unique_name.layer("frobenius_norm" if p == "fro" and len(axes) != 1 else "p_norm",
+                             name)
+    out = _tmp(call, shape, x.dtype)
+    _op("p_norm", {"X": [x]}, {"Out": [out]},
+        {"axes": list(axes), "porder": porder, "keepdim": bool(keepdim), "epsilon": 1e-12})
+    return out

@@ -334,3 +334,54 @@ _MORE = {
 }
 for _name, (_f, _d) in _MORE.items():
     _register(_name, *_unary(_f, lambda g, x, y, a, _d=_d: g * _d(x, y, a)))
+
+
+# --------------------------------------------------------------------------- p_norm
+
+def _p_norm_parts(op, s):
+    x = read(s, op.input("X")[0])
+    axes = tuple(op.attrs["axes"])
+    return x, axes, float(op.attrs["porder"])
+
+
+def _p_norm_fwd(op, s):
+    """Paddle 2.0's p_norm over ``axes``: ``(sum |x|^p)^(1/p)``; ``inf``/``-inf``
+    the largest/smallest ``|x|``, ``0`` the count of non-zeros."""
+    x, axes, p = _p_norm_parts(op, s)
+    keep = bool(op.attrs["keepdim"])
+    a = np.abs(x)
+    if p == math.inf:
+        out = a.max(axis=axes, keepdims=keep)
+    elif p == -math.inf:
+        out = a.min(axis=axes, keepdims=keep)
+    elif p == 0:
+        out = (x != 0).sum(axis=axes, keepdims=keep)
+    else:
+        out = (a ** p).sum(axis=axes, keepdims=keep) ** (1.0 / p)
+    out = np.asarray(out, dtype=x.dtype)
+    s.set(_out(op), out.reshape(1) if out.ndim == 0 else out)
+
+
+def _p_norm_bwd(op, s):
+    """``sign(x) |x|^(p-1) / max(norm^(p-1), epsilon)`` (Paddle's p_norm_grad);
+    ``inf``/``-inf``: to every element whose ``|x|`` is the result; ``0``: none."""
+    xv = op.input("X")[0]
+    g = s.grad(_out(op))
+    if g is None or not s.needs_grad(xv):
+        return
+    x, axes, p = _p_norm_parts(op, s)
+    kept = [1 if i in axes else d for i, d in enumerate(x.shape)]
+    y, g = s.data(_out(op)).reshape(kept), g.reshape(kept)
+    a = np.abs(x)
+    if p in (math.inf, -math.inf):
+        gx = np.sign(x) * (a == y) * g
+    elif p == 0:
+        gx = np.zeros_like(x)
+    else:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            local = np.where(x == 0, 0.0, np.sign(x) * a ** (p - 1))
+        gx = local * g / np.maximum(y ** (p - 1), op.attrs["epsilon"])
+    s.add_grad(xv, gx.astype(x.dtype))
+
+
+_register("p_norm", _p_norm_fwd, _p_norm_bwd)
