@@ -225,9 +225,11 @@ def ones_like(x, out=None):
 # --------------------------------------------------------------------------- variables
 
 def create_tensor(dtype, name=None, persistable=False):
-    """An empty variable, for a layer's ``out``/``total`` argument or ``assign``."""
+    """An empty variable, for a layer's ``out``/``total`` argument or ``assign``.
+    As Fluid's, it passes gradients (``assign(x, create_tensor(...))`` on the
+    loss's path trains what ``x`` depends on)."""
     return _block().create_var(unique_name.layer("create_tensor", name), None,
-                               dtype, persistable=persistable, stop_gradient=True)
+                               dtype, persistable=persistable)
 
 
 def create_global_var(shape, value, dtype, persistable=False, force_cpu=False, name=None):
