@@ -48,6 +48,7 @@ MODULES = [
     "fluid.incubate.fleet.utils.utils",
     "reader",
     "dataset",
+    "compat",
 ]
 
 # Names outside every __all__ that Fleet-era scripts reach (each the first failure of
