@@ -97,6 +97,10 @@ def cmd_serve(args):
         _fail(str(e).replace("_", "-"))
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s pyfleet serve: %(message)s")
+    from pyfleet.serving.blas import one_blas_thread
+    if one_blas_thread():
+        logging.getLogger("pyfleet.serve").info(
+            "model steps on one OpenBLAS thread (OPENBLAS_NUM_THREADS is unset)")
     return asyncio.run(_serve(args, Server(options)))
 
 

@@ -7,9 +7,10 @@
 - :mod:`~pyfleet.serving.versions`: finding and following committed versions;
 - :mod:`~pyfleet.serving.app`: the aiohttp server and its micro-batcher
   (needs the ``serve`` extra);
-- :mod:`~pyfleet.serving.metrics`: the Prometheus text of ``/metrics``.
+- :mod:`~pyfleet.serving.metrics`: the Prometheus text of ``/metrics``;
+- :mod:`~pyfleet.serving.blas`: one BLAS thread for the model steps.
 
 Importing this package loads neither aiohttp nor Fluid.
 """
 
-__all__ = ["app", "metrics", "model", "rows", "versions"]
+__all__ = ["app", "blas", "metrics", "model", "rows", "versions"]
