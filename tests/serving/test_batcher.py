@@ -73,14 +73,20 @@ def _submit(server, pending):
     return fut
 
 
+async def _first_step_held(server, model):
+    """A one-row request whose step runs and is held: ``(its future, the release)``."""
+    release = threading.Event()
+    model.hold = release
+    first = _submit(server, _rows(0, 1))
+    await _until(lambda: not server._pending)  # the first step is running, held
+    return first, release
+
+
 def test_requests_queued_during_a_step_make_the_next_step_and_get_their_own_rows():
     server, model = _server(max_batch_rows=8, batch_wait=0)
 
     async def work():
-        release = threading.Event()
-        model.hold = release
-        first = _submit(server, _rows(0, 1))
-        await _until(lambda: not server._pending)  # the first step is running, held
+        first, release = await _first_step_held(server, model)
         sizes = (1, 3, 2, 4, 1)  # 11 rows: a step of 1+3+2 (8 would be exceeded by 4)
         starts = np.cumsum((100,) + sizes[:-1])
         futs = [_submit(server, _rows(int(a), n)) for a, n in zip(starts, sizes)]
@@ -102,10 +108,7 @@ def test_a_request_larger_than_max_batch_rows_is_a_step_of_its_own():
     server, model = _server(max_batch_rows=4, batch_wait=0)
 
     async def work():
-        release = threading.Event()
-        model.hold = release
-        first = _submit(server, _rows(0, 1))
-        await _until(lambda: not server._pending)
+        first, release = await _first_step_held(server, model)
         futs = [_submit(server, _rows(10, 2)), _submit(server, _rows(20, 9)),
                 _submit(server, _rows(40, 1))]
         release.set()
