@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import ast
 import glob
-import hashlib
 import json
 import os
 import re
@@ -51,9 +50,10 @@ import time
 
 import numpy as np
 
+from pyfleet.dataset.common import DATA_HOME, md5file  # Paddle's cache directory too
+
 AVAZU_URL = "http://paddle-ctr-data.bj.bcebos.com/avazu_ctr_data.tgz"
 AVAZU_MD5 = "c11df99fbd14e53cd4bfa6567344b26e"
-DATA_HOME = os.path.expanduser("~/.cache/paddle/dataset")     # Paddle's, and pyfleet's
 BASES = ("test_dist_fleet_base.py", "test_dist_base.py", "test_dist_fleet_heter_base.py")
 ROLE_LOGS = ("ps0_err.log", "ps1_err.log", "tr0_err.log", "tr1_err.log")
 
@@ -97,14 +97,6 @@ class _Patch(importlib.abc.MetaPathFinder):
 
 sys.meta_path.insert(0, _Patch())
 '''
-
-
-def _md5(path):
-    h = hashlib.md5()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 16), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def write_standin_avazu(root, rows=4000, dnn_dim=10000, lr_dim=10000, seed=0):
@@ -316,7 +308,7 @@ def main(argv=None):
     env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
     env.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
     real = os.path.join(DATA_HOME, "avazu_ctr_data", "avazu_ctr_data.tgz")
-    standin = not (os.path.isfile(real) and _md5(real) == AVAZU_MD5)
+    standin = not (os.path.isfile(real) and md5file(real) == AVAZU_MD5)
     if standin:
         site = os.path.join(work, "standin")
         os.makedirs(site)
