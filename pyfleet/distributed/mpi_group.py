@@ -19,11 +19,17 @@ aborts the whole MPI job (``MPI_Abort``) when one collective waits longer than
 in which collective of which step and which rank stalled: the ranks of one
 machine publish, in a shared-memory board (``MPI_Win_allocate_shared``), how
 many collectives each has entered, so a waiting rank names the ranks of its
-machine that never reached its collective (a rank on another machine is named
-as such). After ``save_persistables``, which rank 0 alone writes, the other
+machine that never reached its collective. Ranks on other machines are asked
+(:class:`_Peers`): shortly before the bound, a waiting rank's watchdog sends each
+of them a question over a communicator of the watchdogs' own, which their
+watchdog threads answer (how many collectives that rank entered, and when it
+began its last); a rank that answers behind is named as stalled, one that does
+not answer (stopped by SIGSTOP, or its machine unreachable) is named as
+silent. After ``save_persistables``, which rank 0 alone writes, the other
 ranks' next collective may wait ``SAVE_FACTOR`` times the bound.
 """
 
+import atexit
 import json
 import os
 import sys
@@ -90,6 +96,9 @@ class MPIGroup:
         self._entered = 0     # watched collectives entered so far
         self._slack = None    # the next collective's bound, when longer (after a save)
         self._board = _Board(self.MPI, self.comm) if self.size > 1 else None
+        self._peers = _Peers(self.MPI, self.comm) if self.size > 1 else None
+        self._last_ns = time.monotonic_ns()   # when this rank entered its last collective
+        self._stop = threading.Event()
 
     def allow_save(self):
         """Rank 0 writes a checkpoint now: this rank's next collective may wait
@@ -102,6 +111,9 @@ class MPIGroup:
             self._watchdog = threading.Thread(target=self._watch, name="pyfleet-mpi-watchdog",
                                               daemon=True)
             self._watchdog.start()
+            # before mpi4py's own exit hook finalizes MPI: the watchdog calls MPI too
+            atexit.register(self._stop_watchdog)
+        self._last_ns = time.monotonic_ns()
         self._entered += 1
         if self._board is not None:
             self._board.enter(self._entered)
@@ -111,27 +123,49 @@ class MPIGroup:
     def _leave(self):
         self._waiting = None
 
+    def _stop_watchdog(self):
+        self._stop.set()
+        if self._watchdog is not None:
+            self._watchdog.join(5.0)
+
     def _watch(self):
         tick = min(1.0, self.timeout / 10)
-        while True:
-            time.sleep(tick)
+        asked = None   # the wait the other machines' ranks were asked about
+        while not self._stop.wait(tick):
+            if self._peers is not None:
+                self._peers.serve(self._entered, self._last_ns)
             waiting = self._waiting
-            if waiting is not None and time.monotonic() > waiting[0]:
-                late = self._board.behind(self._entered) if self._board is not None else None
-                if late:
-                    who = "; ".join(f"rank {r} stalled: it never reached this collective (its "
-                                    f"last one began {ago:.1f} s ago)" for r, ago in late)
-                elif self._board is not None and self._board.local_only:
-                    who = "another rank died or stalled"
-                else:
-                    who = "a rank on another machine died or stalled"
-                msg = (f"pyfleet: rank {self.rank} of {self.size} waited more than "
-                       f"{waiting[2]:g} s in {waiting[1]} of step {self.step}: {who} "
-                       f"(--collective-timeout, PYFLEET_COLLECTIVE_TIMEOUT); aborting the "
-                       f"MPI job")
-                print(msg, file=sys.stderr, flush=True)
-                self.comm.Abort(1)
-                return
+            if waiting is None:
+                continue
+            now = time.monotonic()
+            if self._peers is not None and asked is not waiting and \
+                    now > waiting[0] - 3 * tick:   # answers come within a tick of theirs
+                self._peers.ask()
+                asked = waiting
+            if now <= waiting[0]:
+                continue
+            count = self._entered
+            late = (self._board.behind(count) if self._board is not None else None) or []
+            who = [f"rank {r} stalled: it never reached this collective (its last one "
+                   f"began {ago:.1f} s ago)" for r, ago in late]
+            if self._peers is not None and asked is waiting:
+                local = set(self._board.ranks) if self._board is not None and \
+                    self._board.slots is not None else {self.rank}
+                for r, ago in self._peers.behind(count, local):
+                    who.append(f"rank {r} did not answer (stopped, or its machine "
+                               f"unreachable)" if ago is None else
+                               f"rank {r} stalled: it never reached this collective (its "
+                               f"last one began {ago:.1f} s ago)")
+            if not who:
+                who = ["another rank died or stalled" if self._board is not None and
+                       self._board.local_only else "a rank on another machine died or stalled"]
+            msg = (f"pyfleet: rank {self.rank} of {self.size} waited more than "
+                   f"{waiting[2]:g} s in {waiting[1]} of step {self.step}: {'; '.join(who)} "
+                   f"(--collective-timeout, PYFLEET_COLLECTIVE_TIMEOUT); aborting the "
+                   f"MPI job")
+            print(msg, file=sys.stderr, flush=True)
+            self.comm.Abort(1)
+            return
 
     # --------------------------------------------------------- collectives
     def allreduce_mean(self, buf):
@@ -291,3 +325,77 @@ class _Board:
         now = time.monotonic_ns()
         return [(self.ranks[i], (now - int(t)) / 1e9)
                 for i, (c, t) in enumerate(self.slots.tolist()) if c < count]
+
+
+_ASK, _ANSWER = 7101, 7102   # tags of the watchdogs' questions and answers
+
+
+class _Peers:
+    """The watchdogs of every rank, talking over a communicator of their own (a
+    duplicate of the group's, made collectively): :meth:`ask` sends each other
+    rank a question, its watchdog thread answers it in :meth:`serve` (with how
+    many watched collectives its rank entered, and how long ago it began the
+    last), and :meth:`behind` says who is behind or silent. A rank whose process
+    is stopped answers nothing. Needs ``MPI_THREAD_MULTIPLE`` (mpi4py asks for
+    it): without it, nothing is asked and no rank elsewhere is named. Used by
+    the watchdog thread only."""
+
+    def __init__(self, MPI, comm):
+        self.comm = None
+        if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+            return
+        self.MPI = MPI
+        self.comm = comm.Dup()
+        self.me, self.size = comm.Get_rank(), comm.Get_size()
+        self._sent = []        # (request, buffer) of sends not yet complete
+        self._question = 0
+        self._answers = {}     # rank -> (collectives entered, seconds since the last began)
+
+    def _send(self, values, dest, tag):
+        buf = np.array(values, dtype=np.int64)
+        self._sent.append((self.comm.Isend([buf, self.MPI.INT64_T], dest=dest, tag=tag), buf))
+
+    def _received(self, tag):
+        status = self.MPI.Status()
+        while self.comm.Iprobe(source=self.MPI.ANY_SOURCE, tag=tag, status=status):
+            buf = np.empty(3, dtype=np.int64)
+            self.comm.Recv([buf, self.MPI.INT64_T], source=status.Get_source(), tag=tag)
+            yield status.Get_source(), buf
+
+    def serve(self, entered, last_ns):
+        """Answer the questions waiting; take in the answers to this rank's own."""
+        if self.comm is None:
+            return
+        for source, q in self._received(_ASK):
+            self._send([q[0], entered, time.monotonic_ns() - last_ns], source, _ANSWER)
+        for source, a in self._received(_ANSWER):
+            if a[0] == self._question:   # not an answer to an earlier question
+                self._answers[source] = (int(a[1]), int(a[2]) / 1e9)
+        self._sent = [(r, b) for r, b in self._sent if not r.Test()]
+
+    def ask(self):
+        """Ask every other rank how far it is (answers arrive in :meth:`serve`)."""
+        if self.comm is None:
+            return
+        self._question += 1
+        self._answers = {}
+        for r in range(self.size):
+            if r != self.me:
+                self._send([self._question, 0, 0], r, _ASK)
+
+    def behind(self, count, known):
+        """``[(rank, seconds since its last collective began, or None when it did not
+        answer)]`` of the ranks not in ``known`` (this machine's, which the board
+        names) that have not entered collective number ``count``."""
+        if self.comm is None:
+            return []
+        out = []
+        for r in range(self.size):
+            if r == self.me or r in known:
+                continue
+            answer = self._answers.get(r)
+            if answer is None:
+                out.append((r, None))
+            elif answer[0] < count:
+                out.append((r, answer[1]))
+        return out
