@@ -23,6 +23,7 @@ train``, the job's keys) at the same path (NFS or a volume); docs/scaleout.md.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -139,7 +140,9 @@ def launch_hosts(cmd: Sequence[str], servers: int, workers: int, *, hosts: str |
     ``PYFLEET_*`` variable in it reaches every role). A job gets its own CURVE keys, in
     a directory made in ``cwd`` (which the hosts share), unless the environment names
     keys or sets ``PYFLEET_JOB_KEYS=0``. Returns mpirun's exit code (a role's failure
-    stops the job), or :data:`EXIT_TIMEOUT` past ``timeout`` seconds."""
+    stops the job; the failure line of each role's log is then printed, as mpirun names
+    only a rank: a server whose port is taken on its host, say), or
+    :data:`EXIT_TIMEOUT` past ``timeout`` seconds. No role is restarted."""
     if mode in ("hybrid", "collective"):
         raise ConfigError(f"--mode {mode} across hosts: start it with mpirun itself "
                           f"(docs/collective.md); --hosts places parameter-server jobs "
@@ -169,7 +172,35 @@ def launch_hosts(cmd: Sequence[str], servers: int, workers: int, *, hosts: str |
         print(f"pyfleet.launch: {servers} server(s) and {workers} worker(s) on "
               f"{len(names)} host(s) through {argv[0]}; servers at {','.join(eps)}",
               file=msg, flush=True)
-        return run_mpi_job(argv, base, timeout, "the job", cwd=where, messages=msg)
+        code = run_mpi_job(argv, base, timeout, "the job", cwd=where, messages=msg)
+        if code != 0 and log_dir is not None:
+            # mpirun names only a rank and an exit code: the reason is in that role's log
+            for line in _role_errors(log_dir, servers, workers):
+                print(f"pyfleet.launch: {line}", file=msg, flush=True)
+        return code
     finally:
         if keys is not None:
             shutil.rmtree(keys, ignore_errors=True)
+
+
+# The one line a role prints when it fails ("pyfleet server 1: ...", trainer/role.py).
+_ROLE_ERROR = re.compile(r"^pyfleet (server|worker) \d+: ")
+
+
+def _role_errors(log_dir, servers, workers):
+    """The last failure line (``pyfleet server N: ...``) of each role's log in
+    ``log_dir`` (``<role>.<index>.log``, written on its host), servers first."""
+    out = []
+    for role, count in (("server", servers), ("worker", workers)):
+        for i in range(count):
+            last = None
+            try:
+                with open(os.path.join(log_dir, f"{role}.{i}.log"), errors="replace") as f:
+                    for line in f:
+                        if _ROLE_ERROR.match(line):
+                            last = line.strip()
+            except OSError:
+                continue
+            if last is not None:
+                out.append(last)
+    return out
