@@ -12,7 +12,10 @@ untouched), run as ``pyfleet run -m paddlerec.run -m CONFIG``:
 
 - single process: the model's CPU ``train`` runner (at most ``--epochs`` epochs,
   a checkpoint every epoch), then its ``infer`` runner from that checkpoint
-  (``init_model_path``; a config whose infer phase is commented out, as
+  (``init_model_path``; a model whose config names a file the repository
+  does not hold, as recall/fasttext's ``data/dict/word_ngrams_id.txt``, is not
+  run: the cell says which and what makes it; a config whose infer phase is
+  commented out, as
   recall/ncf's, gets it as its comment says);
 - local cluster: a ``local_cluster_train`` runner, 2 servers and 2 workers,
   PaddleRec's default ``async`` strategy, the same epochs, a checkpoint each
@@ -70,6 +73,30 @@ def _infer_phase(config, train, infer):
     phase = dict(phases[0], name="zoo_infer", dataset_name=infer_sets[0], thread_num=1)
     config = dict(config, phase=phases + [phase])
     return config, dict(train, phases=[phases[0]["name"]]), dict(infer, phases=["zoo_infer"])
+
+
+def _missing_files(config, workspace, work):
+    """The files the config names under its workspace (dictionaries, vocabularies)
+    that the repository does not hold, and the script that makes them if the
+    model has one (a data_prepare.sh, which downloads the full data set)."""
+    found = []
+
+    def walk(v):
+        if isinstance(v, dict):
+            for x in v.values():
+                walk(x)
+        elif isinstance(v, list):
+            for x in v:
+                walk(x)
+        elif isinstance(v, str) and v.startswith("{workspace}/") and \
+                os.path.splitext(v)[1] in (".txt", ".csv", ".json", ".pkl", ".npy"):
+            path = os.path.join(work, v.replace("{workspace}", workspace))
+            if not os.path.exists(path):
+                found.append(v.replace("{workspace}/", ""))
+    walk({k: v for k, v in config.items() if k in ("dataset", "hyper_parameters")})
+    script = "data_prepare.sh" if os.path.exists(
+        os.path.join(work, workspace, "data_prepare.sh")) else None
+    return sorted(set(found)), script
 
 
 def _data_dirs(config, workspace, work):
@@ -172,6 +199,14 @@ def run_model(model, work, epochs, timeout, env):
     for path in _data_dirs(config, workspace, work):
         _split_in_two(path)
     row = {"model": model}
+    missing, script = _missing_files(config, workspace, work)
+    if missing:
+        why = (f"the repository does not hold {', '.join(missing)}" +
+               (f" (its {script} makes it from the full data set it downloads, not from the "
+                f"sample data)" if script else ""))
+        row["single"] = row["cluster"] = {"ok": False, "why": why}
+        row["infer"] = {"ok": False, "why": "not reached (no data)"}
+        return row
     train, infer = _runner(config, "train"), _runner(config, "infer")
     config, train, infer = _infer_phase(config, train, infer)
     if train is None:
