@@ -125,3 +125,22 @@ def test_fetch_by_fluid_name_runs(build):
     xv = np.arange(6, dtype=np.float32).reshape(2, 3)
     pre, out = exe.run(build.program, feed={"x": xv}, fetch_list=["l3.tmp_1", "l3.tmp_2"])
     np.testing.assert_allclose(np.asarray(out), np.maximum(np.asarray(pre), 0.0))
+
+
+def test_checkpoint_of_the_older_embedding_name_is_refused_with_the_reason(tmp_path):
+    def net(param_attr):
+        main, startup = fluid.Program(), fluid.Program()
+        with fluid.program_guard(main, startup), fluid.unique_name.guard():
+            ids = fluid.data("ids", [-1, 1], "int64")
+            emb = fluid.layers.embedding(ids, [10, 4], param_attr=param_attr)
+            fluid.layers.mean(emb)
+        exe = fluid.Executor(fluid.CPUPlace())
+        exe.run(startup)
+        return main, exe
+
+    old, exe = net("embedding_0")          # the name pyfleet 0.1 gave it
+    fluid.io.save_persistables(exe, str(tmp_path), old)
+    new, exe = net(None)                   # Fluid's: embedding_0.w_0
+    with pytest.raises(ValueError, match=r"'embedding_0.w_0'.*unnamed embedding parameters "
+                                          r"embedding_<k>, Fluid's name is embedding_0.w_0"):
+        fluid.io.load_persistables(exe, str(tmp_path), new)
