@@ -12,26 +12,15 @@ import sys
 import textwrap
 
 import pytest
-from support.netns import NetnsHosts, why_no_netns
-
-from pyfleet.launch.collective import find_mpiexec
+from support.netns import mpi_hosts
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
-
-_WHY = why_no_netns()
-if _WHY is None and find_mpiexec() is None:
-    _WHY = "no mpirun (the mpi extra) in this installation"
 
 
 @pytest.fixture
 def hosts(tmp_path):
-    if _WHY is not None:
-        pytest.skip(_WHY)
-    h = NetnsHosts(2, tmp_path)
-    try:
+    with mpi_hosts(2, tmp_path) as h:
         yield h
-    finally:
-        h.delete()
 
 
 def _env(hosts, tmp_path):

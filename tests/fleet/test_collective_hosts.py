@@ -14,26 +14,17 @@ import time
 
 import pytest
 from support.mpi import mpi_env
-from support.netns import NetnsHosts, why_no_netns
+from support.netns import mpi_hosts
 
 from pyfleet.launch.collective import find_mpiexec
 
 pytestmark = [pytest.mark.slow, pytest.mark.mpi, pytest.mark.timeout(300)]
 
-_WHY = why_no_netns()
-if _WHY is None and find_mpiexec() is None:
-    _WHY = "no mpirun (the mpi extra) in this installation"
-
 
 @pytest.fixture
 def hosts(tmp_path):
-    if _WHY is not None:
-        pytest.skip(_WHY)
-    h = NetnsHosts(2, tmp_path)
-    try:
+    with mpi_hosts(2, tmp_path) as h:
         yield h
-    finally:
-        h.delete()
 
 
 @pytest.mark.parametrize("how, named", [

@@ -277,6 +277,8 @@ def test_a_refused_message_of_many_frames_gives_its_memory_back():
                 error = _refusal(sock)
                 assert "exceeds max_message_bytes=268435456" in error, error
                 left = _wait_rss_below(pid, base + 32 * MIB) - base
+                print(f"300 x 1 MiB refused (header count {count}): RSS {left / MIB:+.0f} MiB "
+                      f"from before the attack")
                 assert left <= 32 * MIB, f"{left / MIB:.0f} MiB still held after the refusal"
             assert c.stats()[0]["server_index"] == 0  # the server serves on
         finally:
@@ -331,6 +333,8 @@ def test_only_an_authenticated_peer_can_make_a_server_hold_a_large_message(tmp_p
             left = _wait_rss_below(pid, base + 32 * MIB) - base
         finally:
             member.close(0)
+    print(f"300 x 1 MiB: peak RSS {stranger / MIB:+.1f} MiB from peers without the job's key, "
+          f"{held / MIB:+.0f} MiB from a member until refused, {left / MIB:+.0f} MiB after")
     assert stranger < 16 * MIB, f"a stranger's message grew the server by {stranger / MIB:.0f} MiB"
     # A job member's message is held whole before its refusal (the bound is who may send),
     # then given back.

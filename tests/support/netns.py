@@ -8,8 +8,11 @@ hostname is the host's, as Open MPI tells hosts apart by name). mpirun reaches t
 hosts through :attr:`NetnsHosts.agent`, a script standing in for ssh
 (``PRTE_MCA_plm_ssh_agent``): it runs the command in the namespace of the host it is
 given, and logs each launch. :meth:`NetnsHosts.delete` removes every namespace made.
+:func:`mpi_hosts` is a test's two-host fixture body (skipped, with the reason, where
+namespaces or mpirun are missing).
 """
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -124,3 +127,23 @@ class NetnsHosts:
         for ns in reversed(self.made):
             _ip("netns", "del", ns, check=False)
         self.made = []
+
+
+@contextlib.contextmanager
+def mpi_hosts(n, workdir):
+    """:class:`NetnsHosts` of ``n`` hosts in ``workdir``, deleted on exit; the calling
+    test is skipped, with the reason, where namespaces cannot be made or there is no
+    mpirun."""
+    import pytest
+
+    from pyfleet.launch.collective import find_mpiexec
+    why = why_no_netns()
+    if why is None and find_mpiexec() is None:
+        why = "no mpirun (the mpi extra) in this installation"
+    if why is not None:
+        pytest.skip(why)
+    h = NetnsHosts(n, workdir)
+    try:
+        yield h
+    finally:
+        h.delete()
