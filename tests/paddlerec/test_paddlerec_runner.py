@@ -10,6 +10,7 @@ CI installs the wheel (.ci/run) and sets PYFLEET_REQUIRE_PADDLEREC=1: there a
 missing paddlerec fails the module instead of skipping it."""
 
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -159,6 +160,23 @@ def test_local_cluster_sync_strategy(tmp_path, data):
     assert all("except:" not in t for t in logs.values()), logs
     assert all("PaddleRec Finish" in logs[f"worker.{i}"] for i in range(2)), logs
     assert len(_values(logs["worker.1"], "LOSS")) >= 2
+
+
+@pytest.mark.slow
+def test_local_cluster_lazy_adam_on_a_dense_embedding(tmp_path, data):
+    """A vocabulary under 100 000 rows: a dense embedding looked up with
+    is_sparse=True under PaddleRec's lazy Adam, whose servers move only the rows
+    a push looked up (tests/fluid/test_lazy_adam.py has the numbers)."""
+    config = _config(data, [_cluster("lazy_run", 2, "async")])
+    config["hyper_parameters"]["sparse_feature_number"] = 1000
+    code, out = _run(tmp_path, config)
+    logs = _logs(tmp_path)
+    assert code == 0 and all("except:" not in t for t in logs.values()), logs
+    assert all("PaddleRec Finish" in logs[f"worker.{i}"] for i in range(2)), logs
+    loss = _values(logs["worker.0"], "LOSS")
+    assert len(loss) >= 4 and np.mean(loss[-2:]) < np.mean(loss[:2]), loss
+    manifest = json.loads((tmp_path / "cluster" / "1" / "MANIFEST.json").read_text())
+    assert "lazy_row_width" in json.dumps(manifest), json.dumps(manifest)[:2000]
 
 
 @pytest.mark.slow
