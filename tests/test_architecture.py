@@ -147,17 +147,6 @@ def test_no_module_imports_a_higher_or_sibling_room():
     assert not bad, "imports against the layers:\n" + "\n".join(bad)
 
 
-# Fluid's program, ops and layers still reach each other through imports inside
-# functions (framework -> program_desc -> ops -> layers -> framework; clip ->
-# framework -> param_attr -> clip). A circle among these modules alone is known
-# debt, to be removed; any other circle, or one reaching outside them, fails.
-FLUID_CIRCLES_TO_REMOVE = {f"pyfleet.fluid.{m}" for m in (
-    "clip", "data_feeder", "fluid_model", "framework", "index_ops", "layers", "layers_create",
-    "layers_index",
-    "layers_lr", "layers_math", "layers_nn", "layers_tensor", "math_ops", "ops", "param_attr",
-    "program_desc", "reader", "tensor_ops")}
-
-
 def test_imports_have_no_circle():
     """No circle, counting imports inside functions too: a function-level import that
     closes a circle only hides it until the function runs."""
@@ -182,7 +171,6 @@ def test_imports_have_no_circle():
     for m in edges:
         if m not in state:
             visit(m)
-    cycles = [c for c in cycles if not set(c) <= FLUID_CIRCLES_TO_REMOVE]
     assert not cycles, "import circles:\n" + "\n".join(" -> ".join(c) for c in cycles)
 
 

@@ -34,11 +34,11 @@ import logging
 import numpy as np
 
 from pyfleet.fluid import ops as _ops
-from pyfleet.fluid.clip import GradEntry, apply_gradient_rules, has_gradient_rules
 from pyfleet.fluid.core import EOFException
 from pyfleet.fluid.feed import as_numpy, feed_ids, feed_value
 from pyfleet.fluid.fetch_handler import FetchHandler, FetchMonitor
 from pyfleet.fluid.framework import Parameter, Program, Variable, default_main_program
+from pyfleet.fluid.gradient_rules import GradEntry, apply_gradient_rules, has_gradient_rules
 from pyfleet.fluid.nn_ops import STATISTICS
 from pyfleet.fluid.step import (
     PREPARED_MAX,
@@ -430,7 +430,7 @@ def _mark_looked_up_rows(dense, lazy_rows):
 
 def _lr_ratio(program, s):
     """This step's learning rate over the rule's (the schedule's first), or
-    None without a schedule (see ``layers_lr.check_schedule``)."""
+    None without a schedule (see ``lr_schedules.check_schedule``)."""
     sched = getattr(program._optimizer, "lr_schedule", None)
     if sched is None:
         return None

@@ -32,7 +32,8 @@ import numpy as np
 from pyfleet import optimizer as _opt
 from pyfleet.fluid import fluid_model, program_desc, unique_name
 from pyfleet.fluid.backend import LocalBackend
-from pyfleet.fluid.clip import check_clip
+from pyfleet.fluid.gradient_rules import check_clip
+from pyfleet.fluid.lr_schedules import check_schedule
 from pyfleet.fluid.optimizer import minimize
 from pyfleet.fluid.param_attr import ParamAttr, create_parameter_in
 from pyfleet.fluid.regularizer import check_regularizer
@@ -436,7 +437,6 @@ class Program:
             excluded = {p.name if isinstance(p, Variable) else str(p) for p in no_grad_set}
             base = names if names is not None else {p.name for p in self.all_parameters()}
             names = base - excluded
-        from pyfleet.fluid.layers_lr import check_schedule
         check_schedule(self, optimizer)
         self._optimizer = optimizer
         self._loss = loss

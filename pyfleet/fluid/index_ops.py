@@ -7,6 +7,8 @@ interface is :mod:`pyfleet.fluid.ops`'s (which registers these).
 
 import numpy as np
 
+from pyfleet.fluid.kernel_shapes import align as _align
+
 __all__ = ["BACKWARD", "FORWARD", "NO_GRAD"]
 
 FORWARD = {}
@@ -399,7 +401,6 @@ NO_GRAD.add("random")
 
 
 def _int_binary_fwd(op, s):
-    from pyfleet.fluid.math_ops import _align
     x, y = _x(op, s), _x(op, s, "Y")
     y = _align(x, y, op.attrs.get("axis", -1))
     fn = {"mod": np.mod, "floordiv": np.floor_divide, "equal": np.equal}[op.attrs["fn"]]

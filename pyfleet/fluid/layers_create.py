@@ -6,6 +6,7 @@ of :mod:`pyfleet.fluid.index_ops`), ``full``, ``full_like``, ``eye``, ``arange``
 """
 
 from pyfleet.fluid import framework
+from pyfleet.fluid import layers_tensor as _lt
 from pyfleet.fluid.framework import check_variable as _check_var
 from pyfleet.fluid.layers_index import _constant, _tmp
 from pyfleet.fluid.layers_nn import _op
@@ -54,16 +55,14 @@ def gaussian_random_batch_size_like(input, shape, input_dim_idx=0, output_dim_id
 
 
 def full(shape, fill_value, out=None, dtype=None, device=None, stop_gradient=True, name=None):
-    from pyfleet.fluid import layers as L
-    return L.fill_constant(shape, dtype or "float32", fill_value, out=out)
+    return _lt.fill_constant(shape, dtype or "float32", fill_value, out=out)
 
 
 def full_like(input, fill_value, out=None, dtype=None, device=None, stop_gradient=True,
               name=None):
-    from pyfleet.fluid import layers as L
-    res = L.fill_constant_batch_size_like(input, [d if d >= 0 else 1 for d in input.shape],
+    res = _lt.fill_constant_batch_size_like(input, [d if d >= 0 else 1 for d in input.shape],
                                           dtype or input.dtype, fill_value)
-    return res if out is None else L.assign(res, out)
+    return res if out is None else _lt.assign(res, out)
 
 
 def eye(num_rows, num_columns=None, batch_shape=None, dtype="float32"):

@@ -11,6 +11,10 @@ the last three are compositions of layers (their gradients are theirs).
 import math
 
 from pyfleet.fluid import framework, unique_name
+from pyfleet.fluid import layers_basic as _lb
+from pyfleet.fluid import layers_math as _lm
+from pyfleet.fluid import layers_nn as _ln
+from pyfleet.fluid import layers_tensor as _lt
 from pyfleet.fluid.framework import check_variable as _check_var
 from pyfleet.fluid.layers_nn import _op
 from pyfleet.fluid.layers_nn import _tmp as _new_tmp
@@ -221,22 +225,19 @@ def has_nan(x):
 
 def size(input):
     """The number of elements, int64 ``[1]``, read when the step runs."""
-    from pyfleet.fluid import layers as L
-    return L.cast(L.reduce_prod(L.cast(L.shape(input), "int64")), "int64")
+    return _lb.cast(_lm.reduce_prod(_lb.cast(_lt.shape(input), "int64")), "int64")
 
 
 def rank(input):
     """The number of dimensions (static), int32 ``[1]``."""
-    from pyfleet.fluid import layers as L
-    return L.fill_constant([1], "int32", len(input.shape))
+    return _lt.fill_constant([1], "int32", len(input.shape))
 
 
 def t(input, name=None):
     """The transpose of a 1-D (unchanged) or 2-D tensor."""
-    from pyfleet.fluid import layers as L
     if len(input.shape) > 2:
         raise ValueError(f"t: input {input.name} must be 1-D or 2-D, got shape {input.shape}")
-    return input if len(input.shape) < 2 else L.transpose(input, [1, 0])
+    return input if len(input.shape) < 2 else _ln.transpose(input, [1, 0])
 
 
 def mul(x, y, x_num_col_dims=1, y_num_col_dims=1, name=None):
@@ -280,27 +281,24 @@ def softmax_with_cross_entropy(logits, label, soft_label=False, ignore_index=-10
 
 def label_smooth(label, prior_dist=None, epsilon=0.1, dtype="float32", name=None):
     """``(1 - epsilon) * label + epsilon * prior`` (uniform ``1 / C`` by default)."""
-    from pyfleet.fluid import layers as L
     if not 0.0 <= float(epsilon) <= 1.0:
         raise ValueError(f"label_smooth: epsilon must be in [0, 1], got {epsilon}")
     if prior_dist is None:
-        return L.scale(label, 1.0 - float(epsilon), float(epsilon) / label.shape[-1])
-    return L.elementwise_add(L.scale(label, 1.0 - float(epsilon)),
-                             L.scale(prior_dist, float(epsilon)))
+        return _lb.scale(label, 1.0 - float(epsilon), float(epsilon) / label.shape[-1])
+    return _lb.elementwise_add(_lb.scale(label, 1.0 - float(epsilon)),
+                             _lb.scale(prior_dist, float(epsilon)))
 
 
 def rank_loss(label, left, right, name=None):
     """RankNet: ``log(1 + exp(left - right)) - label * (left - right)``."""
-    from pyfleet.fluid import layers as L
-    o = L.elementwise_sub(left, right)
-    return L.elementwise_sub(L.softplus(o), L.elementwise_mul(label, o))
+    o = _lb.elementwise_sub(left, right)
+    return _lb.elementwise_sub(_lm.softplus(o), _lb.elementwise_mul(label, o))
 
 
 def margin_rank_loss(label, left, right, margin=0.1, name=None):
     """``max(0, -label * (left - right) + margin)``."""
-    from pyfleet.fluid import layers as L
-    o = L.elementwise_mul(label, L.elementwise_sub(left, right))
-    return L.relu(L.scale(o, -1.0, float(margin)))
+    o = _lb.elementwise_mul(label, _lb.elementwise_sub(left, right))
+    return _lb.relu(_lb.scale(o, -1.0, float(margin)))
 
 
 # --------------------------------------------------------------------------- more
@@ -345,32 +343,28 @@ def index_select(input, index, dim=0):
 
 def dot(x, y, name=None):
     """``sum(x * y)`` over the last axis (keeping it as 1)."""
-    from pyfleet.fluid import layers as L
-    return L.reduce_sum(L.elementwise_mul(x, y), dim=-1, keep_dim=True)
+    return _lb.reduce_sum(_lb.elementwise_mul(x, y), dim=-1, keep_dim=True)
 
 
 def bmm(x, y, name=None):
     """Batched ``[B, M, K] @ [B, K, N]``."""
-    from pyfleet.fluid import layers as L
     if len(x.shape) != 3 or len(y.shape) != 3:
         raise ValueError(f"bmm: x and y must be 3-D, got {x.shape} and {y.shape}")
-    return L.matmul(x, y)
+    return _lb.matmul(x, y)
 
 
 def _constant(value, dtype):
-    from pyfleet.fluid import layers as L
-    return L.cast(L.assign(value), dtype)
+    return _lb.cast(_lt.assign(value), dtype)
 
 
 def _tri(input, diagonal, lower):
     import numpy as np
 
-    from pyfleet.fluid import layers as L
     r, c = input.shape[-2:]
     if r < 0 or c < 0:
         raise ValueError(f"tril/triu: the last two dimensions of {input.name} must be known")
     mask = (np.tril if lower else np.triu)(np.ones((r, c)), int(diagonal))
-    return L.elementwise_mul(input, _constant(mask, input.dtype))
+    return _lb.elementwise_mul(input, _constant(mask, input.dtype))
 
 
 def tril(input, diagonal=0, name=None):
@@ -470,15 +464,13 @@ def linspace(start, stop, num, dtype):
 
 def addmm(input, x, y, alpha=1.0, beta=1.0, name=None):
     """``beta * input + alpha * (x @ y)``."""
-    from pyfleet.fluid import layers as L
-    return L.elementwise_add(L.scale(input, float(beta)), L.matmul(x, y, alpha=float(alpha)))
+    return _lb.elementwise_add(_lb.scale(input, float(beta)), _lb.matmul(x, y, alpha=float(alpha)))
 
 
 def addcmul(input, tensor1, tensor2, value=1.0, out=None, name=None):
     """``input + value * tensor1 * tensor2``."""
-    from pyfleet.fluid import layers as L
-    res = L.elementwise_add(input, L.scale(L.elementwise_mul(tensor1, tensor2), float(value)))
-    return res if out is None else L.assign(res, out)
+    res = _lb.elementwise_add(input, _lb.scale(_lb.elementwise_mul(tensor1, tensor2), float(value)))
+    return res if out is None else _lt.assign(res, out)
 
 
 def smooth_l1(x, y, inside_weight=None, outside_weight=None, sigma=None):

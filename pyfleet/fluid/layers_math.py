@@ -11,6 +11,7 @@ Signatures and semantics are Fluid 1.8's; kernels in
 from pyfleet.fluid import unique_name
 from pyfleet.fluid.framework import Variable
 from pyfleet.fluid.framework import check_variable as _check_var
+from pyfleet.fluid.layers_basic import _reduce, sequence_pool, sums
 from pyfleet.fluid.layers_nn import _op, _tmp
 
 __all__ = [
@@ -331,11 +332,6 @@ def mse_loss(input, label):
     return out
 
 
-def _reduce(type, input, dim, keep_dim, name):
-    from pyfleet.fluid.layers import _reduce as reduce_
-    return reduce_(type, input, dim, keep_dim, name)
-
-
 def reduce_max(input, dim=None, keep_dim=False, name=None):
     return _reduce("reduce_max", input, dim, keep_dim, name)
 
@@ -350,19 +346,16 @@ def reduce_prod(input, dim=None, keep_dim=False, name=None):
 
 def sum(x):
     """Fluid's ``layers.sum``: the elementwise sum of a list of tensors."""
-    from pyfleet.fluid.layers import sums
     return sums(x if isinstance(x, (list, tuple)) else [x])
 
 
 def sequence_first_step(input):
     """The first row of each sequence (``sequence_pool(input, "first")``)."""
-    from pyfleet.fluid.layers import sequence_pool
     return sequence_pool(input, "first")
 
 
 def sequence_last_step(input):
     """The last row of each sequence (``sequence_pool(input, "last")``)."""
-    from pyfleet.fluid.layers import sequence_pool
     return sequence_pool(input, "last")
 
 

@@ -15,6 +15,7 @@ import numpy as np
 from pyfleet.fluid import framework, unique_name
 from pyfleet.fluid.framework import Variable
 from pyfleet.fluid.framework import check_variable as _check_var
+from pyfleet.fluid.layers_basic import reshape, slice
 from pyfleet.fluid.layers_nn import _block, _op, _tmp
 from pyfleet.fluid.tensor import convert_dtype
 
@@ -298,7 +299,6 @@ def autoincreased_step_counter(counter_name=None, begin=1, step=1):
 def getitem(var, item):
     """Fluid's ``var[i]``, ``var[a:b, j]``: a ``slice`` op, integer indices
     dropping their axis (a result with no axis left has shape ``[1]``)."""
-    from pyfleet.fluid.layers import reshape, slice
     items = item if isinstance(item, tuple) else (item,)
     if len(items) > len(var.shape or ()):
         raise IndexError(f"{var.name}: {len(items)} indices for shape {var.shape}")

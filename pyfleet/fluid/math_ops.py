@@ -14,6 +14,9 @@ import math
 
 import numpy as np
 
+from pyfleet.fluid.kernel_shapes import align as _align
+from pyfleet.fluid.kernel_shapes import reduce_axes as _reduce_axes
+
 __all__ = ["BACKWARD", "FORWARD", "NO_GRAD", "read"]
 
 FORWARD = {}
@@ -38,11 +41,6 @@ def _out(op):
 
 
 # --------------------------------------------------------------------------- elementwise
-
-def _align(x, y, axis):
-    from pyfleet.fluid.ops import _align_y
-    return y.reshape(_align_y(x, y, axis))
-
 
 _COMPARE = {"less_than": np.less, "less_equal": np.less_equal, "greater_than": np.greater,
             "greater_equal": np.greater_equal, "equal": np.equal, "not_equal": np.not_equal}
@@ -211,7 +209,6 @@ _register("top_k", _topk_fwd, _topk_bwd)
 
 def _reduce_ext_fwd(fn):
     def fwd(op, s):
-        from pyfleet.fluid.ops import _reduce_axes
         x = read(s, op.input("X")[0])
         out = fn(x, axis=_reduce_axes(op, x), keepdims=op.attrs.get("keep_dim", False))
         out = np.asarray(out, dtype=x.dtype)
@@ -223,7 +220,6 @@ def _reduce_bwd(local):
     """The backward of a reduction whose input gradient is ``g * local(x, y)``
     (``y`` the result broadcast back over the reduced axes)."""
     def bwd(op, s):
-        from pyfleet.fluid.ops import _reduce_axes
         xv = op.input("X")[0]
         g = s.grad(_out(op))
         if g is None or not s.needs_grad(xv):

@@ -27,6 +27,8 @@ from pyfleet.fluid import (
     rnn_ops,
     tensor_ops,
 )
+from pyfleet.fluid.kernel_shapes import align_y as _align_y
+from pyfleet.fluid.kernel_shapes import reduce_axes as _reduce_axes
 from pyfleet.fluid.loss_ops import sigmoid as _sigmoid
 from pyfleet.fluid.sequence import (
     is_unit,
@@ -153,18 +155,6 @@ _register("matmul", _matmul_fwd, _matmul_bwd)
 
 
 # --------------------------------------------------------------------------- elementwise
-
-def _align_y(x, y, axis):
-    """Fluid's broadcast: y's dims match x's starting at ``axis`` (-1: trailing)."""
-    if y.ndim >= x.ndim or y.ndim == 0:
-        return y.shape
-    if axis == -1:
-        axis = x.ndim - y.ndim
-    shape = y.shape
-    while len(shape) > 0 and shape[-1] == 1 and axis + len(shape) > x.ndim:
-        shape = shape[:-1]
-    return (1,) * axis + tuple(shape) + (1,) * (x.ndim - axis - len(shape))
-
 
 def _ew(fn):
     def fwd(op, s):
@@ -414,14 +404,6 @@ def _mean_bwd(op, s):
 
 
 _register("mean", _mean_fwd, _mean_bwd)
-
-
-def _reduce_axes(op, x):
-    if op.attrs.get("reduce_all") or op.attrs.get("dim") is None:
-        return tuple(range(x.ndim))
-    dims = op.attrs["dim"]
-    dims = [dims] if np.isscalar(dims) else list(dims)
-    return tuple(sorted(d % x.ndim for d in dims))
 
 
 def _reduce_fwd(fn):

@@ -5,7 +5,7 @@ import numpy as np
 
 from pyfleet import initializer as _init
 from pyfleet.fluid import unique_name
-from pyfleet.fluid.clip import check_clip
+from pyfleet.fluid.gradient_rules import check_clip
 from pyfleet.fluid.regularizer import check_regularizer
 
 __all__ = ["ParamAttr", "create_parameter_in"]

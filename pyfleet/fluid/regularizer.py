@@ -13,7 +13,7 @@ A row-sparse gradient (a sparse table, or a dense embedding looked up with
 selected-rows path does; ``w`` is the value the step pulled.
 
 The executor applies these on the worker before the push (see
-:func:`pyfleet.fluid.clip.apply_gradient_rules`), for every backend that does
+:func:`pyfleet.fluid.gradient_rules.apply_gradient_rules`), for every backend that does
 not declare ``applies_regularizers = True``: a Fleet job's servers in sync
 and async mode apply them themselves, to the rows a push touches, once per
 push (once per step, on the merged gradient, in sync mode), as Fluid's

@@ -10,6 +10,7 @@ import weakref
 
 import numpy as np
 
+from pyfleet.fluid.lr_schedules import schedule_value
 from pyfleet.fluid.tensor import LoDTensor
 
 __all__ = ["BACKWARD", "FORWARD", "NO_GRAD", "STATEFUL"]
@@ -265,7 +266,6 @@ _register("shuffle_batch", _shuffle_batch_fwd, _shuffle_batch_bwd)
 
 
 def _lr_schedule_fwd(op, s):
-    from pyfleet.fluid.layers_lr import schedule_value
     step = float(read(s, op.input("Step")[0]).reshape(-1)[0])
     attrs = {k: v for k, v in op.attrs.items() if k != "kind"}
     s.set(_out(op), np.array([schedule_value(op.attrs["kind"], step, attrs)],
