@@ -1,7 +1,7 @@
 """pyfleet: a sparse parameter server for CTR training, with PaddlePaddle Fluid's Fleet API.
 
-The table layer is imported here; ``fleet``, ``models`` and ``batch`` pull in
-the Fluid layer, so they load on first use (PEP 562): a server process
+The table layer is imported here; ``fleet`` and ``models`` pull in the Fluid
+layer, so they (and ``batch``, ``reader``) load on first use (PEP 562): a server process
 imports ``pyfleet`` on its way to :mod:`pyfleet.service.server` without Fluid.
 """
 
@@ -63,7 +63,7 @@ def __getattr__(name):
     elif name == "models":
         import pyfleet.models as value
     elif name == "batch":
-        from pyfleet.fluid.reader import batch as value
+        from pyfleet.data.reader_decorators import batch as value
     elif name == "reader":   # Paddle's paddle.reader decorators
         import pyfleet.reader as value
     elif name == "dataset":  # Paddle's `import paddle` imports paddle.dataset too

@@ -180,6 +180,28 @@ def _is_parent_package(target, module):
     return target.endswith(".__init__") and module.startswith(target[:-len("__init__")])
 
 
+# Readers have one home, pyfleet.data (CTR files, MultiSlot text, paddle.reader's
+# decorators and batch); the modules Paddle's paths name are faces over it.
+READER_FACES = ["pyfleet.reader.__init__"]
+
+
+def test_readers_live_in_data_and_the_old_paths_are_faces_over_it():
+    import pyfleet.fluid.dataset
+    import pyfleet.fluid.io
+    import pyfleet.fluid.reader
+    import pyfleet.reader
+    from pyfleet.data import multislot, reader_decorators
+    for name in pyfleet.reader.__all__:
+        assert getattr(pyfleet.reader, name) is getattr(reader_decorators, name), name
+    assert pyfleet.fluid.reader.batch is pyfleet.fluid.io.batch is reader_decorators.batch
+    assert pyfleet.fluid.dataset.parse_multislot is multislot.parse_multislot
+    for module in READER_FACES:
+        tree = ast.parse(MODULES[module].read_text())
+        code = [n for n in tree.body if not isinstance(n, (ast.Import, ast.ImportFrom,
+                                                           ast.Expr, ast.Assign))]
+        assert not code, f"{module} should only re-export pyfleet.data, has {code[0].__class__}"
+
+
 def test_compat_modules_are_thin():
     for module in COMPAT:
         path = MODULES.get(module)

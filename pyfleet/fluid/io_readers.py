@@ -1,15 +1,14 @@
 """The names Fluid 1.8's ``fluid.io`` re-exports beside saving and loading
-(joined into :mod:`pyfleet.fluid.io`): the reader decorators of
-``paddle.reader`` (:mod:`pyfleet.reader`), ``batch``, ``default_collate_fn``
-of its DataLoader, and the program queries ``get_program_parameter`` /
+(joined into :mod:`pyfleet.fluid.io`): the reader decorators of ``paddle.reader``
+and ``batch`` (:mod:`pyfleet.data.reader_decorators`), ``default_collate_fn`` of
+its DataLoader, and the program queries ``get_program_parameter`` /
 ``get_program_persistable_vars``."""
 
 import numpy as np
 
-from pyfleet.fluid.framework import Parameter
-from pyfleet.fluid.reader import batch
-from pyfleet.reader import (
+from pyfleet.data.reader_decorators import (
     ComposeNotAligned,
+    batch,
     buffered,
     cache,
     chain,
@@ -20,6 +19,7 @@ from pyfleet.reader import (
     shuffle,
     xmap_readers,
 )
+from pyfleet.fluid.framework import Parameter
 
 __all__ = ["ComposeNotAligned", "batch", "buffered", "cache", "chain", "compose",
            "default_collate_fn", "firstn", "get_program_parameter",

@@ -1,4 +1,5 @@
-"""Readers: ``batch`` (Paddle's ``paddle.batch``) and Fluid's ``PyReader``.
+"""Fluid's ``PyReader`` (and ``batch``, Paddle's ``paddle.batch``:
+:mod:`pyfleet.data.reader_decorators`, with the other reader decorators).
 
 A ``PyReader`` turns a Python generator into feeds. Iterable
 (``iterable=True``): ``for data in reader(): exe.run(feed=data)``.
@@ -21,30 +22,11 @@ A PyReader is used by one executor thread at a time.
 """
 
 from pyfleet.data.prefetch import prefetched
+from pyfleet.data.reader_decorators import batch
 from pyfleet.fluid import framework, unique_name
 from pyfleet.fluid.data_feeder import DataFeeder
 
 __all__ = ["DataLoader", "PyReader", "batch", "double_buffer", "py_reader", "read_file"]
-
-
-def batch(reader, batch_size, drop_last=False):
-    """A reader creator yielding lists of ``batch_size`` samples from
-    ``reader()`` (the last, shorter list too unless ``drop_last``)."""
-    batch_size = int(batch_size)
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size}")
-
-    def batch_reader():
-        b = []
-        for sample in reader():
-            b.append(sample)
-            if len(b) == batch_size:
-                yield b
-                b = []
-        if b and not drop_last:
-            yield b
-
-    return batch_reader
 
 
 class PyReader:
