@@ -12,9 +12,10 @@ themselves. Nothing there is written: each release is copied to ``--work``.
 Every ``test_*.py`` file other than a base is run one test class at a time, as
 ``pyfleet run -m unittest -v FILE.CLASS`` in the copy, so ``import paddle``
 is pyfleet there and in the servers and trainers the test starts. A model file
-(``dist_fleet_*.py``) no test file of its release names is driven the way
-Paddle's own ``test_dist_fleet_*.py`` drove it: the release's
-``TestFleetBase.check_with_place(model)``, once in sync and once in async mode.
+(``dist_fleet_*.py``) no test file of its release names, or named by ``--drive``,
+is driven the way Paddle's own ``test_dist_fleet_*.py`` drove it: the release's
+``TestFleetBase.check_with_place(model)``, once in sync and once in async mode
+(a 1.7-style base: also geo), through the base's PyReader path.
 
 Paddle's bases of that era never look at their trainers' exit codes: a test
 whose trainers died still reports OK. So a class passes here only when
@@ -135,29 +136,35 @@ DRIVER = '''\
 test_dist_fleet_*.py files of this release drove their model files."""
 import unittest
 from test_dist_fleet_base import TestFleetBase
-
-
-class Sync(TestFleetBase):
-    def _setup_config(self):
-        self._sync_mode = True
-        self._mode = "sync"
-
-    def test_dist_train(self):
-        self.check_with_place("{model}", delta=1e-5, check_error_log=False)
-
-
-class Async(TestFleetBase):
-    def _setup_config(self):
-        self._sync_mode = False
-        self._mode = "async"
-
-    def test_dist_train(self):
-        self.check_with_place("{model}", delta=1e-5, check_error_log=False)
-
+{classes}
 
 if __name__ == "__main__":
     unittest.main()
 '''
+
+DRIVEN_CLASS = '''
+
+class {name}(TestFleetBase):
+    def _setup_config(self):
+        self._sync_mode = {sync}
+        self._mode = "{mode}"
+        self._reader = "{reader}"
+
+    def test_dist_train(self):
+        self.check_with_place("{model}", delta=1e-5, check_error_log=False)
+'''
+
+
+def driver_source(model, base_text):
+    """A test file driving ``model``: sync and async; with a 1.7-style base (modes and
+    readers) also geo, each through the base's PyReader path, which no test file of the
+    dataset-reader kind covers."""
+    modes = ["sync", "async"]
+    if "geo_sgd_need_push_nums" in base_text:
+        modes.append("geo")
+    classes = "".join(DRIVEN_CLASS.format(name=m.capitalize(), sync=m == "sync", mode=m,
+                                          reader="pyreader", model=model) for m in modes)
+    return DRIVER.format(model=model, classes=classes)
 
 TRACE_END = re.compile(r"^(\w+(?:\.\w+)*(?:Error|Exception|Exit|Interrupt|Refused)\b.*)$", re.M)
 
@@ -235,18 +242,19 @@ def run_class(work, module, cls, env, timeout):
             "seconds": round(secs, 1)}
 
 
-def run_release(label, src, work, env, timeout, only):
+def run_release(label, src, work, env, timeout, only, drive=()):
     shutil.rmtree(work, ignore_errors=True)
     shutil.copytree(src, work)
     files = sorted(os.path.basename(p) for p in glob.glob(os.path.join(work, "*.py")))
     tests = [f for f in files if f.startswith("test_") and f not in BASES]
     text = {f: open(os.path.join(work, f), encoding="utf-8").read() for f in tests}
     if "test_dist_fleet_base.py" in files:
+        base = open(os.path.join(work, "test_dist_fleet_base.py"), encoding="utf-8").read()
         for model in (f for f in files if f.startswith("dist_fleet_")):
-            if not any(model in t for t in text.values()):
+            if model in drive or not any(model in t for t in text.values()):
                 driver = f"test_drive_{model}"
                 with open(os.path.join(work, driver), "w") as f:
-                    f.write(DRIVER.format(model=model))
+                    f.write(driver_source(model, base))
                 tests.append(driver)
     rows = []
     for test in tests:
@@ -292,6 +300,10 @@ def main(argv=None):
     p.add_argument("--work", default="paddle-fleet-tests", help="work directory (recreated)")
     p.add_argument("--only", nargs="*", default=None, help="test files whose name holds one")
     p.add_argument("--timeout", type=float, default=300, help="seconds a test class may take")
+    p.add_argument("--drive", nargs="*", default=["dist_fleet_ctr.py"],
+                   help="model files driven through the base even when a test file names "
+                        "them (default: dist_fleet_ctr.py, whose PyReader path 1.7's "
+                        "test_dist_fleet_ctr.py covered)")
     p.add_argument("--json", default=None, help="also write the rows as JSON here")
     a = p.parse_args(argv)
     work = os.path.abspath(a.work)
@@ -319,7 +331,8 @@ def main(argv=None):
                                                      .split(os.pathsep) if q]])
     rows = []
     for label, path in releases:
-        rows += run_release(label, path, os.path.join(work, label), env, a.timeout, a.only)
+        rows += run_release(label, path, os.path.join(work, label), env, a.timeout, a.only,
+                            a.drive)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)
