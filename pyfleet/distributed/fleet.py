@@ -38,7 +38,11 @@ import sys
 from pyfleet import _malloc
 from pyfleet import config as _config
 from pyfleet.distributed import hybrid, remote_paths
-from pyfleet.distributed.checkpoint_paths import checkpoint_root, relative_to_root
+from pyfleet.distributed.checkpoint_paths import (
+    checkpoint_root,
+    load_model_dir,
+    relative_to_root,
+)
 from pyfleet.distributed.fleet_base import FleetBase
 from pyfleet.distributed.remote_backend import NoServers, RemoteBackend
 from pyfleet.distributed.role_maker import default_role_maker
@@ -264,20 +268,12 @@ class Fleet(FleetBase):
                               checkpoint_dir=checkpoint_root(),
                               spill_root=self._spill_root, **kwargs)
         if model_dir is not None:
-            dirs = model_dir if isinstance(model_dir, (list, tuple)) else [model_dir]
-            paths = [os.path.realpath(os.path.join(checkpoint_root(), os.fspath(d)))
-                     for d in dirs]
-            for path, d in zip(paths, dirs):
-                m = _checkpoint.read_manifest(path)
-                if m is None:
-                    raise ValueError(f"model_dir {os.fspath(d)!r} has no {MANIFEST_NAME}: an "
-                                     f"incomplete save, or not a fleet checkpoint")
-                _checkpoint.check_tables(m.get("tables") or [], self._tables, os.fspath(d))
-            # Loaded relative to the deepest directory holding them all.
-            base = os.path.commonpath([os.path.dirname(p) for p in paths])
-            rels = [os.path.relpath(p, base) for p in paths]
-            self._server.load_checkpoint(rels if isinstance(model_dir, (list, tuple))
-                                         else rels[0], root=base)
+            try:
+                load_model_dir(self._server, model_dir, self._tables)
+            except BaseException:
+                self._server.close()  # its port too: a corrected init_server may bind it
+                self._server = None
+                raise
 
     def run_server(self):
         """Serve until every worker called ``stop_worker`` (then return). Raises

@@ -272,6 +272,19 @@ class Server:
         """Make :meth:`run` return. Thread-safe and idempotent."""
         self._done.set()
 
+    def close(self):
+        """Let go of a server that will not :meth:`run` (its setup failed after it was
+        made: a checkpoint that did not load): its port, sockets and helper threads.
+        :meth:`run` does this itself when it ends. Idempotent; a closed server cannot run."""
+        if self._ran:
+            return
+        self._ran = True
+        self._done.set()
+        self._data.close()
+        self._frontend.close(linger=0)
+        self._loop.close()
+        self._close_auth()
+
     def _dropped(self, why, ident):
         self._count("dropped_replies")
         _log_bad(self._counters.get("dropped_replies", 0),

@@ -214,6 +214,25 @@ def test_a_checkpoint_of_another_model_is_refused_naming_the_parameter(root, dat
         c.servers[0].load_checkpoint(f"ck/{gen}")
 
 
+def test_a_server_whose_model_dir_does_not_load_lets_go_of_its_port(root, data):
+    schema = Dataset(data, format="criteo").schema
+    with fluid.unique_name.guard():
+        main, startup, model = build_program(JOB, schema.n_dense, schema.n_slots)
+    eps = [f"127.0.0.1:{free_ports(1)[0]}"]
+    worker = Fleet()  # minimizes the program, as the worker of Cluster does
+    worker.init(UserDefinedRoleMaker(0, Role.WORKER, 1, eps))
+    with fluid.program_guard(main, startup):
+        worker.distributed_optimizer(Adam(JOB["lr"]), strategy_of(JOB)).minimize(
+            model.avg_cost)
+    for _ in range(2):  # the second binds the port the first let go of
+        f = Fleet()
+        f.init(UserDefinedRoleMaker(0, Role.SERVER, 1, eps))
+        f._set_program(main, startup, strategy_of(JOB))
+        with pytest.raises(ValueError, match=f"'nowhere' has no {MANIFEST_NAME}"):
+            f.init_server("nowhere")
+        assert f._server is None
+
+
 def test_init_server_loads_from_outside_the_root_but_requests_may_not(root, data,
                                                                      monkeypatch):
     with cluster(2, data) as c:
