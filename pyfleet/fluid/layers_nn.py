@@ -198,7 +198,7 @@ def data_norm(input, act=None, epsilon=1e-05, param_attr=None, data_layout="NCHW
         raise ValueError("data_norm: param_attr must be a dict of initial values "
                          "{'batch_size', 'batch_sum', 'batch_square'} or None (Fluid uses "
                          f"nothing else of it), got {param_attr!r}")
-    unique_name.layer("data_norm", name)
+    call = unique_name.layer("data_norm", name)
     prefix = name or "dn"       # Fluid's statistics names when the layer has no name
     c = [int(input.shape[1])]
     size = _statistic(f"{prefix}.batch_size", c, input.dtype, init["batch_size"], "data_norm")
@@ -212,7 +212,7 @@ def data_norm(input, act=None, epsilon=1e-05, param_attr=None, data_layout="NCHW
         {"Y": [out]},
         {"epsilon": float(epsilon), "data_layout": data_layout,
          "summary_decay_rate": float(summary_decay_rate)})
-    return _act(out, act, "data_norm")
+    return _act(out, act, "data_norm", call)
 
 
 # --------------------------------------------------------------------------- cvm

@@ -144,3 +144,16 @@ def test_checkpoint_of_the_older_embedding_name_is_refused_with_the_reason(tmp_p
     with pytest.raises(ValueError, match=r"'embedding_0.w_0'.*unnamed embedding parameters "
                                           r"embedding_<k>, Fluid's name is embedding_0.w_0"):
         fluid.io.load_persistables(exe, str(tmp_path), new)
+
+
+def test_normalization_layers_named_like_fluid(build):
+    x = fluid.data("x", [-1, 4], "float32")
+    y = fluid.layers.batch_norm(x, act="relu")
+    assert {"batch_norm_0.w_0", "batch_norm_0.b_0", "batch_norm_0.w_1",
+            "batch_norm_0.w_2"} <= set(build.vars)
+    assert y.name == "batch_norm_0.tmp_3"    # SavedMean, SavedVariance, Y, the activation
+    z = fluid.layers.layer_norm(x)
+    assert z.name == "layer_norm_0.tmp_2"    # Mean, Variance, Y
+    d = fluid.layers.data_norm(x)            # unnamed: Fluid's "dn" statistics
+    assert {"dn.batch_size", "dn.batch_sum", "dn.batch_square_sum"} <= set(build.vars)
+    assert d.name.startswith("_generated_var_")
