@@ -16,8 +16,9 @@ batches:
   log-transformed dense values), starts from **the same initial values**
   (the dense parameters the job's startup program gives, each sparse id's row
   from the table's initializer and seed, pulled for every id of the train and
-  test files), and trains with Adam at the same learning rate, betas, epsilon
-  and batch: ``torch.optim.Adam`` for the dense parameters, and for the
+  test files), and trains with Adam at the same learning rates (the dense
+  parameters' and the sparse tables' ``--sparse-lr``), betas, epsilon and
+  batch: ``torch.optim.Adam`` for the dense parameters, and for the
   embedding rows a lazy Adam like the parameter server's (only the rows of a
   batch move, each row with its own step count for the bias correction;
   ``torch.optim.SparseAdam`` counts steps per tensor instead, so it is not used).
@@ -90,10 +91,13 @@ def run_pyfleet(data, model, args, run_root):
            "--test", data["test"], "--format", data["format"], "--model", model.replace("_", ""),
            "--servers", "1", "--workers", "1", "--mode", "sync", "--seed", str(args.seed),
            "--epochs", str(args.epochs), "--run-dir", str(run_dir), "--json", "--quiet"]
+    if args.sparse_lr is not None:
+        cmd += ["--sparse-lr", str(args.sparse_lr)]
     p = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=1800)
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)}\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
     summary = json.loads(p.stdout)
+    summary["sparse_lr"] = json.loads((run_dir / "job.json").read_text())["sparse_lr"]
     return summary
 
 
@@ -205,12 +209,12 @@ def _flat(batch, index_of):
     return torch.from_numpy(idx.astype(np.int64)), torch.from_numpy(np.concatenate(offsets))
 
 
-def run_torch(data, model, args):
+def run_torch(data, model, args, sparse_lr):
     import torch
     import torch.nn.functional as F
     torch.set_num_threads(1)
     job = {**JOB_DEFAULTS, "train": data["train"], "test": data["test"],
-           "format": data["format"], "model": model, "seed": args.seed}
+           "format": data["format"], "model": model, "seed": args.seed, "sparse_lr": sparse_lr}
     train = job_dataset(job, job["train"], 0, 1, shuffle=True, prefetch=0)
     test = job_dataset(job, job["test"], 0, 1, prefetch=0)
     n_dense, n_slots = train.schema.n_dense, train.schema.n_slots
@@ -230,11 +234,12 @@ def run_torch(data, model, args):
     exe = fluid.Executor(fluid.CPUPlace())
     scope = fluid.Scope()
     exe.run(startup, scope=scope)
-    params, tables = {}, {}
+    params, tables, table_lr = {}, {}, {}
     for prm in main.all_parameters():
         if prm.is_sparse_table:
             tab = SparseTable(prm.dim, opt, initializer=prm.initializer, seed=prm.seed)
             tables[prm.name] = tab.pull(index_of.astype(np.uint64), create=False)
+            table_lr[prm.name] = prm.optimizer.learning_rate   # the job's sparse rate
         else:
             params[prm.name] = np.asarray(scope.find_var(prm.name).get_tensor(),
                                           dtype=np.float32)
@@ -245,8 +250,8 @@ def run_torch(data, model, args):
     betas = (opt.beta1, opt.beta2)
     dense_opt = torch.optim.Adam(dense_params, lr=opt.learning_rate, betas=betas,
                                  eps=opt.epsilon)
-    sparse_opts = [LazyAdam(w, opt.learning_rate, opt.beta1, opt.beta2, opt.epsilon)
-                   for w in emb.values()]
+    sparse_opts = [LazyAdam(w, table_lr[name], opt.beta1, opt.beta2, opt.epsilon)
+                   for name, w in emb.items()]
 
     def loss_of(out, kind, labels):
         if kind == "softmax":
@@ -296,6 +301,9 @@ def main(argv=None):
                          "from torch.nn.Linear's default draw (torch) (default: %(default)s)")
     ap.add_argument("--skip-pyfleet", action="store_true",
                     help="train only the torch side (its AUC in both columns)")
+    ap.add_argument("--sparse-lr", type=float, default=None,
+                    help="pyfleet train --sparse-lr, and the torch side's embedding rate "
+                         "(default: pyfleet train's)")
     ap.add_argument("--tolerance", type=float, default=0.0005)
     args = ap.parse_args(argv)
     sets = [generated(args.cache, args.rows, args.data_seed) if d == "generated"
@@ -310,7 +318,9 @@ def main(argv=None):
                 t0 = time.perf_counter()
                 pf = None if args.skip_pyfleet else run_pyfleet(data, model, args, run_root)
                 t1 = time.perf_counter()
-                th = run_torch(data, model, args)
+                # pyfleet train's sparse rate as its job file says (without a
+                # pyfleet run, --sparse-lr or the trainer's default)
+                th = run_torch(data, model, args, pf["sparse_lr"] if pf else args.sparse_lr)
                 pf = pf or th
                 t2 = time.perf_counter()
                 diff = pf["test_auc"] - th["test_auc"]

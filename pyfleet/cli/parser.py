@@ -107,6 +107,10 @@ def _add_optimizer_options(p):
     p.add_argument("--lr", type=float, default=None,
                    help="learning rate (default: adam 0.001, adagrad 0.01, sgd 0.01, "
                         "ftrl 0.05, momentum 0.01, rmsprop 0.001)")
+    p.add_argument("--sparse-lr", type=float, default=None,
+                   help="learning rate of the sparse tables' rows (the embeddings and "
+                        "first-order weights) (default: 10x --lr with adam for the models "
+                        "but deepfm, else --lr)")
     p.add_argument("--beta1", type=float, default=None, help="adam only (default: 0.9)")
     p.add_argument("--beta2", type=float, default=None, help="adam only (default: 0.999)")
     p.add_argument("--epsilon", type=float, default=None,

@@ -12,7 +12,7 @@ from pyfleet.service import checkpoint as _checkpoint
 ARCHITECTURE = ("model", "embedding_dim", "layers", "optimizer")
 INHERITED = ARCHITECTURE + (
     "train", "test", "format", "rows", "servers", "workers", "mode", "sparse_mode",
-    "batch_size", "lr",
+    "batch_size", "lr", "sparse_lr",
     "beta1", "beta2", "epsilon", "l1", "l2", "lr_power", "initial_accumulator", "momentum",
     "use_nesterov", "rho", "centered", "seed",
     "admission_count", "show_click", "shrink_min_score", "shrink_decay",

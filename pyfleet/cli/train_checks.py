@@ -127,8 +127,9 @@ def _check_numbers(args):
                         ("--embedding-dim", args.embedding_dim), ("--rows", args.rows)):
         if value < 1:
             raise SystemExit(f"pyfleet train: {flag} must be >= 1, got {value}")
-    if args.lr is not None and (not math.isfinite(args.lr) or args.lr <= 0):
-        raise SystemExit(f"pyfleet train: --lr must be a finite number > 0, got {args.lr}")
+    for flag, value in (("--lr", args.lr), ("--sparse-lr", args.sparse_lr)):
+        if value is not None and (not math.isfinite(value) or value <= 0):
+            raise SystemExit(f"pyfleet train: {flag} must be a finite number > 0, got {value}")
     if not (math.isfinite(args.request_timeout) and args.request_timeout > 0):
         raise SystemExit(f"pyfleet train: --request-timeout must be a finite number > 0, "
                          f"got {args.request_timeout}")

@@ -117,13 +117,14 @@ def _run_dir_of(args, options, data):
 
 def _job_of(args, options, data, run_dir):
     """The job file's settings (the trainer's JOB_DEFAULTS under them)."""
-    from pyfleet.trainer import JOB_DEFAULTS  # lazy: the trainer imports Fluid
+    from pyfleet.trainer import JOB_DEFAULTS, sparse_lr_of  # lazy: the trainer imports Fluid
     settings = {dest: getattr(args, dest) for dest in INHERITED}
-    return {**JOB_DEFAULTS, "train": data.train, "test": data.test, "format": data.fmt,
+    job = {**JOB_DEFAULTS, "train": data.train, "test": data.test, "format": data.fmt,
             "model": args.model,
             "embedding_dim": args.embedding_dim,
             "layers": options.layers, "optimizer": options.optimizer,
             "lr": options.optimizer["learning_rate"], "batch_size": args.batch_size,
+            "sparse_lr": args.sparse_lr,
             "epochs": args.epochs,
             "mode": args.mode, "sparse_mode": args.sparse_mode, "seed": args.seed,
             "run_dir": run_dir, "resume": options.resume,
@@ -143,6 +144,8 @@ def _job_of(args, options, data, run_dir):
             "checkpoint_steps": args.checkpoint_steps,
             "checkpoint_seconds": options.checkpoint_seconds,
             "progress_interval": args.log_interval}
+    job["sparse_lr"] = sparse_lr_of(job)   # the rate in force, written down
+    return job
 
 
 def _resume_from(args, options, job, say):

@@ -32,6 +32,7 @@ from pyfleet.trainer.job import (
     job_dataset,
     optimizer_of,
     show_click_of,
+    sparse_lr_of,
     strategy_of,
     tables_of,
 )
@@ -39,5 +40,5 @@ from pyfleet.trainer.keeper import snapshot_checkpoint
 from pyfleet.trainer.role import main, run_role, train_local
 
 __all__ = ["JOB_DEFAULTS", "build_program", "entry_of", "feed_of", "job_dataset", "main", "optimizer_of",
-           "run_role", "show_click_of", "snapshot_checkpoint", "strategy_of", "summarize",
-           "tables_of", "train_local"]
+           "run_role", "show_click_of", "snapshot_checkpoint", "sparse_lr_of", "strategy_of",
+           "summarize", "tables_of", "train_local"]

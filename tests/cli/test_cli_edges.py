@@ -258,3 +258,41 @@ def test_deepfm_trains_at_least_as_well_as_lr(tmp_path):
         aucs[model] = json.loads(r.stdout)["test_auc"]
     print(aucs)
     assert aucs["deepfm"] >= aucs["lr"], aucs
+
+
+def _table_rates(run):
+    """{table name: its learning rate} of the servers' tables in a run's checkpoint."""
+    manifest = json.loads((run / "checkpoint" / "MANIFEST.json").read_text())
+    return {t["name"]: (t["kind"], t["optimizer"]["type"], t["optimizer"]["learning_rate"])
+            for t in manifest["tables"]}
+
+
+def test_sparse_lr_reaches_the_servers_sparse_tables_only(tmp_path):
+    r = pyfleet("train", "--sparse-lr", "0", cwd=tmp_path)
+    assert r.returncode != 0 and "--sparse-lr must be a finite number > 0, got 0.0" in r.stderr
+    assert os.listdir(tmp_path) == []
+    # the default with adam (the DNN): the sparse rate 10x --lr, the dense parameters at --lr
+    run = tmp_path / "default"
+    r = pyfleet("train", *SMALL, "--lr", "0.002", "--run-dir", run, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rates = _table_rates(run)
+    assert rates["SparseFeatFactors"] == ("sparse", "Adam", pytest.approx(0.02))
+    dense = {v for v in rates.values() if v[0] == "dense"}
+    assert dense == {("dense", "Adam", 0.002)}
+    assert json.loads((run / "job.json").read_text())["sparse_lr"] == pytest.approx(0.02)
+    # given: every sparse table at it (LR's first-order weights too), any optimizer
+    run = tmp_path / "given"
+    r = pyfleet("train", *SMALL, "--model", "lr", "--optimizer", "adagrad",
+                "--sparse-lr", "0.004", "--run-dir", run, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rates = _table_rates(run)
+    assert rates["SparseFeatFactors_first_order"] == ("sparse", "Adagrad", pytest.approx(0.004))
+    assert {v for v in rates.values() if v[0] == "dense"} == {("dense", "Adagrad", 0.01)}
+    # 10x with adam but for DeepFM; DeepFM's and other optimizers' rows take --lr
+    from pyfleet.trainer import sparse_lr_of
+    adam = {"name": "adam", "learning_rate": 0.001}
+    for model in ("dnn", "wide_deep", "widedeep", "lr"):
+        assert sparse_lr_of({"model": model, "optimizer": adam}) == pytest.approx(0.01)
+    assert sparse_lr_of({"model": "deepfm", "optimizer": adam}) == pytest.approx(0.001)
+    assert sparse_lr_of({"model": "dnn", "optimizer": {"name": "sgd", "learning_rate": 0.1},
+                         "sparse_lr": 0.3}) == pytest.approx(0.3)
