@@ -37,11 +37,12 @@ Not thread-safe: the server calls every method under its lock, except
 :meth:`seen`, a single dict store.
 """
 
+import time
 from typing import NamedTuple
 
 from pyfleet.service.protocol import Refused
 
-__all__ = ["BARRIER_KINDS", "Barriers", "Failure", "Release"]
+__all__ = ["BARRIER_KINDS", "Barriers", "Failure", "Release", "Ticks"]
 
 BARRIER_KINDS = ("step", "pass")
 
@@ -218,3 +219,25 @@ class Barriers:
         if self.stopped:
             why.append(f"worker(s) {sorted(self.stopped)} stopped")
         return "; ".join(why) + ": no worker is left to serve"
+
+
+class Ticks:
+    """The server's housekeeping clock (its ROUTER thread's): the time since it last
+    ran (a long gap is the server's own stall, reported with :meth:`Barriers.pause`,
+    not the workers' silence) and whether housekeeping is due (every 0.1 s)."""
+
+    def __init__(self):
+        self.start()
+
+    def start(self):
+        self.last, self.house = time.monotonic(), 0.0
+
+    def gap(self, now):
+        gap, self.last = now - self.last, now
+        return gap
+
+    def due(self, now):
+        if now - self.house < 0.1:
+            return False
+        self.house = now
+        return True

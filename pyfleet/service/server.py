@@ -51,7 +51,7 @@ from pyfleet.service import checkpoint as _checkpoint
 from pyfleet.service import protocol as P
 from pyfleet.service import table_ops as _table_ops
 from pyfleet.service import wire as Z
-from pyfleet.service.barrier import Barriers
+from pyfleet.service.barrier import Barriers, Ticks
 from pyfleet.service.dedup import RecentRequests
 from pyfleet.service.limits import Limits
 from pyfleet.service.loop import INLINE_LIMIT, SocketLoop
@@ -173,18 +173,16 @@ class Server:
         self.barriers = Barriers(self.worker_num, self.heartbeat_timeout, self.barrier_timeout,
                                  sync=(mode == "sync"),
                                  max_step_bytes=self.limits.max_step_bytes)
-        self._counters = {}
+        self._counters = Counters()
         self._recent = RecentRequests(self.worker_num + 1)  # push ids, per sender
         self._owners = Owners(self.worker_num, self.heartbeat_timeout)  # who speaks for whom
-        self._counter_lock = threading.Lock()
-        self._data = TableOps(self.registry, self.barriers, mode, self._count,
+        self._data = TableOps(self.registry, self.barriers, mode, self._counters.add,
                              self.handler_threads, self.split_pull_keys, self.limits)
         self._ops = {**self._data.ops(),
                      Op.BARRIER: self._barrier, Op.HEARTBEAT: self._heartbeat,
                      Op.STOP_WORKER: self._stop_worker, Op.SAVE: self._save, Op.LOAD: self._load,
                      Op.STATS: self._stats}
-        self._last_house = 0.0
-        self._last_tick = time.monotonic()
+        self._ticks = Ticks()
         self._done = threading.Event()
         self._ran = False
         self.failure = None  # why run() ended before every worker stopped (None: it did not)
@@ -205,6 +203,7 @@ class Server:
                 self._zap = _auth.ZapAuthenticator(self._ctx, curve_client_keys).start()
             if listen_fd is None:
                 listen_fd = Z.inherited_listener(port)
+            self._held_fd = listen_fd is not None
             try:
                 port = Z.bind_router(self._frontend, host, port, self.max_message_bytes,
                                      curve_secret_key, self.limits.max_queued_replies,
@@ -232,16 +231,6 @@ class Server:
             self._close_auth()
             raise
 
-    @property
-    def _entries(self):
-        """``{table id: Entry}`` (tests and tools look at the tables held)."""
-        return self.registry.entries
-
-    @property
-    def _barrier_count(self):
-        """Barriers completed so far."""
-        return self.barriers.count
-
     def _close_auth(self):
         if self._zap is not None:
             self._zap.stop()
@@ -262,7 +251,7 @@ class Server:
         self._ran = True
         with self._lock:
             self.barriers.start(time.monotonic())
-        self._last_tick = time.monotonic()
+        self._ticks.start()
         log.info("server %d/%d serving %s (%s mode)", self.server_index, self.server_num,
                  self.endpoint, self.mode)
         if self._loop.run(on_exit=self._data.close):  # term() would wait for their sockets
@@ -284,16 +273,13 @@ class Server:
         self._frontend.close(linger=0)
         self._loop.close()
         self._close_auth()
+        if not self._held_fd:  # a launcher's port stays held; ours is free when this returns
+            Z.wait_released(*split_endpoint(self.endpoint, "server endpoint"))
 
     def _dropped(self, why, ident):
-        self._count("dropped_replies")
+        self._counters.add("dropped_replies")
         _log_bad(self._counters.get("dropped_replies", 0),
                  f"reply to peer {ident.hex()} dropped: {why}")
-
-    def _count(self, name, n=1):
-        with self._counter_lock:
-            self._counters[name] = self._counters.get(name, 0) + n
-            return self._counters[name]
 
     # ---------------------------------------------------------------- dispatch
 
@@ -301,12 +287,12 @@ class Server:
         """Replies (each a frame list starting with the identity) for one message."""
         ident, frames = msg[0], msg[1:]
         if not frames:
-            self._count("protocol_errors")
+            self._counters.add("protocol_errors")
             return [[ident] + P.error_reply(0, 0, "empty message: no header frame")]
         try:
             h = P.unpack_header(frames[0].buffer)
         except ProtocolError as e:
-            self._count("protocol_errors")
+            self._counters.add("protocol_errors")
             _log_bad(self._counters.get("protocol_errors", 0), e)
             return [[ident] + P.error_reply(0, 0, e)]
         try:
@@ -321,14 +307,14 @@ class Server:
                 now = time.monotonic()
                 if self._owners.heard(h.status - 1, h.request, now):  # not a stranger's
                     self.barriers.seen(h.status - 1, now)
-            self._count(_OP_COUNTER[op])
+            self._counters.add(_OP_COUNTER[op])
             if op in _PUSH_OPS:
                 sender = h.status
                 if not 0 < sender <= self.worker_num:
                     raise Refused(not_a_worker(sender, self.worker_num))
                 self._claim(sender - 1, h, op.name)  # only the client owning the index
                 if not self._recent.first(sender, h.request):
-                    self._count("duplicate_pushes")  # a retry: applied once already
+                    self._counters.add("duplicate_pushes")  # a retry: applied once already
                     return self._data.repeat_reply(h, op, frames[1:], ident)
                 try:
                     return self._ops[op](h, op, frames[1:], ident)
@@ -339,16 +325,16 @@ class Server:
             return [] if out is None else out
         except (ProtocolError, Refused, ValueError, TypeError, KeyError, OSError) as e:
             kind = "protocol_errors" if isinstance(e, ProtocolError) else "refused_requests"
-            self._count(kind)
+            self._counters.add(kind)
             _log_bad(self._counters.get(kind, 0), e)
             msg = str(e) if not isinstance(e, KeyError) else f"missing field {e}"
             return [[ident] + P.error_reply(h.op, h.request, f"{_op_name(h.op)}: {msg}",
                                             table=h.table)]
         except Exception as e:  # a server bug must not end the server
-            out = _table_ops.spill_reply(e, h, ident, self._count, self.server_index)
+            out = _table_ops.spill_reply(e, h, ident, self._counters.add, self.server_index)
             if out is not None:
                 return out
-            self._count("internal_errors")
+            self._counters.add("internal_errors")
             log.exception("internal error on %s", _op_name(h.op))
             return [[ident] + P.error_reply(h.op, h.request,
                                             f"{_op_name(h.op)}: internal error: {e!r}")]
@@ -401,7 +387,7 @@ class Server:
         with self._lock:
             # Measured under the lock: a wait for it is a stall too.
             now = time.monotonic()
-            gap, self._last_tick = now - self._last_tick, now
+            gap = self._ticks.gap(now)
             if gap > _STALL_SECONDS:
                 # This thread was not running (the process stopped or starved,
                 # or the lock held): nobody could be heard, so the gap is the
@@ -411,9 +397,8 @@ class Server:
                 log.warning("server %d did not serve for %.1f s; liveness clocks moved on "
                             "by that", self.server_index, gap)
                 return  # read what waits in the socket before judging anyone
-        if now - self._last_house < 0.1:
+        if not self._ticks.due(now):
             return
-        self._last_house = now
         with self._lock:
             if self.failure is None:
                 why = self.barriers.abandoned(now)
@@ -427,7 +412,7 @@ class Server:
                 return
             msg = f"barrier failed on server {self.server_index} ({self.endpoint}): {failed.why}"
             log.error("%s", msg)
-            self._count("barrier_failures")
+            self._counters.add("barrier_failures")
             out = [[ident] + P.error_reply(hh.op, hh.request, msg, Status.BARRIER_FAILED)
                    for ident, hh in failed.tokens]
         for m in out:
@@ -490,8 +475,7 @@ class Server:
 
     def stats(self):
         """Counters of this server and of each table (JSON-friendly). Thread-safe."""
-        with self._counter_lock:
-            counters = dict(self._counters)
+        counters = self._counters.snapshot()
         with self._lock:
             return {"server_index": self.server_index, "server_num": self.server_num,
                     "endpoint": self.endpoint, "mode": self.mode, "counters": counters,
@@ -505,6 +489,28 @@ class Server:
         :meth:`pyfleet.service.registry.Registry.create_tables`. Thread-safe.
         Returns the name -> id map."""
         return self.registry.create_tables(configs)
+
+
+class Counters:
+    """Named counts of a server's events (requests by kind, errors, drops), counted
+    from any thread."""
+
+    def __init__(self):
+        self._counts = {}
+        self._lock = threading.Lock()
+
+    def add(self, name, n=1):
+        """Count ``n`` more ``name``; returns the new count."""
+        with self._lock:
+            self._counts[name] = self._counts.get(name, 0) + n
+            return self._counts[name]
+
+    def get(self, name, default=0):
+        return self._counts.get(name, default)
+
+    def snapshot(self):
+        with self._lock:
+            return dict(self._counts)
 
 
 def _op_name(op):

@@ -10,6 +10,7 @@ are sent and received atomically. Not thread-safe beyond the socket's own rules
 import os
 import socket
 import stat
+import time
 
 import numpy as np
 import zmq
@@ -142,6 +143,25 @@ def bind_router(sock, host, port, max_message_bytes, curve_secret_key=None,
         sock.curve_server = False
         sock.bind("ipc://" + ipc_path(ipc_dir, host, port))
     return port
+
+
+def wait_released(host, port, seconds=2.0):
+    """Wait (at most ``seconds``) until nothing listens on ``host:port`` any more: a
+    closed socket of a shared ZeroMQ context lets go of its port in the context's I/O
+    thread, a moment after ``close()`` returns. Returns whether the port is free."""
+    deadline = time.monotonic() + seconds
+    while True:
+        probe = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        try:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as libzmq binds
+            probe.bind((host, port))
+            return True
+        except OSError:
+            if time.monotonic() >= deadline:
+                return False
+        finally:
+            probe.close()
+        time.sleep(0.01)  # polling the kernel's socket table: no event says "unbound"
 
 
 LISTEN_FD_VAR = "PYFLEET_LISTEN_FD"

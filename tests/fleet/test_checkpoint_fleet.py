@@ -88,7 +88,7 @@ class Cluster:
         the servers, sorted by key; every dense parameter's weights."""
         sparse, dense = {}, {}
         for s in self.servers:
-            for e in s._entries.values():
+            for e in s.registry.entries.values():
                 if e.kind == "sparse":
                     sparse.setdefault(e.name, []).append(e.table.export(with_state=True))
                 else:
@@ -364,7 +364,7 @@ def test_reshard_keeps_every_key_once_with_its_state(root, data, before, after):
         want = c.state()
     with cluster(after, data, model_dir="ck") as c:
         got = c.state()  # asserts no key is on two servers
-        counts = [len(e.table) for s in c.servers for e in s._entries.values()
+        counts = [len(e.table) for s in c.servers for e in s.registry.entries.values()
                   if e.kind == "sparse"]
     assert len(counts) == after * sum(isinstance(v, dict) for v in want.values())
     assert min(counts) > 0
@@ -458,4 +458,4 @@ def test_sync_worker_with_a_refused_push_stays_in_step(data):
     # 1's step 2 with worker 0's step 3)
     for step in (0, 2, 3):
         assert results[0][step] == pytest.approx(results[1][step], rel=1e-6), step
-    assert srv._barrier_count == len(batches)
+    assert srv.barriers.count == len(batches)

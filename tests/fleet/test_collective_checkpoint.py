@@ -49,7 +49,7 @@ def ps_job(num_servers, model_dir):
 def server_values(servers):
     sparse, dense = [], {}
     for s in servers:
-        for e in s._entries.values():
+        for e in s.registry.entries.values():
             if e.kind == "sparse":
                 sparse.append(e.table.export())
             else:
