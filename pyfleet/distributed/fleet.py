@@ -160,12 +160,12 @@ class Fleet(FleetBase):
         environment contract of docs/fleet.md, else a ConfigError saying what to set).
         The process keeps its freed buffers mapped from here on (a training role's
         step reuses the same few MB every batch: :mod:`pyfleet._malloc`)."""
-        _malloc.keep_freed_memory()
         if role_maker is None:
             role_maker = default_role_maker()
         self._check_role_maker(role_maker)
         role_maker.generate_role()
         self._role = role_maker
+        _malloc.keep_freed_memory(_malloc.SERVER if role_maker.is_server() else _malloc.WORKER)
 
     def set_hdfs_config(self, fs_name=None, fs_ugi=None, **kwargs):
         """Fluid's HDFS settings (``fleet._hdfs_config``): the ``hadoop fs -D`` options of
