@@ -49,14 +49,20 @@ def _inherit(args, explicit, settings, where):
 def _resumed_settings(job):
     """The command-line settings of a job.json (older ones lack ``settings``)."""
     if isinstance(job.get("settings"), dict):
-        return job["settings"]
-    keys = ("model", "embedding_dim", "lr", "batch_size", "mode", "seed", "format",
-            "admission_count", "show_click", "shrink_min_score", "shrink_decay",
-            "shrink_unseen_passes", "valid_fraction", "keep", "keep_best", "checkpoint_steps",
-    "checkpoint_every", "max_restarts", "restart_window")
-    out = {k: job[k] for k in keys if k in job}
-    if isinstance(job.get("layers"), list):
-        out["layers"] = ",".join(str(x) for x in job["layers"])
+        out = dict(job["settings"])
+    else:
+        keys = ("model", "embedding_dim", "lr", "batch_size", "mode", "seed", "format",
+                "admission_count", "show_click", "shrink_min_score", "shrink_decay",
+                "shrink_unseen_passes", "valid_fraction", "keep", "keep_best",
+                "checkpoint_steps", "checkpoint_every", "max_restarts", "restart_window")
+        out = {k: job[k] for k in keys if k in job}
+        if isinstance(job.get("layers"), list):
+            out["layers"] = ",".join(str(x) for x in job["layers"])
+    lr = out.get("lr", job.get("lr"))
+    if "sparse_lr" not in job and out.get("sparse_lr") is None and lr is not None:
+        # A run from before --sparse-lr trained its tables at the optimizer's rate: it
+        # goes on at that rate, not at today's default for new runs.
+        out["sparse_lr"] = lr
     return out
 
 
