@@ -8,7 +8,10 @@ modules and classes, C++ files and functions have a size limit.
 """
 
 import ast
+import json
 import re
+import subprocess
+import sys
 
 import pytest
 from support import REPO
@@ -200,6 +203,28 @@ def test_readers_live_in_data_and_the_old_paths_are_faces_over_it():
         code = [n for n in tree.body if not isinstance(n, (ast.Import, ast.ImportFrom,
                                                            ast.Expr, ast.Assign))]
         assert not code, f"{module} should only re-export pyfleet.data, has {code[0].__class__}"
+
+
+def test_old_import_paths_warn_naming_their_new_home():
+    """Each old path still imports, with a DeprecationWarning that names it (read in a
+    fresh interpreter: a module warns when it is first imported)."""
+    old = [m for m in COMPAT if m in MODULES]
+    code = ("import importlib, json, warnings\n"
+            "out = {}\n"
+            f"for m in {old!r}:\n"
+            "    with warnings.catch_warnings(record=True) as seen:\n"
+            "        warnings.simplefilter('always')\n"
+            "        importlib.import_module(m)\n"
+            "    out[m] = [str(w.message) for w in seen\n"
+            "              if issubclass(w.category, DeprecationWarning)]\n"
+            "print(json.dumps(out))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120, check=False, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    said = json.loads(r.stdout.strip().splitlines()[-1])
+    for module in old:
+        assert any(module in text and "import" in text for text in said[module]), \
+            (module, said[module])
 
 
 def test_compat_modules_are_thin():

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from pyfleet import _checkpoint
+from pyfleet.service import checkpoint as _checkpoint
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

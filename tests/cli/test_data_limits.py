@@ -3,6 +3,8 @@ job, naming the line), `--max-line-bytes` (the long-line error names the flag th
 raises the limit), and `--format` given a file of another format naming the one it
 looks like."""
 
+from pathlib import Path
+
 import pytest
 from support.cli import pyfleet
 
@@ -17,7 +19,7 @@ SMALL = ["--layers", "8", "--embedding-dim", 4, "--workers", 1]
 def data(tmp_path_factory):
     d = tmp_path_factory.mktemp("limits")
     info = synthetic.generate(d / "gen", rows=3000, seed=2)
-    lines = open(info["train"], "rb").read().split(b"\n")[:-1]
+    lines = Path(info["train"]).read_bytes().split(b"\n")[:-1]
     bad = list(lines)
     for at in (100, 700, 1500):  # 3 malformed lines
         bad[at] = b"x\tnot a row"

@@ -112,7 +112,8 @@ def test_the_emitted_pods_train_the_job(tmp_path):
             p = subprocess.Popen(argv, env=env, cwd=local(c.get("workingDir", str(tmp_path))),
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             if init:
-                assert p.wait(timeout=300) == 0, p.stdout.read()
+                out = p.communicate(timeout=300)[0]
+                assert p.returncode == 0, out
             else:
                 procs.append(p)
         return procs

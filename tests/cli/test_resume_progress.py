@@ -40,7 +40,7 @@ def test_the_first_line_after_a_resume_counts_only_this_runs_examples(tmp_path):
     _status(tmp_path, 0, pass_examples=500, examples=500, loss_sum=290.0, seconds=10.0,
             base_examples=400, base_loss_sum=240.0, stats=stats.to_json())
     m.poll()
-    (record,) = [json.loads(x) for x in open(tmp_path / "metrics.jsonl")]
+    (record,) = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert record["loss"] == 0.5                      # (290 - 240) / (500 - 400)
     assert record["pass_fraction"] == 0.5             # 500 of the pass's 1000
     # 500 examples left at this run's 10 examples/s, not at 500 examples in 10 s

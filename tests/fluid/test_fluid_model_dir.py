@@ -138,7 +138,8 @@ def test_a_hand_built_fluid_model_loads_and_predicts_as_numpy(tmp_path, combined
     w, b = _hand_built_fc(where, combined)
     kw = {"model_filename": "model", "params_filename": "params"} if combined else {}
     exe = fluid.Executor()
-    program, feeds, fetches = fluid.io.load_inference_model(str(where), exe, **kw)
+    with pytest.warns(UncheckedModelWarning):  # written by hand: no checksums
+        program, feeds, fetches = fluid.io.load_inference_model(str(where), exe, **kw)
     assert feeds == ["x"] and [v.name for v in fetches] == ["prob"]
     x = np.random.default_rng(1).normal(size=(5, 3)).astype(np.float32)
     (out,) = exe.run(program, feed={"x": x}, fetch_list=fetches)
@@ -150,7 +151,9 @@ def test_a_model_written_by_fluid_1_8_predicts_what_fluid_predicted():
     exe = fluid.Executor()
     for sub, kw in (("separate", {}),
                     ("combined", {"model_filename": "model", "params_filename": "params"})):
-        program, feeds, fetches = fluid.io.load_inference_model(str(FIXTURE / sub), exe, **kw)
+        with pytest.warns(UncheckedModelWarning):  # Paddle's: no checksums (below)
+            program, feeds, fetches = fluid.io.load_inference_model(str(FIXTURE / sub), exe,
+                                                                    **kw)
         assert feeds == ["x", "ids"]
         assert next(v.name for v in fetches).startswith("save_infer_model/scale_0")
         ids = fluid.create_lod_tensor(io["ids"], [list(io["lens"])], fluid.CPUPlace())
@@ -180,8 +183,9 @@ def test_a_model_written_by_paddle_3_in_the_programdesc_layout_predicts_the_same
     where = HERE / "data" / "paddle3_fc"
     io = np.load(where / "io.npz")
     exe = fluid.Executor()
-    program, feeds, fetches = fluid.io.load_inference_model(
-        str(where), exe, model_filename="m.pdmodel", params_filename="m.pdiparams")
+    with pytest.warns(UncheckedModelWarning):  # Paddle's: no checksums
+        program, feeds, fetches = fluid.io.load_inference_model(
+            str(where), exe, model_filename="m.pdmodel", params_filename="m.pdiparams")
     assert feeds == ["x"]
     (out,) = exe.run(program, feed={"x": io["x"]}, fetch_list=fetches)
     np.testing.assert_allclose(np.asarray(out), io["ref"], rtol=1e-6, atol=1e-7)

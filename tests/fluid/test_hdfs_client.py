@@ -71,7 +71,8 @@ def test_multi_upload_then_each_trainer_downloads_its_share(tmp_path, client):
         files = multi_download(c, "hdfs://nn:9000/up", str(tmp_path / f"t{trainer}"),
                                trainer, 2, multi_processes=2)
         for f in files:
-            assert open(f).read() == os.path.relpath(f, tmp_path / f"t{trainer}")
+            with open(f) as fh:
+                assert fh.read() == os.path.relpath(f, tmp_path / f"t{trainer}")
         got += [os.path.relpath(f, tmp_path / f"t{trainer}") for f in files]
     assert sorted(got) == ["a", "b", "sub/c", "sub/d", "sub/e"]   # each file once
     with pytest.raises(ValueError, match="sync=False"):

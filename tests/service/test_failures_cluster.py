@@ -109,6 +109,8 @@ class Job:
             if p.poll() is None:
                 p.kill()
                 p.wait(10)
+            if p.stdin is not None:
+                p.stdin.close()
 
 
 @pytest.fixture

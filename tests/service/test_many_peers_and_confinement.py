@@ -6,6 +6,7 @@ write), with nothing written or changed outside it.
 
 import os
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -87,7 +88,7 @@ def _tree(path):
         for n in dirs + files:
             p = os.path.join(d, n)
             out[os.path.relpath(p, path)] = (os.readlink(p) if os.path.islink(p) else
-                                             open(p, "rb").read() if os.path.isfile(p) else None)
+                                             Path(p).read_bytes() if os.path.isfile(p) else None)
     return out
 
 

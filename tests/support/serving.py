@@ -41,11 +41,12 @@ class ServeProcess:
             self.wait_ready(timeout)
 
     def _pump(self, stream, out):
-        for line in stream:
-            if out is not None:
-                out.put(line)
-            else:
-                self.stderr_lines.append(line)
+        with stream:  # closed at its end: the pipe is not left to the garbage collector
+            for line in stream:
+                if out is not None:
+                    out.put(line)
+                else:
+                    self.stderr_lines.append(line)
 
     def stderr_text(self):
         return "".join(self.stderr_lines)

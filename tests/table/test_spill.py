@@ -431,6 +431,7 @@ def test_sigkill_leaves_the_last_checkpoint_loadable(tmp_path, mode):
     finally:
         p.kill()
         p.wait(timeout=30)
+        p.stdout.close()
     assert p.returncode == -signal.SIGKILL
     last = int(printed[-1])
     saved = [s for s in range(last + 2) if (s < 10 and s % 5 == 4) or (mode == "save" and s >= 10)]
