@@ -32,7 +32,7 @@ SQUATTER = textwrap.dedent("""
         s.bind((host, port))
         s.listen()
         print("ready", flush=True)
-        time.sleep(600)
+        time.sleep(600)  # parked: holds the port until the test kills it
     s = zmq.Context().socket(zmq.ROUTER)
     s.bind(f"tcp://{host}:{port}")
     print("ready", flush=True)
