@@ -27,7 +27,7 @@ ROOMS = [
     ("table", 1, ["pyfleet.entry", "pyfleet.initializer", "pyfleet.optimizer", "pyfleet.table",
                   "pyfleet.metrics"]),
     ("data", 1, ["pyfleet.data", "pyfleet.reader"]),
-    ("config", 2, ["pyfleet.config", "pyfleet._transpiler_flags"]),
+    ("config", 2, ["pyfleet.config", "pyfleet._transpiler_flags", "pyfleet.ps_dispatcher"]),
     ("service", 3, ["pyfleet.service"]),
     ("fluid", 3, ["pyfleet.fluid", "pyfleet.dataset"]),
     ("distributed", 4, ["pyfleet.distributed", "pyfleet.models"]),
