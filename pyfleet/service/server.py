@@ -58,6 +58,7 @@ from pyfleet.service.loop import INLINE_LIMIT, SocketLoop
 from pyfleet.service.owners import Owners, not_a_worker
 from pyfleet.service.protocol import Op, ProtocolError, Refused, Status
 from pyfleet.service.registry import Registry
+from pyfleet.service.stats import Counters, peak_rss_bytes, rss_bytes
 from pyfleet.service.table_ops import SPLIT_PULL_KEYS, TableOps, control_payload, segment_sum
 
 __all__ = ["Server", "segment_sum"]
@@ -481,36 +482,14 @@ class Server:
                     "endpoint": self.endpoint, "mode": self.mode, "counters": counters,
                     "tables": self.registry.table_stats(),
                     "stopped_workers": sorted(self.barriers.stopped),
-                    "barriers": self.barriers.count, "rss_bytes": _rss_bytes(),
-                    "peak_rss_bytes": _peak_rss_bytes()}
+                    "barriers": self.barriers.count, "rss_bytes": rss_bytes(),
+                    "peak_rss_bytes": peak_rss_bytes()}
 
     def create_tables(self, configs):
         """Create tables from JSON configs; see
         :meth:`pyfleet.service.registry.Registry.create_tables`. Thread-safe.
         Returns the name -> id map."""
         return self.registry.create_tables(configs)
-
-
-class Counters:
-    """Named counts of a server's events (requests by kind, errors, drops), counted
-    from any thread."""
-
-    def __init__(self):
-        self._counts = {}
-        self._lock = threading.Lock()
-
-    def add(self, name, n=1):
-        """Count ``n`` more ``name``; returns the new count."""
-        with self._lock:
-            self._counts[name] = self._counts.get(name, 0) + n
-            return self._counts[name]
-
-    def get(self, name, default=0):
-        return self._counts.get(name, default)
-
-    def snapshot(self):
-        with self._lock:
-            return dict(self._counts)
 
 
 def _op_name(op):
@@ -524,23 +503,3 @@ def _log_bad(n, err):
     # Hostile peers must not flood the log: the first few, then every power of ten.
     if n <= 10 or (n & (n - 1)) == 0:
         log.warning("refused request (#%d): %s", n, err)
-
-
-def _rss_bytes():
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return -1
-
-
-def _peak_rss_bytes():
-    """The process's peak resident memory so far (Linux's VmHWM); -1 where unknown."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return -1
