@@ -32,11 +32,8 @@ import numpy as np
 from pyfleet import optimizer as _opt
 from pyfleet.fluid import fluid_model, program_desc, unique_name
 from pyfleet.fluid.backend import LocalBackend
-from pyfleet.fluid.gradient_rules import check_clip
-from pyfleet.fluid.lr_schedules import check_schedule
-from pyfleet.fluid.optimizer import minimize
+from pyfleet.fluid.optimizer import check_minimize, minimize
 from pyfleet.fluid.param_attr import ParamAttr, create_parameter_in
-from pyfleet.fluid.regularizer import check_regularizer
 from pyfleet.fluid.tensor import (
     CPUPlace,
     CUDAPlace,
@@ -419,25 +416,9 @@ class Program:
         an empty list (the update runs in the backend), ``params_grads`` a list
         of ``(Parameter, gradient Variable)`` pairs.
         """
-        if not isinstance(optimizer, _opt.Optimizer):
-            raise ValueError(f"optimizer must be a pyfleet.optimizer rule, got {optimizer!r}")
-        check_regularizer(optimizer.regularization, "the optimizer's regularization")
-        check_clip(optimizer.grad_clip, "the optimizer's grad_clip")
         if not isinstance(loss, Variable):
             raise ValueError(f"loss must be a fluid Variable, got {loss!r}")
-        if loss.block.program is not self:
-            raise ValueError(f"loss {loss.name!r} belongs to another program")
-        if loss.shape is not None and int(np.prod([abs(s) for s in loss.shape])) != 1:
-            raise ValueError(f"loss must be a scalar (shape [1]), got {loss.name} with shape "
-                             f"{loss.shape}: reduce it with fluid.layers.mean")
-        names = None
-        if parameter_list is not None:
-            names = {p.name if isinstance(p, Variable) else str(p) for p in parameter_list}
-        if no_grad_set is not None:
-            excluded = {p.name if isinstance(p, Variable) else str(p) for p in no_grad_set}
-            base = names if names is not None else {p.name for p in self.all_parameters()}
-            names = base - excluded
-        check_schedule(self, optimizer)
+        names = check_minimize(self, optimizer, loss, parameter_list, no_grad_set)
         self._optimizer = optimizer
         self._loss = loss
         self._trainable = names

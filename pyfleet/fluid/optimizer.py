@@ -14,7 +14,12 @@ loss's program (:meth:`pyfleet.fluid.framework.Program.attach_optimizer`):
   ``distributed_optimizer(opt).minimize(loss)`` uses).
 """
 
+import numpy as np
+
 from pyfleet.fluid import refusals as _refusals
+from pyfleet.fluid.gradient_rules import check_clip
+from pyfleet.fluid.lr_schedules import check_schedule
+from pyfleet.fluid.regularizer import check_regularizer
 from pyfleet.optimizer import (
     FTRL,
     SGD,
@@ -34,7 +39,8 @@ from pyfleet.optimizer import (
 
 __all__ = ["FTRL", "SGD", "Adagrad", "AdagradOptimizer", "Adam", "AdamOptimizer", "Ftrl",
            "FtrlOptimizer", "Momentum", "MomentumOptimizer", "Optimizer",
-           "RMSProp", "RMSPropOptimizer", "SGDOptimizer", "from_config", "minimize"]
+           "RMSProp", "RMSPropOptimizer", "SGDOptimizer", "check_minimize", "from_config",
+           "minimize"]
 
 Ftrl = FTRL
 
@@ -46,6 +52,29 @@ def minimize(optimizer, loss, startup_program=None, parameter_list=None, no_grad
         raise ValueError(f"optimizer must be a pyfleet.optimizer rule, got {optimizer!r}")
     return optimizer.minimize(loss, startup_program=startup_program,
                               parameter_list=parameter_list, no_grad_set=no_grad_set)
+
+
+def check_minimize(program, optimizer, loss, parameter_list=None, no_grad_set=None):
+    """Check ``program.attach_optimizer``'s arguments (``loss`` a Variable of
+    ``program``); returns the names of the parameters to train (None: all)."""
+    if not isinstance(optimizer, Optimizer):
+        raise ValueError(f"optimizer must be a pyfleet.optimizer rule, got {optimizer!r}")
+    check_regularizer(optimizer.regularization, "the optimizer's regularization")
+    check_clip(optimizer.grad_clip, "the optimizer's grad_clip")
+    if loss.block.program is not program:
+        raise ValueError(f"loss {loss.name!r} belongs to another program")
+    if loss.shape is not None and int(np.prod([abs(s) for s in loss.shape])) != 1:
+        raise ValueError(f"loss must be a scalar (shape [1]), got {loss.name} with shape "
+                         f"{loss.shape}: reduce it with fluid.layers.mean")
+    names = None
+    if parameter_list is not None:
+        names = {getattr(p, "name", None) or str(p) for p in parameter_list}
+    if no_grad_set is not None:
+        excluded = {getattr(p, "name", None) or str(p) for p in no_grad_set}
+        base = names if names is not None else {p.name for p in program.all_parameters()}
+        names = base - excluded
+    check_schedule(program, optimizer)
+    return names
 
 
 def lazy_row_width(param, opt):
