@@ -30,7 +30,6 @@ request from the network can write elsewhere.
 """
 
 import atexit
-import json
 import logging
 import os
 import sys
@@ -44,6 +43,7 @@ from pyfleet.distributed.checkpoint_paths import (
     relative_to_root,
 )
 from pyfleet.distributed.fleet_base import FleetBase
+from pyfleet.distributed.fleet_saves import check_executor, checked_meta, delta_base
 from pyfleet.distributed.remote_backend import NoServers, RemoteBackend
 from pyfleet.distributed.role_maker import default_role_maker
 from pyfleet.distributed.strategy import DistributedStrategy, job_config
@@ -51,12 +51,9 @@ from pyfleet.distributed.tables import server_table_configs, servers_regularize,
 from pyfleet.entry import Entry
 from pyfleet.errors import ConfigError, PeerTimeout, PyfleetError
 from pyfleet.fluid import inference
-from pyfleet.fluid.compiler import CompiledProgram
-from pyfleet.fluid.executor import Executor
 from pyfleet.fluid.framework import default_startup_program
 from pyfleet.fluid.io import check_local_path, load_scope_state, save_scope_state
 from pyfleet.fluid.optimizer import minimize
-from pyfleet.fluid.parallel_executor import ParallelExecutor
 from pyfleet.optimizer import Optimizer
 from pyfleet.service import checkpoint as _checkpoint
 from pyfleet.service.auth import client_options_from_env, server_options_from_env
@@ -99,20 +96,6 @@ class DistributedOptimizer:
                                  getattr(self, "_sparse_storage", "fp32"),
                                  getattr(self, "_sparse_spill", (None, None)))
         return result
-
-
-def _check_executor(executor, main_program, what):
-    """Fluid's checks of a Fleet save's arguments: an Executor (pyfleet's saves also
-    run without one), never a ParallelExecutor; a Program, never a CompiledProgram."""
-    if isinstance(executor, ParallelExecutor):
-        raise TypeError(f"in fleet.{what}() function, executor must be as Executor type, "
-                        f"ParallelExecutor is not allowed")
-    if executor is not None and not isinstance(executor, Executor):
-        raise TypeError(f"in fleet.{what}() function, executor must be as Executor type, "
-                        f"got {executor!r}")
-    if isinstance(main_program, CompiledProgram):
-        raise TypeError(f"in fleet.{what}() function, main_program must be as Program type, "
-                        f"CompiledProgram is not allowed")
 
 
 class TranspilerOptimizer(DistributedOptimizer):
@@ -412,33 +395,17 @@ class Fleet(FleetBase):
         scope state (auc counters) as ``<name>.state.npy`` beside the
         manifest (``fluid.io.load_persistables`` and :meth:`load_persistables`
         read it back). Returns the manifest."""
-        _check_executor(executor, main_program, "save_persistables")
+        check_executor(executor, main_program, "save_persistables")
         if dirname is None:
             raise ValueError("save_persistables needs dirname")
         check_local_path(dirname, "dirname")
         client = self._require_worker("save_persistables")
-        if meta is not None:
-            if not isinstance(meta, dict):
-                raise ValueError(f"meta must be a dict (a JSON object), got {type(meta).__name__}")
-            try:
-                meta = json.loads(json.dumps(meta, allow_nan=False))
-            except (TypeError, ValueError) as e:
-                raise ValueError(f"meta must be JSON-serializable: {e}") from None
+        meta = checked_meta(meta)
         if mode not in ("full", "delta"):
             raise ValueError(f"mode must be 'full' or 'delta', got {mode!r}")
         rel, path = relative_to_root(dirname)
         self._backend.finish()
-        previous = parent = None
-        if mode == "delta":
-            if self._last_save is None:
-                mode = "full"
-            else:
-                last_dir, last_id = self._last_save
-                parent = last_id
-                if last_dir == path:
-                    previous = _checkpoint.read_manifest(path)
-                    if previous is None or previous["id"] != last_id:
-                        mode, previous, parent = "full", None, None
+        mode, previous, parent = delta_base(mode, self._last_save, path)
         os.makedirs(path, exist_ok=True)
         gen = _checkpoint.new_generation(path, mode)
         self._last_save = None  # a failed save leaves the servers' delta base unknown
@@ -461,7 +428,7 @@ class Fleet(FleetBase):
         """A self-contained prediction directory: the network, the dense weights
         and every embedding row (optimizer state dropped), gathered from the
         servers. ``pyfleet.fluid.inference.load(dirname)`` predicts from it."""
-        _check_executor(executor, main_program, "save_inference_model")
+        check_executor(executor, main_program, "save_inference_model")
         client = self._require_worker("save_inference_model")
         self._backend.finish()
         program = main_program or self.main_program
