@@ -90,7 +90,8 @@ class RuntimeConfig:
     """Timeouts of the run-time (pyfleet's, not Fluid's), in seconds.
 
     ``request_timeout``: one pull/push/control request to a server before it is reported as a
-    :class:`~pyfleet.errors.PeerTimeout` naming the endpoint.
+    :class:`~pyfleet.errors.PeerTimeout` naming the endpoint; by default 60 s, or Fluid's
+    ``FLAGS_rpc_deadline`` (milliseconds, the deadline of its RPCs) when that is set.
     ``connect_timeout``: how long a worker waits for the servers to come up at ``init_worker``.
     ``barrier_timeout``: how long a sync-mode barrier waits for the slowest worker before it
     fails with :class:`~pyfleet.errors.BarrierError`.
@@ -100,9 +101,9 @@ class RuntimeConfig:
 
     _FIELDS = ("request_timeout", "connect_timeout", "barrier_timeout", "heartbeat_timeout")
 
-    def __init__(self, request_timeout: float = 60.0, connect_timeout: float = 60.0,
+    def __init__(self, request_timeout: float | None = None, connect_timeout: float = 60.0,
                  barrier_timeout: float = 300.0, heartbeat_timeout: float = 10.0):
-        self.request_timeout = request_timeout
+        self.request_timeout = _rpc_deadline() if request_timeout is None else request_timeout
         self.connect_timeout = connect_timeout
         self.barrier_timeout = barrier_timeout
         self.heartbeat_timeout = heartbeat_timeout
@@ -127,6 +128,23 @@ class RuntimeConfig:
 
     def __repr__(self):
         return "RuntimeConfig(" + ", ".join(f"{k}={v!r}" for k, v in self.to_dict().items()) + ")"
+
+
+def _rpc_deadline() -> float:
+    """Seconds of Fluid's ``FLAGS_rpc_deadline`` (an int of milliseconds, read from the
+    environment as Fluid reads it), else 60."""
+    text = os.environ.get("FLAGS_rpc_deadline", "").strip()  # noqa: SIM112 (Fluid's name)
+    if not text:
+        return 60.0
+    try:
+        ms = int(text)
+    except ValueError:
+        ms = 0
+    if ms <= 0:
+        raise ConfigError(f"FLAGS_rpc_deadline must be a positive number of milliseconds "
+                          f"(Fluid's RPC deadline, pyfleet's runtime.request_timeout), "
+                          f"got {text!r}")
+    return ms / 1000.0
 
 
 def _unknown_attribute(owner: str, key: str, known: Iterable[str]) -> str:

@@ -39,7 +39,9 @@ Fluid, sync mode takes ``communicator_max_merge_var_num`` and
 ``communicator_send_queue_size`` from ``CPU_NUM`` whatever they are set to,
 and only the flags Fluid passes to the communicator of the strategy's mode
 count (geo: the thread pool size and the send wait times); ``rpc_deadline``
-and ``rpc_retry_times`` are kept but unused, as in Fluid. Any
+and ``rpc_retry_times`` are kept but unused, as in Fluid (whose RPCs take the
+``FLAGS_rpc_deadline`` environment variable itself, as pyfleet's
+``runtime.request_timeout`` does). Any
 ``communicator_is_sgd_optimizer`` is accepted (PaddleRec sets it from the
 optimizer): it tells Fluid's communicator whether merged gradients are summed
 or averaged, and pyfleet's workers merge none (each step's push goes alone).

@@ -345,6 +345,17 @@ def test_runtime_timeouts_are_validated():
             r.request_timeout = bad
 
 
+def test_fluid_rpc_deadline_sets_the_request_timeout_by_default(monkeypatch):
+    assert DistributeTranspilerConfig().runtime.request_timeout == 60.0
+    monkeypatch.setenv("FLAGS_rpc_deadline", "5000")   # Fluid's, in ms (Paddle's tests set it)
+    assert DistributeTranspilerConfig().runtime.request_timeout == 5.0
+    assert RuntimeConfig(request_timeout=7.0).request_timeout == 7.0   # given: it wins
+    for bad in ("soon", "0", "-5", "1.5"):
+        monkeypatch.setenv("FLAGS_rpc_deadline", bad)
+        with pytest.raises(ConfigError, match="FLAGS_rpc_deadline"):
+            DistributeTranspilerConfig()
+
+
 def test_pyfleet_mode_env_sets_the_default_only(monkeypatch):
     monkeypatch.setenv("PYFLEET_MODE", "async")
     c = DistributeTranspilerConfig()
