@@ -102,8 +102,12 @@ def concat(input, axis=0, name=None):
 
 
 def sums(input, out=None):
+    """Fluid's: the sum of the variables ``input``, into ``out`` when given (a variable
+    of the program, as ``create_tensor`` makes), else a new one."""
     xs = [_check_var(x, "sums input") for x in input]
-    res = _tmp("sum", xs[0].shape, xs[0].dtype)
+    res = _tmp("sum", xs[0].shape, xs[0].dtype) if out is None else _check_var(out, "sums out")
+    if res.shape is None:   # an empty create_tensor takes the sum's shape
+        res.shape = xs[0].shape
     _op("sum", {"X": xs}, {"Out": [res]})
     return res
 
