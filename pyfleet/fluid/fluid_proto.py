@@ -44,6 +44,23 @@ import struct
 
 import numpy as np
 
+from pyfleet.fluid.proto_wire import (
+    ProgramDescError,
+    f_bytes,
+    f_float,
+    f_str,
+    f_varint,
+    fields,
+    int32,
+    one,
+    repeated_floats,
+    repeated_varints,
+    signed,
+    sub,
+    subs,
+    text,
+)
+
 __all__ = [
     "FEED_MINIBATCH",
     "FETCH_LIST",
@@ -73,10 +90,6 @@ LOD_TENSOR, SELECTED_ROWS, FEED_MINIBATCH, FETCH_LIST, RAW = 7, 8, 9, 10, 17
 _MAX_DESC = 1 << 20   # a TensorDesc is a few bytes; a claimed megabyte is damage
 
 
-class ProgramDescError(ValueError):
-    """Bytes that are not a ProgramDesc (or tensor file) this module can read."""
-
-
 def dtype_of(code):
     """The numpy dtype of a VarType.Type code; ProgramDescError for others."""
     try:
@@ -93,195 +106,35 @@ def var_type_of(dtype):
         raise ProgramDescError(f"dtype {np.dtype(dtype)} has no Fluid tensor type") from None
 
 
-# ----------------------------------------------------------------------- wire encoding
-def _varint(n):
-    n = int(n)
-    if n < 0:
-        n += 1 << 64   # int32/int64/enum negatives: ten bytes, two's complement
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
-def _tag(field, wire):
-    return _varint((field << 3) | wire)
-
-
-def _f_varint(field, n):
-    return _tag(field, 0) + _varint(n)
-
-
-def _f_bytes(field, data):
-    return _tag(field, 2) + _varint(len(data)) + data
-
-
-def _f_str(field, s):
-    return _f_bytes(field, s.encode())
-
-
-def _f_float(field, x):
-    return _tag(field, 5) + struct.pack("<f", x)
-
-
-def _read_varint(buf, pos, what):
-    """``(value, next position)`` of the varint at ``buf[pos]``."""
-    shift = result = 0
-    n = len(buf)
-    while True:
-        if pos >= n:
-            raise ProgramDescError(f"{what}: truncated varint")
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return result, pos
-        shift += 7
-        if shift > 63:
-            raise ProgramDescError(f"{what}: varint longer than ten bytes")
-
-
-def _fields(buf, what):
-    """``[(field, wire type, value)]`` of one message: ints for varints and fixed
-    fields, bytes for length-delimited ones."""
-    out = []
-    pos, n = 0, len(buf)
-    while pos < n:
-        key, pos = _read_varint(buf, pos, what)
-        field, wire = key >> 3, key & 7
-        if wire == 0:
-            value, pos = _read_varint(buf, pos, what)
-            out.append((field, 0, value))
-        elif wire == 2:
-            size, pos = _read_varint(buf, pos, what)
-            if size > n - pos:
-                raise ProgramDescError(f"{what}: field {field} claims {size} bytes, "
-                                       f"{n - pos} remain")
-            out.append((field, 2, bytes(buf[pos:pos + size])))
-            pos += size
-        elif wire in (1, 5):
-            width = 8 if wire == 1 else 4
-            if n - pos < width:
-                raise ProgramDescError(f"{what}: truncated fixed-width field {field}")
-            out.append((field, wire, struct.unpack_from("<Q" if wire == 1 else "<I",
-                                                        buf, pos)[0]))
-            pos += width
-        else:
-            raise ProgramDescError(f"{what}: wire type {wire} of field {field} is not "
-                                   f"protobuf's")
-    return out
-
-
-def _signed(n):
-    return n - (1 << 64) if n >= 1 << 63 else n
-
-
-def _int32(n):
-    n = _signed(n)
-    return n - (1 << 32) if n >= 1 << 31 else n
-
-
-def _repeated_varints(items, field, what):
-    """Values of a repeated varint field, packed or not."""
-    out = []
-    for f, w, v in items:
-        if f != field:
-            continue
-        if w == 0:
-            out.append(v)
-        elif w == 2:
-            pos = 0
-            while pos < len(v):
-                value, pos = _read_varint(v, pos, what)
-                out.append(value)
-    return out
-
-
-def _repeated_floats(items, field):
-    out = []
-    for f, w, v in items:
-        if f != field:
-            continue
-        if w == 5:
-            out.append(struct.unpack("<f", struct.pack("<I", v))[0])
-        elif w == 2:
-            out.extend(np.frombuffer(v, dtype="<f4").astype(float).tolist())
-    return out
-
-
-def _one(items, field, default=None, kind=None):
-    """The last value of scalar ``field`` (protobuf's rule), checked to be of
-    its wire kind: ``bytes`` (length-delimited) or ``int`` (the default unless
-    ``default`` is bytes)."""
-    kind = kind or (bytes if isinstance(default, bytes) else int)
-    value = default
-    for f, w, v in items:
-        if f == field:
-            if (w == 2) != (kind is bytes):
-                raise ProgramDescError(f"field {field} has wire type {w}, not its type's")
-            value = v
-    return value
-
-
-def _sub(items, field):
-    """The last length-delimited value of ``field`` (a sub-message), or None."""
-    value = None
-    for f, w, v in items:
-        if f == field:
-            if w != 2:
-                raise ProgramDescError(f"field {field} has wire type {w}: a message's is 2")
-            value = v
-    return value
-
-
-def _subs(items, field):
-    """Every value of repeated message ``field``."""
-    if any(f == field and w != 2 for f, w, _ in items):
-        raise ProgramDescError(f"field {field} has a wire type other than a message's")
-    return [v for f, _, v in items if f == field]
-
-
-def _text(b, what):
-    try:
-        return b.decode()
-    except (AttributeError, UnicodeDecodeError):
-        raise ProgramDescError(f"{what}: a string field is not UTF-8") from None
-
-
 # ------------------------------------------------------------------- ProgramDesc <-> dict
 def _encode_tensor_desc(dtype_code, dims):
-    return _f_varint(1, dtype_code) + b"".join(_f_varint(2, d) for d in dims)
+    return f_varint(1, dtype_code) + b"".join(f_varint(2, d) for d in dims)
 
 
 def _encode_var(v):
     vtype = v.get("type", LOD_TENSOR)
-    body = _f_varint(1, vtype)
+    body = f_varint(1, vtype)
     if vtype in (LOD_TENSOR, SELECTED_ROWS):
         tdesc = _encode_tensor_desc(var_type_of(v["dtype"]), v["dims"])
         if vtype == LOD_TENSOR:
-            body += _f_bytes(3, _f_bytes(1, tdesc) + _f_varint(2, v.get("lod_level", 0)))
+            body += f_bytes(3, f_bytes(1, tdesc) + f_varint(2, v.get("lod_level", 0)))
         else:
-            body += _f_bytes(2, tdesc)
-    out = _f_str(1, v["name"]) + _f_bytes(2, body)
+            body += f_bytes(2, tdesc)
+    out = f_str(1, v["name"]) + f_bytes(2, body)
     if v.get("persistable"):
-        out += _f_varint(3, 1)
+        out += f_varint(3, 1)
     if v.get("need_check_feed"):
-        out += _f_varint(4, 1)
+        out += f_varint(4, 1)
     return out
 
 
 # AttrType -> (its field of OpDesc.Attr, the field's encoder, repeated)
-_ATTR_FIELDS = {A_INT: (3, _f_varint, False), A_FLOAT: (4, _f_float, False),
-                A_STRING: (5, _f_str, False), A_INTS: (6, _f_varint, True),
-                A_FLOATS: (7, _f_float, True), A_STRINGS: (8, _f_str, True),
-                A_BOOLEAN: (10, _f_varint, False), A_BOOLEANS: (11, _f_varint, True),
-                A_BLOCK: (12, _f_varint, False), A_LONG: (13, _f_varint, False),
-                A_BLOCKS: (14, _f_varint, True), A_LONGS: (15, _f_varint, True)}
+_ATTR_FIELDS = {A_INT: (3, f_varint, False), A_FLOAT: (4, f_float, False),
+                A_STRING: (5, f_str, False), A_INTS: (6, f_varint, True),
+                A_FLOATS: (7, f_float, True), A_STRINGS: (8, f_str, True),
+                A_BOOLEAN: (10, f_varint, False), A_BOOLEANS: (11, f_varint, True),
+                A_BLOCK: (12, f_varint, False), A_LONG: (13, f_varint, False),
+                A_BLOCKS: (14, f_varint, True), A_LONGS: (15, f_varint, True)}
 
 
 def _encode_attr(name, atype, value):
@@ -290,16 +143,16 @@ def _encode_attr(name, atype, value):
     except KeyError:
         raise ProgramDescError(f"attribute {name!r}: type {atype} is not Fluid's") from None
     values = value if repeated else [value]
-    return _f_str(1, name) + _f_varint(2, atype) + b"".join(enc(field, x) for x in values)
+    return f_str(1, name) + f_varint(2, atype) + b"".join(enc(field, x) for x in values)
 
 
 def _encode_op(op):
-    out = _f_str(3, op["type"])
+    out = f_str(3, op["type"])
     for field, key in ((1, "inputs"), (2, "outputs")):
         for slot, names in op[key].items():
-            out += _f_bytes(field, _f_str(1, slot) + b"".join(_f_str(2, n) for n in names))
+            out += f_bytes(field, f_str(1, slot) + b"".join(f_str(2, n) for n in names))
     for name, (atype, value) in op["attrs"].items():
-        out += _f_bytes(4, _encode_attr(name, atype, value))
+        out += f_bytes(4, _encode_attr(name, atype, value))
     return out
 
 
@@ -310,11 +163,11 @@ def encode_program(blocks, version=0):
     "attrs": {name: (AttrType, value)}}``."""
     out = b""
     for b in blocks:
-        body = _f_varint(1, b.get("idx", 0)) + _f_varint(2, b.get("parent_idx", -1))
-        body += b"".join(_f_bytes(3, _encode_var(v)) for v in b["vars"])
-        body += b"".join(_f_bytes(4, _encode_op(op)) for op in b["ops"])
-        out += _f_bytes(1, body)
-    return out + _f_bytes(4, _f_varint(1, version))
+        body = f_varint(1, b.get("idx", 0)) + f_varint(2, b.get("parent_idx", -1))
+        body += b"".join(f_bytes(3, _encode_var(v)) for v in b["vars"])
+        body += b"".join(f_bytes(4, _encode_op(op)) for op in b["ops"])
+        out += f_bytes(1, body)
+    return out + f_bytes(4, f_varint(1, version))
 
 
 # A ProgramDesc field number far above Paddle's own (1 to 5): pyfleet's mark.
@@ -326,7 +179,7 @@ def mark_program(data, checksums_file):
     (a file name beside the program) holds the checksums of the model's files."""
     data = bytes(data)
     mark = {"checksums": checksums_file, "program_sha256": hashlib.sha256(data).hexdigest()}
-    return data + _f_bytes(MARK_FIELD, json.dumps(mark, sort_keys=True).encode())
+    return data + f_bytes(MARK_FIELD, json.dumps(mark, sort_keys=True).encode())
 
 
 def read_mark(data):
@@ -336,7 +189,7 @@ def read_mark(data):
     saved again by another tool)."""
     data = bytes(data)
     try:
-        items = _fields(memoryview(data), "ProgramDesc")
+        items = fields(memoryview(data), "ProgramDesc")
     except ProgramDescError:
         return None
     if not items or items[-1][:2] != (MARK_FIELD, 2):
@@ -347,91 +200,91 @@ def read_mark(data):
         return None
     if not isinstance(mark, dict) or not isinstance(mark.get("checksums"), str):
         return None
-    body = data[:len(data) - len(_f_bytes(MARK_FIELD, items[-1][2]))]
+    body = data[:len(data) - len(f_bytes(MARK_FIELD, items[-1][2]))]
     return {"checksums": mark["checksums"],
             "intact": hashlib.sha256(body).hexdigest() == mark.get("program_sha256")}
 
 
 def _decode_tensor_desc(data, what):
-    items = _fields(data, what)
-    code = _one(items, 1)
+    items = fields(data, what)
+    code = one(items, 1)
     if code is None:
         raise ProgramDescError(f"{what}: TensorDesc without data_type")
-    return {"dtype": dtype_of(code).name, "dims": [_signed(d) for d in
-                                                   _repeated_varints(items, 2, what)]}
+    return {"dtype": dtype_of(code).name, "dims": [signed(d) for d in
+                                                   repeated_varints(items, 2, what)]}
 
 
 def _decode_var(data):
-    items = _fields(data, "VarDesc")
-    name = _one(items, 1, kind=bytes)
-    vt = _sub(items, 2)
+    items = fields(data, "VarDesc")
+    name = one(items, 1, kind=bytes)
+    vt = sub(items, 2)
     if name is None or vt is None:
         raise ProgramDescError("VarDesc without name or type")
-    name = _text(name, "VarDesc.name")
+    name = text(name, "VarDesc.name")
     what = f"variable {name!r}"
-    titems = _fields(vt, what)
-    var = {"name": name, "type": _one(titems, 1, LOD_TENSOR),
-           "persistable": bool(_one(items, 3, 0)),
-           "need_check_feed": bool(_one(items, 4, 0)), "dtype": None, "dims": None,
+    titems = fields(vt, what)
+    var = {"name": name, "type": one(titems, 1, LOD_TENSOR),
+           "persistable": bool(one(items, 3, 0)),
+           "need_check_feed": bool(one(items, 4, 0)), "dtype": None, "dims": None,
            "lod_level": 0}
-    lod = _sub(titems, 3)
+    lod = sub(titems, 3)
     if lod is not None:
-        litems = _fields(lod, what)
-        t = _sub(litems, 1)
+        litems = fields(lod, what)
+        t = sub(litems, 1)
         if t is not None:
             var.update(_decode_tensor_desc(t, what))
-        var["lod_level"] = _int32(_one(litems, 2, 0))
-    sel = _sub(titems, 2)
+        var["lod_level"] = int32(one(litems, 2, 0))
+    sel = sub(titems, 2)
     if sel is not None:
         var.update(_decode_tensor_desc(sel, what))
     return var
 
 
 def _decode_attr(data, op_type):
-    items = _fields(data, f"an attribute of op {op_type!r}")
-    name = _text(_one(items, 1, b""), "OpDesc.Attr.name")
-    atype = _one(items, 2)
+    items = fields(data, f"an attribute of op {op_type!r}")
+    name = text(one(items, 1, b""), "OpDesc.Attr.name")
+    atype = one(items, 2)
     what = f"attribute {name!r} of op {op_type!r}"
     if atype == A_INT:
-        value = _int32(_one(items, 3, 0))
+        value = int32(one(items, 3, 0))
     elif atype == A_FLOAT:
-        raw = _one(items, 4, 0)
+        raw = one(items, 4, 0)
         value = struct.unpack("<f", struct.pack("<I", raw))[0]
     elif atype == A_STRING:
-        value = _text(_one(items, 5, b""), what)
+        value = text(one(items, 5, b""), what)
     elif atype == A_INTS:
-        value = [_int32(x) for x in _repeated_varints(items, 6, what)]
+        value = [int32(x) for x in repeated_varints(items, 6, what)]
     elif atype == A_FLOATS:
-        value = _repeated_floats(items, 7)
+        value = repeated_floats(items, 7)
     elif atype == A_STRINGS:
-        value = [_text(v, what) for f, _, v in items if f == 8]
+        value = [text(v, what) for f, _, v in items if f == 8]
     elif atype == A_BOOLEAN:
-        value = bool(_one(items, 10, 0))
+        value = bool(one(items, 10, 0))
     elif atype == A_BOOLEANS:
-        value = [bool(x) for x in _repeated_varints(items, 11, what)]
+        value = [bool(x) for x in repeated_varints(items, 11, what)]
     elif atype == A_BLOCK:
-        value = _int32(_one(items, 12, 0))
+        value = int32(one(items, 12, 0))
     elif atype == A_LONG:
-        value = _signed(_one(items, 13, 0))
+        value = signed(one(items, 13, 0))
     elif atype == A_BLOCKS:
-        value = [_int32(x) for x in _repeated_varints(items, 14, what)]
+        value = [int32(x) for x in repeated_varints(items, 14, what)]
     elif atype == A_LONGS:
-        value = [_signed(x) for x in _repeated_varints(items, 15, what)]
+        value = [signed(x) for x in repeated_varints(items, 15, what)]
     else:
         raise ProgramDescError(f"{what}: attribute type {atype} is not Fluid's")
     return name, atype, value
 
 
 def _decode_op(data):
-    items = _fields(data, "OpDesc")
-    op_type = _text(_one(items, 3, b""), "OpDesc.type")
+    items = fields(data, "OpDesc")
+    op_type = text(one(items, 3, b""), "OpDesc.type")
     op = {"type": op_type, "inputs": {}, "outputs": {}, "attrs": {}}
     for field, key in ((1, "inputs"), (2, "outputs")):
-        for v in _subs(items, field):
-            vi = _fields(v, f"an argument of op {op_type!r}")
-            slot = _text(_one(vi, 1, b""), "OpDesc.Var.parameter")
-            op[key][slot] = [_text(a, "OpDesc.Var.arguments") for g, _, a in vi if g == 2]
-    for v in _subs(items, 4):
+        for v in subs(items, field):
+            vi = fields(v, f"an argument of op {op_type!r}")
+            slot = text(one(vi, 1, b""), "OpDesc.Var.parameter")
+            op[key][slot] = [text(a, "OpDesc.Var.arguments") for g, _, a in vi if g == 2]
+    for v in subs(items, 4):
         name, atype, value = _decode_attr(v, op_type)
         op["attrs"][name] = (atype, value)
     return op
@@ -443,18 +296,18 @@ def decode_program(data):
     if isinstance(data, str):
         raise ProgramDescError("a ProgramDesc is bytes, got str")
     data = memoryview(bytes(data))
-    items = _fields(data, "ProgramDesc")
+    items = fields(data, "ProgramDesc")
     blocks = []
     for f, w, v in items:
         if f == 1 and w == 2:
-            bi = _fields(v, "BlockDesc")
-            blocks.append({"idx": _int32(_one(bi, 1, 0)), "parent_idx": _int32(_one(bi, 2, 0)),
-                           "vars": [_decode_var(x) for x in _subs(bi, 3)],
-                           "ops": [_decode_op(x) for x in _subs(bi, 4)]})
+            bi = fields(v, "BlockDesc")
+            blocks.append({"idx": int32(one(bi, 1, 0)), "parent_idx": int32(one(bi, 2, 0)),
+                           "vars": [_decode_var(x) for x in subs(bi, 3)],
+                           "ops": [_decode_op(x) for x in subs(bi, 4)]})
     if not blocks:
         raise ProgramDescError("no block: not a Fluid ProgramDesc")
-    version = _sub(items, 4)
-    version = 0 if version is None else _signed(_one(_fields(version, "Version"), 1, 0))
+    version = sub(items, 4)
+    version = 0 if version is None else signed(one(fields(version, "Version"), 1, 0))
     return blocks, version
 
 
