@@ -21,6 +21,7 @@ from typing import Union
 import numpy as np
 
 from pyfleet.data import _parse
+from pyfleet.data.chunks import Chunk, concat_parts, holdout_mask
 from pyfleet.data.files import (
     FORMATS,
     MAX_LINE_BYTES,
@@ -324,7 +325,7 @@ class Dataset:
                 pending.append(chunk.take(0, a))
                 pending_n += a
                 if pending_n == bs:
-                    yield Batch(*_concat(pending), names)
+                    yield Batch(*concat_parts(pending), names)
                     pending, pending_n = [], 0
             while n - a >= bs:
                 yield Batch(*chunk.take(a, a + bs), names)
@@ -332,9 +333,9 @@ class Dataset:
             if a < n:
                 pending, pending_n = [chunk.take(a, n)], n - a
         if pending_n and not self.drop_last:
-            yield Batch(*_concat(pending), names)
+            yield Batch(*concat_parts(pending), names)
 
-    def _chunks(self, files) -> Iterator[_Chunk]:
+    def _chunks(self, files) -> Iterator[Chunk]:
         data_line = 0  # data lines seen over all files: the line-sharding counter
         for path in files:
             self._stats["files"] += 1
@@ -356,7 +357,7 @@ class Dataset:
                     chunk = self._chunk(r)
                     if self.holdout is not None:
                         fraction, side = self.holdout
-                        valid = _holdout_mask(chunk, fraction)
+                        valid = holdout_mask(chunk, fraction)
                         chunk = chunk.permute(np.flatnonzero(valid if side == "valid"
                                                              else ~valid))
                     if len(chunk):
@@ -374,14 +375,14 @@ class Dataset:
             self.dense_transform, self._dense_min, self._dense_max, data_line,
             self._line_mod, self._line_rem)
 
-    def _chunk(self, r) -> _Chunk:
+    def _chunk(self, r) -> Chunk:
         if self.format == "slot":
             starts = r["slot_starts"]
             ids = r["ids"]
             slot_ids = [ids[starts[s]:starts[s + 1]] for s in range(self.schema.n_slots)]
-            return _Chunk(r["labels"], r["dense"], slot_ids, r["offsets"])
+            return Chunk(r["labels"], r["dense"], slot_ids, r["offsets"])
         ids_t = np.ascontiguousarray(r["ids"].T)
-        return _Chunk(r["labels"], r["dense"], list(ids_t), None)
+        return Chunk(r["labels"], r["dense"], list(ids_t), None)
 
     def _check_header(self, header: bytes, path: str) -> None:
         names = tuple(split_header(header, path))
@@ -433,98 +434,6 @@ class Dataset:
     def __repr__(self) -> str:
         return (f"Dataset(format={self.format!r}, files={len(self.files)}/{len(self.all_files)}, "
                 f"batch_size={self.batch_size}, worker={self.worker_index}/{self.worker_num})")
-
-
-class _Chunk:
-    """Parsed examples of one block: per-slot id arrays, CSR offsets or one id per row."""
-
-    __slots__ = ("dense", "labels", "offsets", "slot_ids")
-
-    def __init__(self, labels, dense, slot_ids, offsets):
-        self.labels = labels
-        self.dense = dense
-        self.slot_ids = slot_ids
-        self.offsets = offsets  # int64[n + 1, n_slots], or None for one id per row
-
-    def __len__(self) -> int:
-        return int(self.labels.shape[0])
-
-    def take(self, a: int, b: int):
-        if self.offsets is None:
-            off = np.arange(b - a + 1, dtype=np.int64)
-            off.flags.writeable = False  # shared by every slot of the batch
-            sparse = [(ids[a:b], off) for ids in self.slot_ids]
-        else:
-            o = self.offsets[a:b + 1]
-            lo, hi = o[0], o[-1]
-            rel = o - lo
-            sparse = [(ids[lo[s]:hi[s]], np.ascontiguousarray(rel[:, s]))
-                      for s, ids in enumerate(self.slot_ids)]
-        return self.labels[a:b], self.dense[a:b], sparse
-
-    def permute(self, perm: np.ndarray) -> _Chunk:
-        if self.offsets is None:
-            return _Chunk(self.labels[perm], self.dense[perm],
-                          [ids[perm] for ids in self.slot_ids], None)
-        n = perm.shape[0]  # perm may also select a subset
-        new_off = np.zeros((n + 1, self.offsets.shape[1]), dtype=self.offsets.dtype)
-        slot_ids = []
-        for s, ids in enumerate(self.slot_ids):
-            col = self.offsets[:, s]
-            lens = (col[1:] - col[:-1])[perm]
-            np.cumsum(lens, out=new_off[1:, s])
-            src = np.repeat(col[:-1][perm] - new_off[:n, s], lens)
-            src += np.arange(src.shape[0], dtype=np.int64)
-            slot_ids.append(ids[src])
-        return _Chunk(self.labels[perm], self.dense[perm], slot_ids, new_off)
-
-
-_MIX = np.uint64(0x9E3779B97F4A7C15)
-
-
-def _holdout_mask(chunk: _Chunk, fraction: float) -> np.ndarray:
-    """True for the examples of ``chunk`` on the held-out side: a hash of each
-    example's dense values and first id of every slot (splitmix64's mixer)
-    below ``fraction`` of the hash range. Vectorized over the chunk."""
-    n = len(chunk)
-    h = np.zeros(n, dtype=np.uint64)
-    cols = [chunk.dense.astype(np.float32).view(np.uint32).astype(np.uint64).T]
-    for s, ids in enumerate(chunk.slot_ids):
-        if chunk.offsets is None:
-            cols.append([ids])
-        else:
-            o = chunk.offsets[:, s]
-            first = np.zeros(n, dtype=np.uint64)
-            has = o[1:] > o[:-1]
-            first[has] = ids[o[:-1][has]]
-            cols.append([first])
-    with np.errstate(over="ignore"):
-        for group in cols:
-            for col in group:
-                h = (h ^ np.asarray(col, dtype=np.uint64)) * _MIX
-                h ^= h >> np.uint64(31)
-        h ^= h >> np.uint64(30)
-        h *= np.uint64(0xBF58476D1CE4E5B9)
-        h ^= h >> np.uint64(27)
-    return (h >> np.uint64(11)).astype(np.float64) < fraction * float(1 << 53)
-
-
-def _concat(parts):
-    """Join (labels, dense, sparse) pieces of consecutive examples into one batch."""
-    if len(parts) == 1:
-        return parts[0]
-    labels = np.concatenate([p[0] for p in parts])
-    dense = np.concatenate([p[1] for p in parts])
-    sparse = []
-    for s in range(len(parts[0][2])):
-        ids = np.concatenate([p[2][s][0] for p in parts])
-        offs, base = [np.zeros(1, dtype=np.int64)], 0
-        for p in parts:
-            o = p[2][s][1]
-            offs.append(o[1:] + base)
-            base += int(o[-1])
-        sparse.append((ids, np.concatenate(offs)))
-    return labels, dense, sparse
 
 
 def _as_bytes_view(buf):

@@ -41,8 +41,9 @@ import zipfile
 import numpy as np
 
 from pyfleet.data import _parse
+from pyfleet.data.chunks import Chunk
 from pyfleet.data.files import csv_schema
-from pyfleet.data.readers import Batch, _Chunk
+from pyfleet.data.readers import Batch
 
 __all__ = ["CONTENT_TYPES", "BadRequest", "Pending", "RowSchema", "concat_batches"]
 
@@ -197,7 +198,7 @@ class RowSchema:
     @staticmethod
     def _delimited_chunk(r):
         ids_t = np.ascontiguousarray(r["ids"].T)
-        return _Chunk(r["labels"], r["dense"], list(ids_t), None)
+        return Chunk(r["labels"], r["dense"], list(ids_t), None)
 
     def _batch(self, chunk):
         return Batch(*chunk.take(0, len(chunk)), self.cat_names)
@@ -251,7 +252,7 @@ class RowSchema:
         starts = r["slot_starts"]
         ids = r["ids"]
         slot_ids = [ids[starts[s]:starts[s + 1]] for s in range(self.n_slots)]
-        return self._batch(_Chunk(r["labels"], r["dense"], slot_ids, r["offsets"]))
+        return self._batch(Chunk(r["labels"], r["dense"], slot_ids, r["offsets"]))
 
     def _npz(self, body):
         try:
@@ -283,7 +284,7 @@ class RowSchema:
         if not np.isfinite(dense).all():
             raise BadRequest(f"npz 'dense' row {int(np.argmin(np.isfinite(dense).all(1))) + 1}"
                              f" holds NaN or infinity")
-        chunk = _Chunk(np.zeros(n, np.float32), np.ascontiguousarray(dense),
+        chunk = Chunk(np.zeros(n, np.float32), np.ascontiguousarray(dense),
                        list(np.ascontiguousarray(ids.T)), None)
         return self._batch(chunk)
 
