@@ -14,13 +14,13 @@ Thread safety: :meth:`ModelVersion.predict` must be called from one thread at
 a time (the server's one model thread); loading may run in another thread.
 """
 
-import hashlib
 import os
 
 import numpy as np
 
 from pyfleet import initializer as _init
 from pyfleet.fluid.backend import Backend
+from pyfleet.fluid.frozen import sha256_file
 from pyfleet.fluid.inference import (
     FLUID_MODEL_FILENAME,
     MODEL_FILENAME,
@@ -64,11 +64,7 @@ def model_digest(path):
     p = _model_file(path)
     if p is None:
         raise ValueError(f"{path} holds no complete model ({' or '.join(MODEL_FILES)})")
-    h = hashlib.sha256()
-    with open(p, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()[:12]
+    return sha256_file(p)[:12]
 
 
 def _serving_storage(storage):
