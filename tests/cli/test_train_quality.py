@@ -21,6 +21,10 @@ pytestmark = pytest.mark.slow
 # (at 60k rows two async workers trail one process by about 0.013 AUC).
 ROWS = 200_000
 SEED = 0
+# The tables' rate of both sides of a comparison. The tolerances below measure async
+# interleaving at the dense rate; at pyfleet train's default table rate (10x --lr with
+# Adam) two async workers trailed one process by 0.0053 AUC once: staler rows weigh more.
+SPARSE_LR = 0.001
 RUN_TIMEOUT = 150.0
 
 
@@ -39,7 +43,7 @@ def data(tmp_path_factory):
 @pytest.fixture(scope="module")
 def local_dnn(data):
     return train_local({"train": data["train"], "test": data["test"], "model": "dnn",
-                        "seed": SEED})
+                        "seed": SEED, "sparse_lr": SPARSE_LR})
 
 
 def _cluster(data, tmp_path, servers, workers, mode, model="dnn", lr=0.001):
@@ -48,6 +52,8 @@ def _cluster(data, tmp_path, servers, workers, mode, model="dnn", lr=0.001):
            "--test", data["test"], "--model", model, "--servers", str(servers),
            "--workers", str(workers), "--mode", mode, "--seed", str(SEED),
            "--lr", str(lr), "--run-dir", str(run_dir), "--json", "--timeout", str(RUN_TIMEOUT)]
+    if model == "dnn":   # compared with local_dnn: the same tables' rate
+        cmd += ["--sparse-lr", str(SPARSE_LR)]
     p = subprocess.run(cmd, env=_env(), capture_output=True, text=True,
                        timeout=RUN_TIMEOUT + 30, check=False)
     assert p.returncode == 0, f"{' '.join(cmd)}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
