@@ -22,9 +22,9 @@ system, all its threads, from /proc/PID/stat) a row answered, the rows of the
 model steps the server formed (its /metrics), and the load generator's CPU a
 request. "CPU / floor" is the floor's CPU a row divided by the server's: the
 share of the in-process speed the server reaches a CPU second, whatever the
-machine's load. "aiohttp alone" is a server with a handler that reads the body
-and answers a fixed JSON (``--echo``), under the same load generator: the
-HTTP stack's own CPU a request, which no batching removes.
+machine's load. "HTTP alone" is the server's HTTP layer with a handler that
+answers a fixed JSON once the body is read (``--echo``), under the same load
+generator: the HTTP stack's own CPU a request, which no batching removes.
 
 Also: a version swap under load (concurrency 8, single rows, a new version
 committed into ``--follow``'s directory mid-run: failed requests must be 0), and
@@ -140,29 +140,27 @@ ECHO_ANSWER = b'{"predictions": [0.5], "model_version": "echo"}'
 
 
 def echo_main():
-    """``--echo``: aiohttp alone, a handler that reads the body and answers a fixed
-    JSON (the HTTP stack's own cost a request, beside the server's)."""
-    from aiohttp import web
+    """``--echo``: the server's HTTP layer alone (:mod:`pyfleet.serving.http` on the
+    same event loop), a handler that answers a fixed JSON once the body is read: the
+    HTTP stack's own cost a request, beside the server's."""
+    from pyfleet.cli.serve import _event_loop_run
+    from pyfleet.serving.http import HTTPServer, Route
 
-    async def answer(request):
-        await request.read()
-        return web.Response(body=ECHO_ANSWER, content_type="application/json")
+    def answer(request):
+        request.respond(200, ECHO_ANSWER, b"application/json")
 
-    async def ready(request):
-        return web.Response(text="ready")
+    def ready(request):
+        request.respond(200, b"ready")
 
     async def run():
-        app = web.Application()
-        app.router.add_post("/predict", answer)
-        app.router.add_get("/healthz", ready)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
+        server = HTTPServer({"/predict": {"POST": Route(answer)},
+                             "/healthz": {"GET": Route(ready)}},
+                            max_body_bytes=16 << 20, read_timeout=30.0,
+                            on_done=lambda *a: None, on_abort=lambda r: None, log=None)
+        port = await server.start("127.0.0.1", 0)
         print(f"pyfleet serve: listening on http://127.0.0.1:{port}", flush=True)
         await asyncio.Event().wait()  # until SIGTERM
-    asyncio.run(run())
+    _event_loop_run()(run())
 
 
 # -- the parts run by the benchmark --------------------------------------------------
@@ -420,7 +418,7 @@ def main():
         try:
             for conc in (1, 64):
                 r = load(echo, bodies[1], 1, conc, a.seconds, **opts)
-                results.append({"table": "aiohttp alone", "rows": 1, "concurrency": conc, **r})
+                results.append({"table": "HTTP alone", "rows": 1, "concurrency": conc, **r})
         finally:
             echo.close()
         server = Server("--follow", models_dir, "--poll-interval", "0.2")
@@ -471,7 +469,7 @@ def main():
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         ref = fl[256 if r["rows"] == 256 else 1 if r["concurrency"] == 1 else 64]
-        echo_row = r["table"] == "aiohttp alone"
+        echo_row = r["table"] == "HTTP alone"
         print(f"| {r['table']} | {r['client']} | {r['rows']} | {r['concurrency']} | "
               f"{r['requests_s']:,.0f} | {r['requests_s'] * r['rows']:,.0f} | "
               f"{r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['failed']} | "
@@ -484,7 +482,7 @@ def main():
     c1, c64 = by[("RAM", 1, 1)], by[("RAM", 1, 64)]
     ratio = c64["requests_s"] / fl[64]["rows_s"]
     cpu_ratio = fl[64]["cpu_ms_row"] / c64["server_cpu_ms_row"]
-    echo64 = by[("aiohttp alone", 1, 64)]
+    echo64 = by[("HTTP alone", 1, 64)]
     print(f"\nswap under load: versions answered {swap['versions']}, failed {swap['failed']}")
     print(f"targets: single-row p99 at concurrency 1 {c1['p99_ms']:.2f} ms (<= 5: "
           f"{'met' if c1['p99_ms'] <= 5 else 'NOT met'}); concurrency 64 rows/s "
@@ -493,9 +491,9 @@ def main():
           f"requests and {len(swap['versions'])} versions seen "
           f"({'met' if swap['failed'] == 0 and len(swap['versions']) == 2 else 'NOT met'})")
     print(f"single rows at concurrency 64: the server {c64['server_cpu_ms_row']:.4f} ms CPU a "
-          f"row in steps of {c64['rows_step']:.1f} rows; aiohttp alone "
+          f"row in steps of {c64['rows_step']:.1f} rows; HTTP alone "
           f"{echo64['server_cpu_ms_row']:.4f} ms a request; the 64-row floor "
-          f"{fl[64]['cpu_ms_row']:.4f} ms a row: with aiohttp's cost a request, the server's "
+          f"{fl[64]['cpu_ms_row']:.4f} ms a row: with the HTTP cost a request, the server's "
           f"ceiling is {fl[64]['cpu_ms_row'] / (echo64['server_cpu_ms_row'] + fl[64]['cpu_ms_row']):.2f}x "
           f"the 64-row floor by CPU")
     for rows, conc in ((1, 1), (1, 64), (256, 8)):

@@ -87,7 +87,7 @@ def cmd_serve(args):
     try:
         from pyfleet.serving.app import ServeOptions, Server
     except ImportError as e:
-        _fail(f"needs aiohttp ({e}): pip install \".[serve]\"")
+        _fail(f"needs httptools ({e}): pip install \".[serve]\"")
     try:
         options = ServeOptions(args.max_body_bytes, args.max_rows, args.max_concurrent,
                                args.batch_wait_ms / 1000.0, args.max_batch_rows,
@@ -101,7 +101,17 @@ def cmd_serve(args):
     if one_blas_thread():
         logging.getLogger("pyfleet.serve").info(
             "model steps on one OpenBLAS thread (OPENBLAS_NUM_THREADS is unset)")
-    return asyncio.run(_serve(args, Server(options)))
+    return _event_loop_run()(_serve(args, Server(options)))
+
+
+def _event_loop_run():
+    """uvloop's ``run`` where uvloop is installed (libuv's loop: a fifth less CPU a
+    request than asyncio's own), else ``asyncio.run``."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run
+    return getattr(uvloop, "run", asyncio.run)
 
 
 async def _serve(args, server):

@@ -5,12 +5,13 @@
 - :mod:`~pyfleet.serving.rows`: request bodies into batches, with the
   readers' parsers;
 - :mod:`~pyfleet.serving.versions`: finding and following committed versions;
-- :mod:`~pyfleet.serving.app`: the aiohttp server and its micro-batcher
-  (needs the ``serve`` extra);
+- :mod:`~pyfleet.serving.app`: the server, its routes and its micro-batcher,
+  and :mod:`~pyfleet.serving.http`: HTTP/1.1 on httptools' parser in an asyncio
+  Protocol (both need the ``serve`` extra);
 - :mod:`~pyfleet.serving.metrics`: the Prometheus text of ``/metrics``;
 - :mod:`~pyfleet.serving.blas`: one BLAS thread for the model steps.
 
-Importing this package loads neither aiohttp nor Fluid.
+Importing this package loads neither httptools nor Fluid.
 """
 
-__all__ = ["app", "blas", "metrics", "model", "rows", "versions"]
+__all__ = ["app", "blas", "http", "metrics", "model", "rows", "versions"]

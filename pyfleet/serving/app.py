@@ -1,4 +1,5 @@
-"""The HTTP server of ``pyfleet serve`` (aiohttp, one asyncio event loop).
+"""The HTTP server of ``pyfleet serve`` (:mod:`pyfleet.serving.http`: httptools'
+parser in an asyncio Protocol, on uvloop's event loop where it is installed).
 
 Routes: ``POST /predict`` (bodies: :mod:`pyfleet.serving.rows`; answer JSON
 ``{"predictions": [...], "model_version": name}``, or with ``Accept:
@@ -15,6 +16,10 @@ parsed together in one call, then answers each request with its slice.
 The version served is read once per step, so a step, and every request in
 it, is answered by one whole version; a swap is one assignment on the loop.
 
+Nothing is created a request but its :class:`~pyfleet.serving.http.Request`: the
+batcher answers a request by writing it to its connection (:class:`_Reply`), no
+task or future between.
+
 A refused request gets a 4xx status and one line of text naming the problem;
 the server keeps serving.
 """
@@ -28,8 +33,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-from aiohttp import web
 
+from pyfleet.serving.http import HTTPServer, Route
 from pyfleet.serving.metrics import ServeMetrics
 from pyfleet.serving.rows import BadRequest, RowSchema
 
@@ -65,10 +70,46 @@ def _step(version, schema, pendings):
     return (None if batch is None else version.predict(batch)), order, results
 
 
-def _error(status, text, kind):
-    resp = web.Response(status=status, text=text.replace("\n", " ") + "\n")
-    resp["error_kind"] = kind
-    return resp
+JSON = b"application/json; charset=utf-8"
+NPY = b"application/x-npy"
+PROMETHEUS = b"text/plain; version=0.0.4; charset=utf-8"
+_RECEIVING, _QUEUED = 1, 2  # Request.state of a prediction request holding a slot
+
+
+class _Reply:
+    """Where the batcher answers one prediction request (as it would a future's
+    ``set_result``/``set_exception``): written to its connection at once."""
+
+    __slots__ = ("request", "server")
+
+    def __init__(self, server, request):
+        self.server, self.request = server, request
+
+    def done(self):
+        return self.request.answered  # answered, or its client has gone
+
+    def set_result(self, result):
+        prob, version = result
+        req = self.request
+        if b"application/x-npy" in req.headers.get(b"accept", b""):
+            buf = io.BytesIO()
+            np.save(buf, prob.astype(np.float32), allow_pickle=False)
+            req.respond(200, buf.getvalue(), NPY, self.server._version_header(version))
+            return
+        text = ", ".join(map(repr, prob.tolist()))
+        if "n" in text:  # nan or inf (a finite float's repr has no n): JSON's own words
+            text = json.dumps(prob.tolist())[1:-1]
+        prefix, suffix, header = self.server._json_parts(version)
+        req.respond(200, prefix + text.encode() + suffix, JSON, header)
+
+    def set_exception(self, e):
+        req = self.request
+        if isinstance(e, BadRequest):  # its lines, parsed with the step's
+            req.refuse(e.status, str(e), "bad_input")
+        elif isinstance(e, ValueError):  # the model's own refusal of these rows (non-finite)
+            req.refuse(422, str(e), "model")
+        else:  # logged with its trace by the batcher
+            req.refuse(500, f"the model step failed: {type(e).__name__}: {e}", "model")
 
 
 class Server:
@@ -89,8 +130,9 @@ class Server:
         self._waiting_bodies = 0  # requests accepted whose rows are not queued yet
         self._model_thread = ThreadPoolExecutor(1, thread_name_prefix="pyfleet-serve-model")
         self._parse_threads = ThreadPoolExecutor(2, thread_name_prefix="pyfleet-serve-parse")
-        self._runner = None
+        self._http = None
         self._batcher = None
+        self._answer_of = (None, b"", b"", b"")  # version, its JSON prefix, suffix, header
 
     # -- versions -------------------------------------------------------------
 
@@ -115,29 +157,38 @@ class Server:
         v = self.version
         return None if v is None else (v.dirname, v.digest)
 
+    def _json_parts(self, version):
+        """The bytes of an answer of ``version`` around its predictions, and its header."""
+        if self._answer_of[0] is not version:
+            name = json.dumps(version.name)
+            self._answer_of = (version, b'{"predictions": [',
+                               f'], "model_version": {name}}}'.encode(),
+                               self._version_header(version))
+        return self._answer_of[1:]
+
+    @staticmethod
+    def _version_header(version):
+        return f"X-Model-Version: {version.name}\r\n".encode("latin-1", "replace")
+
     # -- lifetime -------------------------------------------------------------
 
-    def app(self):
-        app = web.Application(client_max_size=self.options.max_body_bytes,
-                              middlewares=[self._count])
-        app.router.add_post("/predict", self.predict)
-        app.router.add_get("/healthz", self.healthz)
-        app.router.add_get("/metrics", self.metrics_text)
-        app.router.add_get("/model", self.model_info)
-        return app
+    def routes(self):
+        return {"/predict": {"POST": Route(self.predict, self.admit)},
+                "/healthz": {"GET": Route(self.healthz)},
+                "/metrics": {"GET": Route(self.metrics_text)},
+                "/model": {"GET": Route(self.model_info)}}
 
-    async def start(self, host, port):
+    async def start(self, host, port, reuse_port=False):
         """Listen on ``host:port`` (0: a free port); returns the port."""
         self._batcher = asyncio.get_running_loop().create_task(self._batch_loop())
-        self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port, reuse_address=True)
-        await site.start()
-        return site._server.sockets[0].getsockname()[1]
+        self._http = HTTPServer(self.routes(), max_body_bytes=self.options.max_body_bytes,
+                                read_timeout=self.options.read_timeout, on_done=self._done,
+                                on_abort=self._release, log=log)
+        return await self._http.start(host, port, reuse_port)
 
     async def stop(self):
-        if self._runner is not None:
-            await self._runner.cleanup()
+        if self._http is not None:
+            await self._http.stop()
         if self._batcher is not None:
             self._batcher.cancel()
         self._model_thread.shutdown(wait=True)
@@ -145,98 +196,79 @@ class Server:
 
     # -- handlers -------------------------------------------------------------
 
-    @web.middleware
-    async def _count(self, request, handler):
-        t0 = time.perf_counter()
-        try:
-            resp = await handler(request)
-        except web.HTTPException as e:  # aiohttp's own refusals: 404, 405, 413
-            resp = e
-            kind = {404: "not_found", 405: "method", 413: "too_large"}.get(e.status)
-            if e.status >= 400 and e.text:
-                e.text = e.text.splitlines()[0] + "\n"
-            self.metrics.request(e.status, time.perf_counter() - t0, kind,
-                                 timed=request.path == "/predict")
-            raise
-        self.metrics.request(resp.status, time.perf_counter() - t0, resp.get("error_kind"),
+    def _done(self, request, status, kind):
+        """Every answer: counted (prediction requests timed), its slot freed."""
+        self._release(request)
+        self.metrics.request(status, time.perf_counter() - request.t0, kind,
                              timed=request.path == "/predict")
-        return resp
 
-    async def healthz(self, request):
+    def _release(self, request):
+        state = request.state
+        if state:
+            request.state = None
+            self.metrics.in_flight -= 1
+            if state == _RECEIVING:
+                self._waiting_bodies -= 1
+
+    def healthz(self, request):
         v = self.version
         if v is None:
-            return web.json_response({"status": "loading"}, status=503)
-        return web.json_response({"status": "ready", "model_version": v.name})
+            return request.respond(503, b'{"status": "loading"}', JSON)
+        request.respond(200, json.dumps({"status": "ready", "model_version": v.name}).encode(),
+                        JSON)
 
-    async def model_info(self, request):
+    def model_info(self, request):
         v = self.version
         if v is None:
-            return _error(503, "no model loaded yet", "loading")
-        return web.json_response({**v.info(), "last_refusal": self.last_refusal})
+            return request.refuse(503, "no model loaded yet", "loading")
+        request.respond(200, json.dumps({**v.info(), "last_refusal": self.last_refusal})
+                        .encode(), JSON)
 
-    async def metrics_text(self, request):
+    def metrics_text(self, request):
         v = self.version
         text = self.metrics.render(v, {} if v is None else v.table_stats())
-        return web.Response(text=text, content_type="text/plain",
-                            headers={"X-Prometheus-Format": "0.0.4"})
+        request.respond(200, text.encode(), PROMETHEUS, b"X-Prometheus-Format: 0.0.4\r\n")
 
-    async def predict(self, request):
+    def admit(self, request):
+        """A prediction request whose head is read: a slot, or the refusal."""
         m = self.metrics
         if self.version is None:
-            return _error(503, "the model is not loaded yet (GET /healthz says when)", "loading")
+            return 503, "the model is not loaded yet (GET /healthz says when)", "loading"
         if m.in_flight >= self.options.max_concurrent:
-            return _error(429, f"more than --max-concurrent {self.options.max_concurrent} "
-                               f"requests at once: retry later", "concurrency")
-        length = request.content_length
-        if length is not None and length > self.options.max_body_bytes:
-            return _error(413, f"the body is {length:,} bytes, more than --max-body-bytes "
-                               f"{self.options.max_body_bytes:,}", "too_large")
+            return (429, f"more than --max-concurrent {self.options.max_concurrent} "
+                         f"requests at once: retry later", "concurrency")
         m.in_flight += 1
         self._waiting_bodies += 1
-        queued = False
+        request.state = _RECEIVING
+        return None
+
+    def predict(self, request):
+        """A prediction request whose body is read: checked and queued for a step."""
+        self._waiting_bodies -= 1
+        request.state = _QUEUED
+        body, schema = request.body, self.schema
+        if len(body) > _PARSE_IN_THREAD:
+            fut = asyncio.get_running_loop().run_in_executor(
+                self._parse_threads, schema.prepare, request.content_type, body)
+            fut.add_done_callback(lambda f: self._prepared(request, f))
+            return
         try:
-            if request.content.is_eof():  # all received with the head: no wait, no timer
-                body = await request.read()
-            else:
-                try:  # a client that stalls mid-body must not hold its slot for ever
-                    body = await asyncio.wait_for(request.read(), self.options.read_timeout)
-                except asyncio.TimeoutError:
-                    return _error(408, f"the body did not arrive within --read-timeout "
-                                       f"{self.options.read_timeout:g} s", "timeout")
-            schema = self.schema
-            try:
-                if len(body) > _PARSE_IN_THREAD:
-                    rows = await asyncio.get_running_loop().run_in_executor(
-                        self._parse_threads, schema.prepare, request.content_type, body)
-                else:
-                    rows = schema.prepare(request.content_type, body)
-            except BadRequest as e:
-                return _error(e.status, str(e), "bad_input")
-            fut = asyncio.get_running_loop().create_future()
-            self._waiting_bodies -= 1
-            queued = True
-            self._enqueue((rows, fut))
-            try:
-                prob, version = await fut
-            except BadRequest as e:  # its lines, parsed with the step's
-                return _error(e.status, str(e), "bad_input")
-            except ValueError as e:  # the model's own refusal of these rows (non-finite)
-                return _error(422, str(e), "model")
-            except Exception as e:  # logged with its trace by the batcher
-                return _error(500, f"the model step failed: {type(e).__name__}: {e}", "model")
-        finally:
-            m.in_flight -= 1
-            if not queued:
-                self._waiting_bodies -= 1
-        if "application/x-npy" in request.headers.get("Accept", ""):
-            buf = io.BytesIO()
-            np.save(buf, prob.astype(np.float32), allow_pickle=False)
-            return web.Response(body=buf.getvalue(), content_type="application/x-npy",
-                                headers={"X-Model-Version": version.name})
-        return web.Response(text=json.dumps({"predictions": prob.tolist(),
-                                             "model_version": version.name}),
-                            content_type="application/json",
-                            headers={"X-Model-Version": version.name})
+            rows = schema.prepare(request.content_type, body)
+        except BadRequest as e:
+            return request.refuse(e.status, str(e), "bad_input")
+        self._enqueue((rows, _Reply(self, request)))
+
+    def _prepared(self, request, fut):
+        if request.answered:  # its client has gone
+            return
+        e = fut.exception()
+        if e is None:
+            self._enqueue((fut.result(), _Reply(self, request)))
+        elif isinstance(e, BadRequest):
+            request.refuse(e.status, str(e), "bad_input")
+        else:
+            log.error("parsing a request failed", exc_info=e)
+            request.refuse(500, f"the server failed: {type(e).__name__}: {e}", "server")
 
     # -- the micro-batcher ----------------------------------------------------
 
@@ -260,8 +292,7 @@ class Server:
 
     def _open_connections(self):
         """How many HTTP connections are open (each a client that may send a request)."""
-        server = getattr(self._runner, "server", None)
-        return 0 if server is None else len(server.connections)
+        return 0 if self._http is None else len(self._http.connections)
 
     def _gather(self, items, rows):
         """Move queued requests into ``items`` while they fit in one step;

@@ -6,6 +6,8 @@ version served, swaps and refused versions, rows of each table in RAM and on
 disk. Written without a client library: the format is a few lines of text.
 """
 
+import bisect
+
 __all__ = ["Histogram", "ServeMetrics"]
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
@@ -29,10 +31,7 @@ class Histogram:
         self.sum = 0.0
 
     def observe(self, value):
-        i = 0
-        while i < len(self.bounds) and value > self.bounds[i]:
-            i += 1
-        self.counts[i] += 1
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1  # the first bound >= value
         self.sum += value
 
     def lines(self, name):

@@ -121,8 +121,15 @@ class RowSchema:
         if content_type == "application/json":
             return self._json(body)
         if content_type == "text/tab-separated-values" and len(body) <= JOIN_BYTES:
-            kind = self._tsv_kind(body)
-            rows = _rows_of_lines(body)
+            if body[:1] != b"\n" and b"\r" not in body and b"\n\n" not in body:
+                # no blank line: the first line is line 1, and every line is a row
+                nl = body.find(b"\n")
+                kind = self._tsv_kind_of(body[:nl].count(b"\t") + 1 if nl >= 0 else
+                                         body.count(b"\t") + 1, 1)
+                rows = body.count(b"\n") + (not body.endswith(b"\n"))
+            else:
+                kind = self._tsv_kind(body)
+                rows = _rows_of_lines(body)
             self._check_rows(rows)
             if rows == 0:
                 raise BadRequest("the request holds no row")
@@ -212,7 +219,9 @@ class RowSchema:
             if first or nl < 0:
                 break
             start, line_no = nl + 1, line_no + 1
-        fields = first.count(b"\t") + 1
+        return self._tsv_kind_of(first.count(b"\t") + 1, line_no)
+
+    def _tsv_kind_of(self, fields, line_no):
         want = self.n_dense + self.n_slots
         if fields == want + 1:
             return "tsv+label"

@@ -10,7 +10,7 @@ import threading
 import numpy as np
 import pytest
 
-pytest.importorskip("aiohttp")
+pytest.importorskip("httptools")
 
 from pyfleet.data.readers import Batch  # noqa: E402
 from pyfleet.serving.app import ServeOptions, Server  # noqa: E402

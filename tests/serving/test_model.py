@@ -98,13 +98,14 @@ def test_a_directory_being_written_is_not_a_version_and_fluid_files_alone_are_re
         ModelVersion(fluid_only, unchecked_ok=True)
 
 
-def test_without_aiohttp_pyfleet_serve_names_the_extra(model, monkeypatch, capsys):
+def test_without_httptools_pyfleet_serve_names_the_extra(model, monkeypatch, capsys):
     import sys
 
     from pyfleet.cli import main
-    monkeypatch.setitem(sys.modules, "aiohttp", None)  # as if not installed
+    monkeypatch.setitem(sys.modules, "httptools", None)  # as if not installed
     monkeypatch.delitem(sys.modules, "pyfleet.serving.app", raising=False)
-    with pytest.raises(SystemExit, match=r'needs aiohttp .*: pip install "\.\[serve\]"'):
+    monkeypatch.delitem(sys.modules, "pyfleet.serving.http", raising=False)
+    with pytest.raises(SystemExit, match=r'needs httptools .*: pip install "\.\[serve\]"'):
         main(["serve", "--model", str(model), "--port", "0"])
 
 

@@ -26,7 +26,7 @@ from support.serving import (
     slot_json_rows,
 )
 
-pytest.importorskip("aiohttp")
+pytest.importorskip("httptools")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 TSV = DATA / "criteo-paddlerec-part0" / "part-0.tsv"
