@@ -19,6 +19,10 @@ How it is switched on, opt-in only (``pip install .`` installs nothing named
   interpreters), so the rule holds in all of them.
 - :func:`activate` (from Python) installs the import hook in this process only.
 
+Under this mode ``fleet.stop_worker()`` follows Fluid's lifecycle: the worker may
+call ``init_worker()`` and train again while its process lives, and the servers
+serve until then (:mod:`pyfleet.distributed.worker_return`).
+
 Which ``paddle`` wins: under this mode, pyfleet, always (the shim directory
 comes before site-packages and before any other ``PYTHONPATH`` entry, and the
 hook sits first in ``sys.meta_path``); outside it, whatever ``import paddle``
@@ -174,6 +178,9 @@ def activate():
             raise ImportError(f"a real paddle ({origin or current!r}) is imported already in "
                               f"this process: activate zero-edit mode before importing it")
         sys.modules["paddle"] = pyfleet
+    # Fluid's trainer lifecycle: a worker that stopped may start again while its
+    # process lives (its pservers served until killed).
+    importlib.import_module("pyfleet.distributed.worker_return").fluid_lifecycle()
 
 
 def child_env(env=None) -> dict:

@@ -36,7 +36,7 @@ import sys
 
 from pyfleet import _malloc
 from pyfleet import config as _config
-from pyfleet.distributed import hybrid, remote_paths
+from pyfleet.distributed import hybrid, remote_paths, worker_return
 from pyfleet.distributed.checkpoint_paths import (
     checkpoint_root,
     load_model_dir,
@@ -136,6 +136,7 @@ class Fleet(FleetBase):
         self._backend = None
         self._placement = None
         self._last_save = None  # (abs dir, head id) of this worker's last committed save
+        self._staying = None    # the client of a worker stopped with may_return
         self._hdfs_config = None
 
     def init(self, role_maker=None):
@@ -292,20 +293,19 @@ class Fleet(FleetBase):
             return
         _install_exit_hook(self)
         rt = self._strategy.runtime
+        staying, self._staying = self._staying, None
         try:
-            self._client = Client(role.server_endpoints(), worker_index=role.worker_index(),
-                                  timeout=rt.request_timeout, connect_deadline=rt.connect_timeout,
-                                  **client_options_from_env())
+            self._client = worker_return.rejoin(staying) if staying is not None else Client(
+                role.server_endpoints(), worker_index=role.worker_index(),
+                timeout=rt.request_timeout, connect_deadline=rt.connect_timeout,
+                **client_options_from_env())
         except PeerTimeout as exc:
-            if not getattr(self, "_stopped", False):
+            if staying is not None or not getattr(self, "_stopped", False):
                 raise
-            # Fluid's pservers served until they were killed, so a Fluid worker could stop
-            # and start again (Paddle 1.5's own Fleet test trains twice); pyfleet's servers
-            # end the job once every worker has stopped.
-            raise PeerTimeout(f"{exc}. This worker called fleet.stop_worker() before: "
-                              f"pyfleet's servers end the job once every worker has stopped, "
-                              f"so they may be gone (Fluid's served until killed); train "
-                              f"before stop_worker(), not after it") from exc
+            raise PeerTimeout(f"{exc}. This worker called fleet.stop_worker() before: the "
+                              f"servers end the job once every worker has stopped, so they "
+                              f"may be gone; to start again, stop with "
+                              f"fleet.stop_worker(may_return=True)") from exc
         if self._strategy.hybrid:  # dense replicas all-reduced among the workers' MPI job
             group = hybrid.open_group(role)
             self._client.create_tables(hybrid.sparse_only(self._tables), [])
@@ -333,6 +333,9 @@ class Fleet(FleetBase):
         return self._backend
 
     def _stop_at_exit(self):
+        staying, self._staying = self._staying, None
+        if staying is not None:  # stopped and may have returned: now it will not
+            worker_return.leave(staying)
         if self._client is None or _exit_state["uncaught"]:
             return
         try:
@@ -340,18 +343,25 @@ class Fleet(FleetBase):
         except Exception as e:  # noqa: BLE001 (at exit: report, the process ends anyway)
             _log.warning("fleet.stop_worker() at exit failed: %s", e)
 
-    def stop_worker(self):
+    def stop_worker(self, may_return=None):
         """Send what is pending, tell every server this worker is done, disconnect. On a
         server whose run_server() returned (PaddleRec's terminal pass calls it) there is
-        nothing left to stop: it returns (a Fluid server has no communicator to stop)."""
+        nothing left to stop: it returns (a Fluid server has no communicator to stop).
+        ``may_return=True`` (Fluid's lifecycle; the default in zero-edit mode): this
+        process may call init_worker() and train again, and the servers serve while it
+        lives (:mod:`pyfleet.distributed.worker_return`)."""
         if self._client is None and getattr(self, "_served", False):
             return
         client = self._require_worker("stop_worker")
+        stay = worker_return.may_return(may_return)
         try:
             self._backend.finish()
-            client.stop_worker()
+            client.stop_worker(may_return=stay)
+            if stay:
+                self._staying, client = client, None
         finally:
-            client.close()
+            if client is not None:
+                client.close()
             self._client = None
             self._stopped = True
             self._set_backend(NoServers(

@@ -28,6 +28,12 @@ Rules:
   ``heartbeat_timeout``, at least one silent; a worker never heard from counts
   as gone once ``barrier_timeout`` has passed since serving began (it died
   before its first request).
+- A worker may stop *and stay* (``may_return``: Fluid's lifecycle, where a
+  trainer could stop and start training again while its pservers served): it
+  is not live (barriers go on without it) but its process still counts, until
+  it stops without ``may_return`` (at its exit) or falls silent for
+  ``heartbeat_timeout``. It may :meth:`rejoin` meanwhile, live again. The job is
+  :meth:`finished` once every worker has stopped and none stays.
 
 The server's own stalls (a SIGSTOP, a starved process) are not the
 workers' silence: the server reports them with :meth:`pause`, which moves
@@ -82,6 +88,7 @@ class Barriers:
         self.count = 0           # barriers completed
         self.last_seen = {}      # worker -> last time heard from
         self.stopped = set()
+        self.staying = set()     # stopped workers whose process may start them again
         self.serving_since = None
         self.sync_buf = {}       # table id -> [(worker, keys, grads)]
         self.max_step_bytes = int(max_step_bytes)
@@ -147,11 +154,38 @@ class Barriers:
         self.waiting[worker] = (token, kind)
         return self._complete(now)
 
-    def stop(self, worker, now):
-        """``worker`` is done. Returns ``(release, every_worker_stopped)``: the
-        barrier its leaving completes, if any."""
+    def stop(self, worker, now, may_return=False):
+        """``worker`` is done. Returns ``(release, finished)``: the barrier its
+        leaving completes, if any, and whether the job is :meth:`finished`.
+        ``may_return``: its process goes on and may :meth:`rejoin` (it stays
+        until it stops without ``may_return``, or falls silent)."""
         self.stopped.add(worker)
-        return self._complete(now), len(self.stopped) == self.worker_num
+        self.last_seen[worker] = now
+        if may_return:
+            self.staying.add(worker)
+        else:
+            self.staying.discard(worker)
+        return self._complete(now), self.finished(now)
+
+    def rejoin(self, worker, now):
+        """A worker that stopped starts again (``fleet.init_worker()`` after
+        ``stop_worker()``): live again, barriers wait for it. Whether it was
+        stopped (False: it was live already, nothing changes)."""
+        self.last_seen[worker] = now
+        if worker not in self.stopped:
+            return False
+        self.stopped.discard(worker)
+        self.staying.discard(worker)
+        return True
+
+    def finished(self, now):
+        """Every worker has stopped, and none that stayed (``may_return``) is
+        still heard from: one silent for ``heartbeat_timeout`` is taken to have
+        ended (its process was killed after it stopped)."""
+        if len(self.stopped) != self.worker_num:
+            return False
+        return all(now - self.last_seen.get(w, now) > self.heartbeat_timeout
+                   for w in self.staying)
 
     def _complete(self, now):
         if not self.waiting or not self.live() <= self.waiting.keys():

@@ -138,19 +138,7 @@ class Client:
                 hello_payload["challenge"] = secrets.token_hex(16)
             hello = self._control_all(Op.HEARTBEAT, hello_payload,
                                       timeout=self.connect_deadline)
-            for i, info in enumerate(hello):
-                if token and info.get("proof") != _auth.job_proof(token,
-                                                                  hello_payload["challenge"]):
-                    raise PyfleetError(
-                        f"server at {self.endpoints[i]} cannot prove it belongs to this job "
-                        f"(its answer to {_auth.JOB_TOKEN_VAR}'s challenge is "
-                        f"{'missing' if 'proof' not in info else 'wrong'}): another process "
-                        f"may hold that port; nothing else was sent to it")
-                if info.get("server_index") != i or info.get("server_num") != self.num_servers:
-                    raise PyfleetError(
-                        f"server at {self.endpoints[i]} says it is server "
-                        f"{info.get('server_index')} of {info.get('server_num')}, expected "
-                        f"{i} of {self.num_servers}: check the endpoint order")
+            _check_hello(self.endpoints, hello, token, hello_payload.get("challenge"))
         except BaseException:
             self._conn.close_channels()
             raise
@@ -424,12 +412,18 @@ class Client:
     def heartbeat(self):
         return self._control_all(Op.HEARTBEAT, {"worker": self.worker_index})
 
-    def stop_worker(self):
-        """Flush pushes and tell every server this worker is done (a server
-        exits once all its workers are). Stops the heartbeats."""
+    def stop_worker(self, may_return=False, timeout=None):
+        """Flush pushes and tell every server this worker is done (a server exits once
+        all its workers are). Stops the heartbeats, unless ``may_return`` (then
+        :meth:`join`; see :mod:`pyfleet.distributed.worker_return`)."""
         self.flush()
-        self._conn.stop_heartbeats()
-        return self._control_all(Op.STOP_WORKER, {"worker": self.worker_index})
+        if not may_return:
+            self._conn.stop_heartbeats()
+        return self._control_all(Op.STOP_WORKER, {"worker": self.worker_index,
+                                                  "may_return": may_return}, timeout=timeout)
+
+    def join(self):  # after stop_worker(may_return=True): a worker again
+        return self._control_all(Op.JOIN, {"worker": self.worker_index})
 
     def save(self, dirname, mode="full", timeout=None):
         """Every server saves its shards under ``<checkpoint_dir>/<dirname>``;
@@ -482,3 +476,20 @@ class Client:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _check_hello(endpoints, hello, token, challenge):
+    """The servers' answers to a connecting client's HEARTBEAT: with a job token, each
+    proves it belongs to the job; each is the server its place in ``endpoints`` says."""
+    for i, info in enumerate(hello):
+        if token and info.get("proof") != _auth.job_proof(token, challenge):
+            raise PyfleetError(
+                f"server at {endpoints[i]} cannot prove it belongs to this job "
+                f"(its answer to {_auth.JOB_TOKEN_VAR}'s challenge is "
+                f"{'missing' if 'proof' not in info else 'wrong'}): another process "
+                f"may hold that port; nothing else was sent to it")
+        if info.get("server_index") != i or info.get("server_num") != len(endpoints):
+            raise PyfleetError(
+                f"server at {endpoints[i]} says it is server "
+                f"{info.get('server_index')} of {info.get('server_num')}, expected "
+                f"{i} of {len(endpoints)}: check the endpoint order")

@@ -118,6 +118,7 @@ class Op(enum.IntEnum):
     STATS = 22
     CREATE_TABLES = 23
     TABLES = 24
+    JOIN = 25
 
 
 DATA_OPS = frozenset({Op.PULL_SPARSE, Op.PUSH_SPARSE, Op.PULL_DENSE, Op.PUSH_DENSE,

@@ -60,6 +60,7 @@ from pyfleet.service.protocol import Op, ProtocolError, Refused, Status
 from pyfleet.service.registry import Registry
 from pyfleet.service.stats import Counters, peak_rss_bytes, rss_bytes
 from pyfleet.service.table_ops import SPLIT_PULL_KEYS, TableOps, control_payload, segment_sum
+from pyfleet.service.worker_ops import WorkerOps
 
 __all__ = ["Server", "segment_sum"]
 
@@ -74,7 +75,7 @@ _STALL_SECONDS = 1.0
 _OP_COUNTER = {o: f"op_{o.name.lower()}" for o in Op}
 
 
-class Server:
+class Server(WorkerOps):
     """One parameter-server endpoint.
 
     Args:
@@ -181,8 +182,8 @@ class Server:
                              self.handler_threads, self.split_pull_keys, self.limits)
         self._ops = {**self._data.ops(),
                      Op.BARRIER: self._barrier, Op.HEARTBEAT: self._heartbeat,
-                     Op.STOP_WORKER: self._stop_worker, Op.SAVE: self._save, Op.LOAD: self._load,
-                     Op.STATS: self._stats}
+                     Op.STOP_WORKER: self._stop_worker, Op.JOIN: self._join, Op.SAVE: self._save,
+                     Op.LOAD: self._load, Op.STATS: self._stats}
         self._ticks = Ticks()
         self._done = threading.Event()
         self._ran = False
@@ -245,7 +246,9 @@ class Server:
     def run(self):
         """Serve until every worker has called ``stop_worker`` or :meth:`stop`,
         or until every worker has stopped or died, one at least dead (then
-        :attr:`failure` says which; ``python -m pyfleet.server`` exits 1).
+        :attr:`failure` says which; ``python -m pyfleet.server`` exits 1). A
+        worker that stopped with ``may_return`` (Fluid's lifecycle) keeps the
+        server serving while its process lives (see :meth:`Barriers.finished`).
         Blocks; returns normally (closing the sockets) in every case."""
         if self._ran:
             raise RuntimeError("Server.run() may be called once")
@@ -401,6 +404,7 @@ class Server:
         if not self._ticks.due(now):
             return
         with self._lock:
+            self._end_if_finished(now)
             if self.failure is None:
                 why = self.barriers.abandoned(now)
                 if why is not None:
@@ -432,18 +436,6 @@ class Server:
         if isinstance(payload.get("challenge"), str) and self._job_token is not None:
             out["proof"] = _auth.job_proof(self._job_token, payload["challenge"][:128])
         return [[ident] + P.reply(h, payload=out)]
-
-    def _stop_worker(self, h, op, frames, ident):
-        w = self._worker_of(control_payload(frames, op))
-        with self._lock:
-            self._claim(w, h, "STOP_WORKER")
-            rel, everyone = self.barriers.stop(w, time.monotonic())
-            out = [[ident] + P.reply(h, payload={"stopped": sorted(self.barriers.stopped)})]
-            out += self._release(rel)
-            if everyone:
-                log.info("every worker stopped; server %d exits", self.server_index)
-                self._done.set()
-        return out
 
     def _save(self, h, op, frames, ident):
         payload = control_payload(frames, op)

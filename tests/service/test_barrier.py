@@ -188,3 +188,31 @@ def test_pass_barrier_and_async_servers_hand_over_no_gradients():
     a = make(1, sync=False)
     rel = a.arrive(0, "t0", "step", 1.0)
     assert rel.sync == {}
+
+
+def test_a_worker_that_may_return_keeps_the_job_until_it_leaves_or_falls_silent():
+    b = make(2)
+    assert b.stop(0, 1.0) == (None, False)
+    rel, finished = b.stop(1, 2.0, may_return=True)   # Fluid's lifecycle: its process goes on
+    assert rel is None and not finished
+    b.seen(1, 2.0 + HB)                                # its heartbeats
+    assert not b.finished(2.0 + 2 * HB)                # heard HB ago: still there
+    assert b.abandoned(2.0 + 2 * HB) is None           # a stopped worker is no failure
+    assert b.stop(1, 2.0 + 2 * HB) == (None, True)     # its process ends: the job too
+    b = make(1)
+    b.stop(0, 1.0, may_return=True)
+    assert not b.finished(1.0 + HB)
+    assert b.finished(1.0 + HB + 0.1)                  # killed after it stopped: silent
+
+
+def test_a_stopped_worker_that_starts_again_is_waited_for_at_the_barriers():
+    b = make(2)
+    b.stop(1, 1.0, may_return=True)
+    assert b.arrive(0, "t0", "step", 2.0) is not None  # without worker 1
+    assert b.rejoin(1, 3.0) and b.live() == {0, 1}
+    assert not b.rejoin(1, 3.0)                        # live already: nothing changes
+    assert b.arrive(0, "u0", "step", 4.0) is None      # waits for worker 1 again
+    assert sorted(b.arrive(1, "u1", "step", 4.0).tokens) == ["u0", "u1"]
+    b.stop(0, 6.0)
+    rel, finished = b.stop(1, 6.0)                     # stopped for good: the job ends
+    assert rel is None and finished
