@@ -245,6 +245,10 @@ class Step:
             rows[pad] = 0
         ids = self.value(op.input("Ids")[0])
         if isinstance(ids, LoDTensor):
+            if op.attrs.get("keep_last_dim"):  # fluid.embedding: ids [N, 1] give [N, 1, dim]
+                shape = ids.data.shape if ids.data.ndim >= 2 else ids.data.shape + tuple(
+                    d for d in op.input("Ids")[0].shape[1:] if d == 1)
+                rows = rows.reshape(tuple(shape) + (rows.shape[-1],))
             return ids._like(rows)
         v1_squeeze = ids.ndim >= 2 and ids.shape[-1] == 1 and not op.attrs.get("keep_last_dim")
         shape = ids.shape[:-1] if v1_squeeze else ids.shape

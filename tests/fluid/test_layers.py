@@ -406,6 +406,34 @@ def test_fluid_embedding_v2_keeps_field_axis_deepfm_style_gradients():
     _check(build, {"idx": idx, "val": val, "loss_w": _w((2, 4))})
 
 
+def test_fluid_embedding_over_sequences_keeps_the_ids_unit_axis():
+    """PaddleRec's fastText idiom: fluid.embedding over lod_level=1 ids of shape
+    [N, 1] gives [N, 1, dim] (Fluid's lookup_table_v2: the ids' shape plus dim),
+    sequence_pool keeps it ([B, 1, dim]), squeeze(axes=[1]) makes [B, dim]."""
+    seqs = [[3, 5, 3], [7], [1, 2, 9, 9, 4]]
+    main, startup = _program()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        ids = fluid.data("ids", [None, 1], dtype="int64", lod_level=1)
+        emb = fluid.embedding(ids, [20, 3], param_attr="emb", dtype=F64)
+        pooled = L.sequence_pool(emb, "average")
+        out = L.squeeze(pooled, axes=[1])
+    assert emb.shape == (-1, 1, 3) and out.shape == (-1, 3)
+    (e, p, o), be = _run_forward(main, startup, {"ids": _lod_feed(seqs)}, [emb, pooled, out])
+    table = be.dense["emb"]
+    flat = [i for s in seqs for i in s]
+    assert np.asarray(e).shape == (len(flat), 1, 3) and np.asarray(p).shape == (3, 1, 3)
+    np.testing.assert_allclose(np.asarray(e)[:, 0], table[flat], rtol=1e-12)
+    np.testing.assert_allclose(o, np.stack([table[s].mean(0) for s in seqs]), rtol=1e-12)
+
+    def build():
+        ids = fluid.data("ids", [None, 1], dtype="int64", lod_level=1)
+        emb = fluid.embedding(ids, [20, 4], dtype=F64, param_attr=fluid.ParamAttr(
+            name="emb", initializer=fluid.initializer.Uniform(-1, 1)))
+        pooled = L.squeeze(L.sequence_pool(emb, "average"), axes=[1])
+        return _weighted_loss(pooled, (3, 4))
+    _check(build, {"ids": _lod_feed(seqs), "loss_w": _w((3, 4))}, max_elements=40)
+
+
 def test_soft_label_cross_entropy_and_ignore_index_normalize_gradients():
     x = np.random.default_rng(10).normal(size=(4, 3))
     soft = np.random.default_rng(11).dirichlet(np.ones(3), size=4)
