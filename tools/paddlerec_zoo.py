@@ -13,14 +13,27 @@ untouched), run as ``pyfleet run -m paddlerec.run -m CONFIG``:
 - single process: the model's CPU ``train`` runner (at most ``--epochs`` epochs,
   a checkpoint every epoch), then its ``infer`` runner from that checkpoint
   (``init_model_path``; a model whose config names a file the repository
-  does not hold, as recall/fasttext's ``data/dict/word_ngrams_id.txt``, is not
-  run: the cell says which and what makes it; a config whose infer phase is
-  commented out, as
-  recall/ncf's, gets it as its comment says);
+  does not hold is not run: the cell says which and what makes it; a config
+  whose infer phase is commented out, as recall/ncf's, gets it as its comment
+  says);
 - local cluster: a ``local_cluster_train`` runner, 2 servers and 2 workers,
   PaddleRec's default ``async`` strategy, the same epochs, a checkpoint each
-  (sample data directories holding one file are split in two, one per worker;
-  the cell shows worker 0's metric).
+  (sample data directories holding one file are split in two, one per worker,
+  a file of one line given whole to both; the cell shows worker 0's metric).
+
+recall/fasttext's ``data/dict/word_ngrams_id.txt`` is not in the repository:
+its ``data_prepare.sh`` makes it (``preprocess.py``) from the dictionaries it
+builds from the one-billion-word corpus it downloads. Those dictionaries are in
+the repository (``word_count_dict.txt``: the words, by count, then their
+character n-grams; ``word_id_dict.txt``: the id of every entry), and the file is
+a function of them alone: for each word (the ``<...>`` entries before the
+n-grams start), its id, then the ids of its character n-grams of ``min_n`` to ``max_n``
+characters (``hyper_parameters``), an id being the line of the entry's last
+occurrence in ``word_count_dict.txt``. :func:`fasttext_ngram_ids` writes it so
+into the work copy (n-gram ids ascending: the preprocess wrote them in a set's
+order, which its reader does not depend on), after checking that
+``word_id_dict.txt`` holds exactly those ids and that every n-gram is an entry;
+the cells say the file was derived.
 
 Each training cell is the first logged and the last value of the model's
 first reported metric (a loss when it reports one, else e.g. AUC); the infer
@@ -99,6 +112,63 @@ def _missing_files(config, workspace, work):
     return sorted(set(found)), script
 
 
+def _char_ngrams(word, min_n, max_n):
+    """The character n-grams of ``word`` that fastText's preprocess takes: from every
+    start with at least ``min_n`` characters left, ``min_n`` to ``max_n`` characters
+    (cut at the word's end)."""
+    return {word[i:i + n] for i in range(len(word) - min_n + 1)
+            for n in range(min_n, max_n + 1)}
+
+
+def fasttext_ngram_ids(dict_dir, min_n, max_n):
+    """Write ``dict_dir/word_ngrams_id.txt`` from ``word_count_dict.txt`` (see the
+    module's docstring); ValueError when the dictionaries do not fit the rule.
+    Returns the number of words written."""
+    with open(os.path.join(dict_dir, "word_count_dict.txt"), encoding="utf-8") as f:
+        entries = [line.split() for line in f if line.strip()]
+    # Words first (each ``<...>``, once), then the n-grams: the first entry that is no
+    # ``<...>`` or repeats one before it (an n-gram ``<...>`` is a whole short word) starts them.
+    seen = set()
+    words = len(entries)
+    for i, (entry, _) in enumerate(entries):
+        if not (entry.startswith("<") and entry.endswith(">")) or entry in seen:
+            words = i
+            break
+        seen.add(entry)
+    ids = {e[0]: i for i, e in enumerate(entries)}          # the last occurrence wins
+    with open(os.path.join(dict_dir, "word_id_dict.txt"), encoding="utf-8") as f:
+        shipped = {k: int(v) for k, v in (line.split() for line in f if line.strip())}
+    if shipped != ids:
+        raise ValueError("word_id_dict.txt is not the id of each entry's last line in "
+                         "word_count_dict.txt: the dictionaries are not of one preprocess run")
+    with open(os.path.join(dict_dir, "word_ngrams_id.txt"), "w", encoding="utf-8") as out:
+        for word, _ in entries[:words]:
+            grams = _char_ngrams(word, min_n, max_n)
+            lost = sorted(g for g in grams if g not in ids)
+            if lost:
+                raise ValueError(f"word_count_dict.txt lacks the n-grams {lost} of {word!r}")
+            out.write(" ".join(map(str, [ids[word], *sorted(ids[g] for g in grams)])) + "\n")
+    return words
+
+
+DERIVED = {"recall/fasttext": ("data/dict/word_ngrams_id.txt", "data/dict",
+                               lambda d, hp: fasttext_ngram_ids(d, int(hp.get("min_n", 3)),
+                                                                int(hp.get("max_n", 5))))}
+
+
+def _derive(model, config, workspace, work):
+    """Make the file the model needs that the repository's dictionaries determine
+    (:data:`DERIVED`); a sentence for the cells, or None."""
+    if model not in DERIVED:
+        return None
+    path, where, make = DERIVED[model]
+    if os.path.exists(os.path.join(work, workspace, path)):
+        return None
+    words = make(os.path.join(work, workspace, where), config.get("hyper_parameters") or {})
+    return (f"{path} derived from the repository's dictionaries ({words} words; see "
+            f"tools/paddlerec_zoo.py)")
+
+
 def _data_dirs(config, workspace, work):
     for d in config.get("dataset", []):
         path = os.path.join(work, str(d.get("data_path", "")).replace("{workspace}", workspace))
@@ -107,17 +177,20 @@ def _data_dirs(config, workspace, work):
 
 
 def _split_in_two(path):
-    """A data directory of one file becomes two (each worker of the cluster reads one)."""
+    """A data directory of one file becomes two (each worker of the cluster reads one;
+    a one-line file is copied whole into both)."""
     files = [f for f in sorted(os.listdir(path)) if not f.startswith(".")]
     if len(files) != 1:
         return
     src = os.path.join(path, files[0])
     with open(src, "rb") as f:
         lines = f.readlines()
-    if len(lines) < 2:
+    if not lines:
         return
+    # One line (recall/fasttext's sample is one sentence): each worker reads it whole
+    # (PaddleRec would otherwise run one worker: a file per worker).
     half = len(lines) // 2
-    for i, part in enumerate((lines[:half], lines[half:])):
+    for i, part in enumerate((lines[:half], lines[half:]) if half else (lines, lines)):
         with open(os.path.join(path, f"part-{i}"), "wb") as f:
             f.writelines(part)
     os.remove(src)
@@ -199,6 +272,9 @@ def run_model(model, work, epochs, timeout, env):
     for path in _data_dirs(config, workspace, work):
         _split_in_two(path)
     row = {"model": model}
+    derived = _derive(model, config, workspace, work)
+    if derived:
+        row["derived"] = derived
     missing, script = _missing_files(config, workspace, work)
     if missing:
         why = (f"the repository does not hold {', '.join(missing)}" +
