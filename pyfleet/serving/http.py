@@ -35,7 +35,6 @@ __all__ = ["HEAD_LIMIT", "HTTPServer", "Request", "Route"]
 
 HEAD_LIMIT = 64 << 10  # bytes of a request's line and headers (more: 431)
 TEXT = b"text/plain; charset=utf-8"
-_METHODS = {}  # method bytes -> str (the few a server sees)
 _CONTENT_TYPES = {}  # Content-Type header bytes -> media type str (bounded)
 
 
@@ -52,10 +51,23 @@ def _date_header():
 
 
 class Route:
+    """``handler(request)`` once the body is whole; ``check(request)`` (or None) once
+    the head is read: None, or the refusal ``(status, text, kind)``."""
+
     __slots__ = ("check", "handler")
 
     def __init__(self, handler, check=None):
         self.handler, self.check = handler, check
+
+
+class _Bound:
+    """A route as a (URL, method) found it: what a request of them gets."""
+
+    __slots__ = ("check", "handler", "head_only", "method", "path")
+
+    def __init__(self, route, method, path, head_only):
+        self.check, self.handler = route.check, route.handler
+        self.method, self.path, self.head_only = method, path, head_only
 
 
 class Request:
@@ -178,42 +190,27 @@ class _Conn(asyncio.Protocol):
 
     def on_headers_complete(self):
         req, p, server = self.req, self.parser, self.server
-        raw = p.get_method()
-        method = _METHODS.get(raw)
-        if method is None:
-            method = _METHODS.setdefault(raw, raw.decode("latin-1")) if len(_METHODS) < 64 \
-                else raw.decode("latin-1")
-        req.method = method
         req.keep_alive = p.should_keep_alive()
+        req.in_order = True
+        self.order.append(req)
         if req._size + len(self.url) > HEAD_LIMIT:  # (a head that came in one read)
-            req._size = 0
-            self.order.append(req)
-            req.in_order = True
             self.transport.pause_reading()
             return req.refuse(431, f"the request line and headers pass {HEAD_LIMIT:,} bytes",
                               "bad_http", close=True)
         req._size = 0
-        req.in_order = True
-        self.order.append(req)
-        found = server.by_url.get(self.url)
-        if found is None:
-            found = server.by_url.get(self.url.split(b"?", 1)[0])
-        if found is None:
-            req.path = self.url.split(b"?", 1)[0].decode("latin-1", "replace")
-            return req.refuse(404, f"no such path {req.path!r}; served: "
-                                   f"{', '.join(sorted(server.routes))}", "not_found")
-        req.path, routes = found
-        route = routes.get(method)
-        if route is None and method == "HEAD" and "GET" in routes:
-            route, req.head_only = routes["GET"], True
+        key = (self.url, p.get_method())
+        route = server.dispatch.get(key)
         if route is None:
-            allow = ", ".join(sorted(routes) + (["HEAD"] if "GET" in routes else []))
-            return req.respond(405, f"{method} is not served on {req.path}; use {allow}\n"
-                               .encode(), TEXT, f"Allow: {allow}\r\n".encode(), "method")
+            route = server.resolve(req, *key)
+            if route is None:
+                return  # refused: 404 or 405
+        else:
+            req.method, req.path, req.head_only = route.method, route.path, route.head_only
         req.route = route
         headers = req.headers
         length = headers.get(b"content-length")
-        if length is not None and int(length) > server.max_body_bytes:
+        if length is not None and len(length) >= server.length_digits and \
+                int(length) > server.max_body_bytes:
             return req.refuse(413, f"the body is {int(length):,} bytes, more than "
                                    f"--max-body-bytes {server.max_body_bytes:,}", "too_large",
                               close=True)
@@ -327,8 +324,39 @@ class HTTPServer:
         self.on_done, self.on_abort, self.log = on_done, on_abort, log
         self.connections = set()
         self.heads = {}  # (status, content type, headers) -> an answer's head (this second)
+        self.dispatch = {}  # (URL, method) bytes -> _Bound, for the URLs served as they are
+        self.length_digits = len(str(max_body_bytes))  # a Content-Length shorter is within
         self._date = _date_header()
         self.loop = self._server = self._sweeper = None
+
+    def resolve(self, req, url, raw_method):
+        """The route of ``url`` and ``raw_method`` (remembered when found), or None
+        once ``req`` is refused: 404 (no such path) or 405 (a method not served)."""
+        method = raw_method.decode("latin-1")
+        found = self.by_url.get(url)
+        exact = found is not None
+        if found is None:
+            found = self.by_url.get(url.split(b"?", 1)[0])
+        req.method = method
+        if found is None:
+            req.path = url.split(b"?", 1)[0].decode("latin-1", "replace")
+            req.refuse(404, f"no such path {req.path!r}; served: "
+                            f"{', '.join(sorted(self.routes))}", "not_found")
+            return None
+        req.path, routes = found
+        route, head_only = routes.get(method), False
+        if route is None and method == "HEAD" and "GET" in routes:
+            route, head_only = routes["GET"], True
+        if route is None:
+            allow = ", ".join(sorted(routes) + (["HEAD"] if "GET" in routes else []))
+            req.respond(405, f"{method} is not served on {req.path}; use {allow}\n".encode(),
+                        TEXT, f"Allow: {allow}\r\n".encode(), "method")
+            return None
+        req.head_only = head_only
+        bound = _Bound(route, method, req.path, head_only)
+        if exact:  # (URLs with a query are many: not remembered)
+            self.dispatch[(url, raw_method)] = bound
+        return bound
 
     def head(self, key):
         """An answer's head up to its Content-Length value (Date: this second)."""

@@ -121,9 +121,11 @@ class RowSchema:
         if content_type == "application/json":
             return self._json(body)
         if content_type == "text/tab-separated-values" and len(body) <= JOIN_BYTES:
+            nl = body.find(b"\n")
+            if nl == len(body) - 1 and nl > 0 and b"\r" not in body:  # one line: one row
+                return Pending(self._tsv_kind_of(body.count(b"\t") + 1, 1), body, 1)
             if body[:1] != b"\n" and b"\r" not in body and b"\n\n" not in body:
                 # no blank line: the first line is line 1, and every line is a row
-                nl = body.find(b"\n")
                 kind = self._tsv_kind_of(body[:nl].count(b"\t") + 1 if nl >= 0 else
                                          body.count(b"\t") + 1, 1)
                 rows = body.count(b"\n") + (not body.endswith(b"\n"))
