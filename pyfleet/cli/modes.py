@@ -74,10 +74,6 @@ def check_scale_out_options(args):
     if args.mode in ("hybrid", "collective"):
         raise SystemExit(f"pyfleet train: --hosts places parameter-server jobs (sync, async, "
                          f"geo); --mode {args.mode} across hosts is not available yet")
-    if args.max_restarts:
-        raise SystemExit("pyfleet train: --max-restarts is not available with --hosts "
-                         "(mpirun stops the whole job when a role fails; --resume continues "
-                         "it from its checkpoint)")
     if args.port is not None and not 1024 <= args.port <= 65535 - args.servers:
         raise SystemExit(f"pyfleet train: --port must be in 1024..{65535 - args.servers} "
                          f"(server i listens on PORT+i), got {args.port}")

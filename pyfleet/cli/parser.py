@@ -266,7 +266,8 @@ def add_scale_out_options(p):
     p.add_argument("--hostfile", default=None, metavar="FILE",
                    help="the same as --hosts, from an Open MPI hostfile (default: none)")
     p.add_argument("--port", type=int, default=None,
-                   help="with --hosts: server i listens on its host's PORT+i (default: "
+                   help="with --hosts: server i listens on its host's PORT+i; a restarted "
+                        "or re-placed attempt n of the job on PORT+n*servers+i (default: "
                         "36000)")
     p.add_argument("--emit-k8s", default=None, metavar="DIR",
                    help="write the Kubernetes manifests of this job (Indexed Jobs, a "

@@ -201,7 +201,11 @@ def _launch(args, hosts, cmd, env, run_dir, restarts):
                             port=DEFAULT_PORT if args.port is None else args.port,
                             log_dir=os.path.join(run_dir, "logs"), timeout=args.timeout,
                             cwd=run_dir,
-                            messages=QuietLauncher(sys.stderr) if args.quiet else out)
+                            messages=QuietLauncher(sys.stderr) if args.quiet else out,
+                            max_restarts=args.max_restarts,
+                            restart_window=args.restart_window,
+                            restore_dir=os.path.join(run_dir, "checkpoint"),
+                            restarts=restarts)
     return launch_local(lambda role, index: cmd, servers=args.servers,
                         workers=args.workers, env=env,
                         log_dir=os.path.join(run_dir, "logs"), timeout=args.timeout,

@@ -59,7 +59,8 @@ def _build_parser(prog: str = "python -m pyfleet.launch") -> argparse.ArgumentPa
     p.add_argument("--hostfile", default=None,
                    help="the same as --hosts, from an Open MPI hostfile (default: none)")
     p.add_argument("--port", type=int, default=None,
-                   help="with --hosts: server i listens on its host's PORT+i (default: "
+                   help="with --hosts: server i listens on its host's PORT+i; a restarted "
+                        "or re-placed attempt n of the job on PORT+n*servers+i (default: "
                         "36000)")
     p.add_argument("--mode", choices=("sync", "async", "geo", "hybrid"), default=None,
                    help="default training mode for DistributeTranspilerConfig (PYFLEET_MODE; "
@@ -76,9 +77,9 @@ def _build_parser(prog: str = "python -m pyfleet.launch") -> argparse.ArgumentPa
     p.add_argument("--max-restarts", "--max_restarts", dest="max_restarts", type=int,
                    default=0, metavar="N",
                    help="when a role dies, stop every role and start the whole job again "
-                        "(servers on the same endpoints, PYFLEET_RESTART_COUNT and "
-                        "PYFLEET_RESTORE_DIR set), at most N times within --restart-window; "
-                        "0: the first death fails the job")
+                        "(servers on the same endpoints; with --hosts on the next --port "
+                        "block; PYFLEET_RESTART_COUNT and PYFLEET_RESTORE_DIR set), at most N "
+                        "times within --restart-window; 0: the first death fails the job")
     p.add_argument("--restart-window", dest="restart_window", type=float, default=3600.0,
                    metavar="SECONDS",
                    help="the window --max-restarts counts restarts in")
@@ -164,17 +165,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             return launch_collective(cmd, workers, hosts=args.hosts,
                                      hostfile=args.hostfile, timeout=args.timeout)
         if args.hosts or args.hostfile:
-            for flag, value in (("--server-endpoints/--servers ip:port", eps),
-                                ("--max-restarts", args.max_restarts or None),
-                                ("--restore-dir", args.restore_dir)):
-                if value is not None:
-                    raise ConfigError(f"{flag} does not apply to --hosts (servers listen "
-                                      f"on their host's --port + index; mpirun stops the "
-                                      f"job when a role fails)")
+            if eps is not None:
+                raise ConfigError("--server-endpoints/--servers ip:port does not apply to "
+                                  "--hosts (servers listen on their host's --port + index)")
             return launch_hosts(cmd, servers, workers, hosts=args.hosts,
                                 hostfile=args.hostfile, mode=args.mode,
                                 port=DEFAULT_PORT if args.port is None else args.port,
-                                log_dir=args.log_dir, timeout=args.timeout)
+                                log_dir=args.log_dir, timeout=args.timeout,
+                                max_restarts=args.max_restarts,
+                                restart_window=args.restart_window,
+                                restore_dir=args.restore_dir)
         if args.port is not None:
             raise ConfigError("--port is the servers' first port with --hosts")
         return launch_local(cmd, servers, workers, log_dir=args.log_dir,

@@ -27,7 +27,12 @@ from pyfleet.launch.contract import (
     hold_endpoints,
     role_env,
 )
-from pyfleet.launch.restart import RESTART_PAUSE, RestartPolicy, restart_vars
+from pyfleet.launch.restart import (
+    RESTART_PAUSE,
+    RestartPolicy,
+    restart_vars,
+    resume_position,
+)
 from pyfleet.service import auth
 from pyfleet.service.wire import check_ipc_dir
 
@@ -341,6 +346,7 @@ def _restart_after(died, policy, bind_retries, report):
            f"(restart {policy.attempt} of at most {policy.max_restarts} within "
            f"{policy.window:g} s)" + (f" from {policy.restore_dir}"
                                       if "PYFLEET_RESTORE_DIR" in policy.env() else ""))
+    report(f"restart {policy.attempt} resumes {resume_position(policy.restore_dir)}")
     return 0
 
 

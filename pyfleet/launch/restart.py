@@ -29,22 +29,28 @@ MANIFEST = "MANIFEST.json"
 
 class Death(NamedTuple):
     """One role's death: wall-clock ``time``, ``role`` (``server.0``), its return code,
-    the words for it (``was killed by SIGKILL``) and the ``attempt`` it ended (from 0)."""
+    the words for it (``was killed by SIGKILL``), the ``attempt`` it ended (from 0) and,
+    in a job across hosts, the ``host`` it ran on."""
 
     time: float
     role: str
     returncode: int
     description: str
     attempt: int
+    host: str | None = None
 
     def line(self) -> str:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(self.time))
+        where = "" if self.host is None else f" on {self.host}"
         return (f"  {when}.{int(self.time * 1000) % 1000:03d} UTC  attempt {self.attempt}: "
-                f"{self.role} {self.description}")
+                f"{self.role}{where} {self.description}")
 
     def to_json(self) -> dict:
-        return {"time": self.time, "role": self.role, "returncode": self.returncode,
-                "description": self.description, "attempt": self.attempt}
+        out = {"time": self.time, "role": self.role, "returncode": self.returncode,
+               "description": self.description, "attempt": self.attempt}
+        if self.host is not None:
+            out["host"] = self.host
+        return out
 
 
 def check_restart_options(max_restarts, window) -> tuple[int, float]:
@@ -70,9 +76,10 @@ class RestartPolicy:
         self.attempt = 0
         self.starts = 0  # attempts started, with those a taken endpoint ended (not counted)
 
-    def record(self, role: str, returncode: int, description: str) -> bool:
+    def record(self, role: str, returncode: int, description: str,
+               host: str | None = None) -> bool:
         """Note a death; True when the job restarts (then :attr:`attempt` is the next)."""
-        death = Death(time.time(), role, returncode, description, self.attempt)
+        death = Death(time.time(), role, returncode, description, self.attempt, host)
         self.deaths.append(death)
         if self._sink is not None:
             self._sink.append(death.to_json())
@@ -97,6 +104,29 @@ class RestartPolicy:
                 os.path.join(self.restore_dir, MANIFEST)):
             env["PYFLEET_RESTORE_DIR"] = self.restore_dir
         return env
+
+
+def resume_position(restore_dir) -> str:
+    """Where a restarted job resumes, in words: the committed checkpoint in
+    ``restore_dir`` and the position its manifest records (inside a pass: each
+    worker's batch, :mod:`pyfleet.trainer.rounds`), or the start of the job."""
+    if not restore_dir or not os.path.exists(os.path.join(restore_dir, MANIFEST)):
+        return "from the start of the job (no checkpoint committed yet)"
+    from pyfleet.service.checkpoint import read_manifest
+    try:
+        meta = (read_manifest(restore_dir) or {}).get("meta") or {}
+    except ValueError as e:  # the roles refuse it too, naming the file
+        return f"from {restore_dir}, whose manifest does not read: {e}"
+    pos, done = meta.get("position"), meta.get("pass")
+    if isinstance(pos, dict) and isinstance(pos.get("workers"), dict) and pos["workers"]:
+        workers = sorted(pos["workers"].items(), key=lambda kv: str(kv[0]).zfill(9))
+        at = ", ".join(f"worker {k} at batch {(v or {}).get('batches')}" for k, v in workers)
+        examples = sum(int((v or {}).get("pass_examples") or 0) for _, v in workers)
+        return (f"from {restore_dir} inside pass {pos.get('pass')} (round "
+                f"{pos.get('round')}): {at}; {examples:,} examples of the pass trained")
+    if isinstance(done, int) and not isinstance(done, bool):
+        return f"from {restore_dir} after pass {done}: pass {done + 1} from its start"
+    return f"from {restore_dir}"
 
 
 def restart_vars() -> Sequence[str]:

@@ -1,8 +1,8 @@
 """A server's port taken on another host of a ``pyfleet train --hosts`` job (two hosts
 made of network namespaces, tests/support/netns.py; mpirun reaches the second through
-an ssh stand-in). A job across hosts has no restarts (``--max-restarts`` is refused
-with ``--hosts``): the server that cannot bind ends the job, the console names the
-endpoint and why, and an impostor on the port learns nothing of the job.
+an ssh stand-in). Without ``--max-restarts`` the server that cannot bind ends the job,
+the console names the endpoint and why, and an impostor on the port learns nothing of
+the job (with restarts the job moves to fresh ports: test_hosts_self_healing.py).
 
 Skipped, with the reason, where the kernel or the user cannot make namespaces.
 """

@@ -1,0 +1,224 @@
+"""Self-healing across hosts: ``pyfleet train --hosts a,b --max-restarts N`` (and
+``python -m pyfleet.launch --hosts``) restart the whole mpirun job when a role on any
+host dies, from the latest committed checkpoint at its recorded position, on fresh
+ports, with a fresh job secret. Two hosts made of network namespaces
+(tests/support/netns.py; mpirun reaches the second through an ssh stand-in).
+
+The attacks: a server on host 2 SIGKILLed in the middle of a pass, a process that
+takes the dead server's port at once, and another that holds the port the restart
+would have used next. Skipped, with the reason, where namespaces cannot be made.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from support.netns import mpi_hosts
+from support.wait import wait_until
+
+from pyfleet.launch.mpirun import ended_rank
+from pyfleet.service import checkpoint as _checkpoint
+
+PORT = 40500
+DEADLINE = 500
+
+# Binds each port given on its host (SO_REUSEADDR, as an attacker would: the dead
+# server's connections may linger in TIME_WAIT), says so, and holds them.
+SQUATTER = textwrap.dedent("""
+    import socket, sys, time
+    held = []
+    for port in sys.argv[2:]:
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((sys.argv[1], int(port)))
+        s.listen()
+        held.append(s)
+    print("ready", flush=True)
+    time.sleep(900)  # parked: the test kills it
+""")
+
+
+def test_mpirun_notices_name_the_rank_that_ended_the_job():
+    # Open MPI 5's two notices, as it wraps them (captured from mpirun 5.0)
+    killed = ("--------------------------------------------------------------------------\n"
+              "prterun noticed that process rank 3 with PID 1594 on node vm exited on\n"
+              "signal 9 (Killed).\n"
+              "--------------------------------------------------------------------------\n")
+    exited = ("prterun detected that one or more processes exited with non-zero status,\n"
+              "thus causing the job to be terminated. The first process to do so was:\n\n"
+              "   Process name: [prterun-vm-1454@1,2]\n   Exit code:    75\n")
+    assert ended_rank(killed) == (3, -9)
+    assert ended_rank(exited) == (2, 75)
+    assert ended_rank("mpirun was unable to launch the specified application") is None
+
+
+@pytest.fixture
+def hosts(tmp_path):
+    with mpi_hosts(2, tmp_path) as h:
+        yield h
+
+
+def _env(hosts, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYFLEET_")}
+    env.update(OPENBLAS_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    return hosts.mpi_env(env)
+
+
+def _squat(hosts, i, *ports):
+    script = os.path.join(hosts.workdir, "squat.py")
+    with open(script, "w") as f:
+        f.write(SQUATTER)
+    proc = subprocess.Popen(hosts.on(i, [sys.executable, script, hosts.addrs[i],
+                                         *map(str, ports)]),
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def _train(hosts, tmp_path, run, *flags):
+    a, b = hosts.addrs
+    argv = [sys.executable, "-m", "pyfleet.cli", "train", "--hosts", f"{a},{b}",
+            "--servers", 2, "--workers", 2, "--mode", "sync", "--rows", 60000,
+            "--batch-size", 128, "--layers", "32,16", "--embedding-dim", 8, "--seed", 1,
+            "--run-dir", tmp_path / run, "--cache-dir", tmp_path / "cache", "--json",
+            "--timeout", DEADLINE - 60, "--port", PORT, *flags]
+    return subprocess.Popen(hosts.on(0, argv), env=_env(hosts, tmp_path), cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _role_pid(run_dir, role, index):
+    """The pid of the job's ``role`` ``index`` training into ``run_dir``, or None (the
+    namespaces share this machine's process table)."""
+    want = [f"PYFLEET_CHECKPOINT_DIR={run_dir}".encode(), f"PYFLEET_ROLE={role}".encode(),
+            f"PYFLEET_{role.upper()}_INDEX={index}".encode()]
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        if b"pyfleet.trainer" in cmdline and all(w in env for w in want):
+            return int(pid)
+    return None
+
+
+def _in_pass_position(run_dir):
+    try:
+        m = _checkpoint.read_manifest(os.path.join(run_dir, "checkpoint"))
+    except (OSError, ValueError):
+        return None
+    pos = ((m or {}).get("meta") or {}).get("position")
+    return pos if pos and pos.get("pass") == 1 and pos.get("round", 0) >= 3 else None
+
+
+def _finish(proc):
+    try:
+        out, err = proc.communicate(timeout=DEADLINE)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, (out + err)[-5000:]
+    return json.loads(out.strip().splitlines()[-1]), out + err
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3 * DEADLINE)
+def test_a_server_killed_on_host_2_heals_past_squatters_with_an_undisturbed_runs_auc(
+        hosts, tmp_path):
+    a, b = hosts.addrs
+    run = str(tmp_path / "healed")
+    # The port server 1 would get on the first restart (the next block: PORT+2+1) is
+    # taken before the job starts: that attempt fails to bind and moves on, uncounted.
+    ahead = _squat(hosts, 1, PORT + 3)
+    squatters = [ahead]
+    proc = _train(hosts, tmp_path, "healed", "--checkpoint-steps", 20, "--max-restarts", 2)
+    try:
+        def server_1():
+            assert proc.poll() is None, "the job ended before the kill: " + proc.stderr.read()
+            return _in_pass_position(run) and _role_pid(run, "server", 1)
+
+        os.kill(wait_until(server_1, DEADLINE, "server 1 on host 2 to kill"), signal.SIGKILL)
+        # ... and the dead server's own port is taken at once
+        squatters.append(_squat(hosts, 1, PORT + 1))
+        healed, console = _finish(proc)
+    finally:
+        for s in squatters:
+            assert s.poll() is None  # each held its port to the end
+            s.kill()
+            s.communicate()
+    print("\n".join(line for line in console.splitlines() if "pyfleet.launch:" in line))
+    # one restart, counted, named with its host; the bind failure was not counted
+    assert [(r["role"], r["host"], r["description"]) for r in healed["restarts"]] == [
+        ("server.1", b, "was killed by SIGKILL")], healed["restarts"]
+    assert "restart 1 of at most 2 within 3600 s" in console, console[-5000:]
+    assert f"restart 1 reason: server.1 on {b} was killed by SIGKILL" in console
+    assert f"restart 1 resumes from {run}/checkpoint inside pass 1 (round " in console
+    assert f"server.1 on {b} could not bind its port (taken by another process)" in console
+    assert f"servers at {a}:{PORT + 2},{b}:{PORT + 3}" in console   # attempt 2: squatted
+    assert f"servers at {a}:{PORT + 4},{b}:{PORT + 5}" in console   # attempt 3: trained
+    assert healed["train_examples"] == 54000          # every example once, across attempts
+    with open(os.path.join(run, "logs", "worker.0.log")) as f:
+        assert any("restored at pass 1 batch " in line for line in f)
+
+    calm, _ = _finish(_train(hosts, tmp_path, "calm"))
+    assert calm["restarts"] == [] and calm["train_examples"] == 54000
+    gap = abs(healed["test_auc"] - calm["test_auc"])
+    print(f"test AUC healed {healed['test_auc']:.5f}, undisturbed {calm['test_auc']:.5f}, "
+          f"gap {gap:.5f}; wall {healed['wall_seconds']:.1f} s against "
+          f"{calm['wall_seconds']:.1f} s")
+    # Sync mode: both runs take the same steps on the same batches (the restart resumes
+    # every worker at the checkpoint's step), so they differ only by the order of float
+    # sums; 0.002 is the issue's bound for a healed run.
+    assert gap <= 0.002, (healed["test_auc"], calm["test_auc"])
+
+
+ROLE = textwrap.dedent("""
+    import json, os, signal, sys
+    role = os.environ["PYFLEET_ROLE"]
+    index = os.environ.get(f"PYFLEET_{role.upper()}_INDEX")
+    attempt = os.environ["PYFLEET_RESTART_COUNT"]
+    with open(os.path.join(sys.argv[1], f"{role}.{index}.{attempt}"), "w") as f:
+        json.dump({"token": os.environ.get("PYFLEET_JOB_TOKEN"),
+                   "endpoints": os.environ["PYFLEET_SERVER_ENDPOINTS"]}, f)
+    if role == "worker" and index == "1":
+        os.kill(os.getpid(), signal.SIGKILL)   # dies every time
+    if role == "worker":
+        sys.exit(0)
+    signal.pause()   # a server: until mpirun stops it
+""")
+
+
+@pytest.mark.timeout(300)
+def test_a_role_that_keeps_dying_on_host_2_fails_the_job_after_n_restarts(hosts, tmp_path):
+    a, b = hosts.addrs
+    script = tmp_path / "role.py"
+    script.write_text(ROLE)
+    out = tmp_path / "out"
+    out.mkdir()
+    argv = [sys.executable, "-m", "pyfleet.launch", "--hosts", f"{a},{b}", "--server_num", 2,
+            "--worker_num", 2, "--port", PORT, "--max-restarts", 1, "--timeout", 240,
+            script, out]
+    r = subprocess.run(hosts.on(0, argv), env=_env(hosts, tmp_path), cwd=tmp_path,
+                       capture_output=True, text=True, timeout=280)
+    assert r.returncode == 128 + signal.SIGKILL, r.stderr[-4000:]
+    assert "restart 1 reason: worker.1 on 10.213.78.2 was killed by SIGKILL" in r.stderr
+    assert "restart 1 resumes from the start of the job (no checkpoint committed yet)" \
+        in r.stderr
+    assert "2 role death(s); more than 1 restart(s) within 3600 s, so the job fails" \
+        in r.stderr
+    history = [line.split("UTC  ")[1] for line in r.stderr.splitlines() if " UTC  attempt " in line]
+    assert history == [f"attempt 0: worker.1 on {b} was killed by SIGKILL",
+                       f"attempt 1: worker.1 on {b} was killed by SIGKILL"], r.stderr[-3000:]
+    seen = {n: json.loads((out / n).read_text()) for n in os.listdir(out)}
+    # each attempt had its own secret and its own ports
+    assert seen["server.1.0"]["token"] != seen["server.1.1"]["token"]
+    assert seen["worker.0.0"]["token"] == seen["server.1.0"]["token"]
+    assert seen["server.0.0"]["endpoints"] == f"{a}:{PORT},{b}:{PORT + 1}"
+    assert seen["server.0.1"]["endpoints"] == f"{a}:{PORT + 2},{b}:{PORT + 3}"
