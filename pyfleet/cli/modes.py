@@ -71,9 +71,13 @@ def check_scale_out_options(args):
                          f"(examples/k8s/pyfleet-mpijob.yaml)")
     if not many:
         return None
-    if args.mode in ("hybrid", "collective"):
-        raise SystemExit(f"pyfleet train: --hosts places parameter-server jobs (sync, async, "
-                         f"geo); --mode {args.mode} across hosts is not available yet")
+    if args.mode == "hybrid":
+        raise SystemExit("pyfleet train: --hosts places parameter-server jobs (sync, async, "
+                         "geo) and collective ones; --mode hybrid across hosts is not "
+                         "available yet")
+    if args.mode == "collective" and args.port is not None:
+        raise SystemExit("pyfleet train: --port is the servers' first port with --hosts, and "
+                         "--mode collective has no server")
     if args.port is not None and not 1024 <= args.port <= 65535 - args.servers:
         raise SystemExit(f"pyfleet train: --port must be in 1024..{65535 - args.servers} "
                          f"(server i listens on PORT+i), got {args.port}")

@@ -191,10 +191,11 @@ def _total_lines(args, job, data):
 
 
 def _launch(args, hosts, cmd, env, run_dir, restarts):
-    """The roles launched (across --hosts by mpirun, else here) until the job ends:
-    the exit code."""
+    """The roles launched until the job ends: the exit code. Across --hosts a
+    parameter-server job is one mpirun job (:func:`launch_hosts`); a collective job's
+    ranks are always one, supervised here, placed on the hosts by mpirun."""
     out = sys.stderr if args.json else sys.stdout
-    if hosts is not None:
+    if hosts is not None and args.mode != "collective":
         from pyfleet.launch.hosts import DEFAULT_PORT, launch_hosts
         return launch_hosts(cmd, args.servers, args.workers, hosts=args.hosts,
                             hostfile=args.hostfile, mode=args.mode, env=env,
@@ -214,7 +215,7 @@ def _launch(args, hosts, cmd, env, run_dir, restarts):
                         max_restarts=args.max_restarts,
                         restart_window=args.restart_window,
                         restore_dir=os.path.join(run_dir, "checkpoint"),
-                        restarts=restarts)
+                        restarts=restarts, mpi_hosts=hosts)
 
 
 def _report(args, job, run: Run, say):

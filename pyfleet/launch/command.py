@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pyfleet.endpoint import parse_endpoints
 from pyfleet.errors import ConfigError
 from pyfleet.launch.collective import launch_collective
-from pyfleet.launch.hosts import DEFAULT_PORT, launch_hosts
+from pyfleet.launch.hosts import DEFAULT_PORT, host_list, launch_hosts
 from pyfleet.launch.local import launch_local
 
 
@@ -156,12 +156,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.collective:
             for flag, value in (("--servers", given_servers), ("--mode", args.mode),
                                 ("--port", args.port),
-                                ("--max-restarts", args.max_restarts or None),
-                                ("--restore-dir", args.restore_dir),
-                                ("--server-endpoints", eps), ("--log-dir", args.log_dir)):
+                                ("--server-endpoints", eps)):
                 if value is not None:
-                    raise ConfigError(f"{flag} does not apply to --collective (no servers; "
-                                      f"mpiexec prints every rank's output)")
+                    raise ConfigError(f"{flag} does not apply to --collective (no servers)")
+            if args.max_restarts:  # the MPI job supervised, restarted whole (TorchElastic)
+                many = (host_list(args.hosts, args.hostfile)
+                        if args.hosts or args.hostfile else None)
+                return launch_local(cmd, 0, workers, mode="collective", mpi_hosts=many,
+                                    log_dir=args.log_dir, timeout=args.timeout,
+                                    stop_timeout=args.stop_timeout,
+                                    max_restarts=args.max_restarts,
+                                    restart_window=args.restart_window,
+                                    restore_dir=args.restore_dir)
+            if args.log_dir is not None:
+                raise ConfigError("--log-dir does not apply to --collective without "
+                                  "--max-restarts (mpiexec prints every rank's output)")
             return launch_collective(cmd, workers, hosts=args.hosts,
                                      hostfile=args.hostfile, timeout=args.timeout)
         if args.hosts or args.hostfile:

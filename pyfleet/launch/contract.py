@@ -19,6 +19,9 @@ CONTRACT_VARS = (
     "PADDLE_PSERVERS_IP_PORT_LIST", "PADDLE_PSERVERS", "PADDLE_PORT", "PADDLE_TRAINERS_NUM",
     "PADDLE_TRAINER_ID", "POD_IP", "PYFLEET_LISTEN_FD", "PYFLEET_JOB_TOKEN",
 )
+# Forwarded by mpirun to roles on other hosts besides PYFLEET_* (its ``-x NAME``).
+FORWARD_VARS = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "PYTHONUNBUFFERED",
+                "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "HOME")
 LISTEN_FD_VAR = "PYFLEET_LISTEN_FD"  # pyfleet.service.wire.inherited_listener reads it
 
 

@@ -38,7 +38,7 @@ from collections.abc import Mapping, Sequence
 
 from pyfleet.errors import ConfigError, EndpointInUse
 from pyfleet.launch.collective import mpiexec_command
-from pyfleet.launch.contract import CONTRACT_VARS, role_env
+from pyfleet.launch.contract import CONTRACT_VARS, FORWARD_VARS, role_env
 from pyfleet.launch.local import _BIND_RETRIES, _catch_signals, _describe_rc, _reporter
 from pyfleet.launch.mpirun import run_watched
 from pyfleet.launch.restart import RESTART_PAUSE, RestartPolicy, restart_vars, resume_position
@@ -47,9 +47,6 @@ from pyfleet.service import auth
 __all__ = ["DEFAULT_PORT", "host_list", "hosts_command", "launch_hosts", "placement"]
 
 DEFAULT_PORT = 36000
-# Forwarded from the launcher to every role, besides PYFLEET_* (mpirun's -x NAME).
-_FORWARD = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "PYTHONUNBUFFERED",
-            "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "HOME")
 
 
 def host_list(hosts: str | None = None, hostfile: str | os.PathLike | None = None) -> list[str]:
@@ -112,7 +109,7 @@ def hosts_command(cmd: Sequence[str], servers: int, workers: int, hosts: Sequenc
     # than cores)
     argv += ["--host", ",".join(f"{h}:{n}" for h, n in slots.items()), "--bind-to", "none"]
     environ = os.environ if environ is None else environ
-    names = [k for k in dict.fromkeys([*forward, *_FORWARD]) if k in environ]
+    names = [k for k in dict.fromkeys([*forward, *FORWARD_VARS]) if k in environ]
     for i, (role, index, host) in enumerate(places):
         if i:
             argv.append(":")

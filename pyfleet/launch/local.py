@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import os
@@ -23,10 +24,12 @@ from pyfleet.launch.collective import mpiexec_command
 from pyfleet.launch.contract import (
     CONTRACT_VARS,
     EXIT_TIMEOUT,
+    FORWARD_VARS,
     LISTEN_FD_VAR,
     hold_endpoints,
     role_env,
 )
+from pyfleet.launch.mpirun import ended_rank, lost_peer
 from pyfleet.launch.restart import (
     RESTART_PAUSE,
     RestartPolicy,
@@ -39,6 +42,7 @@ from pyfleet.service.wire import check_ipc_dir
 _REAP_WAIT = 5.0
 _BIND_RETRIES = 5  # attempts in a row a taken endpoint may end without counting
 _POLL = 0.05
+_TAIL = 200
 
 
 def _pdeathsig_preexec():
@@ -68,6 +72,7 @@ class _Role:
         self.reader: threading.Thread | None = None
         self.log = None
         self.stopped_by_launcher = False
+        self.tail = collections.deque(maxlen=_TAIL)  # its last lines (mpirun's notice)
 
     @property
     def returncode(self) -> int | None:
@@ -100,6 +105,7 @@ def _pump(role: _Role, out: TextIO, lock: threading.Lock, report) -> None:
     prefix = f"[{role.label}] "
     for raw in iter(role.proc.stdout.readline, b""):
         line = raw.decode("utf-8", "replace")
+        role.tail.append(line)
         if not line.endswith("\n"):
             line += "\n"
         with lock:
@@ -134,7 +140,8 @@ def launch_local(cmd_for_role: CmdForRole, servers: int, workers: int,
                  cwd: str | os.PathLike | None = None, max_restarts: int = 0,
                  restart_window: float | None = None,
                  restore_dir: str | os.PathLike | None = None,
-                 restarts: list | None = None) -> int:
+                 restarts: list | None = None,
+                 mpi_hosts: Sequence[str] | None = None) -> int:
     """Run ``servers`` servers and ``workers`` workers locally and supervise them.
 
     ``cmd_for_role`` is the argv of every role, or a callable ``(role, index) -> argv`` with
@@ -150,7 +157,10 @@ def launch_local(cmd_for_role: CmdForRole, servers: int, workers: int,
     ``workers``, its log ``workers.log``) with ``PYFLEET_ROLE=worker``, the servers'
     endpoints and the worker count but no worker index (each takes its MPI rank).
     ``mode="collective"``: no server (``servers=0``), the workers one MPI job without the
-    parameter-server contract.
+    parameter-server contract. ``mpi_hosts`` (collective only): the hosts mpirun places
+    the ranks on, rank ``j`` on host ``j % len(mpi_hosts)`` (``--map-by node``), each
+    rank given the launcher's ``PYFLEET_*`` and Python variables (``-x``); the run
+    directory must be at the same path on every host (docs/scaleout.md).
 
     ``max_restarts`` > 0: a role's death stops every role and starts the whole job again
     (servers on the same endpoints), at most that many times within ``restart_window``
@@ -182,6 +192,9 @@ def launch_local(cmd_for_role: CmdForRole, servers: int, workers: int,
     """
     make_cmd, given = _checked(cmd_for_role, servers, workers, mode, timeout, grace_period,
                                stop_timeout, server_endpoints)
+    if mpi_hosts and mode != "collective":
+        raise ConfigError(f"mpi_hosts places the ranks of a collective job, not of a "
+                          f"{mode or 'parameter-server'} job")
     out = sys.stdout if output is None else output
     report = _reporter(sys.stderr if messages is None else messages)
     policy = RestartPolicy(max_restarts, restart_window, restore_dir, restarts)
@@ -204,12 +217,12 @@ def launch_local(cmd_for_role: CmdForRole, servers: int, workers: int,
             try:
                 code, died = _attempt(roles, make_cmd, base, eps, workers, mode, log_dir, cwd,
                                       policy, out, lock, report, deadline, timeout,
-                                      grace_period, signals_seen, listeners)
+                                      grace_period, signals_seen, listeners, mpi_hosts)
             finally:
                 _end_attempt(roles, signals_seen, report, stop_timeout, lock)
             if died is None or signals_seen:
                 return code
-            bind_retries = _restart_after(died, policy, bind_retries, report)
+            bind_retries = _restart_after(died, policy, bind_retries, report, mpi_hosts)
             if bind_retries is None:
                 return code
             time.sleep(RESTART_PAUSE)
@@ -326,7 +339,24 @@ def _end_attempt(roles, signals_seen, report, stop_timeout, lock):
                 role.log.close()
 
 
-def _restart_after(died, policy, bind_retries, report):
+def _rank_death(died, mpi_hosts):
+    """``(words, host)`` of the death of ``died``: for an MPI job, the rank mpirun's
+    notice names (and its host, with ``mpi_hosts``), else the role's own exit."""
+    words, host = _describe_rc(died.returncode), None
+    named = ended_rank("".join(died.tail)) if died.label == "workers" else None
+    if named is not None and named[1] is None:  # a survivor aborted: who it lost
+        host = lost_peer("".join(died.tail))
+        words = (f"(rank {named[0]} aborted the job"
+                 + (f": it lost its peer on host {host}" if host else "") + f") {words}")
+    elif named is not None:
+        rank, rc = named
+        host = mpi_hosts[rank % len(mpi_hosts)] if mpi_hosts else None
+        words = (f"(rank {rank}" + (f" on {host}" if host else "") + ") "
+                 + _describe_rc(rc))
+    return words, host
+
+
+def _restart_after(died, policy, bind_retries, report, mpi_hosts=None):
     """Whether the death of ``died`` starts the job again: the taken-endpoint retries in
     a row so far for the next attempt, or None when the job ends."""
     if (policy.max_restarts and died.kind == "server" and bind_retries < _BIND_RETRIES
@@ -338,11 +368,12 @@ def _restart_after(died, policy, bind_retries, report):
                f"process); starting the job again, not counted as a restart "
                f"({bind_retries} of at most {_BIND_RETRIES} such retries)")
         return bind_retries
-    if not policy.record(died.label, died.returncode, _describe_rc(died.returncode)):
+    words, host = _rank_death(died, mpi_hosts)
+    if not policy.record(died.label, died.returncode, words, host):
         if policy.max_restarts:
             report(policy.gave_up())
         return None
-    report(f"{died.label} {_describe_rc(died.returncode)}; restarting the whole job "
+    report(f"{died.label} {words}; restarting the whole job "
            f"(restart {policy.attempt} of at most {policy.max_restarts} within "
            f"{policy.window:g} s)" + (f" from {policy.restore_dir}"
                                       if "PYFLEET_RESTORE_DIR" in policy.env() else ""))
@@ -391,13 +422,31 @@ def _job_keys(base):
     return path
 
 
+def _mpi_prefix(workers, mode, mpi_hosts):
+    """``(argv, env)`` of the mpiexec running an MPI job's ranks (None, None: no MPI)."""
+    if mode not in ("hybrid", "collective"):
+        return None, None
+    if not mpi_hosts:
+        return mpiexec_command(workers)
+    slots = collections.Counter(mpi_hosts[j % len(mpi_hosts)] for j in range(workers))
+    argv, env = mpiexec_command(workers, hosts=",".join(f"{h}:{n}" for h, n in slots.items()))
+    return [*argv, "--map-by", "node", "--bind-to", "none"], env
+
+
+def _forwarded(child_env):
+    """mpirun's ``-x NAME`` of every variable a rank on another host needs."""
+    names = [k for k in child_env if (k.startswith("PYFLEET_") and k not in CONTRACT_VARS)
+             or k in FORWARD_VARS]
+    return [x for k in names for x in ("-x", k)]
+
+
 def _attempt(roles, make_cmd, base, eps, workers, mode, log_dir, cwd, policy, out, lock,
-             report, deadline, timeout, grace_period, signals_seen, listeners):
+             report, deadline, timeout, grace_period, signals_seen, listeners,
+             mpi_hosts=None):
     """Start one attempt's roles and supervise them: ``(exit code, role that died or
     None)``. The caller stops the roles."""
     preexec = _pdeathsig_preexec()
-    mpi_argv, mpi_env = (mpiexec_command(workers) if mode in ("hybrid", "collective")
-                         else (None, None))
+    mpi_argv, mpi_env = _mpi_prefix(workers, mode, mpi_hosts)
     # Every child is forked before any reader thread starts: preexec_fn is only safe
     # in a process without other threads. Pipes buffer output meanwhile.
     for role in roles:
@@ -417,6 +466,8 @@ def _attempt(roles, make_cmd, base, eps, workers, mode, log_dir, cwd, policy, ou
             for k, v in mpi_env.items():
                 child_env.setdefault(k, v)
         child_env.update(policy.env())
+        if mpi_argv and role.kind == "worker" and mpi_hosts:
+            argv[len(mpi_argv):len(mpi_argv)] = _forwarded(child_env)
         fds = ()
         if role.kind == "server" and role.index in listeners:
             fds = (listeners[role.index].fileno(),)

@@ -36,6 +36,8 @@ _TAIL = 400  # lines of mpirun's stderr kept for its notice
 
 _KILLED = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
 _EXITED = re.compile(r"Process name:\s*\[[^\]]*?,(\d+)\]\s*Exit code:\s*(\d+)")
+_ABORTED = re.compile(r"process rank (\d+) with PID \d+ on node \S+ calling \W*abort")
+_PEER = re.compile(r"Peer host:\s*(\S+)")
 
 
 class Ending(NamedTuple):
@@ -51,9 +53,10 @@ class Ending(NamedTuple):
     timed_out: bool = False
 
 
-def ended_rank(text: str) -> tuple[int, int] | None:
+def ended_rank(text: str) -> tuple[int, int | None] | None:
     """``(rank, returncode)`` named by mpirun's notice in ``text`` (its stderr), the
-    return code negative for a signal; None when there is no notice it recognises."""
+    return code negative for a signal, None for a rank that called ``MPI_Abort`` (see
+    :func:`lost_peer`); None when there is no notice it recognises."""
     flat = " ".join(text.split())
     m = _KILLED.search(flat)
     if m:
@@ -61,7 +64,18 @@ def ended_rank(text: str) -> tuple[int, int] | None:
     m = _EXITED.search(flat)
     if m:
         return int(m.group(1)), int(m.group(2))
+    m = _ABORTED.search(flat)
+    if m:
+        return int(m.group(1)), None
     return None
+
+
+def lost_peer(text: str) -> str | None:
+    """The host (its name) of the peer whose disconnection a rank reported before it
+    aborted an MPI job (Open MPI's "unexpectedly disconnected ... Peer host:" notice):
+    across hosts a rank that dies is often first seen by a survivor, which aborts."""
+    m = _PEER.search(text)
+    return m.group(1) if m else None
 
 
 def _pass_through(stream, tail):

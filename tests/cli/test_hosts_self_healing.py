@@ -20,7 +20,7 @@ import pytest
 from support.netns import mpi_hosts
 from support.wait import wait_until
 
-from pyfleet.launch.mpirun import ended_rank
+from pyfleet.launch.mpirun import ended_rank, lost_peer
 from pyfleet.service import checkpoint as _checkpoint
 
 PORT = 40500
@@ -54,6 +54,12 @@ def test_mpirun_notices_name_the_rank_that_ended_the_job():
     assert ended_rank(killed) == (3, -9)
     assert ended_rank(exited) == (2, 75)
     assert ended_rank("mpirun was unable to launch the specified application") is None
+    # across hosts a survivor often sees a dead rank first, and aborts
+    aborted = ("An MPI communication peer process has unexpectedly disconnected.\n"
+               "  Local host: h0\n  Local PID:  14082\n  Peer host:  h1\n"
+               "prterun has exited due to process rank 0 with PID 0 on node h0 calling\n"
+               '"abort". This may have caused other processes\n')
+    assert ended_rank(aborted) == (0, None) and lost_peer(aborted) == "h1"
 
 
 @pytest.fixture
@@ -222,3 +228,97 @@ def test_a_role_that_keeps_dying_on_host_2_fails_the_job_after_n_restarts(hosts,
     assert seen["worker.0.0"]["token"] == seen["server.1.0"]["token"]
     assert seen["server.0.0"]["endpoints"] == f"{a}:{PORT},{b}:{PORT + 1}"
     assert seen["server.0.1"]["endpoints"] == f"{a}:{PORT + 2},{b}:{PORT + 3}"
+
+
+def _rank_pid(run_dir, rank):
+    want = [f"PYFLEET_CHECKPOINT_DIR={run_dir}".encode(), f"OMPI_COMM_WORLD_RANK={rank}".encode()]
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        if b"pyfleet.trainer" in cmdline and all(w in env for w in want):
+            return int(pid)
+    return None
+
+
+def _collective(hosts, tmp_path, run, *flags):
+    a, b = hosts.addrs
+    argv = [sys.executable, "-m", "pyfleet.cli", "train", "--hosts", f"{a},{b}",
+            "--mode", "collective", "--workers", 2, "--rows", 60000, "--batch-size", 128,
+            "--layers", "32,16", "--embedding-dim", 8, "--seed", 1, "--run-dir", tmp_path / run,
+            "--cache-dir", tmp_path / "cache", "--json", "--timeout", DEADLINE - 60, *flags]
+    return subprocess.Popen(hosts.on(0, argv), env=_env(hosts, tmp_path), cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.slow
+@pytest.mark.mpi
+@pytest.mark.timeout(3 * DEADLINE)
+def test_a_collective_job_across_hosts_heals_from_a_rank_killed_on_host_2(hosts, tmp_path):
+    a, b = hosts.addrs
+    run = str(tmp_path / "healed")
+    proc = _collective(hosts, tmp_path, "healed", "--checkpoint-steps", 20,
+                       "--max-restarts", 2)
+    try:
+        def rank_1():
+            assert proc.poll() is None, "the job ended before the kill: " + proc.stderr.read()
+            return _in_pass_position(run) and _rank_pid(run, 1)
+
+        os.kill(wait_until(rank_1, DEADLINE, "rank 1 on host 2 to kill"), signal.SIGKILL)
+    finally:
+        healed, console = _finish(proc)
+    print("\n".join(line for line in console.splitlines() if "pyfleet.launch:" in line))
+    # Which rank mpirun names is a race: the killed rank 1 (placed on b), or rank 0,
+    # which lost its peer first and aborted, naming the peer's host by its host name.
+    assert [(r["role"], r.get("host")) for r in healed["restarts"]] in (
+        [("workers", b)], [("workers", hosts.names[1])]), healed["restarts"]
+    assert (f"workers (rank 1 on {b}) was killed by SIGKILL; restarting the whole job "
+            f"(restart 1 of at most 2" in console) or (
+        f"workers (rank 0 aborted the job: it lost its peer on host {hosts.names[1]}) exited "
+        f"with code 14; restarting the whole job (restart 1 of at most 2" in console), \
+        console[-4000:]
+    assert f"restart 1 resumes from {run}/checkpoint inside pass 1 (round " in console
+    assert hosts.launches() and set(hosts.launches()) == {b}   # ranks ran on host 2 too
+    calm, _ = _finish(_collective(hosts, tmp_path, "calm"))
+    assert healed["train_examples"] == calm["train_examples"] == 54000
+    gap = abs(healed["test_auc"] - calm["test_auc"])
+    print(f"collective test AUC healed {healed['test_auc']:.5f}, undisturbed "
+          f"{calm['test_auc']:.5f}, gap {gap:.5f}; wall {healed['wall_seconds']:.1f} s "
+          f"against {calm['wall_seconds']:.1f} s")
+    # the ranks step together and the replicas are restored exactly: same steps, same model
+    assert gap <= 0.002, (healed["test_auc"], calm["test_auc"])
+
+
+RANK = textwrap.dedent("""
+    import os, signal, socket, sys
+    rank, attempt = os.environ["OMPI_COMM_WORLD_RANK"], os.environ["PYFLEET_RESTART_COUNT"]
+    with open(os.path.join(sys.argv[1], f"rank.{rank}.{attempt}"), "w") as f:
+        f.write(socket.gethostname())
+    if rank == "1" and attempt == "0":
+        os.kill(os.getpid(), signal.SIGKILL)
+""")
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(300)
+def test_the_launcher_restarts_a_collective_job_across_hosts(hosts, tmp_path):
+    a, b = hosts.addrs
+    script = tmp_path / "rank.py"
+    script.write_text(RANK)
+    out = tmp_path / "out"
+    out.mkdir()
+    argv = [sys.executable, "-m", "pyfleet.launch", "--collective", "--workers", 2,
+            "--hosts", f"{a},{b}", "--max-restarts", 1, "--timeout", 240, script, out]
+    r = subprocess.run(hosts.on(0, argv), env=_env(hosts, tmp_path), cwd=tmp_path,
+                       capture_output=True, text=True, timeout=280)
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert f"workers (rank 1 on {b}) was killed by SIGKILL; restarting the whole job " \
+           f"(restart 1 of at most 1" in r.stderr, r.stderr[-4000:]
+    assert "restart 1 resumes from the start of the job" in r.stderr
+    hostnames = {n: (out / n).read_text() for n in os.listdir(out)}
+    assert hostnames == {"rank.0.0": hosts.names[0], "rank.1.0": hosts.names[1],
+                         "rank.0.1": hosts.names[0], "rank.1.1": hosts.names[1]}
