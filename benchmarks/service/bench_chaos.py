@@ -4,9 +4,12 @@
                                      [--kill-every 30,60]
                                      [--checkpoint-steps 100] [--max-restarts 20]
                                      [--servers 2] [--workers 2] [--epochs 3] [--seed 0] [--kill-seed 0]
-                                     [--json out.json]
+                                     [--hosts 2 [--port 41000]] [--json out.json]
 
-Loopback only. Generates (or reuses, ``--cache-dir``) ``--rows`` synthetic Criteo rows, then
+Loopback, or with ``--hosts N`` (root) N hosts made of network namespaces
+(tests/support/netns.py): the job runs from the first through ``pyfleet train --hosts``,
+mpirun placing the roles, and a killed role's whole mpirun job restarts on fresh ports
+(parameter-server modes). Generates (or reuses, ``--cache-dir``) ``--rows`` synthetic Criteo rows, then
 runs the same ``pyfleet train`` job twice (``--servers`` servers, ``--workers`` workers, the
 reference DNN, one pass, ``--checkpoint-steps`` K):
 
@@ -36,6 +39,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _train_cmd(args, run_dir, extra=()):
@@ -75,7 +80,28 @@ def _ranks(run_dir):
     return out
 
 
-def _roles(pid, run_dir, mpi):
+def _placed(run_dir):
+    """``{"server.0": pid, "worker.1": pid, ...}`` of the roles mpirun placed on the
+    hosts (namespaces share this machine's process table) training into ``run_dir``."""
+    want, out = f"PYFLEET_CHECKPOINT_DIR={run_dir}".encode(), {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                trainer = b"pyfleet.trainer" in f.read()
+        except OSError:
+            continue
+        role = env.get(b"PYFLEET_ROLE", b"").decode()
+        if trainer and role and env.get(b"PYFLEET_CHECKPOINT_DIR") == want.split(b"=", 1)[1]:
+            key = b"PYFLEET_SERVER_INDEX" if role == "server" else b"PYFLEET_WORKER_INDEX"
+            out[f"{role}.{env.get(key, b'').decode()}"] = int(pid)
+    return out
+
+
+def _roles(pid, run_dir, mpi, across_hosts=False):
+    if across_hosts:
+        return _placed(run_dir)
     out = _ranks(run_dir) if mpi else {}
     for child in _children(pid):
         try:
@@ -104,8 +130,8 @@ def _worker_examples(run_dir, workers):
 _STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ")
 
 
-def _run(cmd, cwd):
-    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, cwd=cwd)
+def _run(cmd, cwd, env=None):
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, cwd=cwd, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"bench_chaos: the job failed ({proc.returncode}):\n{proc.stderr}")
     return json.loads(proc.stdout)
@@ -128,27 +154,57 @@ def main(argv=None):
     p.add_argument("--cache-dir", default=os.path.join(tempfile.gettempdir(), "pyfleet-bench"))
     p.add_argument("--work-dir", default=None, help="default: a new temporary directory")
     p.add_argument("--json", default=None, help="also write the results here")
+    p.add_argument("--hosts", type=int, default=0, metavar="N",
+                   help="run the job across N hosts made of network namespaces (root); "
+                        "0: this machine")
+    p.add_argument("--port", type=int, default=41000, help="with --hosts: the first port")
     args = p.parse_args(argv)
     mpi = args.mode in ("collective", "hybrid")
+    if args.hosts:
+        if mpi:
+            raise SystemExit("bench_chaos: --hosts places parameter-server jobs (sync, async)")
+        sys.path.insert(0, os.path.join(REPO, "tests"))
+        from support.netns import NetnsHosts, why_no_netns
+        why = why_no_netns()
+        if why:
+            raise SystemExit(f"bench_chaos: --hosts: {why}")
+    work = args.work_dir or tempfile.mkdtemp(prefix="bench-chaos-")
+    os.makedirs(work, exist_ok=True)
+    hosts = NetnsHosts(args.hosts, work, subnet="10.213.80") if args.hosts else None
+    try:
+        return _measure(args, mpi, work, hosts)
+    finally:
+        if hosts is not None:
+            hosts.delete()
+
+
+def _measure(args, mpi, work, hosts):
+    """The undisturbed run, the run under kills, the table."""
+    wrap, env, extra = (lambda cmd: cmd), None, []
+    if hosts is not None:
+        wrap = lambda cmd: hosts.on(0, cmd)  # noqa: E731
+        env = hosts.mpi_env({k: v for k, v in os.environ.items()
+                             if not k.startswith("PYFLEET_")})
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        extra = ["--hosts", ",".join(hosts.addrs), "--port", str(args.port)]
     if args.mode == "collective":
         args.servers = 0
     lo, hi = (float(x) for x in args.kill_every.split(","))
     rng = random.Random(args.kill_seed)
-    work = args.work_dir or tempfile.mkdtemp(prefix="bench-chaos-")
-    os.makedirs(work, exist_ok=True)
-    print(f"work directory {work}", flush=True)
+    print(f"work directory {work}; load average {os.getloadavg()[0]:.1f}", flush=True)
 
     t0 = time.time()
-    calm = _run(_train_cmd(args, os.path.join(work, "calm")), work)
+    calm = _run(wrap(_train_cmd(args, os.path.join(work, "calm"), extra)), work, env)
     calm_wall = time.time() - t0
     print(f"undisturbed: {calm['train_examples']:,} examples, test AUC "
           f"{calm['test_auc']:.4f}, {calm_wall:.0f} s", flush=True)
 
     run_dir = os.path.join(work, "chaos")
     t0 = time.time()
-    proc = subprocess.Popen(_train_cmd(args, run_dir, ["--max-restarts",
-                                                       str(args.max_restarts)]),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=work)
+    proc = subprocess.Popen(wrap(_train_cmd(args, run_dir, [*extra, "--max-restarts",
+                                                            str(args.max_restarts)])),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=work,
+                            env=env)
     kills = []
     try:
         next_kill = time.time() + rng.uniform(lo, hi)
@@ -156,7 +212,7 @@ def main(argv=None):
             time.sleep(0.05)
             if time.time() < next_kill:
                 continue
-            roles = _roles(proc.pid, run_dir, mpi)
+            roles = _roles(proc.pid, run_dir, mpi, hosts is not None)
             if len(roles) < args.servers + args.workers:  # restarting: try again soon
                 next_kill = time.time() + 3
                 continue
@@ -191,7 +247,7 @@ def main(argv=None):
             replayed = sum(max(at_kill[w] - back[w][1], 0) for w in range(args.workers))
         rows.append({"role": kill["role"], "recovery_seconds": recovery,
                      "examples_replayed": replayed})
-    result = {"rows": args.rows, "mode": args.mode, "servers": args.servers,
+    result = {"rows": args.rows, "mode": args.mode, "hosts": args.hosts, "servers": args.servers,
               "workers": args.workers, "kills": rows,
               "restarts": chaos["restarts"],
               "undisturbed": {"test_auc": calm["test_auc"],
@@ -208,7 +264,8 @@ def main(argv=None):
     print(f"healed: {chaos['train_examples']:,} examples, test AUC {chaos['test_auc']:.4f}, "
           f"{chaos_wall:.0f} s, {len(chaos['restarts'])} restart(s); undisturbed: "
           f"{calm['train_examples']:,} examples, AUC {calm['test_auc']:.4f}, {calm_wall:.0f} s; "
-          f"AUC difference {result['auc_difference']:+.4f}")
+          f"AUC difference {result['auc_difference']:+.4f}; load average "
+          f"{os.getloadavg()[0]:.1f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

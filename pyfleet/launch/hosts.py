@@ -228,8 +228,8 @@ def launch_hosts(cmd: Sequence[str], servers: int, workers: int, *, hosts: str |
             bind_retries = 0
             if not policy.record(role, ending.returncode if ending.returncode is not None
                                  else ending.code, description, host):
-                if policy.max_restarts:
-                    report(policy.gave_up())
+                report(policy.gave_up() if policy.max_restarts
+                       else f"{role} on {host} {description}; the job failed")
                 return ending.code
             report(f"restart {policy.attempt} of at most {policy.max_restarts} within "
                    f"{policy.window:g} s: the whole job starts again on fresh ports")

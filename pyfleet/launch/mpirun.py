@@ -103,6 +103,8 @@ def run_watched(argv, env, cwd, deadline: float | None, signals_seen: list[int])
             if deadline is not None and time.monotonic() >= deadline:
                 return Ending(EXIT_TIMEOUT, timed_out=True)
             time.sleep(_POLL)
+        if signals_seen:  # mpirun got it too (a Ctrl-C reaches the whole process group)
+            return Ending(128 + signals_seen[0], signal=signals_seen[0])
         reader.join(timeout=_REAP_WAIT)
         named = ended_rank("".join(tail)) if proc.returncode else None
         return Ending(proc.returncode, *(named or (None, None)))

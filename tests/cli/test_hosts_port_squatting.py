@@ -80,6 +80,7 @@ def test_a_port_taken_on_another_host_ends_the_job_naming_it(hosts, tmp_path, ki
     assert r.returncode == 75, console[-3000:]   # EndpointInUse: the job stops, named
     assert (f"pyfleet.launch: pyfleet server 1: server 1: cannot serve on {b}:{PORT + 1}: "
             f"Address already in use") in console, console[-3000:]
+    assert f"pyfleet.launch: server.1 on {b} exited with code 75; the job failed" in console
     # nothing but a challenge (HEARTBEAT) ever reached the impostor
     ops = {int(line.split()[1]) for line in seen.splitlines() if line.startswith("op ")}
     assert ops <= {int(Op.HEARTBEAT)}, seen

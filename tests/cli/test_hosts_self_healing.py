@@ -186,15 +186,20 @@ def test_a_server_killed_on_host_2_heals_past_squatters_with_an_undisturbed_runs
 
 
 ROLE = textwrap.dedent("""
-    import json, os, signal, sys
+    import json, os, signal, sys, time
     role = os.environ["PYFLEET_ROLE"]
     index = os.environ.get(f"PYFLEET_{role.upper()}_INDEX")
     attempt = os.environ["PYFLEET_RESTART_COUNT"]
     with open(os.path.join(sys.argv[1], f"{role}.{index}.{attempt}"), "w") as f:
         json.dump({"token": os.environ.get("PYFLEET_JOB_TOKEN"),
                    "endpoints": os.environ["PYFLEET_SERVER_ENDPOINTS"]}, f)
-    if role == "worker" and index == "1":
-        os.kill(os.getpid(), signal.SIGKILL)   # dies every time
+    if role == "worker" and index == "1":   # dies every time, once the others wrote
+        others = [os.path.join(sys.argv[1], f"{r}.{attempt}")
+                  for r in ("server.0", "server.1", "worker.0")]
+        deadline = time.monotonic() + 60
+        while not all(map(os.path.exists, others)) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGKILL)
     if role == "worker":
         sys.exit(0)
     signal.pause()   # a server: until mpirun stops it
@@ -294,11 +299,15 @@ def test_a_collective_job_across_hosts_heals_from_a_rank_killed_on_host_2(hosts,
 
 
 RANK = textwrap.dedent("""
-    import os, signal, socket, sys
+    import os, signal, socket, sys, time
     rank, attempt = os.environ["OMPI_COMM_WORLD_RANK"], os.environ["PYFLEET_RESTART_COUNT"]
     with open(os.path.join(sys.argv[1], f"rank.{rank}.{attempt}"), "w") as f:
         f.write(socket.gethostname())
-    if rank == "1" and attempt == "0":
+    if rank == "1" and attempt == "0":   # once rank 0 wrote its file
+        deadline = time.monotonic() + 60
+        while not os.path.exists(os.path.join(sys.argv[1], "rank.0.0")) \
+                and time.monotonic() < deadline:
+            time.sleep(0.01)
         os.kill(os.getpid(), signal.SIGKILL)
 """)
 
