@@ -106,9 +106,14 @@ def run_mpi_job(argv, env, timeout, what, cwd=None, messages=None):
               file=msg, flush=True)
         return EXIT_TIMEOUT
     finally:
-        if proc.poll() is None:  # mpirun stops its ranks on SIGTERM
-            proc.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=_REAP_WAIT)
-            proc.kill()
-            proc.wait()
+        stop_mpirun(proc)
+
+
+def stop_mpirun(proc):
+    """Stop a running mpirun (it stops its ranks on SIGTERM; SIGKILL after a wait)."""
+    if proc.poll() is None:
+        proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=_REAP_WAIT)
+        proc.kill()
+        proc.wait()

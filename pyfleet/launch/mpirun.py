@@ -28,6 +28,7 @@ import threading
 import time
 from typing import NamedTuple
 
+from pyfleet.launch.collective import stop_mpirun
 from pyfleet.launch.contract import EXIT_TIMEOUT
 
 _REAP_WAIT = 5.0
@@ -109,10 +110,5 @@ def run_watched(argv, env, cwd, deadline: float | None, signals_seen: list[int])
         named = ended_rank("".join(tail)) if proc.returncode else None
         return Ending(proc.returncode, *(named or (None, None)))
     finally:
-        if proc.poll() is None:  # mpirun stops its ranks on SIGTERM
-            proc.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=_REAP_WAIT)
-            proc.kill()
-            proc.wait()
+        stop_mpirun(proc)
         reader.join(timeout=_REAP_WAIT)

@@ -18,6 +18,7 @@ import textwrap
 
 import pytest
 from support.netns import mpi_hosts
+from support.procs import trainer_pid
 from support.wait import wait_until
 
 from pyfleet.launch.mpirun import ended_rank, lost_peer
@@ -69,9 +70,7 @@ def hosts(tmp_path):
 
 
 def _env(hosts, tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYFLEET_")}
-    env.update(OPENBLAS_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    return hosts.mpi_env(env)
+    return hosts.mpi_env(hosts.test_env())
 
 
 def _squat(hosts, i, *ports):
@@ -97,21 +96,7 @@ def _train(hosts, tmp_path, run, *flags):
 
 
 def _role_pid(run_dir, role, index):
-    """The pid of the job's ``role`` ``index`` training into ``run_dir``, or None (the
-    namespaces share this machine's process table)."""
-    want = [f"PYFLEET_CHECKPOINT_DIR={run_dir}".encode(), f"PYFLEET_ROLE={role}".encode(),
-            f"PYFLEET_{role.upper()}_INDEX={index}".encode()]
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmdline = f.read()
-        except OSError:
-            continue
-        if b"pyfleet.trainer" in cmdline and all(w in env for w in want):
-            return int(pid)
-    return None
+    return trainer_pid(run_dir, f"PYFLEET_ROLE={role}", f"PYFLEET_{role.upper()}_INDEX={index}")
 
 
 def _in_pass_position(run_dir):
@@ -121,6 +106,22 @@ def _in_pass_position(run_dir):
         return None
     pos = ((m or {}).get("meta") or {}).get("position")
     return pos if pos and pos.get("pass") == 1 and pos.get("round", 0) >= 3 else None
+
+
+def _same_model(healed, calm, what):
+    """The healed run's test AUC against the undisturbed one's (printed with both walls).
+
+    Sync and collective jobs step together, and a restart resumes every worker at the
+    checkpoint's step with its rows and replicas as saved: both runs take the same steps
+    on the same batches, and differ at most by the order of float sums (measured: 0.00000,
+    five runs). 0.0005 leaves room for that and is a quarter of the 0.002 a healed job
+    must stay within (docs/operations.md); async jobs differ by their interleaving alone
+    (about 0.001 between two undisturbed runs), so they are not compared here."""
+    gap = abs(healed["test_auc"] - calm["test_auc"])
+    print(f"{what}: test AUC healed {healed['test_auc']:.5f}, undisturbed "
+          f"{calm['test_auc']:.5f}, gap {gap:.5f}; wall {healed['wall_seconds']:.1f} s "
+          f"against {calm['wall_seconds']:.1f} s")
+    assert gap <= 0.0005, (healed["test_auc"], calm["test_auc"])
 
 
 def _finish(proc):
@@ -175,14 +176,17 @@ def test_a_server_killed_on_host_2_heals_past_squatters_with_an_undisturbed_runs
 
     calm, _ = _finish(_train(hosts, tmp_path, "calm"))
     assert calm["restarts"] == [] and calm["train_examples"] == 54000
-    gap = abs(healed["test_auc"] - calm["test_auc"])
-    print(f"test AUC healed {healed['test_auc']:.5f}, undisturbed {calm['test_auc']:.5f}, "
-          f"gap {gap:.5f}; wall {healed['wall_seconds']:.1f} s against "
-          f"{calm['wall_seconds']:.1f} s")
-    # Sync mode: both runs take the same steps on the same batches (the restart resumes
-    # every worker at the checkpoint's step), so they differ only by the order of float
-    # sums; 0.002 is the issue's bound for a healed run.
-    assert gap <= 0.002, (healed["test_auc"], calm["test_auc"])
+    _same_model(healed, calm, "sync")
+
+
+def _script(tmp_path, text):
+    """``(script, out)``: ``text`` written as a script, and the directory its
+    processes write into."""
+    script = tmp_path / "job_script.py"
+    script.write_text(text)
+    out = tmp_path / "out"
+    out.mkdir()
+    return script, out
 
 
 ROLE = textwrap.dedent("""
@@ -209,10 +213,7 @@ ROLE = textwrap.dedent("""
 @pytest.mark.timeout(300)
 def test_a_role_that_keeps_dying_on_host_2_fails_the_job_after_n_restarts(hosts, tmp_path):
     a, b = hosts.addrs
-    script = tmp_path / "role.py"
-    script.write_text(ROLE)
-    out = tmp_path / "out"
-    out.mkdir()
+    script, out = _script(tmp_path, ROLE)
     argv = [sys.executable, "-m", "pyfleet.launch", "--hosts", f"{a},{b}", "--server_num", 2,
             "--worker_num", 2, "--port", PORT, "--max-restarts", 1, "--timeout", 240,
             script, out]
@@ -236,18 +237,7 @@ def test_a_role_that_keeps_dying_on_host_2_fails_the_job_after_n_restarts(hosts,
 
 
 def _rank_pid(run_dir, rank):
-    want = [f"PYFLEET_CHECKPOINT_DIR={run_dir}".encode(), f"OMPI_COMM_WORLD_RANK={rank}".encode()]
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmdline = f.read()
-        except OSError:
-            continue
-        if b"pyfleet.trainer" in cmdline and all(w in env for w in want):
-            return int(pid)
-    return None
+    return trainer_pid(run_dir, f"OMPI_COMM_WORLD_RANK={rank}")
 
 
 def _collective(hosts, tmp_path, run, *flags):
@@ -290,12 +280,7 @@ def test_a_collective_job_across_hosts_heals_from_a_rank_killed_on_host_2(hosts,
     assert hosts.launches() and set(hosts.launches()) == {b}   # ranks ran on host 2 too
     calm, _ = _finish(_collective(hosts, tmp_path, "calm"))
     assert healed["train_examples"] == calm["train_examples"] == 54000
-    gap = abs(healed["test_auc"] - calm["test_auc"])
-    print(f"collective test AUC healed {healed['test_auc']:.5f}, undisturbed "
-          f"{calm['test_auc']:.5f}, gap {gap:.5f}; wall {healed['wall_seconds']:.1f} s "
-          f"against {calm['wall_seconds']:.1f} s")
-    # the ranks step together and the replicas are restored exactly: same steps, same model
-    assert gap <= 0.002, (healed["test_auc"], calm["test_auc"])
+    _same_model(healed, calm, "collective")
 
 
 RANK = textwrap.dedent("""
@@ -316,10 +301,7 @@ RANK = textwrap.dedent("""
 @pytest.mark.timeout(300)
 def test_the_launcher_restarts_a_collective_job_across_hosts(hosts, tmp_path):
     a, b = hosts.addrs
-    script = tmp_path / "rank.py"
-    script.write_text(RANK)
-    out = tmp_path / "out"
-    out.mkdir()
+    script, out = _script(tmp_path, RANK)
     argv = [sys.executable, "-m", "pyfleet.launch", "--collective", "--workers", 2,
             "--hosts", f"{a},{b}", "--max-restarts", 1, "--timeout", 240, script, out]
     r = subprocess.run(hosts.on(0, argv), env=_env(hosts, tmp_path), cwd=tmp_path,

@@ -14,6 +14,7 @@ import sys
 
 import pytest
 from support.mpi import MPI_MARKS, mpi_env
+from support.procs import trainer_pid
 from support.wait import wait_until
 
 pytestmark = [*MPI_MARKS, pytest.mark.timeout(600)]
@@ -35,19 +36,7 @@ def _train(tmp_path, run, mode):
 
 def _rank_pid(run_dir, rank):
     """The pid of MPI rank ``rank`` of the job training into ``run_dir``, or None."""
-    want = f"PYFLEET_CHECKPOINT_DIR={run_dir}".encode()
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmdline = f.read()
-        except OSError:
-            continue
-        if want in env and f"OMPI_COMM_WORLD_RANK={rank}".encode() in env \
-                and b"pyfleet.trainer" in cmdline:
-            return int(pid)
-    return None
+    return trainer_pid(run_dir, f"OMPI_COMM_WORLD_RANK={rank}")
 
 
 def _summary(proc):

@@ -24,10 +24,7 @@ def hosts(tmp_path):
 
 
 def _env(hosts, tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYFLEET_")}
-    env.update(PYFLEET_CACHE_DIR=str(tmp_path / "cache"), OPENBLAS_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    return hosts.mpi_env(env)
+    return hosts.mpi_env({**hosts.test_env(), "PYFLEET_CACHE_DIR": str(tmp_path / "cache")})
 
 
 def test_pyfleet_train_places_servers_and_workers_across_hosts(hosts, tmp_path):

@@ -16,6 +16,7 @@ import contextlib
 import os
 import shutil
 import subprocess
+import sys
 import textwrap
 
 SUBNET = "10.213.78"
@@ -109,6 +110,15 @@ class NetnsHosts:
         """``argv`` run on host ``i``: its namespace, its own hostname."""
         return ["ip", "netns", "exec", self.names[i], "unshare", "--uts", "sh", "-c",
                 'hostname "$0" && exec "$@"', self.names[i], *map(str, argv)]
+
+    @staticmethod
+    def test_env():
+        """This process's environment for a job on these hosts: no ``PYFLEET_*``
+        variable, the test's ``sys.path`` as ``PYTHONPATH``, one BLAS thread."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PYFLEET_")}
+        env.update(OPENBLAS_NUM_THREADS="1",
+                   PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        return env
 
     def mpi_env(self, env):
         """``env`` with what mpirun needs to reach these hosts (as root)."""
