@@ -147,6 +147,24 @@ def _rpc_deadline() -> float:
     return ms / 1000.0
 
 
+def rpc_retry_times() -> int | None:
+    """Fluid's ``FLAGS_rpc_retry_times`` (read from the environment as Fluid reads it):
+    how many times a worker sends a request again after it failed, here a push left
+    unanswered for ``request_timeout`` (the client's ``push_retries``; a server applies
+    each request once). None when unset: pyfleet's default, no resend."""
+    text = os.environ.get("FLAGS_rpc_retry_times", "").strip()  # noqa: SIM112 (Fluid's name)
+    if not text:
+        return None
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise ConfigError(f"FLAGS_rpc_retry_times must be a whole number >= 0 (how many times "
+                          f"a worker resends a push its server did not answer), got {text!r}")
+    return n
+
+
 def _unknown_attribute(owner: str, key: str, known: Iterable[str]) -> str:
     close = difflib.get_close_matches(key, list(known), n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""

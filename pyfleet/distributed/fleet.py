@@ -293,12 +293,15 @@ class Fleet(FleetBase):
             return
         _install_exit_hook(self)
         rt = self._strategy.runtime
+        retries = _config.rpc_retry_times()  # Fluid's FLAGS_rpc_retry_times, when set
+        options = client_options_from_env()
+        if retries is not None:
+            options["push_retries"] = retries
         staying, self._staying = self._staying, None
         try:
             self._client = worker_return.rejoin(staying) if staying is not None else Client(
                 role.server_endpoints(), worker_index=role.worker_index(),
-                timeout=rt.request_timeout, connect_deadline=rt.connect_timeout,
-                **client_options_from_env())
+                timeout=rt.request_timeout, connect_deadline=rt.connect_timeout, **options)
         except PeerTimeout as exc:
             if staying is not None or not getattr(self, "_stopped", False):
                 raise

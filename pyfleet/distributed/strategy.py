@@ -38,10 +38,12 @@ strategy reaches ``distributed_optimizer``, never silently ignored. As in
 Fluid, sync mode takes ``communicator_max_merge_var_num`` and
 ``communicator_send_queue_size`` from ``CPU_NUM`` whatever they are set to,
 and only the flags Fluid passes to the communicator of the strategy's mode
-count (geo: the thread pool size and the send wait times); ``rpc_deadline``
-and ``rpc_retry_times`` are kept but unused, as in Fluid (whose RPCs take the
-``FLAGS_rpc_deadline`` environment variable itself, as pyfleet's
-``runtime.request_timeout`` does). Any
+count (geo: the thread pool size and the send wait times). ``rpc_deadline``
+and ``rpc_retry_times`` are read from the environment into the dict and used
+from the environment, as in Fluid, whose RPCs read ``FLAGS_rpc_deadline`` and
+``FLAGS_rpc_retry_times`` themselves: pyfleet's ``runtime.request_timeout``
+and its client's push resends take them; a script's change of the dict's
+entries is refused by name (it would change nothing). Any
 ``communicator_is_sgd_optimizer`` is accepted (PaddleRec sets it from the
 optimizer): it tells Fluid's communicator whether merged gradients are summed
 or averaged, and pyfleet's workers merge none (each step's push goes alone).
@@ -100,6 +102,7 @@ class TrainerRuntimeConfig:
         self.runtime_configs = {k: os.getenv("FLAGS_" + k, d) for k, d in self._defaults.items()}
         for k, d in _UNUSED_FLAGS:
             self.runtime_configs[k] = os.getenv("FLAGS_" + k, d)
+        self._rpc_read = {k: self.runtime_configs[k] for k, _ in _UNUSED_FLAGS}
 
     def _needed(self):
         if self.mode is None or self.mode == DistributedMode.ASYNC:
@@ -121,7 +124,16 @@ class TrainerRuntimeConfig:
         return flags
 
     def check(self):
-        """ConfigError naming every flag this mode uses that differs from Fluid's default."""
+        """ConfigError naming every flag this mode uses that differs from Fluid's default,
+        and an ``rpc_*`` entry changed in the dict (its environment variable counts)."""
+        rpc = sorted(k for k, v in self._rpc_read.items() if str(self.runtime_configs[k]) != v)
+        if rpc:
+            raise ConfigError(f"trainer runtime config {rpc}: an RPC reads its FLAGS_ "
+                              f"environment variable, not this dict (in Fluid too): set "
+                              f"{', '.join('FLAGS_' + k for k in rpc)} in the environment "
+                              f"before the strategy is made (FLAGS_rpc_deadline: the request "
+                              f"timeout in ms; FLAGS_rpc_retry_times: resends of an "
+                              f"unanswered push)")
         flags = self.get_communicator_flags()
         if self.mode in (DistributedMode.SYNC, DistributedMode.HALF_ASYNC):
             for k in _SYNC_FORCED:   # Fluid overrides them itself: not the script's change
