@@ -112,9 +112,12 @@ class Channel:
     def send(self, server, frames, op, timeout, rid, retries=0):
         """Send ``frames`` (request id ``rid``) to ``server``. ``retries``: how
         many times the same request (same id: a server applies a push once)
-        is sent again on a new socket when ``timeout`` passes unanswered."""
+        is sent again on a new socket when ``timeout`` passes unanswered. A long
+        call (a save, a barrier) that cannot be queued to a server silent for the
+        client's ``timeout`` (no heartbeat answered) fails then, as :meth:`wait` does."""
         call = _Call(server, op, timeout, frames, retries)
         deadline = call.deadline
+        watch = timeout > self.conn.timeout and op != Op.HEARTBEAT
         backoff = 0.001
         with self.lock:
             while True:
@@ -123,8 +126,12 @@ class Channel:
                     break
                 except zmq.Again:
                     pass
-                if time.monotonic() + backoff > deadline:
+                now = time.monotonic()
+                if now + backoff > deadline:
                     raise self.conn.timeout_error(server, op, timeout, "could not connect")
+                err = self.conn.silent_error(server, now) if watch else None
+                if err is not None:
+                    raise err
                 self.lock.release()  # let other users of this channel go on meanwhile
                 try:
                     time.sleep(backoff)
