@@ -29,7 +29,8 @@ def relative_to_root(dirname):
 
 def load_model_dir(server, model_dir, tables):
     """Load ``model_dir`` (one checkpoint, or the list of its parts) into ``server``,
-    each part's manifest checked against the program's ``tables`` first."""
+    each part's manifest checked against the program's ``tables`` first; returns
+    ``{table: rows read}``."""
     dirs = model_dir if isinstance(model_dir, (list, tuple)) else [model_dir]
     paths = [os.path.realpath(os.path.join(checkpoint_root(), os.fspath(d))) for d in dirs]
     for path, d in zip(paths, dirs):
@@ -41,4 +42,5 @@ def load_model_dir(server, model_dir, tables):
     # Loaded relative to the deepest directory holding them all.
     base = os.path.commonpath([os.path.dirname(p) for p in paths])
     rels = [os.path.relpath(p, base) for p in paths]
-    server.load_checkpoint(rels if isinstance(model_dir, (list, tuple)) else rels[0], root=base)
+    return server.load_checkpoint(rels if isinstance(model_dir, (list, tuple)) else rels[0],
+                                  root=base)

@@ -253,11 +253,14 @@ class Fleet(FleetBase):
                               spill_root=self._spill_root, **kwargs)
         if model_dir is not None:
             try:
-                load_model_dir(self._server, model_dir, self._tables)
+                rows = load_model_dir(self._server, model_dir, self._tables)
             except BaseException:
                 self._server.close()  # its port too: a corrected init_server may bind it
                 self._server = None
                 raise
+            _log.info("server %d: loaded %s from %s", role.server_index(),
+                      ", ".join(f"{t} {n} {'values' if '[' in t else 'rows'}"
+                                for t, n in sorted(rows.items())), model_dir)
 
     def run_server(self):
         """Serve until every worker called ``stop_worker`` (then return). Raises

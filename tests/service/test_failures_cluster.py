@@ -9,6 +9,7 @@ clock beyond the generous bounds that keep a hang from blocking the suite.
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -181,8 +182,20 @@ def test_killed_server_in_async_training_then_resume(jobs, data):
     ended = before[-2]  # the last pass before the one the kill interrupted
     print(f"loss per pass: first run {before[0]:.4f} ... {ended:.4f} (pass {len(before) - 1}); "
           f"resumed run {resumed[0]:.4f}; a run from scratch {scratch[0]:.4f}")
-    assert resumed[0] < scratch[0]
-    assert resumed[0] < ended + 0.25 * (scratch[0] - ended)
+    # the resumed servers read every row the last committed checkpoint holds ...
+    saved = {}
+    for g in _checkpoint.read_manifest(os.path.dirname(manifest))["chain"]:
+        for name, info in g["files"].items():
+            if "rows" in info and name.startswith("SparseFeatFactors."):
+                saved[name] = info["rows"]
+    loaded = [re.search(r"loaded SparseFeatFactors (\d+) rows", r.log("server", i))
+              for i in (0, 1)]
+    assert all(loaded), [r.log("server", i)[-400:] for i in (0, 1)]
+    assert sum(int(m.group(1)) for m in loaded) == sum(saved.values()) > 0
+    # ... and train on from them: its first pass beats a first pass from scratch (both
+    # runs' own). Not compared with the first run's last pass: a pass of 1,800 examples
+    # a worker under async interleaving varies by +-0.1 at this table rate.
+    assert resumed[0] < min(before[0], scratch[0])
 
 
 def test_killed_worker_in_sync_training_fails_the_others_and_ends_the_servers(jobs, data):
