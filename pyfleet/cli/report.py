@@ -10,6 +10,14 @@ import sys
 from pyfleet._extras import install_hint
 
 
+def _death(r):
+    """One restart of the summary: the role, its host (a job across hosts) and how it
+    died."""
+    host = r.get("host")
+    where = f" on {host}" if host and host not in r["description"] else ""
+    return f"{r['role']}{where} {r['description']}"
+
+
 def _format_summary(s):
     rows = [("test AUC", f"{s['test_auc']:.4f}" if "test_auc" in s else "-"),
             ("test logloss", f"{s['test_logloss']:.4f}" if "test_logloss" in s else "-")]
@@ -34,7 +42,7 @@ def _format_summary(s):
              ("train seconds", f"{s['train_seconds']:.1f}")]
     if s.get("restarts"):
         rows.append(("restarts", f"{len(s['restarts'])} (" + ", ".join(
-            f"{r['role']} {r['description']}" for r in s["restarts"]) + ")"))
+            _death(r) for r in s["restarts"]) + ")"))
     if s.get("checkpoint_rounds", {}).get("rounds"):
         c = s["checkpoint_rounds"]
         rows.append(("checkpoints in passes", f"{c['rounds']}, pausing the job "

@@ -251,12 +251,13 @@ def test_the_printed_summary_names_the_restarts_and_the_checkpoint_pauses():
          "train_examples": 10, "train_examples_per_sec": 5, "train_seconds": 2.0,
          "model": "dnn", "servers": 2, "workers": 2, "mode": "async", "run_dir": "r",
          "restarts": [{"role": "server.1", "description": "was killed by SIGKILL"},
-                      {"role": "worker.0", "description": "exited with code 1"}],
+                      {"role": "worker.0", "description": "exited with code 1",
+                       "host": "10.0.0.2"}],
          "checkpoint_rounds": {"rounds": 3, "pause_seconds_total": 0.5,
                                "pause_seconds_max": 0.25}}
     text = _format_summary(s).splitlines()
-    assert "restarts               2 (server.1 was killed by SIGKILL, worker.0 exited with " \
-           "code 1)" in text
+    assert "restarts               2 (server.1 was killed by SIGKILL, worker.0 on 10.0.0.2 " \
+           "exited with code 1)" in text
     assert "checkpoints in passes  3, pausing the job 0.5 s in all (at most 0.25 s)" in text
     del s["restarts"], s["checkpoint_rounds"]
     assert not [line for line in _format_summary(s).splitlines()
