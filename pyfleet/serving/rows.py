@@ -71,8 +71,9 @@ def _line_error(r, what):
 
 class Pending:
     """A request's rows, checked on arrival: ``kind`` "tsv" or "tsv+label" (``data``:
-    Criteo TSV lines, parsed with the step's other requests of that kind) or "batch"
-    (``data``: the parsed :class:`Batch`); ``rows``: how many."""
+    Criteo TSV lines, parsed with the step's other requests of that kind), "json"
+    (``data``: a JSON body, decoded with the step; ``rows``: an estimate until then)
+    or "batch" (``data``: the parsed :class:`Batch`); ``rows``: how many."""
 
     __slots__ = ("data", "kind", "rows", "what")
 
@@ -119,6 +120,8 @@ class RowSchema:
         but the parse of small Criteo TSV bodies (left to :meth:`assemble`, with the
         step's other requests). BadRequest naming the problem."""
         if content_type == "application/json":
+            if len(body) <= JOIN_BYTES:  # decoded with the step (off the event loop)
+                return Pending("json", body, max(1, body.count(b"{") - 1))
             return self._json(body)
         if content_type == "text/tab-separated-values" and len(body) <= JOIN_BYTES:
             nl = body.find(b"\n")
@@ -159,6 +162,17 @@ class RowSchema:
         request's alone to name it), or None for none."""
         results = [None] * len(pendings)
         segments = []
+        if any(p.kind == "json" for p in pendings):
+            # Each body decoded alone: one json.loads of the bodies joined would let a
+            # crafted body shift the rows of the requests after it.
+            pendings = list(pendings)
+            for i, p in enumerate(pendings):
+                if p.kind == "json":
+                    try:
+                        pendings[i] = self._json(p.data)
+                    except BadRequest as e:
+                        results[i] = e
+                        pendings[i] = Pending("refused", None, 0)
         for kind in ("tsv", "tsv+label"):
             idx = [i for i, p in enumerate(pendings) if p.kind == kind]
             if not idx:
