@@ -104,6 +104,8 @@ class RowSchema:
         _, self._kind_l, self._index_l = csv_schema(b"label," + header, "the model")
         self._column = {name.lower(): j for j, name in
                         enumerate(self.dense_names + self.cat_names)}
+        self._column.update({name: j for j, name in  # as written (I1), found without lower()
+                             enumerate(self.dense_names + self.cat_names)})
         self._slot_of = {name: j for j, name in enumerate(self.slot_names)}
 
     # -- the forms --------------------------------------------------------
@@ -340,8 +342,19 @@ class RowSchema:
         if not isinstance(row, dict):
             raise BadRequest(f"row {i} is a {type(row).__name__}, not an object of columns")
         fields = [""] * (self.n_dense + self.n_slots)
+        column, n_dense = self._column, self.n_dense
         for name, value in row.items():
-            j = self._column.get(name.lower())
+            j = column.get(name)
+            if j is None:
+                j = column.get(name.lower())
+            t = type(value)  # the usual values first, each checked as _field does
+            if j is not None and (t is str and "\t" not in value and "\n" not in value
+                                  and "\r" not in value and j >= n_dense):
+                fields[j] = value
+                continue
+            if j is not None and (t is int or (t is float and math.isfinite(value))):
+                fields[j] = repr(value)
+                continue
             if j is None:
                 if name.lower() in IGNORED_COLUMNS:
                     continue
@@ -350,7 +363,7 @@ class RowSchema:
                                      f"must then be in the slot form")
                 raise BadRequest(f"row {i}: unknown column {name!r}; the model reads "
                                  f"I1..I{self.n_dense} and C1..C{self.n_slots}")
-            fields[j] = _field(value, i, name, numeric=j < self.n_dense)
+            fields[j] = _field(value, i, name, numeric=j < n_dense)
         return "\t".join(fields)
 
     def _slot_line(self, row, i):
@@ -384,7 +397,7 @@ def _field(value, i, name, numeric):
             raise BadRequest(f"row {i}: column {name!r} holds {value!r}")
         return repr(value)
     if isinstance(value, str):
-        if any(c in value for c in "\t\r\n"):
+        if "\t" in value or "\r" in value or "\n" in value:
             raise BadRequest(f"row {i}: column {name!r} holds a tab or a line break")
         return value
     raise BadRequest(f"row {i}: column {name!r} holds {type(value).__name__} "
