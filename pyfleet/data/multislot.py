@@ -6,74 +6,62 @@ variable in order the number of values, then the values.
 ``use_vars`` are the variables a dataset feeds (anything with ``name``,
 ``dtype``, ``shape`` and ``lod_level``): a ``lod_level=1`` variable's column is
 ``(values, offsets)``, another's an ``[n] + shape`` array. Parsing is
-vectorized when every line has the same layout (one value per sparse slot, as
-Criteo); otherwise it walks the lines.
+compiled (:mod:`pyfleet.data._parse`): no Python object per line or value.
 """
 
 import numpy as np
 
+from pyfleet.data import _parse
+
 __all__ = ["concat_columns", "parse_multislot", "permute_columns", "slice_columns"]
-
-
-def _to_numbers(tokens, dtype, what):
-    try:
-        if dtype.kind == "i":
-            try:
-                return tokens.astype(dtype)
-            except OverflowError:
-                return tokens.astype(np.uint64).view(dtype)
-        return tokens.astype(dtype)
-    except ValueError as e:
-        raise ValueError(f"{what}: cannot read values as {dtype}: {e}") from None
 
 
 def parse_multislot(data, use_vars):
     """Parse MultiSlot text into ``{name: value}``: ``(values, offsets)`` for
-    ``lod_level=1`` variables, ``[n] + shape`` arrays for the others."""
-    lines = [ln for ln in data.split(b"\n") if ln.strip()]
-    n = len(lines)
+    ``lod_level=1`` variables, ``[n] + shape`` arrays for the others. One compiled
+    pass per buffer whatever the lines' layouts (:func:`pyfleet.data._parse.
+    parse_multislot_text`); a bad line is a ValueError naming it and the variable."""
+    buf = np.frombuffer(memoryview(data), dtype=np.uint8)
+    kinds = np.array([np.dtype(v.dtype).kind == "f" for v in use_vars], dtype=np.int8)
+    try:
+        n, lens, values = _parse.parse_multislot_text(buf, kinds)
+    except ValueError as e:
+        if len(e.args) != 4:
+            raise
+        raise ValueError(_multislot_error(use_vars, *e.args)) from None
     if n == 0:
         return {}, 0
-    first = lines[0].split()
-    tokens = data.split()
-    k = len(first)
-    layout = []
-    pos = 0
-    for _v in use_vars:
-        if pos >= k:
-            layout = None
-            break
-        c = int(first[pos])
-        layout.append((pos, c))
-        pos += c + 1
-    if layout is not None and pos == k and len(tokens) == n * k:
-        mat = np.array(tokens, dtype=bytes).reshape(n, k)
-        if all((mat[:, p] == first[p]).all() for p, _ in layout):
-            out = {}
-            for v, (p, c) in zip(use_vars, layout):
-                vals = _to_numbers(mat[:, p + 1:p + 1 + c], v.dtype, f"slot {v.name!r}")
-                out[v.name] = _shape_column(v, vals.reshape(-1), np.full(n, c, np.int64), n)
-            return out, n
-    values = [[] for _ in use_vars]
-    lens = [np.empty(n, np.int64) for _ in use_vars]
-    for i, line in enumerate(lines):
-        t = line.split()
-        pos = 0
-        for j in range(len(use_vars)):
-            if pos >= len(t):
-                raise ValueError(f"line {i + 1}: {len(use_vars)} slots expected, found {j}")
-            c = int(t[pos])
-            values[j].extend(t[pos + 1:pos + 1 + c])
-            lens[j][i] = c
-            pos += c + 1
-        if pos != len(t):
-            raise ValueError(f"line {i + 1}: {len(t) - pos} values left after "
-                             f"{len(use_vars)} slots")
     out = {}
     for j, v in enumerate(use_vars):
-        vals = _to_numbers(np.array(values[j], dtype=bytes), v.dtype, f"slot {v.name!r}")
-        out[v.name] = _shape_column(v, vals, lens[j], n)
+        out[v.name] = _shape_column(v, _as_dtype(values[j], np.dtype(v.dtype), v.name),
+                                    lens[j], n)
     return out, n
+
+
+def _multislot_error(use_vars, code, line, var, token):
+    nv = len(use_vars)
+    if code == 1:
+        return f"line {line}: {nv} slots expected, found {var}"
+    if code == 2:
+        return f"line {line}: {token} values left after {nv} slots"
+    what = "count" if code == 3 else "value"
+    name = use_vars[var].name
+    return (f"line {line}: slot {name!r}: {what} {token.decode(errors='replace')!r} is not "
+            f"{'a whole number' if code == 3 else 'a number of ' + str(np.dtype(use_vars[var].dtype))}")
+
+
+def _as_dtype(vals, dtype, name):
+    """The parser's int64 or float64 values as the variable's dtype; integers out of a
+    narrower dtype's range are refused by name (int64 keeps hashed ids up to 2^64 - 1
+    as their bits)."""
+    if vals.dtype == dtype:
+        return vals
+    if dtype.kind in "iu" and dtype.itemsize < 8 and vals.size:
+        info = np.iinfo(dtype)
+        lo, hi = int(vals.min()), int(vals.max())
+        if lo < info.min or hi > info.max:
+            raise ValueError(f"slot {name!r}: values {lo}..{hi} do not fit {dtype}")
+    return vals.astype(dtype)
 
 
 def _shape_column(var, vals, lens, n):
