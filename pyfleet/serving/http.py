@@ -116,8 +116,8 @@ class Request:
 
 
 class _Conn(asyncio.Protocol):
-    __slots__ = ("active", "closing", "deadline", "idle_since", "order", "parser", "req",
-                 "server", "transport", "url")
+    __slots__ = ("active", "closing", "deadline", "halted", "idle_since", "order", "parser",
+                 "req", "server", "transport", "url")
 
     def __init__(self, server):
         self.server = server
@@ -125,6 +125,7 @@ class _Conn(asyncio.Protocol):
         self.req = None  # the request being received
         self.order = collections.deque()  # requests received, not yet written: in order
         self.closing = False
+        self.halted = False  # its input refused: nothing more is read
         self.deadline = None  # read deadline of the request being received
         self.active, self.idle_since = True, None  # for the sweep: input since it looked
 
@@ -150,10 +151,20 @@ class _Conn(asyncio.Protocol):
         self.order.clear()
         self.req = None
 
+    def pause_writing(self):
+        """The client reads its answers slower than it sends requests: stop reading
+        until they drain, so a connection holds no more than the transport's limit."""
+        self.transport.pause_reading()
+
+    def resume_writing(self):
+        if not (self.closing or self.halted):
+            self.transport.resume_reading()
+
     def data_received(self, data):
         if self.closing:
             return
         self.active = True
+        before = self.req
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -164,7 +175,7 @@ class _Conn(asyncio.Protocol):
             return
         req = self.req
         if req is not None and not self.closing:  # part of a request is here
-            if req.method is None:  # still in its head
+            if req.method is None and req is before:  # a head longer than this whole read
                 req._size += len(data)
                 if req._size > HEAD_LIMIT:
                     return self._fatal(431, f"the request line and headers pass "
@@ -194,6 +205,7 @@ class _Conn(asyncio.Protocol):
         req.in_order = True
         self.order.append(req)
         if req._size + len(self.url) > HEAD_LIMIT:  # (a head that came in one read)
+            self.halted = True
             self.transport.pause_reading()
             return req.refuse(431, f"the request line and headers pass {HEAD_LIMIT:,} bytes",
                               "bad_http", close=True)
@@ -291,6 +303,7 @@ class _Conn(asyncio.Protocol):
     def _fatal(self, status, text, kind):
         """A refusal of the connection's input: no more is read; answered after the
         answers before it, then the connection closes."""
+        self.halted = True
         self.transport.pause_reading()
         req = self.req
         if req is None or req.answered:

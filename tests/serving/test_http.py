@@ -217,3 +217,36 @@ def test_a_stalled_request_is_408_and_a_dropped_one_is_reported_as_aborted():
         assert served.aborted[0] is served.held[0] and served.aborted[0].answered
     finally:
         served.close()
+
+
+def test_a_client_that_does_not_read_its_answers_stops_being_read(served):
+    # 1,000,000 pipelined requests (24 MB; their answers 110 MB) never read: the
+    # server stops reading once its write buffer is full, not buffering them all.
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", served.port))
+    sent = []
+
+    def send():
+        sock.settimeout(5)
+        try:
+            sock.sendall(b"GET /ping HTTP/1.1\r\nHost: t\r\n\r\n" * 1_000_000)
+            sent.append("all")
+        except OSError:  # (socket.timeout) the server stopped reading
+            sent.append("blocked")
+    t = threading.Thread(target=send)
+    t.start()
+    t.join(30)
+
+    def buffered():
+        out = asyncio.run_coroutine_threadsafe(_write_buffers(served.server), served.loop)
+        return out.result(10)
+    try:
+        assert sent == ["blocked"]
+        assert max(buffered()) < 4 << 20  # one read's answers past the high-water mark
+    finally:
+        sock.close()
+
+
+async def _write_buffers(server):
+    return [c.transport.get_write_buffer_size() for c in server.connections]
