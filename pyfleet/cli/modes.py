@@ -71,10 +71,6 @@ def check_scale_out_options(args):
                          f"(examples/k8s/pyfleet-mpijob.yaml)")
     if not many:
         return None
-    if args.mode == "hybrid":
-        raise SystemExit("pyfleet train: --hosts places parameter-server jobs (sync, async, "
-                         "geo) and collective ones; --mode hybrid across hosts is not "
-                         "available yet")
     if args.mode == "collective" and args.port is not None:
         raise SystemExit("pyfleet train: --port is the servers' first port with --hosts, and "
                          "--mode collective has no server")

@@ -192,10 +192,11 @@ def _total_lines(args, job, data):
 
 def _launch(args, hosts, cmd, env, run_dir, restarts):
     """The roles launched until the job ends: the exit code. Across --hosts a
-    parameter-server job is one mpirun job (:func:`launch_hosts`); a collective job's
-    ranks are always one, supervised here, placed on the hosts by mpirun."""
+    parameter-server job is one mpirun job (:func:`launch_hosts`); the ranks of a
+    collective or hybrid job are always one, supervised here, placed on the hosts by
+    mpirun, and a hybrid job's servers run here, on the first host (at --port + i)."""
     out = sys.stderr if args.json else sys.stdout
-    if hosts is not None and args.mode != "collective":
+    if hosts is not None and args.mode not in MPI_MODES:
         from pyfleet.launch.hosts import DEFAULT_PORT, launch_hosts
         return launch_hosts(cmd, args.servers, args.workers, hosts=args.hosts,
                             hostfile=args.hostfile, mode=args.mode, env=env,
@@ -215,7 +216,10 @@ def _launch(args, hosts, cmd, env, run_dir, restarts):
                         max_restarts=args.max_restarts,
                         restart_window=args.restart_window,
                         restore_dir=os.path.join(run_dir, "checkpoint"),
-                        restarts=restarts, mpi_hosts=hosts)
+                        restarts=restarts, mpi_hosts=hosts,
+                        **({"host": hosts[0], "server_endpoints": None if args.port is None
+                            else [f"{hosts[0]}:{args.port + i}" for i in range(args.servers)]}
+                           if hosts and args.mode == "hybrid" else {}))
 
 
 def _report(args, job, run: Run, say):

@@ -173,6 +173,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                                   "--max-restarts (mpiexec prints every rank's output)")
             return launch_collective(cmd, workers, hosts=args.hosts,
                                      hostfile=args.hostfile, timeout=args.timeout)
+        if (args.hosts or args.hostfile) and args.mode == "hybrid":
+            # the servers here (the first host), the workers one MPI job across the hosts
+            many = host_list(args.hosts, args.hostfile)
+            port = DEFAULT_PORT if args.port is None else args.port
+            return launch_local(cmd, servers, workers, mode="hybrid", mpi_hosts=many,
+                                host=many[0], server_endpoints=eps or [
+                                    f"{many[0]}:{port + i}" for i in range(servers)],
+                                log_dir=args.log_dir, timeout=args.timeout,
+                                grace_period=args.grace, stop_timeout=args.stop_timeout,
+                                max_restarts=args.max_restarts,
+                                restart_window=args.restart_window,
+                                restore_dir=args.restore_dir)
         if args.hosts or args.hostfile:
             if eps is not None:
                 raise ConfigError("--server-endpoints/--servers ip:port does not apply to "

@@ -192,9 +192,9 @@ def launch_local(cmd_for_role: CmdForRole, servers: int, workers: int,
     """
     make_cmd, given = _checked(cmd_for_role, servers, workers, mode, timeout, grace_period,
                                stop_timeout, server_endpoints)
-    if mpi_hosts and mode != "collective":
-        raise ConfigError(f"mpi_hosts places the ranks of a collective job, not of a "
-                          f"{mode or 'parameter-server'} job")
+    if mpi_hosts and mode not in ("collective", "hybrid"):
+        raise ConfigError(f"mpi_hosts places the ranks of a collective or hybrid job, not "
+                          f"of a {mode or 'parameter-server'} job")
     out = sys.stdout if output is None else output
     report = _reporter(sys.stderr if messages is None else messages)
     policy = RestartPolicy(max_restarts, restart_window, restore_dir, restarts)
@@ -207,9 +207,12 @@ def launch_local(cmd_for_role: CmdForRole, servers: int, workers: int,
     deadline = None if timeout is None else time.monotonic() + timeout
     listeners, made = {}, []
     try:
-        eps, listeners = hold_endpoints(servers, host, given)
+        eps, listeners = _held_endpoints(servers, host, given, mpi_hosts)
         if servers:  # the job's keys and socket directory (removed at the end)
-            made.append(_job_keys(base))
+            # ranks on other hosts read the keys from the run directory they share
+            made.append(_job_keys(base, os.fspath(cwd or os.getcwd()) if mpi_hosts else None))
+            if mpi_hosts:  # Unix sockets are of one machine
+                base.setdefault("PYFLEET_IPC_DIR", "")
             made.append(_job_ipc(base))
         bind_retries = 0
         while True:
@@ -400,7 +403,20 @@ def _job_ipc(base):
     return path
 
 
-def _job_keys(base):
+def _held_endpoints(servers, host, given, mpi_hosts):
+    """:func:`hold_endpoints`; in a hybrid job across hosts the servers run here, so
+    ``host`` must be an address of this machine the other hosts reach."""
+    try:
+        return hold_endpoints(servers, host, given)
+    except OSError as e:
+        if not mpi_hosts:
+            raise
+        raise ConfigError(f"a hybrid job across hosts runs its servers beside the launcher, "
+                          f"on the first host ({host}), and this machine cannot listen "
+                          f"there: {e.strerror or e}; start it on {host}") from None
+
+
+def _job_keys(base, where=None):
     """Per-job CURVE keys (docs/operations.md, "Secure a cluster"): unless the
     environment names keys already (``PYFLEET_CURVE_*``) or says
     ``PYFLEET_JOB_KEYS=0``, a fresh ``pyfleet keygen`` directory (mode 0700,
@@ -412,7 +428,7 @@ def _job_keys(base):
         raise ConfigError(f"PYFLEET_JOB_KEYS must be 0 or 1, got {flag!r}")
     if flag == "0" or any(k.startswith("PYFLEET_CURVE_") and v for k, v in base.items()):
         return None
-    path = tempfile.mkdtemp(prefix="pyfleet-keys-")
+    path = tempfile.mkdtemp(prefix=".pyfleet-keys-" if where else "pyfleet-keys-", dir=where)
     try:
         auth.keygen(path)
     except BaseException:
@@ -434,9 +450,10 @@ def _mpi_prefix(workers, mode, mpi_hosts):
 
 
 def _forwarded(child_env):
-    """mpirun's ``-x NAME`` of every variable a rank on another host needs."""
-    names = [k for k in child_env if (k.startswith("PYFLEET_") and k not in CONTRACT_VARS)
-             or k in FORWARD_VARS]
+    """mpirun's ``-x NAME`` of every variable a rank on another host needs: the
+    launcher's, and the workers' contract in a hybrid job."""
+    names = [k for k in child_env if k != LISTEN_FD_VAR and (
+        k.startswith(("PYFLEET_", "PADDLE_")) or k in CONTRACT_VARS or k in FORWARD_VARS)]
     return [x for k in names for x in ("-x", k)]
 
 

@@ -240,10 +240,10 @@ def _rank_pid(run_dir, rank):
     return trainer_pid(run_dir, f"OMPI_COMM_WORLD_RANK={rank}")
 
 
-def _collective(hosts, tmp_path, run, *flags):
+def _collective(hosts, tmp_path, run, *flags, mode="collective"):
     a, b = hosts.addrs
     argv = [sys.executable, "-m", "pyfleet.cli", "train", "--hosts", f"{a},{b}",
-            "--mode", "collective", "--workers", 2, "--rows", 60000, "--batch-size", 128,
+            "--mode", mode, "--workers", 2, "--rows", 60000, "--batch-size", 128,
             "--layers", "32,16", "--embedding-dim", 8, "--seed", 1, "--run-dir", tmp_path / run,
             "--cache-dir", tmp_path / "cache", "--json", "--timeout", DEADLINE - 60, *flags]
     return subprocess.Popen(hosts.on(0, argv), env=_env(hosts, tmp_path), cwd=tmp_path,
@@ -313,3 +313,70 @@ def test_the_launcher_restarts_a_collective_job_across_hosts(hosts, tmp_path):
     hostnames = {n: (out / n).read_text() for n in os.listdir(out)}
     assert hostnames == {"rank.0.0": hosts.names[0], "rank.1.0": hosts.names[1],
                          "rank.0.1": hosts.names[0], "rank.1.1": hosts.names[1]}
+
+
+@pytest.mark.slow
+@pytest.mark.mpi
+@pytest.mark.timeout(3 * DEADLINE)
+def test_a_hybrid_job_across_hosts_heals_its_ranks_and_servers_from_one_checkpoint(
+        hosts, tmp_path):
+    # the servers run beside the launcher (host 1, at --port + i), the ranks on both hosts
+    a, b = hosts.addrs
+    run = str(tmp_path / "healed")
+    proc = _collective(hosts, tmp_path, "healed", "--servers", 1, "--port", PORT + 50,
+                       "--checkpoint-steps", 20, "--max-restarts", 2, mode="hybrid")
+    try:
+        def rank_1():
+            assert proc.poll() is None, "the job ended before the kill: " + proc.stderr.read()
+            return _in_pass_position(run) and _rank_pid(run, 1)
+
+        os.kill(wait_until(rank_1, DEADLINE, "rank 1 on host 2 to kill"), signal.SIGKILL)
+    finally:
+        healed, console = _finish(proc)
+    print("\n".join(line for line in console.splitlines() if "pyfleet.launch:" in line))
+    assert f"1 server(s) at {a}:{PORT + 50}, 2 worker(s) as one MPI job" in console
+    assert [r["role"] for r in healed["restarts"]] == ["workers"], healed["restarts"]
+    assert f"restart 1 resumes from {run}/checkpoint inside pass 1 (round " in console
+    assert set(hosts.launches()) == {b}   # rank 1 ran on host 2
+    calm, _ = _finish(_collective(hosts, tmp_path, "calm", "--servers", 1, "--port",
+                                  PORT + 60, mode="hybrid"))
+    assert healed["train_examples"] == calm["train_examples"] == 54000
+    gap = abs(healed["test_auc"] - calm["test_auc"])
+    print(f"hybrid: test AUC healed {healed['test_auc']:.5f}, undisturbed "
+          f"{calm['test_auc']:.5f}, gap {gap:.5f}")
+    # The ranks' sparse pushes and pulls interleave at the server differently in every
+    # run: undisturbed runs of this job spread over 0.00095 across these hosts (three:
+    # 0.77005-0.77100) and 0.0015 on one machine (0.77106, 0.77251), healed ones landed
+    # on either side (one machine: 0.77022, 0.77049; across hosts 0.00092 to 0.0025 above
+    # their undisturbed run). 0.005 is the interleaving bound test_train_quality allows
+    # async workers; a restart that lost or replayed part of the pass shows in
+    # train_examples above.
+    assert gap <= 0.005, (healed["test_auc"], calm["test_auc"])
+
+
+HYBRID = textwrap.dedent("""
+    import os, socket, sys
+    role = os.environ["PYFLEET_ROLE"]
+    name = (f"server.{os.environ['PYFLEET_SERVER_INDEX']}" if role == "server"
+            else f"rank.{os.environ['OMPI_COMM_WORLD_RANK']}")
+    with open(os.path.join(sys.argv[1], name), "w") as f:
+        f.write(socket.gethostname() + " " + os.environ["PYFLEET_SERVER_ENDPOINTS"])
+""")
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(300)
+def test_the_launcher_places_a_hybrid_jobs_servers_here_and_its_ranks_across_hosts(
+        hosts, tmp_path):
+    a, b = hosts.addrs
+    script, out = _script(tmp_path, HYBRID)
+    argv = [sys.executable, "-m", "pyfleet.launch", "--mode", "hybrid", "--server_num", 1,
+            "--worker_num", 2, "--hosts", f"{a},{b}", "--port", PORT + 70, "--grace", 0,
+            "--timeout", 240, script, out]
+    r = subprocess.run(hosts.on(0, argv), env=_env(hosts, tmp_path), cwd=tmp_path,
+                       capture_output=True, text=True, timeout=280)
+    assert r.returncode == 0, r.stderr[-4000:]
+    seen = {n: (out / n).read_text().split() for n in os.listdir(out)}
+    ep = f"{a}:{PORT + 70}"
+    assert seen == {"server.0": [hosts.names[0], ep], "rank.0": [hosts.names[0], ep],
+                    "rank.1": [hosts.names[1], ep]}, seen

@@ -87,7 +87,8 @@ def test_the_launcher_places_roles_round_robin_and_fails_on_a_missing_host(hosts
 
 @pytest.mark.parametrize("extra, message", [
     (["--port", "40000"], "--port is the servers' first port with --hosts"),
-    (["--hosts", "a,b", "--mode", "hybrid"], "--mode hybrid across hosts is not"),
+    (["--hosts", "a,b", "--mode", "collective", "--port", "40000"],
+     "--mode collective has no server"),
     (["--hosts", "a,b", "--hostfile", "f"], "--hosts h1,h2 or --hostfile FILE (one of them)"),
     (["--hostfile", "no-such-file"], "--hostfile no-such-file: No such file"),
     (["--hosts", "a", "--port", "80"], "--port must be in 1024.."),
