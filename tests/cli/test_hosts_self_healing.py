@@ -240,6 +240,21 @@ def _rank_pid(run_dir, rank):
     return trainer_pid(run_dir, f"OMPI_COMM_WORLD_RANK={rank}")
 
 
+def _killing_rank_1(proc, run):
+    """SIGKILL MPI rank 1 (on host 2) of the job training into ``run`` once it is past
+    the third checkpoint of pass 1; the job's summary and console once it ends."""
+    try:
+        def rank_1():
+            assert proc.poll() is None, "the job ended before the kill: " + proc.stderr.read()
+            return _in_pass_position(run) and _rank_pid(run, 1)
+
+        os.kill(wait_until(rank_1, DEADLINE, "rank 1 on host 2 to kill"), signal.SIGKILL)
+    finally:
+        healed, console = _finish(proc)
+    print("\n".join(line for line in console.splitlines() if "pyfleet.launch:" in line))
+    return healed, console
+
+
 def _collective(hosts, tmp_path, run, *flags, mode="collective"):
     a, b = hosts.addrs
     argv = [sys.executable, "-m", "pyfleet.cli", "train", "--hosts", f"{a},{b}",
@@ -258,15 +273,7 @@ def test_a_collective_job_across_hosts_heals_from_a_rank_killed_on_host_2(hosts,
     run = str(tmp_path / "healed")
     proc = _collective(hosts, tmp_path, "healed", "--checkpoint-steps", 20,
                        "--max-restarts", 2)
-    try:
-        def rank_1():
-            assert proc.poll() is None, "the job ended before the kill: " + proc.stderr.read()
-            return _in_pass_position(run) and _rank_pid(run, 1)
-
-        os.kill(wait_until(rank_1, DEADLINE, "rank 1 on host 2 to kill"), signal.SIGKILL)
-    finally:
-        healed, console = _finish(proc)
-    print("\n".join(line for line in console.splitlines() if "pyfleet.launch:" in line))
+    healed, console = _killing_rank_1(proc, run)
     # Which rank mpirun names is a race: the killed rank 1 (placed on b), or rank 0,
     # which lost its peer first and aborted, naming the peer's host by its host name.
     assert [(r["role"], r.get("host")) for r in healed["restarts"]] in (
@@ -325,15 +332,7 @@ def test_a_hybrid_job_across_hosts_heals_its_ranks_and_servers_from_one_checkpoi
     run = str(tmp_path / "healed")
     proc = _collective(hosts, tmp_path, "healed", "--servers", 1, "--port", PORT + 50,
                        "--checkpoint-steps", 20, "--max-restarts", 2, mode="hybrid")
-    try:
-        def rank_1():
-            assert proc.poll() is None, "the job ended before the kill: " + proc.stderr.read()
-            return _in_pass_position(run) and _rank_pid(run, 1)
-
-        os.kill(wait_until(rank_1, DEADLINE, "rank 1 on host 2 to kill"), signal.SIGKILL)
-    finally:
-        healed, console = _finish(proc)
-    print("\n".join(line for line in console.splitlines() if "pyfleet.launch:" in line))
+    healed, console = _killing_rank_1(proc, run)
     assert f"1 server(s) at {a}:{PORT + 50}, 2 worker(s) as one MPI job" in console
     assert [r["role"] for r in healed["restarts"]] == ["workers"], healed["restarts"]
     assert f"restart 1 resumes from {run}/checkpoint inside pass 1 (round " in console
