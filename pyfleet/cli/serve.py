@@ -101,7 +101,10 @@ def cmd_serve(args):
     if one_blas_thread():
         logging.getLogger("pyfleet.serve").info(
             "model steps on one OpenBLAS thread (OPENBLAS_NUM_THREADS is unset)")
-    return _event_loop_run()(_serve(args, Server(options)))
+    run = _event_loop_run()
+    logging.getLogger("pyfleet.serve").info(
+        "event loop: %s", "uvloop" if run is not asyncio.run else "asyncio's own")
+    return run(_serve(args, Server(options)))
 
 
 def _event_loop_run():

@@ -370,3 +370,18 @@ def test_following_an_empty_directory_is_not_ready_until_a_version_is_committed(
         assert predict(s.url, b"\t" * 38, "text/tab-separated-values")[1].startswith("7@")
         s.proc.send_signal(signal.SIGTERM)  # stops cleanly
         assert s.proc.wait(timeout=60) == 0
+
+
+def test_without_uvloop_the_server_runs_on_asyncio_s_own_loop(models, tmp_path):
+    # (uvloop is not on Windows): the same answers, keep-alive and refusals
+    code = ("import sys; sys.modules['uvloop'] = None; from pyfleet.cli import main; "
+            "sys.exit(main(sys.argv[1:]))")
+    line = TSV.read_bytes().splitlines()[0]
+    with ServeProcess("--model", models[0], cwd=tmp_path, launcher=("-c", code)) as s:
+        got, version = predict(s.url, line, "text/tab-separated-values")
+        status, _, out = request(s.url + "/predict", b"1\t2\n", "text/tab-separated-values")
+        assert status == 400 and out.count(b"\n") == 1
+        s.wait_for(lambda: "event loop: asyncio's own" in s.stderr_text(), what="its log")
+        with ServeProcess("--model", models[0], cwd=tmp_path) as fast:  # on uvloop
+            assert predict(fast.url, line, "text/tab-separated-values") == (got, version)
+            fast.wait_for(lambda: "event loop: uvloop" in fast.stderr_text(), what="its log")

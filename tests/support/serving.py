@@ -13,14 +13,15 @@ from support.wait import wait_until
 
 
 class ServeProcess:
-    """``python -m pyfleet.cli serve ARGS --port 0`` started, its port read from
+    """``python -m pyfleet.cli serve ARGS --port 0`` (or ``python LAUNCHER serve
+    ...``) started, its port read from
     its first line, and (``ready=True``) ``/healthz`` answering 200; always
     stopped by :meth:`close` (a context manager)."""
 
-    def __init__(self, *args, cwd, ready=True, timeout=120):
+    def __init__(self, *args, cwd, ready=True, timeout=120, launcher=("-m", "pyfleet.cli")):
         env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pyfleet.cli", "serve", "--port", "0", *map(str, args)],
+            [sys.executable, *launcher, "serve", "--port", "0", *map(str, args)],
             cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.stderr_lines = []
         lines = queue.Queue()
