@@ -8,8 +8,9 @@
 
 Loopback, or with ``--hosts N`` (root) N hosts made of network namespaces
 (tests/support/netns.py): the job runs from the first through ``pyfleet train --hosts``,
-mpirun placing the roles, and a killed role's whole mpirun job restarts on fresh ports
-(parameter-server modes). Generates (or reuses, ``--cache-dir``) ``--rows`` synthetic Criteo rows, then
+mpirun placing the roles (a parameter-server job's whole mpirun job restarts on fresh
+ports; a collective or hybrid job's ranks are placed across the hosts, its servers on
+the first). Generates (or reuses, ``--cache-dir``) ``--rows`` synthetic Criteo rows, then
 runs the same ``pyfleet train`` job twice (``--servers`` servers, ``--workers`` workers, the
 reference DNN, one pass, ``--checkpoint-steps`` K):
 
@@ -161,8 +162,6 @@ def main(argv=None):
     args = p.parse_args(argv)
     mpi = args.mode in ("collective", "hybrid")
     if args.hosts:
-        if mpi:
-            raise SystemExit("bench_chaos: --hosts places parameter-server jobs (sync, async)")
         sys.path.insert(0, os.path.join(REPO, "tests"))
         from support.netns import NetnsHosts, why_no_netns
         why = why_no_netns()
@@ -186,7 +185,9 @@ def _measure(args, mpi, work, hosts):
         env = hosts.mpi_env({k: v for k, v in os.environ.items()
                              if not k.startswith("PYFLEET_")})
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-        extra = ["--hosts", ",".join(hosts.addrs), "--port", str(args.port)]
+        extra = ["--hosts", ",".join(hosts.addrs)]
+        if args.mode != "collective":
+            extra += ["--port", str(args.port)]
     if args.mode == "collective":
         args.servers = 0
     lo, hi = (float(x) for x in args.kill_every.split(","))
@@ -212,7 +213,8 @@ def _measure(args, mpi, work, hosts):
             time.sleep(0.05)
             if time.time() < next_kill:
                 continue
-            roles = _roles(proc.pid, run_dir, mpi, hosts is not None)
+            # (an MPI job's ranks and servers are found as on one machine)
+            roles = _roles(proc.pid, run_dir, mpi, hosts is not None and not mpi)
             if len(roles) < args.servers + args.workers:  # restarting: try again soon
                 next_kill = time.time() + 3
                 continue
