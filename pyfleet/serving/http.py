@@ -98,10 +98,6 @@ class Request:
                 _CONTENT_TYPES[v] = t
         return t
 
-    def header(self, name, default=""):
-        v = self.headers.get(name.lower().encode())
-        return default if v is None else v.decode("latin-1")
-
     def respond(self, status, body=b"", content_type=TEXT, headers=b"", kind=None,
                 close=False):
         """Answer (once): ``body`` bytes, ``headers`` pre-formatted header lines
