@@ -81,12 +81,29 @@ def check_scale_out_options(args):
         names = host_list(args.hosts, args.hostfile)
     except ConfigError as e:
         raise SystemExit(f"pyfleet train: {e}") from None
+    if args.mode == "hybrid":
+        _check_servers_here(names[0])
     if find_mpiexec() is None:
         from pyfleet._extras import install_hint
         raise SystemExit(f"pyfleet train: --hosts starts the job through mpirun and there "
                          f"is none beside {sys.executable} nor on PATH: "
                          f"{install_hint('mpi')}")
     return names
+
+
+def _check_servers_here(host):
+    """A hybrid job's servers run beside ``pyfleet train``, on the first host: refused
+    by name when this machine has no address ``host``."""
+    import socket
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family) as s:
+            s.bind((host, 0))
+    except OSError as e:
+        raise SystemExit(f"pyfleet train: --mode hybrid --hosts runs the servers beside "
+                         f"pyfleet train, on the first host ({host}), and this machine "
+                         f"cannot listen there ({e.strerror or e}): start it on {host}") \
+            from None
 
 
 def check_tables_start(job):

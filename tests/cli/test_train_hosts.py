@@ -89,6 +89,9 @@ def test_the_launcher_places_roles_round_robin_and_fails_on_a_missing_host(hosts
     (["--port", "40000"], "--port is the servers' first port with --hosts"),
     (["--hosts", "a,b", "--mode", "collective", "--port", "40000"],
      "--mode collective has no server"),
+    (["--hosts", "10.213.99.1,10.213.99.2", "--mode", "hybrid"],
+     "runs the servers beside pyfleet train, on the first host (10.213.99.1), and this "
+     "machine cannot listen there (Cannot assign requested address)"),
     (["--hosts", "a,b", "--hostfile", "f"], "--hosts h1,h2 or --hostfile FILE (one of them)"),
     (["--hostfile", "no-such-file"], "--hostfile no-such-file: No such file"),
     (["--hosts", "a", "--port", "80"], "--port must be in 1024.."),
