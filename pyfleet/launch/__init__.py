@@ -39,7 +39,8 @@ Supervision rules (the same from Python through :func:`launch_local`):
 - SIGINT, SIGTERM or SIGHUP to the launcher stops every role (exit code 128 + signal);
 - with ``--max-restarts N`` a role's death instead stops every role and starts the whole
   job again (same endpoints), at most N times within ``--restart-window`` seconds; then the
-  job fails with one line per death (:mod:`pyfleet.launch.restart`).
+  job fails with one line per death (:mod:`pyfleet.launch.restart`). Across ``--hosts``
+  the whole mpirun job restarts, on the next block of ports (:mod:`pyfleet.launch.hosts`).
 
 Each role runs in its own session (process group), and "stop" means SIGTERM to the whole
 group, then SIGKILL after ``stop_timeout`` seconds (default 5), so helper processes a role
@@ -48,6 +49,7 @@ On Linux each role also gets SIGTERM if the launcher dies without cleaning up (P
 
 One module per concept: ``contract`` (the roles' environment, free ports), ``local`` (the
 supervised local processes), ``restart`` (``--max-restarts``), ``collective`` (mpiexec),
+``hosts`` (a job across hosts), ``mpirun`` (an mpirun job watched: which rank ended it),
 ``command`` (the command line).
 """
 
