@@ -78,7 +78,8 @@ PYFLEET_RUNS = {"async": ["--mode", "async"], "sync": ["--mode", "sync"],
 # ...-tcp: the roles talk over loopback TCP with the job's CURVE keys, as every
 # job did before the launcher gave each one a directory of Unix sockets
 PYFLEET_ENV = {"async-tcp": {"PYFLEET_IPC_DIR": ""}, "sync-tcp": {"PYFLEET_IPC_DIR": ""}}
-TORCH_RUNS = ("torch", "fusedebc", "fbgemm")
+TORCH_RUNS = ("torch", "fusedebc", "fbgemm", "torch-2p", "fusedebc-2p", "fbgemm-2p")
+TORCHREC_RUNS = ("fusedebc", "fbgemm", "fusedebc-2p", "fbgemm-2p")
 
 
 def _env(threads=1):
@@ -162,10 +163,10 @@ def run_pyfleet(name, data, run_root, timeout):
 
 # ---------------------------------------------------------------- torch side
 
-def _dataset(path, shuffle):
+def _dataset(path, shuffle, rank=0, world=1):
     from pyfleet.data import Dataset
     return Dataset(path, format="criteo", batch_size=BATCH, shuffle=shuffle, seed=0,
-                   prefetch=4)
+                   prefetch=4, worker_index=rank, worker_num=world)
 
 
 def _id_index(paths):
@@ -183,13 +184,15 @@ def _rows_of(batch, index):
     return np.searchsorted(index, ids).astype(np.int64)
 
 
-def train_torch(kind, data, threads, sparse_lr, preload=False):
-    """One trainer of TORCH_RUNS in this process; returns its summary."""
+def train_torch(kind, data, threads, sparse_lr, preload=False, rank=0, world=1):
+    """One trainer of TORCH_RUNS in this process (rank ``rank`` of ``world`` data-parallel
+    processes); returns its summary."""
     import torch
 
     from pyfleet.metrics import exact_auc
 
     torch.set_num_threads(threads)
+    torch.set_num_interop_threads(1)   # nothing here runs ops concurrently
     torch.manual_seed(0)
     index = _id_index([data["train"], data["test"]])
     n_rows, n_slots, dim, n_dense = len(index), 26, 16, 13
@@ -198,18 +201,25 @@ def train_torch(kind, data, threads, sparse_lr, preload=False):
     for a, b in zip(sizes, sizes[1:]):
         layers += [torch.nn.Linear(a, b), torch.nn.ReLU()]
     mlp = torch.nn.Sequential(*layers, torch.nn.Linear(sizes[-1], 2))
-    dense_opt = torch.optim.Adam(mlp.parameters(), lr=1e-3)
+    # fused: one kernel over all the fc parameters (torch's CPU default is a loop of ops per
+    # parameter); the same Adam, a little less CPU a step
+    # A data-parallel step is one step of the processes' batches together: the learning
+    # rates scale with the processes (the linear scaling rule), else they train half as
+    # far a pass.
+    dense_opt = torch.optim.Adam(mlp.parameters(), lr=1e-3 * world, fused=True)
+    sparse_lr *= world
     sparse_opt = None
-    if kind == "torch":
+    base = kind.removesuffix("-2p")
+    if base == "torch":
         emb = torch.nn.EmbeddingBag(n_rows, dim, mode="sum", sparse=True)
         torch.nn.init.uniform_(emb.weight, -0.01, 0.01)
-        sparse_opt = torch.optim.SparseAdam(emb.parameters(), lr=1e-3)
+        sparse_opt = torch.optim.SparseAdam(emb.parameters(), lr=1e-3 * world)
 
         def pooled(rows, batch_size):
             offsets = torch.arange(0, rows.numel(), dtype=torch.int64)
             return emb(rows, offsets).view(n_slots, batch_size, dim).transpose(0, 1) \
                 .reshape(batch_size, n_slots * dim)
-    elif kind == "fusedebc":
+    elif base == "fusedebc":
         from torchrec import EmbeddingBagConfig, KeyedJaggedTensor
         from torchrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection
         from torchrec.optim import RowWiseAdagrad
@@ -224,7 +234,7 @@ def train_torch(kind, data, threads, sparse_lr, preload=False):
             kjt = KeyedJaggedTensor.from_lengths_sync(
                 keys=keys, values=rows, lengths=torch.ones(rows.numel(), dtype=torch.int32))
             return emb(kjt).values()
-    elif kind == "fbgemm":
+    elif base == "fbgemm":
         from fbgemm_gpu.split_embedding_configs import EmbOptimType
         from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
         from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
@@ -250,13 +260,7 @@ def train_torch(kind, data, threads, sparse_lr, preload=False):
     def forward(rows, dense, n):
         return mlp(torch.cat([pooled(rows, n), dense], dim=1))
 
-    examples = 0
-    train = _dataset(data["train"], True)
-    if preload:   # every batch read and mapped before the clock starts: the step alone
-        train = [prepare(batch) for batch in train]
-    t0, c0 = time.perf_counter(), time.process_time()
-    for item in train:
-        rows, dense, labels, n = item if preload else prepare(item)
+    def step(rows, dense, labels, n):
         logits = forward(rows, dense, n)
         loss = torch.nn.functional.cross_entropy(logits, labels)
         dense_opt.zero_grad(set_to_none=True)
@@ -266,27 +270,106 @@ def train_torch(kind, data, threads, sparse_lr, preload=False):
         dense_opt.step()
         if sparse_opt is not None:
             sparse_opt.step()
+
+    if world > 1:
+        step = _data_parallel_step(torch, rank, world, mlp, pooled, dense_opt, sparse_opt,
+                                   n_slots * dim)
+    examples = 0
+    train = _dataset(data["train"], True, rank, world)
+    if preload:   # every batch read and mapped before the clock starts: the step alone
+        train = [prepare(batch) for batch in train]
+    t0, c0 = time.perf_counter(), time.process_time()
+    for item in train:
+        rows, dense, labels, n = item if preload else prepare(item)
+        if step(rows, dense, labels, n) is False:   # a peer has no batch left
+            break
         examples += n
+    else:
+        if world > 1:
+            step(None, None, None, 0)   # tell the peers still training that this one is done
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+    out = {"examples_per_sec": examples / seconds, "train_examples": examples,
+           "train_seconds": seconds, "train_cpu_seconds": cpu}
+    if rank:   # the replicas are equal: rank 0 tests
+        return out
     preds, labels = [], []
     with torch.no_grad():
         for batch in _dataset(data["test"], False):
             rows, dense, _, n = prepare(batch)
             preds.append(torch.softmax(forward(rows, dense, n), 1)[:, 1].numpy())
             labels.append(batch.labels)
-    return {"examples_per_sec": examples / seconds, "train_examples": examples,
-            "train_cpu_seconds": cpu,
-            "test_auc": exact_auc(np.concatenate(preds), np.concatenate(labels))}
+    return {**out, "test_auc": exact_auc(np.concatenate(preds), np.concatenate(labels))}
+
+
+def _data_parallel_step(torch, rank, world, mlp, pooled, dense_opt, sparse_opt, width):
+    """The training step of one of ``world`` data-parallel processes (torch.distributed,
+    gloo on 127.0.0.1), each on its own batches: every process keeps the whole table
+    and the whole fc stack. The batches' table rows are all-gathered, every process
+    pools the rows of all of them (the embedding's forward), runs the fc stack on its
+    own, and all-gathers in one message its pooled rows' gradients and its fc
+    gradients; the fc gradients summed, each process runs the embedding's backward
+    (the table's fused update) over every process's rows with every process's
+    gradients, and the fc's Adam step: the replicas stay equal, and a step is the
+    synchronous step of the processes' batches together (each loss weighted by its
+    share of the examples). Returns ``step(rows, dense, labels, n)``, False once a
+    peer has no batch left (``n == 0`` says so to the peers)."""
+    import torch.distributed as dist
+    params = list(mlp.parameters())
+    n_dense = sum(p.numel() for p in params)
+    ids = torch.empty(1 + BATCH * 26, dtype=torch.int64)
+    ids_all = [torch.empty_like(ids) for _ in range(world)]
+    flat = torch.zeros(BATCH * width + n_dense)
+    flat_all = [torch.empty_like(flat) for _ in range(world)]
+
+    def step(rows, dense, labels, n):
+        ids[0] = n
+        if n:
+            ids[1:1 + rows.numel()] = rows
+        dist.all_gather(ids_all, ids)
+        ns = [int(t[0]) for t in ids_all]
+        if min(ns) == 0:
+            return False
+        total, first = sum(ns), sum(ns[:rank])
+        # slot-major, as the pooling takes them: slot 0 of every process's batch first
+        rows_all = torch.cat([t[1:1 + 26 * k].view(26, k) for t, k in zip(ids_all, ns)],
+                             1).reshape(-1)
+        pooled_all = pooled(rows_all, total)
+        own = pooled_all.detach()[first:first + n].requires_grad_(True)
+        logits = mlp(torch.cat([own, dense], dim=1))
+        loss = torch.nn.functional.cross_entropy(logits, labels) * (n / total)
+        dense_opt.zero_grad(set_to_none=True)
+        if sparse_opt is not None:
+            sparse_opt.zero_grad(set_to_none=True)
+        loss.backward()
+        flat[:n * width] = own.grad.reshape(-1)
+        torch.cat([p.grad.reshape(-1) for p in params], out=flat[BATCH * width:])
+        dist.all_gather(flat_all, flat)
+        pooled_all.backward(torch.cat([t[:k * width].view(k, width)
+                                       for t, k in zip(flat_all, ns)]))
+        summed = torch.stack([t[BATCH * width:] for t in flat_all]).sum(0)
+        at = 0
+        for p in params:
+            p.grad.copy_(summed[at:at + p.numel()].view_as(p))
+            at += p.numel()
+        dense_opt.step()
+        if sparse_opt is not None:
+            sparse_opt.step()
+        return True
+    return step
 
 
 def run_torch(kind, data, args):
-    """``train_torch`` in a child process and session of its own; None if its
-    packages are not installed."""
+    """``train_torch`` in a child process and session of its own (``...-2p``: that
+    child starts the second data-parallel process, in its session); ``{"skipped":
+    why}`` if its packages are not installed."""
+    world = 2 if kind.endswith("-2p") else 1
+    threads = 1 if world > 1 else args.torch_threads   # a core a process
     cmd = [sys.executable, os.path.abspath(__file__), "--child", kind,
-           "--child-data", json.dumps(data), "--torch-threads", str(args.torch_threads),
-           "--sparse-lr", str(args.sparse_lr)] + (["--torch-preload"] if args.torch_preload else [])
-    p = subprocess.run(cmd, env=_env(args.torch_threads), capture_output=True, text=True,
-                       timeout=args.timeout, start_new_session=True, check=False)
+           "--child-data", json.dumps(data), "--torch-threads", str(threads),
+           "--sparse-lr", str(args.sparse_lr), "--child-rank", f"0,{world},{_free_port()}",
+           "--timeout", str(args.timeout)] + (["--torch-preload"] if args.torch_preload else [])
+    p = subprocess.run(cmd, env=_env(threads), capture_output=True, text=True,
+                       timeout=args.timeout + 60, start_new_session=True, check=False)
     if p.returncode == 3:
         return {"skipped": p.stdout.strip().splitlines()[-1]}
     if p.returncode:
@@ -294,9 +377,47 @@ def run_torch(kind, data, args):
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def _child(kind, data, threads, sparse_lr, preload=False):
+def _peers(argv, world, timeout):
+    """Ranks 1.. of a data-parallel trainer, started by rank 0 (``argv``: its own sys.argv,
+    script first) in its session, so the processes together get one session's share
+    of a loaded machine as pyfleet's launcher and its roles do; ``collect()`` waits for
+    them and returns their summaries."""
+    at = argv.index("--child-rank") + 1
+    _, _, port = argv[at].split(",")
+    procs = []
+    for rank in range(1, world):
+        cmd = [*argv[:at], f"{rank},{world},{port}", *argv[at + 1:]]
+        procs.append(subprocess.Popen([sys.executable, *cmd], stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+
+    def collect():
+        outs = []
+        try:
+            for p in procs:
+                out, err = p.communicate(timeout=timeout)
+                if p.returncode:
+                    raise RuntimeError(f"rank {len(outs) + 1} failed:\n{err[-3000:]}")
+                outs.append(json.loads(out.strip().splitlines()[-1]))
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        return outs
+    return collect
+
+
+def _free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _child(kind, data, threads, sparse_lr, preload=False, rank_spec="0,1,0",
+           timeout=1800.0):
     need = {"torch": ["torch"], "fusedebc": ["torch", "fbgemm_gpu", "torchrec"],
-            "fbgemm": ["torch", "fbgemm_gpu"]}[kind]
+            "fbgemm": ["torch", "fbgemm_gpu"]}[kind.removesuffix("-2p")]
     for mod in need:
         try:
             __import__(mod)
@@ -304,7 +425,24 @@ def _child(kind, data, threads, sparse_lr, preload=False):
             print(f"{mod} not usable: {type(e).__name__}: {str(e)[:200]}")
             return 3
     sys.path.insert(0, str(REPO))
-    print(json.dumps(train_torch(kind, data, threads, sparse_lr, preload)))
+    rank, world, port = (int(x) for x in rank_spec.split(","))
+    if world > 1:
+        from datetime import timedelta
+
+        import torch.distributed as dist
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        collect = _peers(sys.argv, world, timeout) if rank == 0 else None
+        # a peer that died is an error within the timeout, not a hang
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world, timeout=timedelta(seconds=120))
+    r = train_torch(kind, data, threads, sparse_lr, preload, rank, world)
+    if world > 1 and rank == 0:   # examples/s of the processes together: all their
+        rs = [r, *collect()]      # examples over the longer clock
+        r.update(train_examples=sum(x["train_examples"] for x in rs),
+                 train_cpu_seconds=sum(x["train_cpu_seconds"] for x in rs),
+                 train_seconds=max(x["train_seconds"] for x in rs))
+        r["examples_per_sec"] = r["train_examples"] / r["train_seconds"]
+    print(json.dumps(r))
     return 0
 
 
@@ -343,10 +481,11 @@ def main(argv=None):
                                                      "file again, and run nothing")
     ap.add_argument("--child", choices=TORCH_RUNS, help=argparse.SUPPRESS)
     ap.add_argument("--child-data", help=argparse.SUPPRESS)
+    ap.add_argument("--child-rank", default="0,1,0", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         return _child(args.child, json.loads(args.child_data), args.torch_threads,
-                      args.sparse_lr, args.torch_preload)
+                      args.sparse_lr, args.torch_preload, args.child_rank, args.timeout)
 
     if args.report:
         with open(args.report) as f:
@@ -382,7 +521,7 @@ def main(argv=None):
 
 def _anchor(rows):
     """The round's reference: the faster TorchRec path, else single-process torch."""
-    trec = [r for r in rows if r["run"] in ("fusedebc", "fbgemm") and "skipped" not in r]
+    trec = [r for r in rows if r["run"] in TORCHREC_RUNS and "skipped" not in r]
     if trec:
         best = max(trec, key=lambda r: r["examples_per_sec"])
         return best["run"], best
