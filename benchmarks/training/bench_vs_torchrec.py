@@ -271,22 +271,19 @@ def train_torch(kind, data, threads, sparse_lr, preload=False, rank=0, world=1):
         if sparse_opt is not None:
             sparse_opt.step()
 
-    if world > 1:
-        step = _data_parallel_step(torch, rank, world, mlp, pooled, dense_opt, sparse_opt,
-                                   n_slots * dim)
-    examples = 0
     train = _dataset(data["train"], True, rank, world)
     if preload:   # every batch read and mapped before the clock starts: the step alone
         train = [prepare(batch) for batch in train]
+    items = train if preload else map(prepare, train)
     t0, c0 = time.perf_counter(), time.process_time()
-    for item in train:
-        rows, dense, labels, n = item if preload else prepare(item)
-        if step(rows, dense, labels, n) is False:   # a peer has no batch left
-            break
-        examples += n
+    if world > 1:
+        examples = _train_data_parallel(torch, rank, world, items, mlp, pooled, dense_opt,
+                                        sparse_opt, n_slots * dim)
     else:
-        if world > 1:
-            step(None, None, None, 0)   # tell the peers still training that this one is done
+        examples = 0
+        for rows, dense, labels, n in items:
+            step(rows, dense, labels, n)
+            examples += n
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     out = {"examples_per_sec": examples / seconds, "train_examples": examples,
            "train_seconds": seconds, "train_cpu_seconds": cpu}
@@ -301,37 +298,51 @@ def train_torch(kind, data, threads, sparse_lr, preload=False, rank=0, world=1):
     return {**out, "test_auc": exact_auc(np.concatenate(preds), np.concatenate(labels))}
 
 
-def _data_parallel_step(torch, rank, world, mlp, pooled, dense_opt, sparse_opt, width):
-    """The training step of one of ``world`` data-parallel processes (torch.distributed,
-    gloo on 127.0.0.1), each on its own batches: every process keeps the whole table
-    and the whole fc stack. The batches' table rows are all-gathered, every process
-    pools the rows of all of them (the embedding's forward), runs the fc stack on its
-    own, and all-gathers in one message its pooled rows' gradients and its fc
-    gradients; the fc gradients summed, each process runs the embedding's backward
-    (the table's fused update) over every process's rows with every process's
-    gradients, and the fc's Adam step: the replicas stay equal, and a step is the
-    synchronous step of the processes' batches together (each loss weighted by its
-    share of the examples). Returns ``step(rows, dense, labels, n)``, False once a
-    peer has no batch left (``n == 0`` says so to the peers)."""
+def _train_data_parallel(torch, rank, world, items, mlp, pooled, dense_opt, sparse_opt,
+                         width):
+    """One pass of ``items`` (this process's batches) by one of ``world`` data-parallel
+    processes (torch.distributed, gloo on 127.0.0.1), each with the whole table and
+    the whole fc stack; returns the examples this process trained on.
+
+    A step: the processes' batches' table rows are all-gathered (the next step's
+    gather travels during this step, as TorchRec's pipelines send a batch's ids
+    ahead), every process pools the rows of every batch (the embedding's forward),
+    runs the fc stack on its own batch, and all-gathers in one message its pooled
+    rows' gradients and its fc gradients; each process then runs the embedding's
+    backward (the table's fused update) over every batch's rows with every
+    process's gradients, and the fc's Adam step on the summed fc gradients: the
+    replicas stay equal, and a step is the synchronous step of the processes'
+    batches together (each loss weighted by its share of the examples). The pass
+    ends at the first step some process has no batch for."""
     import torch.distributed as dist
     params = list(mlp.parameters())
     n_dense = sum(p.numel() for p in params)
-    ids = torch.empty(1 + BATCH * 26, dtype=torch.int64)
-    ids_all = [torch.empty_like(ids) for _ in range(world)]
+    ids = [torch.empty(1 + BATCH * 26, dtype=torch.int64) for _ in range(2)]
+    ids_all = [[torch.empty_like(ids[0]) for _ in range(world)] for _ in range(2)]
     flat = torch.zeros(BATCH * width + n_dense)
     flat_all = [torch.empty_like(flat) for _ in range(world)]
 
-    def step(rows, dense, labels, n):
-        ids[0] = n
+    def send_ids(slot, item):   # n = 0: this process has no batch left
+        n = item[3] if item is not None else 0
+        ids[slot][0] = n
         if n:
-            ids[1:1 + rows.numel()] = rows
-        dist.all_gather(ids_all, ids)
-        ns = [int(t[0]) for t in ids_all]
+            ids[slot][1:1 + item[0].numel()] = item[0]
+        return dist.all_gather(ids_all[slot], ids[slot], async_op=True)
+
+    items = iter(items)
+    item, slot, examples = next(items, None), 0, 0
+    pending = send_ids(slot, item)
+    while True:
+        following = next(items, None)   # read while the ids travel
+        pending.wait()
+        ns = [int(t[0]) for t in ids_all[slot]]
         if min(ns) == 0:
-            return False
+            return examples
+        pending = send_ids(1 - slot, following)
+        rows, dense, labels, n = item
         total, first = sum(ns), sum(ns[:rank])
         # slot-major, as the pooling takes them: slot 0 of every process's batch first
-        rows_all = torch.cat([t[1:1 + 26 * k].view(26, k) for t, k in zip(ids_all, ns)],
+        rows_all = torch.cat([t[1:1 + 26 * k].view(26, k) for t, k in zip(ids_all[slot], ns)],
                              1).reshape(-1)
         pooled_all = pooled(rows_all, total)
         own = pooled_all.detach()[first:first + n].requires_grad_(True)
@@ -354,8 +365,8 @@ def _data_parallel_step(torch, rank, world, mlp, pooled, dense_opt, sparse_opt, 
         dense_opt.step()
         if sparse_opt is not None:
             sparse_opt.step()
-        return True
-    return step
+        examples += n
+        item, slot = following, 1 - slot
 
 
 def run_torch(kind, data, args):
