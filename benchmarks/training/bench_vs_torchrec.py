@@ -2,8 +2,10 @@
 
 ```
 python benchmarks/training/bench_vs_torchrec.py [--rows 1000000] [--rounds 2]
-        [--runs async sync collective hybrid torch fusedebc fbgemm]
-        [--torch-threads 2] [--sparse-lr 0.05] [--cache DIR] [--json out.json]
+        [--runs async sync collective hybrid torch fusedebc fbgemm
+                torch-2p fusedebc-2p fbgemm-2p]
+        [--torch-threads 2] [--torch-preload] [--sparse-lr 0.05] [--cache DIR]
+        [--json out.json]
 ```
 
 Generates ``--rows`` synthetic Criteo rows once (``pyfleet gen-data``, cached
@@ -29,7 +31,15 @@ each run's training examples/s, test AUC (exact) and the load average around it:
   FBGEMM, the fc layers with ``torch.optim.Adam``;
 - ``fbgemm``: FBGEMM's batched embedding kernel
   (``SplitTableBatchedEmbeddingBagsCodegen``, the same optimizer) called
-  directly, without TorchRec's modules around it.
+  directly, without TorchRec's modules around it;
+- ``torch-2p``, ``fusedebc-2p``, ``fbgemm-2p``: the same as two data-parallel
+  processes of one thread each (torch.distributed, gloo on 127.0.0.1; the table
+  replicated, the batches' rows and pooled gradients all-gathered, the fc
+  gradients summed, the learning rates doubled for the batch of 1,024 a step
+  trains; see ``_train_data_parallel``), started in one session.
+
+Every torch run uses the fused form of Adam for the fc stack and one interop
+thread.
 
 Every torch trainer reads the batches :class:`pyfleet.data.Dataset` yields a
 pyfleet worker (the same parser, shuffle and hashed ids, in a reader thread as
@@ -42,8 +52,8 @@ shares a loaded machine between sessions). ``fusedebc`` and ``fbgemm`` need
 ``torch``, ``fbgemm-gpu-cpu`` and ``torchrec`` (see benchmarks/README.md for
 a matching set); a trainer whose packages are missing is reported as skipped.
 
-The ratios are to the faster TorchRec path (``fusedebc`` or ``fbgemm``) of the
-same round, or to ``torch`` when neither ran. Each row also gives its CPU per
+The ratios are to the fastest TorchRec path (``fusedebc``, ``fbgemm`` or their
+``-2p`` runs) of the same round, or to ``torch`` when neither ran. Each row also gives its CPU per
 batch (a torch process's training loop, every thread; pyfleet's workers'
 training loops plus its servers' whole life) and the examples/s two idle cores
 would allow at that CPU: on a machine shared with other jobs, the figure that
@@ -531,7 +541,7 @@ def main(argv=None):
 
 
 def _anchor(rows):
-    """The round's reference: the faster TorchRec path, else single-process torch."""
+    """The round's reference: the fastest TorchRec path, else single-process torch."""
     trec = [r for r in rows if r["run"] in TORCHREC_RUNS and "skipped" not in r]
     if trec:
         best = max(trec, key=lambda r: r["examples_per_sec"])
