@@ -39,8 +39,8 @@ from collections.abc import Mapping, Sequence
 from pyfleet.errors import ConfigError, EndpointInUse
 from pyfleet.launch.collective import mpiexec_command
 from pyfleet.launch.contract import CONTRACT_VARS, FORWARD_VARS, role_env
-from pyfleet.launch.local import _BIND_RETRIES, _catch_signals, _describe_rc, _reporter
 from pyfleet.launch.mpirun import run_watched
+from pyfleet.launch.processes import BIND_RETRIES, catch_signals, describe_rc, reporter
 from pyfleet.launch.restart import RESTART_PAUSE, RestartPolicy, restart_vars, resume_position
 from pyfleet.service import auth
 
@@ -192,9 +192,9 @@ def launch_hosts(cmd: Sequence[str], servers: int, workers: int, *, hosts: str |
     if log_dir is not None:
         os.makedirs(log_dir, exist_ok=True)
     msg = sys.stderr if messages is None else messages
-    report = _reporter(msg)
+    report = reporter(msg)
     signals_seen: list[int] = []
-    previous = _catch_signals(signals_seen)
+    previous = catch_signals(signals_seen)
     deadline = None if timeout is None else time.monotonic() + timeout
     block, bind_retries = 0, 0
     try:
@@ -219,11 +219,11 @@ def launch_hosts(cmd: Sequence[str], servers: int, workers: int, *, hosts: str |
             block += 1  # whatever ended it, the next attempt dials fresh ports
             if (policy.max_restarts and role.startswith("server.")
                     and ending.returncode == EndpointInUse.EXIT_CODE
-                    and bind_retries < _BIND_RETRIES):
+                    and bind_retries < BIND_RETRIES):
                 bind_retries += 1
                 report(f"{role} on {host} could not bind its port (taken by another "
                        f"process); placing the job on the next ports, not counted as a "
-                       f"restart ({bind_retries} of at most {_BIND_RETRIES} such retries)")
+                       f"restart ({bind_retries} of at most {BIND_RETRIES} such retries)")
                 continue
             bind_retries = 0
             if not policy.record(role, ending.returncode if ending.returncode is not None
@@ -275,7 +275,7 @@ def _who_ended(ending, places):
     if ending.rank is None or not 0 <= ending.rank < len(places):
         return "a role", "an unknown host", f"ended the job (mpirun's exit code {ending.code})"
     role, index, host = places[ending.rank]
-    return f"{role}.{index}", host, _describe_rc(ending.returncode)
+    return f"{role}.{index}", host, describe_rc(ending.returncode)
 
 
 def _mark_logs(log_dir, servers, workers, policy):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import ctypes
 import os
 import secrets
 import shutil
@@ -30,6 +29,19 @@ from pyfleet.launch.contract import (
     role_env,
 )
 from pyfleet.launch.mpirun import ended_rank, lost_peer
+from pyfleet.launch.processes import (
+    BIND_RETRIES,
+    REAP_WAIT,
+    Role,
+    catch_signals,
+    describe_rc,
+    exit_code,
+    pdeathsig_preexec,
+    pump,
+    release,
+    reporter,
+    stop_roles,
+)
 from pyfleet.launch.restart import (
     RESTART_PAUSE,
     RestartPolicy,
@@ -39,90 +51,7 @@ from pyfleet.launch.restart import (
 from pyfleet.service import auth
 from pyfleet.service.wire import check_ipc_dir
 
-_REAP_WAIT = 5.0
-_BIND_RETRIES = 5  # attempts in a row a taken endpoint may end without counting
 _POLL = 0.05
-_TAIL = 200
-
-
-def _pdeathsig_preexec():
-    """Build a preexec_fn asking Linux to SIGTERM the child when the launcher dies."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-    pr_set_pdeathsig = 1
-
-    def preexec():
-        prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
-        if os.getppid() != parent:  # the launcher died before prctl took effect
-            os._exit(1)
-
-    return preexec
-
-
-class _Role:
-    def __init__(self, kind: str, index: int, label: str | None = None):
-        self.kind, self.index = kind, index
-        self.label = label or f"{kind}.{index}"
-        self.proc: subprocess.Popen | None = None
-        self.reader: threading.Thread | None = None
-        self.log = None
-        self.stopped_by_launcher = False
-        self.tail = collections.deque(maxlen=_TAIL)  # its last lines (mpirun's notice)
-
-    @property
-    def returncode(self) -> int | None:
-        return None if self.proc is None else self.proc.poll()
-
-
-def _exit_code(rc: int) -> int:
-    if rc < 0:
-        return 128 + (-rc)
-    return rc if 1 <= rc <= 255 else 1
-
-
-def _describe_rc(rc: int) -> str:
-    if rc < 0:
-        try:
-            return f"was killed by {signal.Signals(-rc).name}"
-        except ValueError:
-            return f"was killed by signal {-rc}"
-    return f"exited with code {rc}"
-
-
-def _killpg(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)
-
-
-def _pump(role: _Role, out: TextIO, lock: threading.Lock, report) -> None:
-    # A log that cannot be written (a full disk) is reported once and dropped, and the
-    # pipe still drained: a role never blocks on a full pipe.
-    prefix = f"[{role.label}] "
-    for raw in iter(role.proc.stdout.readline, b""):
-        line = raw.decode("utf-8", "replace")
-        role.tail.append(line)
-        if not line.endswith("\n"):
-            line += "\n"
-        with lock:
-            with contextlib.suppress(OSError, ValueError):
-                out.write(prefix + line)
-                out.flush()
-            try:
-                if role.log is not None:
-                    role.log.write(line)
-                    role.log.flush()
-            except OSError as exc:
-                report(f"cannot write {role.log.name}: {exc.strerror or exc}; "
-                       f"{role.label}'s output is no longer copied there")
-                with contextlib.suppress(OSError):
-                    role.log.close()
-                role.log = None
-    role.proc.stdout.close()
 
 
 # typing.Union: this alias is evaluated at run time, and Python 3.9 has no `|` for types.
@@ -196,13 +125,13 @@ def launch_local(cmd_for_role: CmdForRole, servers: int, workers: int,
         raise ConfigError(f"mpi_hosts places the ranks of a collective or hybrid job, not "
                           f"of a {mode or 'parameter-server'} job")
     out = sys.stdout if output is None else output
-    report = _reporter(sys.stderr if messages is None else messages)
+    report = reporter(sys.stderr if messages is None else messages)
     policy = RestartPolicy(max_restarts, restart_window, restore_dir, restarts)
     base = _base_env(env)
     if log_dir is not None:
         Path(log_dir).mkdir(parents=True, exist_ok=True)
     signals_seen: list[int] = []
-    previous = _catch_signals(signals_seen)
+    previous = catch_signals(signals_seen)
     lock = threading.Lock()
     deadline = None if timeout is None else time.monotonic() + timeout
     listeners, made = {}, []
@@ -230,7 +159,7 @@ def launch_local(cmd_for_role: CmdForRole, servers: int, workers: int,
                 return code
             time.sleep(RESTART_PAUSE)
     finally:
-        _release(previous, made, listeners)
+        release(previous, made, listeners)
 
 
 def _checked(cmd_for_role, servers, workers, mode, timeout, grace_period, stop_timeout,
@@ -276,18 +205,6 @@ def _command_maker(cmd_for_role):
     return make_cmd
 
 
-def _reporter(msg):
-    """The launcher's own ``report(text)``: one ``pyfleet.launch:`` line on ``msg``,
-    never an error of its own (a closed or full stream drops the line)."""
-    def report(text: str) -> None:
-        try:
-            msg.write(f"pyfleet.launch: {text}\n")
-            msg.flush()
-        except (OSError, ValueError):
-            pass
-    return report
-
-
 def _base_env(env):
     """The environment every role starts from: the launcher's without a contract or
     restart variable, then ``env``, and the job's secret."""
@@ -301,43 +218,21 @@ def _base_env(env):
     return base
 
 
-def _catch_signals(signals_seen):
-    """On the main thread, note SIGINT, SIGTERM and SIGHUP in ``signals_seen`` instead of
-    acting on them; the handlers they replace (restored by :func:`_release`)."""
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            previous[sig] = signal.signal(sig, lambda signum, frame: signals_seen.append(signum))
-    return previous
-
-
-def _release(previous, made, listeners):
-    """The launcher's signal handlers back, the job's directories removed, the held
-    server ports let go."""
-    for sig, handler in previous.items():
-        signal.signal(sig, handler)
-    for path in made:
-        if path is not None:
-            shutil.rmtree(path, ignore_errors=True)
-    for sock in listeners.values():
-        sock.close()
-
-
 def _roles(servers, workers, mode):
     """One attempt's roles: the servers, then the workers (one MPI role in hybrid and
     collective jobs)."""
-    return ([_Role("server", i) for i in range(servers)]
-            + ([_Role("worker", 0, "workers")] if mode in ("hybrid", "collective")
-               else [_Role("worker", i) for i in range(workers)]))
+    return ([Role("server", i) for i in range(servers)]
+            + ([Role("worker", 0, "workers")] if mode in ("hybrid", "collective")
+               else [Role("worker", i) for i in range(workers)]))
 
 
 def _end_attempt(roles, signals_seen, report, stop_timeout, lock):
     """Stop every role of an attempt, let its output drain, close its logs."""
-    _stop(roles, signals_seen, report, stop_timeout)
+    stop_roles(roles, signals_seen, report, stop_timeout)
     for role in roles:
         if role.reader is not None:
-            role.reader.join(timeout=_REAP_WAIT)
-        with lock, contextlib.suppress(OSError):  # a full disk: reported by _pump
+            role.reader.join(timeout=REAP_WAIT)
+        with lock, contextlib.suppress(OSError):  # a full disk: reported by pump
             if role.log is not None:
                 role.log.close()
 
@@ -345,7 +240,7 @@ def _end_attempt(roles, signals_seen, report, stop_timeout, lock):
 def _rank_death(died, mpi_hosts):
     """``(words, host)`` of the death of ``died``: for an MPI job, the rank mpirun's
     notice names (and its host, with ``mpi_hosts``), else the role's own exit."""
-    words, host = _describe_rc(died.returncode), None
+    words, host = describe_rc(died.returncode), None
     named = ended_rank("".join(died.tail)) if died.label == "workers" else None
     if named is not None and named[1] is None:  # a survivor aborted: who it lost
         host = lost_peer("".join(died.tail))
@@ -355,21 +250,21 @@ def _rank_death(died, mpi_hosts):
         rank, rc = named
         host = mpi_hosts[rank % len(mpi_hosts)] if mpi_hosts else None
         words = (f"(rank {rank}" + (f" on {host}" if host else "") + ") "
-                 + _describe_rc(rc))
+                 + describe_rc(rc))
     return words, host
 
 
 def _restart_after(died, policy, bind_retries, report, mpi_hosts=None):
     """Whether the death of ``died`` starts the job again: the taken-endpoint retries in
     a row so far for the next attempt, or None when the job ends."""
-    if (policy.max_restarts and died.kind == "server" and bind_retries < _BIND_RETRIES
+    if (policy.max_restarts and died.kind == "server" and bind_retries < BIND_RETRIES
             and died.returncode == EndpointInUse.EXIT_CODE):
         # Another process held the port (one the launcher could not hold):
         # try again without using up a restart.
         bind_retries += 1
         report(f"{died.label} could not bind its endpoint (taken by another "
                f"process); starting the job again, not counted as a restart "
-               f"({bind_retries} of at most {_BIND_RETRIES} such retries)")
+               f"({bind_retries} of at most {BIND_RETRIES} such retries)")
         return bind_retries
     words, host = _rank_death(died, mpi_hosts)
     if not policy.record(died.label, died.returncode, words, host):
@@ -462,7 +357,7 @@ def _attempt(roles, make_cmd, base, eps, workers, mode, log_dir, cwd, policy, ou
              mpi_hosts=None):
     """Start one attempt's roles and supervise them: ``(exit code, role that died or
     None)``. The caller stops the roles."""
-    preexec = _pdeathsig_preexec()
+    preexec = pdeathsig_preexec()
     mpi_argv, mpi_env = _mpi_prefix(workers, mode, mpi_hosts)
     # Every child is forked before any reader thread starts: preexec_fn is only safe
     # in a process without other threads. Pipes buffer output meanwhile.
@@ -506,7 +401,7 @@ def _attempt(roles, make_cmd, base, eps, workers, mode, log_dir, cwd, policy, ou
             return 1, None
     for role in roles:
         if role.proc is not None:
-            role.reader = threading.Thread(target=_pump, args=(role, out, lock, report),
+            role.reader = threading.Thread(target=pump, args=(role, out, lock, report),
                                            name=f"pyfleet-launch-{role.label}", daemon=True)
             role.reader.start()
     policy.starts += 1
@@ -518,7 +413,7 @@ def _attempt(roles, make_cmd, base, eps, workers, mode, log_dir, cwd, policy, ou
                       restarting=policy.max_restarts > 0)
 
 
-def _supervise(roles: list[_Role], timeout, total_timeout, grace, signals_seen, report,
+def _supervise(roles: list[Role], timeout, total_timeout, grace, signals_seen, report,
                restarting=False):
     """``(exit code, the role whose death ended the attempt, or None)``."""
     start = time.monotonic()
@@ -539,12 +434,12 @@ def _supervise(roles: list[_Role], timeout, total_timeout, grace, signals_seen, 
             if rc is not None and rc != 0 and not role.stopped_by_launcher:
                 if workers_ok and role.kind == "server":
                     if role.label not in late:
-                        report(f"{role.label} {_describe_rc(rc)} after every worker finished")
+                        report(f"{role.label} {describe_rc(rc)} after every worker finished")
                         late.add(role.label)
                     continue
                 if not restarting:
-                    report(f"{role.label} {_describe_rc(rc)}; stopping the other roles")
-                return _exit_code(rc), role
+                    report(f"{role.label} {describe_rc(rc)}; stopping the other roles")
+                return exit_code(rc), role
         now = time.monotonic()
         if workers_ok:
             if all(s.returncode is not None for s in servers):
@@ -564,28 +459,3 @@ def _supervise(roles: list[_Role], timeout, total_timeout, grace, signals_seen, 
                    "running; stopping every role")
             return EXIT_TIMEOUT, None
         time.sleep(_POLL)
-
-
-def _stop(roles: list[_Role], signals_seen: list[int], report, wait: float) -> None:
-    started = [r for r in roles if r.proc is not None]
-    for role in started:
-        if role.proc.poll() is None:
-            role.stopped_by_launcher = True
-        _killpg(role.proc.pid, signal.SIGTERM)
-    seen_before = len(signals_seen)
-    deadline = time.monotonic() + wait
-    # A second signal (a second Ctrl-C) skips the wait and goes straight to SIGKILL.
-    while time.monotonic() < deadline and len(signals_seen) == seen_before:
-        if all(r.proc.poll() is not None for r in started):
-            break
-        time.sleep(_POLL)
-    for role in started:
-        if role.proc.poll() is None:
-            report(f"{role.label} ignored SIGTERM; killing it")
-        # SIGKILL the whole group even when the leader is gone: helpers it left behind.
-        _killpg(role.proc.pid, signal.SIGKILL)
-    for role in started:
-        try:
-            role.proc.wait(timeout=_REAP_WAIT)
-        except subprocess.TimeoutExpired:
-            report(f"{role.label} (pid {role.proc.pid}) did not die after SIGKILL")
