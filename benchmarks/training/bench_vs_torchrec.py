@@ -3,7 +3,7 @@
 ```
 python benchmarks/training/bench_vs_torchrec.py [--rows 1000000] [--rounds 2]
         [--runs async sync collective hybrid torch fusedebc fbgemm
-                torch-2p fusedebc-2p fbgemm-2p]
+                torch-2p fusedebc-2p fbgemm-2p torch-hw fusedebc-hw fbgemm-hw]
         [--torch-threads 2] [--torch-preload] [--sparse-lr 0.05] [--cache DIR]
         [--json out.json]
 ```
@@ -36,7 +36,12 @@ each run's training examples/s, test AUC (exact) and the load average around it:
   processes of one thread each (torch.distributed, gloo on 127.0.0.1; the table
   replicated, the batches' rows and pooled gradients all-gathered, the fc
   gradients summed, the learning rates doubled for the batch of 1,024 a step
-  trains; see ``_train_data_parallel``), started in one session.
+  trains; see ``_train_data_parallel``), started in one session;
+- ``torch-hw``, ``fusedebc-hw``, ``fbgemm-hw``: the same as two processes of one
+  thread each training one model in shared memory without locks (Hogwild,
+  PyTorch's multiprocessing pattern; each its own half of the rows and its own
+  fc optimizer state, the rates of one process; see ``_Hogwild``): the
+  asynchronous counterpart of pyfleet's async workers.
 
 Every torch run uses the fused form of Adam for the fc stack and one interop
 thread.
@@ -53,7 +58,7 @@ shares a loaded machine between sessions). ``fusedebc`` and ``fbgemm`` need
 a matching set); a trainer whose packages are missing is reported as skipped.
 
 The ratios are to the fastest TorchRec path (``fusedebc``, ``fbgemm`` or their
-``-2p`` runs) of the same round, or to ``torch`` when neither ran. Each row also gives its CPU per
+``-2p``/``-hw`` runs) of the same round, or to ``torch`` when neither ran. Each row also gives its CPU per
 batch (a torch process's training loop, every thread; pyfleet's workers'
 training loops plus its servers' whole life) and the examples/s two idle cores
 would allow at that CPU: on a machine shared with other jobs, the figure that
@@ -88,8 +93,15 @@ PYFLEET_RUNS = {"async": ["--mode", "async"], "sync": ["--mode", "sync"],
 # ...-tcp: the roles talk over loopback TCP with the job's CURVE keys, as every
 # job did before the launcher gave each one a directory of Unix sockets
 PYFLEET_ENV = {"async-tcp": {"PYFLEET_IPC_DIR": ""}, "sync-tcp": {"PYFLEET_IPC_DIR": ""}}
-TORCH_RUNS = ("torch", "fusedebc", "fbgemm", "torch-2p", "fusedebc-2p", "fbgemm-2p")
-TORCHREC_RUNS = ("fusedebc", "fbgemm", "fusedebc-2p", "fbgemm-2p")
+TORCH_RUNS = ("torch", "fusedebc", "fbgemm", "torch-2p", "fusedebc-2p", "fbgemm-2p",
+              "torch-hw", "fusedebc-hw", "fbgemm-hw")
+TORCHREC_RUNS = ("fusedebc", "fbgemm", "fusedebc-2p", "fbgemm-2p", "fusedebc-hw",
+                 "fbgemm-hw")
+
+
+def _base(kind):
+    """The trainer of a run: ``fbgemm`` of ``fbgemm-2p``/``fbgemm-hw``."""
+    return kind.removesuffix("-2p").removesuffix("-hw")
 
 
 def _env(threads=1):
@@ -219,7 +231,7 @@ def train_torch(kind, data, threads, sparse_lr, preload=False, rank=0, world=1):
     dense_opt = torch.optim.Adam(mlp.parameters(), lr=1e-3 * world, fused=True)
     sparse_lr *= world
     sparse_opt = None
-    base = kind.removesuffix("-2p")
+    base = _base(kind)
     if base == "torch":
         emb = torch.nn.EmbeddingBag(n_rows, dim, mode="sum", sparse=True)
         torch.nn.init.uniform_(emb.weight, -0.01, 0.01)
@@ -281,10 +293,17 @@ def train_torch(kind, data, threads, sparse_lr, preload=False, rank=0, world=1):
         if sparse_opt is not None:
             sparse_opt.step()
 
+    hogwild = None
+    if kind.endswith("-hw"):   # two processes, one table and fc stack in shared memory
+        hogwild = _Hogwild([*mlp.parameters(), *emb.parameters(), *emb.buffers()])
+        rank, world = hogwild.rank, 2
     train = _dataset(data["train"], True, rank, world)
     if preload:   # every batch read and mapped before the clock starts: the step alone
         train = [prepare(batch) for batch in train]
     items = train if preload else map(prepare, train)
+    if hogwild is not None:
+        hogwild.start()
+        world = 1   # each process steps on its own
     t0, c0 = time.perf_counter(), time.process_time()
     if world > 1:
         examples = _train_data_parallel(torch, rank, world, items, mlp, pooled, dense_opt,
@@ -297,6 +316,8 @@ def train_torch(kind, data, threads, sparse_lr, preload=False, rank=0, world=1):
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     out = {"examples_per_sec": examples / seconds, "train_examples": examples,
            "train_seconds": seconds, "train_cpu_seconds": cpu}
+    if hogwild is not None:
+        out = hogwild.finish(out)   # the child exits here; the parent has both
     if rank:   # the replicas are equal: rank 0 tests
         return out
     preds, labels = [], []
@@ -306,6 +327,54 @@ def train_torch(kind, data, threads, sparse_lr, preload=False, rank=0, world=1):
             preds.append(torch.softmax(forward(rows, dense, n), 1)[:, 1].numpy())
             labels.append(batch.labels)
     return {**out, "test_auc": exact_auc(np.concatenate(preds), np.concatenate(labels))}
+
+
+class _Hogwild:
+    """Two processes training one model without locks (Hogwild, PyTorch's
+    multiprocessing pattern for CPU training): ``tensors`` (the table, its
+    optimizer's row state, the fc parameters) moved to shared memory, then a
+    fork; each process reads its own half of the rows and steps with its own
+    fc optimizer state, both writing the shared values as they go (as an async
+    parameter server's workers do). :meth:`start` lines the two clocks up;
+    :meth:`finish` ends the child and gives the parent both processes' figures."""
+
+    def __init__(self, tensors):
+        for t in tensors:
+            t.data.share_memory_()
+        up, down, result = os.pipe(), os.pipe(), os.pipe()   # child -> parent, back, result
+        self.pid = os.fork()
+        self.rank = 0 if self.pid else 1
+        # each end in one process only: a peer that died is an end of file, not a hang
+        keep = ((up[1], down[0], result[1]) if self.rank else (up[0], down[1], result[0]))
+        for fd in (*up, *down, *result):
+            if fd not in keep:
+                os.close(fd)
+        self._send, self._recv, self._result = keep if self.rank else (keep[1], keep[0],
+                                                                        keep[2])
+
+    def start(self):
+        os.write(self._send, b"1")
+        if os.read(self._recv, 1) != b"1":
+            raise RuntimeError("the other Hogwild process ended before training")
+
+    def finish(self, out):
+        if self.rank:
+            os.write(self._result, json.dumps(out).encode())
+            os._exit(0)
+        with os.fdopen(self._result) as f:
+            text = f.read()
+        if not text:
+            raise RuntimeError("the second Hogwild process ended without its figures")
+        other = json.loads(text)
+        _, status = os.waitpid(self.pid, 0)
+        if status:
+            raise RuntimeError(f"the second Hogwild process ended with status {status}")
+        both = [out, other]
+        out = {"train_examples": sum(x["train_examples"] for x in both),
+               "train_cpu_seconds": sum(x["train_cpu_seconds"] for x in both),
+               "train_seconds": max(x["train_seconds"] for x in both)}
+        out["examples_per_sec"] = out["train_examples"] / out["train_seconds"]
+        return out
 
 
 def _train_data_parallel(torch, rank, world, items, mlp, pooled, dense_opt, sparse_opt,
@@ -384,7 +453,7 @@ def run_torch(kind, data, args):
     child starts the second data-parallel process, in its session); ``{"skipped":
     why}`` if its packages are not installed."""
     world = 2 if kind.endswith("-2p") else 1
-    threads = 1 if world > 1 else args.torch_threads   # a core a process
+    threads = 1 if world > 1 or kind.endswith("-hw") else args.torch_threads   # a core a process
     cmd = [sys.executable, os.path.abspath(__file__), "--child", kind,
            "--child-data", json.dumps(data), "--torch-threads", str(threads),
            "--sparse-lr", str(args.sparse_lr), "--child-rank", f"0,{world},{_free_port()}",
@@ -438,7 +507,7 @@ def _free_port():
 def _child(kind, data, threads, sparse_lr, preload=False, rank_spec="0,1,0",
            timeout=1800.0):
     need = {"torch": ["torch"], "fusedebc": ["torch", "fbgemm_gpu", "torchrec"],
-            "fbgemm": ["torch", "fbgemm_gpu"]}[kind.removesuffix("-2p")]
+            "fbgemm": ["torch", "fbgemm_gpu"]}[_base(kind)]
     for mod in need:
         try:
             __import__(mod)
