@@ -53,7 +53,7 @@ from pyfleet.service import protocol as P
 from pyfleet.service import wire as Z
 from pyfleet.service.protocol import Op
 
-__all__ = ["INLINE_LIMIT", "TRIM_BYTES", "SocketLoop"]
+__all__ = ["INLINE_LIMIT", "TRIM_BYTES", "SocketLoop", "give_back_memory"]
 
 # Requests of at most this many floats are answered by the ROUTER thread: a
 # training step's requests (a client chunk of 32768 keys x dim 16, every dense
@@ -92,7 +92,7 @@ def _malloc_trim():
     return lambda: trim(0)
 
 
-_give_back_memory = _malloc_trim()
+give_back_memory = _malloc_trim()
 
 
 def _nbytes(frames):
@@ -108,8 +108,10 @@ class SocketLoop:
     closes them itself)."""
 
     def __init__(self, ctx, router, name, handle, tick, handler_threads, inline_limit, done,
-                 on_drop=None, max_backlog_bytes=64 << 20, max_buffer_bytes=256 << 20):
+                 on_drop=None, max_backlog_bytes=64 << 20, max_buffer_bytes=256 << 20,
+                 guard=None):
         self.ctx, self.router = ctx, router
+        self.guard = guard  # an InboundGuard of the router's TCP peers, or None
         self.on_drop = on_drop
         self.handle, self.tick = handle, tick
         self.handler_threads, self.inline_limit = handler_threads, inline_limit
@@ -154,6 +156,10 @@ class SocketLoop:
                                      daemon=True) for i in range(self.handler_threads)]
         for t in handlers:
             t.start()
+        guard = self.guard
+        count = guard.count if guard is not None else None
+        if guard is not None:
+            guard.start()
         front, replies = self.router, self._replies
         try:
             while not self.done.is_set():
@@ -172,12 +178,15 @@ class SocketLoop:
                             break
                         if sock is replies:
                             self.reply(msg, copy=False)
-                        elif self._inline(msg):
+                            continue
+                        if count is not None:
+                            count(msg)
+                        if self._inline(msg):
                             for out in self.handle(msg):
                                 self.reply(out)
                             if _nbytes(msg) >= TRIM_BYTES:  # a forged header: count 1
                                 del msg
-                                _give_back_memory()
+                                give_back_memory()
                         else:
                             size = _nbytes(msg)
                             with self._busy_lock:
@@ -187,10 +196,12 @@ class SocketLoop:
                             # frees its frames, so both give the memory back.
                             del msg
                             if size >= TRIM_BYTES:
-                                _give_back_memory()
+                                give_back_memory()
                 self.tick(front)
         finally:
             self.done.set()
+            if guard is not None:
+                guard.stop()
             for t in handlers:
                 t.join(_HANDLER_JOIN_SECONDS)
             on_exit()
@@ -320,7 +331,7 @@ class SocketLoop:
                     finally:
                         del msg  # the request's memory goes before the budget says so
                         if size >= TRIM_BYTES:
-                            _give_back_memory()
+                            give_back_memory()
                         with self._busy_lock:
                             self._busy -= size
         finally:

@@ -53,8 +53,9 @@ from pyfleet.service import table_ops as _table_ops
 from pyfleet.service import wire as Z
 from pyfleet.service.barrier import Barriers, Ticks
 from pyfleet.service.dedup import RecentRequests
+from pyfleet.service.inbound import InboundGuard
 from pyfleet.service.limits import Limits
-from pyfleet.service.loop import INLINE_LIMIT, SocketLoop
+from pyfleet.service.loop import INLINE_LIMIT, SocketLoop, give_back_memory
 from pyfleet.service.owners import Owners, not_a_worker
 from pyfleet.service.protocol import Op, ProtocolError, Refused, Status
 from pyfleet.service.registry import Registry
@@ -199,7 +200,7 @@ class Server(WorkerOps):
         self._ctx = zmq.Context() if self._own_ctx else (context or zmq.Context.instance())
         self._zap = None
         self._frontend = self._ctx.socket(zmq.ROUTER)
-        self._loop = None
+        self._loop = self._guard = None
         try:
             if curve_client_keys is not None:
                 self._zap = _auth.ZapAuthenticator(self._ctx, curve_client_keys).start()
@@ -218,15 +219,22 @@ class Server(WorkerOps):
                     f"server {server_index}: cannot serve on {where}: {e.strerror}"
                     f"{hint if taken else ''}") from None
             self.endpoint = f"{host}:{port}"
+            self._guard = InboundGuard(self._frontend, self.max_message_bytes,
+                                       self.limits.max_buffer_bytes,
+                                       curve=curve_secret_key is not None, on_cut=self._cut,
+                                       trim=give_back_memory)
             self._loop = SocketLoop(self._ctx, self._frontend,
                                     f"inproc://pyfleet-server-{id(self):x}", self._handle,
                                     self._housekeeping, self.handler_threads,
                                     self.inline_limit, self._done, on_drop=self._dropped,
                                     max_backlog_bytes=self.limits.max_backlog_bytes,
-                                    max_buffer_bytes=self.limits.max_buffer_bytes)
+                                    max_buffer_bytes=self.limits.max_buffer_bytes,
+                                    guard=self._guard)
             if tables:
                 self.create_tables(tables)
         except BaseException:
+            if self._guard is not None:
+                self._guard.stop()
             self._frontend.close(linger=0)
             if self._loop is not None:
                 self._loop.close()
@@ -274,11 +282,17 @@ class Server(WorkerOps):
         self._ran = True
         self._done.set()
         self._data.close()
+        self._guard.stop()
         self._frontend.close(linger=0)
         self._loop.close()
         self._close_auth()
         if not self._held_fd:  # a launcher's port stays held; ours is free when this returns
             Z.wait_released(*split_endpoint(self.endpoint, "server endpoint"))
+
+    def _cut(self, peer, held, why):
+        n = self._counters.add("cut_connections")
+        if n <= 10 or (n & (n - 1)) == 0:  # hostile peers must not flood the log
+            log.warning("cut connection (#%d) from %s: %s (%d bytes held)", n, peer, why, held)
 
     def _dropped(self, why, ident):
         self._counters.add("dropped_replies")

@@ -11,6 +11,9 @@ RSS (``VmHWM``):
 
 
 import contextlib
+import socket
+import struct
+import threading
 
 import numpy as np
 import pytest
@@ -222,12 +225,11 @@ def _rss(pid):
     return _status(pid)["VmRSS"]
 
 
-def _many_frames(count, frames, mib=1):
-    """A PUSH_DENSE request claiming ``count`` floats, followed by ``frames`` frames of
-    ``mib`` MiB each (the same buffer, sent without a copy): over max_message_bytes in
-    all, each frame under it."""
+def _many_frames(frames, mib=1):
+    """A PUSH_DENSE request followed by ``frames`` frames of ``mib`` MiB each (the same
+    buffer, sent without a copy): over max_message_bytes in all, each frame under it."""
     big = np.ones(mib * MIB, np.uint8)
-    return [P.pack_header(Op.PUSH_DENSE, 1, 1, count, 1)] + [big] * frames
+    return [P.pack_header(Op.PUSH_DENSE, 1, 1, 1, 1)] + [big] * frames
 
 
 def _peer(endpoint, curve=None, monitor=0):
@@ -244,11 +246,6 @@ def _peer(endpoint, curve=None, monitor=0):
     return (sock, events) if monitor else sock
 
 
-def _refusal(sock, seconds=120):
-    assert sock.poll(seconds * 1000), "no answer to a message over max_message_bytes"
-    return P.parse_json(sock.recv_multipart()[-1]).get("error", "")
-
-
 def _wait_rss_below(pid, limit, seconds=30):
     """The server's RSS once it is at most ``limit``, else after ``seconds`` (the caller
     asserts on it)."""
@@ -257,32 +254,66 @@ def _wait_rss_below(pid, limit, seconds=30):
     return _rss(pid)
 
 
-def test_a_refused_message_of_many_frames_gives_its_memory_back():
-    # The attack: a message of many frames, each under max_message_bytes (256 MiB), is
-    # held whole by libzmq and refused once received. Frames under glibc's mmap threshold
-    # (which large frames freed before raise to 32 MiB) live in a heap free() keeps: the
-    # server's RSS stayed 300 MiB up after refusing 300 x 1 MiB (341 MiB where it had been
-    # 41). The server now gives the memory back once it lets go of a large message.
+class _Peak:
+    """The highest RSS of process ``pid`` while the ``with`` block runs (sampled every
+    10 ms by a thread: VmHWM cannot be reset between the attacks of one test)."""
+
+    def __init__(self, pid):
+        self.pid, self.peak = pid, 0
+        self._stop = threading.Event()
+
+    def __enter__(self):
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self):
+        while not self._stop.wait(0.01):
+            self.peak = max(self.peak, _rss(self.pid))
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, _rss(self.pid))
+
+
+def _cut(mon, seconds=60):
+    """Whether the connection watched by monitor socket ``mon`` was dropped by the
+    server within ``seconds``."""
+    with contextlib.suppress(AssertionError):
+        _wait_event(mon, zmq.EVENT_DISCONNECTED, seconds)
+        return True
+    return False
+
+
+def test_a_message_of_many_frames_is_cut_at_max_message_bytes_and_gives_its_memory_back():
+    # The attack: a message of many frames, each under max_message_bytes (256 MiB), was
+    # held whole by libzmq (which bounds frames, not messages) and refused only once it
+    # had all arrived: 1000 x 1 MiB made a server 1004 MiB larger. The server now watches
+    # what libzmq read from each TCP connection against what it has received from it,
+    # and cuts a connection holding more than max_message_bytes.
     with ServerGroup(1, 1) as g, Client(g.endpoints, timeout=30) as c:
         pid = g.procs[0].pid
-        sock = _peer(g.endpoints[0])
         base = _rss(pid)
-        try:
-            sock.send_multipart(_many_frames(1, 12, mib=25), copy=False)  # threshold: 25 MiB
-            assert "max_message_bytes" in _refusal(sock)
-            assert _wait_rss_below(pid, base + 32 * MIB) <= base + 32 * MIB
-            # count 1: answered by the socket's own thread; a large count: by a handler
-            for count in (1, 300 * MIB // 4):
-                sock.send_multipart(_many_frames(count, 300), copy=False)
-                error = _refusal(sock)
-                assert "exceeds max_message_bytes=268435456" in error, error
+        for frames, mib in ((12, 25), (1000, 1)):   # 25 MiB frames; 1 MiB frames
+            sock, mon = _peer(g.endpoints[0], monitor=zmq.EVENT_DISCONNECTED)
+            try:
+                with _Peak(pid) as peak:
+                    sock.send_multipart(_many_frames(frames, mib), copy=False)
+                    assert _cut(mon), f"{frames} x {mib} MiB: the connection was not cut"
+                assert not sock.poll(100)   # no reply: the message never reached the server
                 left = _wait_rss_below(pid, base + 32 * MIB) - base
-                print(f"300 x 1 MiB refused (header count {count}): RSS {left / MIB:+.0f} MiB "
-                      f"from before the attack")
-                assert left <= 32 * MIB, f"{left / MIB:.0f} MiB still held after the refusal"
-            assert c.stats()[0]["server_index"] == 0  # the server serves on
-        finally:
-            sock.close(0)
+            finally:
+                sock.disable_monitor()
+                mon.close(0)
+                sock.close(0)
+            grown = peak.peak - base
+            print(f"{frames} x {mib} MiB: peak RSS {grown / MIB:+.0f} MiB, "
+                  f"{left / MIB:+.0f} MiB once cut")
+            assert grown < 256 * MIB + 96 * MIB, f"peak RSS grew by {grown / MIB:.0f} MiB"
+            assert left <= 32 * MIB, f"{left / MIB:.0f} MiB still held after the cut"
+        counters = _counters(c)  # the client's own connection was never cut
+        assert counters["cut_connections"] == 2, counters
 
 
 def _first_event(mon, seconds=30):
@@ -292,17 +323,19 @@ def _first_event(mon, seconds=30):
     return recv_monitor_message(mon)["event"]
 
 
-def test_only_an_authenticated_peer_can_make_a_server_hold_a_large_message(tmp_path):
-    # libzmq delivers a multipart message whole and has no bound on its frames, so what
-    # keeps a stranger's 300 x 1 MiB message out of a server is authentication (the
-    # job's CURVE keys, on by default for a launched job): a peer without a listed key
-    # never completes its handshake, and nothing it sends is read.
+def test_a_peer_with_the_job_key_is_cut_at_max_message_bytes_and_a_stranger_never_reaches_it(
+        tmp_path):
+    # A peer without a listed key never completes its handshake, and nothing it sends is
+    # read; a job member's message of 300 x 1 MiB (which libzmq held whole before the
+    # server refused it: +300 MiB) is cut once it holds max_message_bytes (the framing of
+    # its CURVE boxes counted), and its memory given back.
     from pyfleet.service import auth
     keys = tmp_path / "keys"
     auth.keygen(keys)
     server_public = auth.load_public_key(keys / "server.key")
     flags = ["--curve-secret-key-file", keys / "server.key_secret",
-             "--curve-client-keys", keys / auth.AUTHORIZED_DIR]
+             "--curve-client-keys", keys / auth.AUTHORIZED_DIR,
+             "--max-message-bytes", 64 * MIB]
     with ServerGroup(1, 1, extra_args=flags) as g, \
             Client(g.endpoints, timeout=30, curve_server_keys=server_public,
                    curve_client_key=keys / "client.key_secret") as c:
@@ -313,7 +346,7 @@ def test_only_an_authenticated_peer_can_make_a_server_hold_a_large_message(tmp_p
         for curve in ((server_public, zmq.curve_keypair()), None):  # unlisted key; no CURVE
             sock, mon = _peer(g.endpoints[0], curve, monitor=handshake)
             try:
-                sock.send_multipart(_many_frames(1, 300), copy=False)
+                sock.send_multipart(_many_frames(300), copy=False)
                 assert _first_event(mon) in (zmq.EVENT_HANDSHAKE_FAILED_AUTH,
                                              zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
                 assert not sock.poll(500)
@@ -323,20 +356,94 @@ def test_only_an_authenticated_peer_can_make_a_server_hold_a_large_message(tmp_p
                 sock.close(0)
         stranger = _status(pid)["VmHWM"] - before
         assert c.stats()[0]["server_index"] == 0
-        member = _peer(g.endpoints[0], (server_public,
-                                        auth.load_keypair(keys / "client.key_secret")))
+        member, mon = _peer(g.endpoints[0], (server_public,
+                                             auth.load_keypair(keys / "client.key_secret")),
+                            monitor=zmq.EVENT_DISCONNECTED)
         try:
             base = _rss(pid)
-            member.send_multipart(_many_frames(1, 300), copy=False)
-            assert "max_message_bytes" in _refusal(member)
-            held = _status(pid)["VmHWM"] - before
-            left = _wait_rss_below(pid, base + 32 * MIB) - base
+            with _Peak(pid) as peak:
+                member.send_multipart(_many_frames(300), copy=False)
+                assert _cut(mon), "the member's 300 MiB message was not cut"
+            left = _wait_rss_below(pid, base + 16 * MIB) - base
         finally:
+            member.disable_monitor()
+            mon.close(0)
             member.close(0)
+        assert _counters(c)["cut_connections"] == 1
+    held = peak.peak - base
     print(f"300 x 1 MiB: peak RSS {stranger / MIB:+.1f} MiB from peers without the job's key, "
-          f"{held / MIB:+.0f} MiB from a member until refused, {left / MIB:+.0f} MiB after")
+          f"{held / MIB:+.0f} MiB from a member until cut, {left / MIB:+.0f} MiB after")
     assert stranger < 16 * MIB, f"a stranger's message grew the server by {stranger / MIB:.0f} MiB"
-    # A job member's message is held whole before its refusal (the bound is who may send),
-    # then given back.
-    assert held > 250 * MIB, held
-    assert left <= 32 * MIB, f"{left / MIB:.0f} MiB still held after the refusal"
+    assert held < 64 * MIB + 64 * MIB, f"a member's message grew the server by {held / MIB:.0f} MiB"
+    assert left <= 16 * MIB, f"{left / MIB:.0f} MiB still held after the cut"
+
+
+def _unfinished_message(endpoint, frames, mib=1):
+    """A TCP peer speaking ZMTP 3 (NULL) by hand that sends a PUSH_DENSE header and then
+    ``frames`` frames of ``mib`` MiB, every one marked MORE: a message that never ends
+    (libzmq's own sockets send nothing of a message before its last frame). Returns the
+    socket; the frames go from a thread."""
+    host, port = endpoint.rsplit(":", 1)
+    s = socket.create_connection((host, int(port)), timeout=30)
+    s.sendall(b"\xff" + b"\0" * 8 + b"\x7f" + b"\x03\x00" + b"NULL".ljust(20, b"\0") +
+              b"\0" * 32)                                    # the greeting (64 bytes)
+    greeting = b""
+    while len(greeting) < 64:
+        greeting += s.recv(64 - len(greeting))
+    ready = b"\x05READY" + b"\x0bSocket-Type" + struct.pack(">I", 6) + b"DEALER"
+    s.sendall(b"\x04" + bytes([len(ready)]) + ready)           # a command frame
+    header = P.pack_header(Op.PUSH_DENSE, 1, 1, 1, 1)
+    s.sendall(b"\x01" + bytes([len(header)]) + header)          # MORE, short
+    chunk = b"\1" * (mib * MIB)
+
+    def send():
+        with contextlib.suppress(OSError):
+            for _ in range(frames):
+                s.sendall(b"\x03" + struct.pack(">Q", len(chunk)) + chunk)  # MORE, long
+
+    threading.Thread(target=send, daemon=True).start()
+    return s
+
+
+def test_peers_together_cannot_make_a_server_hold_more_than_its_buffer_budget():
+    # The attack: several connections, each sending a message that never ends, every
+    # one under max_message_bytes: libzmq held all of it (4 x 200 MiB: +800 MiB, of which
+    # +504 MiB stayed after the peers left). Together they now hold at most
+    # max_buffer_bytes: past it, the connection holding the most is cut.
+    flags = ["--max-message-bytes", 64 * MIB, "--max-buffer-bytes", 96 * MIB]
+    with ServerGroup(1, 1, extra_args=flags) as g, Client(g.endpoints, timeout=30) as c:
+        c.create_tables([SPARSE])
+        pid = g.procs[0].pid
+        base = _rss(pid)
+        peers = []
+        try:
+            with _Peak(pid) as together:
+                # any two of them hold more than max_buffer_bytes: one is left
+                peers = [_unfinished_message(g.endpoints[0], 60) for _ in range(4)]
+                wait_for_counter(c, "cut_connections", 3, 60)
+                wait_until(lambda: _rss(pid) - base >= 56 * MIB, 60, "the last 60 MiB held")
+                held = _rss(pid) - base
+                # a member's pulls go on meanwhile: its connection holds nothing unread
+                rows = c.pull_sparse("emb", np.arange(1000, dtype=np.uint64))
+                assert rows.shape == (1000, 4)
+        finally:
+            for s in peers:
+                s.close()
+        left = _wait_rss_below(pid, base + 16 * MIB) - base
+        one = _unfinished_message(g.endpoints[0], 100)   # one alone: max_message_bytes
+        try:
+            with _Peak(pid) as alone:
+                wait_for_counter(c, "cut_connections", 4, 60)
+        finally:
+            one.close()
+        left_alone = _wait_rss_below(pid, base + 16 * MIB) - base
+        counters = _counters(c)
+    print(f"4 x 60 MiB unfinished: peak RSS {(together.peak - base) / MIB:+.0f} MiB, "
+          f"{held / MIB:+.0f} MiB held by the one left, {left / MIB:+.0f} MiB once they "
+          f"left; 100 MiB on one connection: peak {(alone.peak - base) / MIB:+.0f} MiB, "
+          f"{left_alone / MIB:+.0f} MiB after")
+    assert counters["cut_connections"] == 4, counters
+    assert together.peak - base < 96 * MIB + 48 * MIB, "peers together outgrew the budget"
+    assert held <= 60 * MIB + 24 * MIB, f"{held / MIB:.0f} MiB held by the one left"
+    assert alone.peak - base < 64 * MIB + 48 * MIB, "one peer outgrew max_message_bytes"
+    assert left <= 16 * MIB and left_alone <= 16 * MIB, (left, left_alone)
