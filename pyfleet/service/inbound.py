@@ -35,6 +35,7 @@ keys. Unix-socket peers (``ipc_dir``, a directory only this user may enter)
 are not watched. Linux only (elsewhere the guard is off and says so).
 """
 
+import contextlib
 import ctypes
 import ctypes.util
 import errno
@@ -137,6 +138,7 @@ class InboundGuard:
         self.cut = 0
         self.peak_held = 0    # the most all connections held at one look
         self._monitor = None
+        self._router = router
         if available():
             self._monitor = router.get_monitor_socket(
                 zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED)
@@ -181,14 +183,19 @@ class InboundGuard:
         self._thread.start()
 
     def stop(self):
-        """Stop watching (idempotent; also for a guard never started)."""
+        """Stop watching (idempotent; also for a guard never started). Call it from the
+        thread that owns the ROUTER, before closing it: the socket's monitor is taken
+        off first (a monitor socket closed while still attached broke the handshakes
+        of other sockets of the same context)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(5)
             self._thread = None
-        elif self._monitor is not None:
+        if self._monitor is not None:
+            with contextlib.suppress(zmq.ZMQError):
+                self._router.disable_monitor()
             self._monitor.close(linger=0)
-        self._monitor = None
+            self._monitor = None
 
     def held(self):
         """``{fd: bytes libzmq holds}`` of every TCP connection watched now (not
@@ -218,15 +225,15 @@ class InboundGuard:
                     self._trim_pending = False
                     if self.trim is not None:
                         self.trim()
-                if self._conns:
-                    self._look()
-                if self._gone:
-                    self._expire()
+                try:
+                    if self._conns:
+                        self._look()
+                    if self._gone:
+                        self._expire()
+                except Exception:  # keep watching: a bug here must not end the guard
+                    log.exception("inbound guard: a look failed")
         except zmq.ContextTerminated:
             pass
-        finally:
-            mon.close(linger=0)
-            self._monitor = None
 
     def _event(self, ev):
         fd = int(ev["value"])
