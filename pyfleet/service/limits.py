@@ -5,16 +5,18 @@ Each limit is a ``Server(...)`` argument and a ``python -m pyfleet.service``
 flag (the same name with dashes):
 
 - ``max_message_bytes`` (default 256 MiB: the largest dense block a server
-  takes, ``max_dense_floats`` x 4): the largest message. libzmq enforces
-  it per frame (``ZMQ_MAXMSGSIZE``: a peer sending a larger frame is
-  disconnected); a message whose frames add up to more is refused once
-  received. libzmq delivers a multipart message whole, so a peer can make the
-  server buffer several frames of up to this size before the server sees any
-  of them (``RCVHWM`` counts whole messages; frames per message have no
-  bound): against a hostile peer the bound is authentication
-  (``curve_client_keys``), which keeps unlisted peers from sending anything.
-  The memory of a large message goes back to the system once the server lets
-  go of it (:data:`pyfleet.service.loop.TRIM_BYTES`).
+  takes, ``max_dense_floats`` x 4): the largest message. libzmq enforces it
+  per frame (``ZMQ_MAXMSGSIZE``: a peer sending a larger frame is
+  disconnected as it arrives), and hands over a multipart message only once
+  all its frames arrived, with no bound on their number; so the server
+  watches what libzmq holds for each TCP connection
+  (:mod:`pyfleet.service.inbound`: what it read from the socket less the
+  messages the server received from it) and cuts a connection holding more
+  than this (1 MiB more for framing) within 10 ms, whoever the peer is
+  (with the job's keys or without). A Unix-socket peer's message whose frames
+  add up to more is refused once received. The memory of a large message
+  goes back to the system once libzmq or the server lets go of it
+  (:data:`pyfleet.service.loop.TRIM_BYTES`).
 - ``max_queued_replies`` (default 16) and ``max_backlog_bytes`` (default
   64 MiB): replies waiting for one peer that does not read them: that many in
   libzmq's queue (``ZMQ_SNDHWM`` with ``ZMQ_ROUTER_MANDATORY``), then up to
@@ -46,8 +48,11 @@ flag (the same name with dashes):
   counts at most its ``memory_budget``). A pull or push that could create rows
   past either, were all its keys new, is refused by name before any row is made.
 - ``max_buffer_bytes`` (default 256 MiB): one budget for every peer together:
-  the large replies libzmq still holds, every peer's backlog, and the requests
-  the handler threads hold (see :mod:`pyfleet.service.loop`).
+  what libzmq holds for all TCP connections (unfinished and unread messages:
+  past it, the connection holding the most is cut, unless it is the only one
+  holding anything; :mod:`pyfleet.service.inbound`), and the large replies
+  libzmq still holds, every peer's backlog, and the requests the handler
+  threads hold (see :mod:`pyfleet.service.loop`).
 - ``max_step_bytes`` (default 128 MiB): sparse gradient bytes (keys and
   values) one worker's pushes may leave buffered on a sync-mode server in one
   step; a push beyond is refused by name (a step's own pushes of a CTR batch
@@ -173,8 +178,8 @@ def add_arguments(parser):
     """The ``--max-*`` flags of ``python -m pyfleet.service`` (read them back
     with ``Limits.make(**vars(args))``)."""
     helps = {
-        "max_message_bytes": "largest message: per frame by libzmq, whole messages once "
-                             "received (default 256 MiB)",
+        "max_message_bytes": "largest message: per frame by libzmq; a TCP connection "
+                             "holding more in libzmq is cut (default 256 MiB)",
         "max_queued_replies": "replies kept for a peer that does not read them; more are "
                               "dropped (default 16)",
         "max_backlog_bytes": "bytes of replies kept for a peer beyond --max-queued-replies "
@@ -191,8 +196,9 @@ def add_arguments(parser):
                            "memory)",
         "max_step_bytes": "sparse gradient bytes one worker may buffer in one sync step "
                           "(default 128 MiB)",
-        "max_buffer_bytes": "bytes of unread large replies, backlogs and requests in the "
-                            "handlers, all peers together (default 256 MiB)",
+        "max_buffer_bytes": "bytes of unfinished or unread requests in libzmq, unread "
+                            "large replies, backlogs and requests in the handlers, all "
+                            "peers together (default 256 MiB)",
     }
     for name, default in Limits._field_defaults.items():
         parser.add_argument("--" + name.replace("_", "-"), type=int, default=default,

@@ -26,7 +26,10 @@ threads and not yet answered. A large reply that does not fit is dropped and
 reported, unless its peer holds nothing yet (a client that reads its replies
 always gets the next one); while the requests in the handlers exceed the
 budget, the ROUTER is not read (libzmq keeps at most ``wire.RCVHWM`` requests
-a peer, then stops reading that peer's connection).
+a peer, then stops reading that peer's connection). What libzmq itself holds
+for the TCP peers (messages not yet whole, or not yet read) is bounded by the
+same budget through ``guard`` (:class:`pyfleet.service.inbound.InboundGuard`),
+to which every message read from the ROUTER is counted.
 
 Once a message of at least :data:`TRIM_BYTES` is let go (served or refused),
 the loop asks the C library to give its free memory back to the system

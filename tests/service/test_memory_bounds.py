@@ -6,7 +6,10 @@ RSS (``VmHWM``):
   ``--max-backlog-bytes`` wait for it, later ones are dropped and counted (``dropped_replies``), and other clients are served;
 - a 10M-key pull is refused by ``--max-request-keys`` before any row is made;
 - CREATE_TABLES over the wire cannot make a table beyond ``--max-dense-floats``,
-  ``--max-sparse-dim`` or ``--max-tables``.
+  ``--max-sparse-dim`` or ``--max-tables``;
+- a message of many frames, each under ``--max-message-bytes``, or messages that never
+  end on several connections, are cut once libzmq holds ``--max-message-bytes`` for one
+  connection or ``--max-buffer-bytes`` for all, and their memory is given back.
 """
 
 
