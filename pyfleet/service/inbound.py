@@ -136,7 +136,6 @@ class InboundGuard:
         self._thread = None
         self._trim_pending = False
         self.cut = 0
-        self.peak_held = 0    # the most all connections held at one look
         self._monitor = None
         self._router = router
         if available():
@@ -199,18 +198,24 @@ class InboundGuard:
 
     def held(self):
         """``{fd: bytes libzmq holds}`` of every TCP connection watched now (not
-        those cut already)."""
+        those cut already), less :data:`HANDSHAKE_BYTES`."""
+        return {fd: max(0, n - HANDSHAKE_BYTES) for fd, n in self.unread().items()}
+
+    def unread(self):
+        """``{fd: bytes libzmq read from it that no received message accounts for}``
+        of every TCP connection watched now: its handshake, and what libzmq holds."""
         out = {}
         for fd, c in list(self._conns.items()):
             if c.cut:  # libzmq is letting go of what it held for it
                 if not self._same(c):
                     self._forget(c)
                 continue
-            h = self._held(c)
-            if h is None:
+            n = self._unread(c)
+            if n is None:
                 self._forget(c)
             else:
-                out[fd] = c.held = h
+                out[fd] = n
+                c.held = n - HANDSHAKE_BYTES
         return out
 
     # ------------------------------------------------------------ the watching thread
@@ -281,8 +286,8 @@ class InboundGuard:
         except OSError:
             return False
 
-    def _held(self, c):
-        """Bytes libzmq holds for connection ``c``; None when it is gone."""
+    def _unread(self, c):
+        """What :meth:`unread` says of connection ``c``; None when it is gone."""
         if not self._same(c):
             return None
         info = ctypes.create_string_buffer(_TCP_INFO_SIZE)
@@ -295,13 +300,11 @@ class InboundGuard:
         if _LIBC.ioctl(c.fd, _SIOCINQ, ctypes.byref(waiting)) != 0:
             return None
         sender = self._by_inode.get(c.inode)
-        taken = 0 if sender is None else sender[0]
-        return max(0, received - waiting.value - taken - HANDSHAKE_BYTES)
+        return received - waiting.value - (0 if sender is None else sender[0])
 
     def _look(self):
         held = self.held()
         total = sum(held.values())
-        self.peak_held = max(self.peak_held, total)
         limit = self.max_message_bytes + FRAMING_SLACK
         for fd, h in held.items():
             if h > limit:
