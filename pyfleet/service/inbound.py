@@ -68,6 +68,7 @@ FRAMING_SLACK = 1 << 20
 
 _SRCFD = int(zmq.SRCFD)
 _FORGET_SECONDS = 10.0  # how long a gone connection's counter is kept
+_IDLE_SECONDS = 0.1     # the longest wait for the monitor while no TCP peer is watched
 _TCP_INFO_RECEIVED = 128   # offset of tcpi_bytes_received (u64) in Linux's struct tcp_info
 _TCP_INFO_SIZE = 256
 _SIOCINQ = 0x541B          # FIONREAD: bytes in a TCP socket's receive queue
@@ -223,7 +224,11 @@ class InboundGuard:
     def _run(self):
         mon = self._monitor
         try:
-            while not self._stop.wait(self.interval):
+            while not self._stop.is_set():
+                # No TCP connection (none yet, or peers on Unix sockets only): sleep until
+                # the monitor reports one, instead of waking every interval.
+                wait = self.interval if self._conns or self._gone else _IDLE_SECONDS
+                mon.poll(int(wait * 1000))
                 while mon.poll(0):
                     self._event(recv_monitor_message(mon))
                 if self._trim_pending:
