@@ -129,7 +129,7 @@ class InboundGuard:
         self.max_message_bytes, self.max_buffer_bytes = max_message_bytes, max_buffer_bytes
         self.curve, self.on_cut, self.trim = curve, on_cut, trim
         self.interval = interval
-        self._senders = {}    # identity -> [wire bytes of its messages, identity, inode]
+        self._senders = {}    # identity -> [wire bytes of its messages, identity, inode, t]
         self._by_inode = {}   # socket inode -> the same list
         self._gone = []       # (when, inode) of connections gone: forgotten a while later
         self._conns = {}      # fd -> _Conn (TCP connections only)
@@ -161,14 +161,15 @@ class InboundGuard:
         sender[0] += n
 
     def _sender(self, msg):
-        """The counter of a peer not seen before: ``[bytes, identity, socket inode]``
+        """The counter of a peer not seen before: ``[bytes, identity, socket inode,
+        when made]``
         (an inode, unlike a descriptor's number, is not reused by a later connection)."""
         fd = msg[1].get(_SRCFD)
         try:
             inode = os.fstat(fd).st_ino if fd >= 0 else None
         except OSError:
             inode = None
-        sender = [0, msg[0].bytes, inode]
+        sender = [0, msg[0].bytes, inode, time.monotonic()]
         self._senders[sender[1]] = sender
         if inode is not None:
             self._by_inode[inode] = sender
@@ -238,8 +239,7 @@ class InboundGuard:
                 try:
                     if self._conns:
                         self._look()
-                    if self._gone:
-                        self._expire()
+                    self._expire()
                 except Exception:  # keep watching: a bug here must not end the guard
                     log.exception("inbound guard: a look failed")
         except zmq.ContextTerminated:
@@ -284,6 +284,13 @@ class InboundGuard:
             sender = self._by_inode.pop(self._gone.pop(0)[1], None)
             if sender is not None:
                 self._senders.pop(sender[1], None)
+        if len(self._senders) > 2 * len(self._conns) + 256:
+            # peers never watched (Unix sockets): their counters go once they are old
+            watched = {c.inode for c in self._conns.values()}
+            for sender in list(self._senders.values()):
+                if sender[2] not in watched and sender[3] + _FORGET_SECONDS < now:
+                    self._senders.pop(sender[1], None)
+                    self._by_inode.pop(sender[2], None)
 
     def _same(self, c):
         try:
