@@ -302,6 +302,8 @@ def _held_endpoints(servers, host, given, mpi_hosts):
     """:func:`hold_endpoints`; in a hybrid job across hosts the servers run here, so
     ``host`` must be an address of this machine the other hosts reach."""
     try:
+        if mpi_hosts:   # given endpoints are not held when they cannot be: check first
+            hold_endpoints(1, host)[1][0].close()
         return hold_endpoints(servers, host, given)
     except OSError as e:
         if not mpi_hosts:
