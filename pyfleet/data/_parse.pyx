@@ -890,7 +890,8 @@ def parse_multislot_text(const uint8_t[::1] buf, const int8_t[::1] is_float):
     cdef const uint8_t* b = &buf[0] if nb else NULL
     totals_arr = np.zeros(max(nv, 1), dtype=np.int64)
     cdef int64_t[::1] totals = totals_arr
-    cdef Py_ssize_t p = 0, e, q, s, t, i, j, line = 0, n = 0
+    cdef Py_ssize_t p = 0, e, q, s, t, i, j, n = 0
+    cdef const uint8_t* nxt
     cdef int64_t c, k
     cdef int err = 0
     cdef Py_ssize_t err_line = 0, err_var = 0, err_s = 0, err_e = 0
@@ -898,10 +899,7 @@ def parse_multislot_text(const uint8_t[::1] buf, const int8_t[::1] is_float):
     cdef double f
     with nogil:   # pass 1: lines, counts, structure
         while p < nb and not err:
-            e = p
-            while e < nb and b[e] != 10:
-                e += 1
-            line += 1
+            e = line_end(b + p, b + nb, &nxt) - b
             q = _ms_token(b, p, e, &s)
             if s < e:
                 q = p
@@ -931,7 +929,7 @@ def parse_multislot_text(const uint8_t[::1] buf, const int8_t[::1] is_float):
                             t = _ms_token(b, t, e, &s)
                         err, err_line, err_var, err_s = 2, n + 1, nv, k
                 n += 1
-            p = e + 1
+            p = nxt - b
     if err:
         raise ValueError(err, err_line, err_var,
                          bytes(buf[err_s:err_e]) if err in (3, 4) else err_s)
@@ -947,9 +945,7 @@ def parse_multislot_text(const uint8_t[::1] buf, const int8_t[::1] is_float):
     i = 0
     with nogil:   # pass 2: the values
         while p < nb and not err:
-            e = p
-            while e < nb and b[e] != 10:
-                e += 1
+            e = line_end(b + p, b + nb, &nxt) - b
             q = _ms_token(b, p, e, &s)
             if s < e:
                 q = p
@@ -976,7 +972,7 @@ def parse_multislot_text(const uint8_t[::1] buf, const int8_t[::1] is_float):
                     if err:
                         break
                 i += 1
-            p = e + 1
+            p = nxt - b
     if err:
         raise ValueError(err, err_line, err_var, bytes(buf[err_s:err_e]))
     return n, lens_arr, values

@@ -8,27 +8,15 @@ import threading
 
 import numpy as np
 import pytest
+from support.fluid import fc_fleet
 
 from pyfleet import config, fluid
-from pyfleet.distributed.fleet import Fleet
-from pyfleet.distributed.role_maker import Role, UserDefinedRoleMaker
+from pyfleet.distributed.role_maker import Role
 from pyfleet.errors import ConfigError
 from pyfleet.fluid.incubate.fleet.parameter_server.distribute_transpiler.distributed_strategy import (  # noqa: E501
     StrategyFactory,
 )
 from pyfleet.launch import free_ports
-
-
-def _fleet(role, ep):
-    f = Fleet()
-    f.init(UserDefinedRoleMaker(0, role, 1, [ep]))
-    strategy = StrategyFactory.create_async_strategy()
-    with fluid.program_guard(fluid.Program(), fluid.Program()), fluid.unique_name.guard():
-        x = fluid.layers.data(name="x", shape=[4], dtype="float32")
-        y = fluid.layers.data(name="y", shape=[1], dtype="float32")
-        loss = fluid.layers.mean(fluid.layers.square_error_cost(fluid.layers.fc(x, 1), y))
-        f.distributed_optimizer(fluid.optimizer.SGD(0.1), strategy).minimize(loss)
-    return f, loss
 
 
 def test_rpc_retry_times_is_read_from_the_environment(monkeypatch):
@@ -48,11 +36,11 @@ def test_a_fleet_worker_resends_pushes_as_often_as_flags_rpc_retry_times_says(
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("FLAGS_rpc_retry_times", "2")
     ep = f"127.0.0.1:{free_ports(1)[0]}"
-    server, _ = _fleet(Role.SERVER, ep)
+    server, _ = fc_fleet(Role.SERVER, ep)
     server.init_server()
     t = threading.Thread(target=server.run_server, daemon=True)
     t.start()
-    worker, loss = _fleet(Role.WORKER, ep)
+    worker, loss = fc_fleet(Role.WORKER, ep)
     worker.init_worker()
     try:
         assert worker._client.push_retries == 2

@@ -9,39 +9,23 @@ import threading
 
 import numpy as np
 import pytest
+from support.fluid import fc_fleet
 
 from pyfleet import fluid
-from pyfleet.distributed.fleet import Fleet
-from pyfleet.distributed.role_maker import Role, UserDefinedRoleMaker
+from pyfleet.distributed.role_maker import Role
 from pyfleet.errors import PeerTimeout
-from pyfleet.fluid.incubate.fleet.parameter_server.distribute_transpiler.distributed_strategy import (  # noqa: E501
-    StrategyFactory,
-)
 from pyfleet.launch import free_ports
-
-
-def _fleet(role, ep, connect_timeout=30.0):
-    f = Fleet()
-    f.init(UserDefinedRoleMaker(0, role, 1, [ep]))
-    strategy = StrategyFactory.create_async_strategy()
-    strategy.get_program_config().runtime.connect_timeout = connect_timeout
-    with fluid.program_guard(fluid.Program(), fluid.Program()), fluid.unique_name.guard():
-        x = fluid.layers.data(name="x", shape=[4], dtype="float32")
-        y = fluid.layers.data(name="y", shape=[1], dtype="float32")
-        loss = fluid.layers.mean(fluid.layers.square_error_cost(fluid.layers.fc(x, 1), y))
-        f.distributed_optimizer(fluid.optimizer.SGD(0.1), strategy).minimize(loss)
-    return f, loss
 
 
 @pytest.mark.timeout(120)
 def test_init_worker_after_stop_worker_says_the_servers_ended_the_job(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     ep = f"127.0.0.1:{free_ports(1)[0]}"
-    server, _ = _fleet(Role.SERVER, ep)
+    server, _ = fc_fleet(Role.SERVER, ep)
     server.init_server()
     t = threading.Thread(target=server.run_server, daemon=True)
     t.start()
-    worker, loss = _fleet(Role.WORKER, ep, connect_timeout=2.0)
+    worker, loss = fc_fleet(Role.WORKER, ep, connect_timeout=2.0)
     worker.init_worker()
     exe = fluid.Executor(fluid.CPUPlace())
     exe.run(worker.startup_program)
@@ -60,12 +44,12 @@ def test_stop_worker_may_return_keeps_the_server_and_init_worker_starts_again(mo
                                                                                tmp_path):
     monkeypatch.chdir(tmp_path)
     ep = f"127.0.0.1:{free_ports(1)[0]}"
-    server, _ = _fleet(Role.SERVER, ep)
+    server, _ = fc_fleet(Role.SERVER, ep)
     server.init_server()
     served = server._server
     t = threading.Thread(target=server.run_server, daemon=True)
     t.start()
-    worker, loss = _fleet(Role.WORKER, ep, connect_timeout=5.0)
+    worker, loss = fc_fleet(Role.WORKER, ep, connect_timeout=5.0)
     exe = fluid.Executor(fluid.CPUPlace())
     x = np.random.RandomState(0).rand(8, 4).astype("float32")
     feed = {"x": x, "y": x.sum(axis=1, keepdims=True)}

@@ -1,4 +1,5 @@
-"""Fluid test helpers: a float64 recording backend and a finite-difference gradient check.
+"""Fluid test helpers: a float64 recording backend, a finite-difference gradient check,
+and a one-layer Fleet (:func:`fc_fleet`) for tests of a Fleet role's lifecycle.
 
 :class:`RecordingBackend` keeps parameters as float64 numpy arrays, never
 applies an update, and records the last gradients pushed, so a program's
@@ -11,7 +12,7 @@ import numpy as np
 from pyfleet.fluid.backend import Backend
 from pyfleet.fluid.executor import Executor
 
-__all__ = ["RecordingBackend", "check_gradients"]
+__all__ = ["RecordingBackend", "check_gradients", "fc_fleet"]
 
 
 class RecordingBackend(Backend):
@@ -160,3 +161,24 @@ def check_gradients(main_program, startup_program, loss, feed, eps=1e-6, rtol=1e
         raise AssertionError(f"{len(problems)} of {checked} gradient entries differ:\n"
                              + "\n".join(problems[:10]))
     return checked
+
+
+def fc_fleet(role, ep, connect_timeout=30.0):
+    """``(fleet, loss)``: a Fleet of one server at ``ep`` and one worker, in ``role``
+    (a ``Role``), with an async strategy and a one-fc regression minimized by SGD."""
+    from pyfleet import fluid
+    from pyfleet.distributed.fleet import Fleet
+    from pyfleet.distributed.role_maker import UserDefinedRoleMaker
+    from pyfleet.fluid.incubate.fleet.parameter_server.distribute_transpiler.distributed_strategy import (  # noqa: E501
+        StrategyFactory,
+    )
+    f = Fleet()
+    f.init(UserDefinedRoleMaker(0, role, 1, [ep]))
+    strategy = StrategyFactory.create_async_strategy()
+    strategy.get_program_config().runtime.connect_timeout = connect_timeout
+    with fluid.program_guard(fluid.Program(), fluid.Program()), fluid.unique_name.guard():
+        x = fluid.layers.data(name="x", shape=[4], dtype="float32")
+        y = fluid.layers.data(name="y", shape=[1], dtype="float32")
+        loss = fluid.layers.mean(fluid.layers.square_error_cost(fluid.layers.fc(x, 1), y))
+        f.distributed_optimizer(fluid.optimizer.SGD(0.1), strategy).minimize(loss)
+    return f, loss
