@@ -408,9 +408,9 @@ class Fleet(FleetBase):
         ``meta``: a JSON object of the caller's own (for example the pass just
         finished), kept as the manifest's ``"meta"``, committed with the
         parameters it describes. The calling worker writes its persistable
-        scope state (auc counters) as ``<name>.state.npy`` beside the
-        manifest (``fluid.io.load_persistables`` and :meth:`load_persistables`
-        read it back). Returns the manifest."""
+        scope state (auc counters) as ``<name>.state.npy`` into the new
+        generation, committed with it (``fluid.io.load_persistables`` and
+        :meth:`load_persistables` read it back). Returns the manifest."""
         check_executor(executor, main_program, "save_persistables")
         if dirname is None:
             raise ValueError("save_persistables needs dirname")
@@ -432,9 +432,11 @@ class Fleet(FleetBase):
         manifest = _checkpoint.build_manifest(previous, gen, mode, replies, self._tables,
                                               placement, parent, meta)
         # This worker's persistable scope state (auc counters), as Fluid's
-        # save_persistables on a trainer writes it: beside the manifest.
-        if save_scope_state(path, main_program or self.main_program):
+        # save_persistables on a trainer writes it, into the new generation: a
+        # save cut short before its commit leaves the committed one's untouched.
+        if save_scope_state(os.path.join(path, gen), main_program or self.main_program):
             manifest["state_worker"] = self.worker_index()   # whose counters they are
+            manifest["state_dir"] = gen
         _checkpoint.commit(path, manifest)
         self._last_save = (path, manifest["id"])
         return manifest
@@ -479,7 +481,7 @@ class Fleet(FleetBase):
             return
         m = _checkpoint.read_manifest(restore)
         if m is not None and m.get("state_worker") == self.worker_index():
-            load_scope_state(restore, self.main_program)
+            load_scope_state(_checkpoint.state_dir(restore, m), self.main_program)
 
     def load_persistables(self, executor=None, dirname=None, main_program=None):
         """A worker's part of loading checkpoint ``dirname`` (relative to the
@@ -492,10 +494,12 @@ class Fleet(FleetBase):
         if dirname is None:
             raise ValueError("load_persistables needs dirname")
         path = relative_to_root(dirname)[1]
-        if _checkpoint.read_manifest(path) is None:
+        manifest = _checkpoint.read_manifest(path)
+        if manifest is None:
             raise ValueError(f"dirname {os.fspath(dirname)!r} has no {MANIFEST_NAME}: not a "
                              f"fleet checkpoint, or an incomplete save")
-        names = load_scope_state(path, main_program or self.main_program)
+        names = load_scope_state(_checkpoint.state_dir(path, manifest),
+                                 main_program or self.main_program)
         if not self._strategy.hybrid:
             return names
         return hybrid.load_dense(self._backend, self._tables, dirname, checkpoint_root())

@@ -28,7 +28,7 @@ from pyfleet.fluid.backend import LocalBackend
 from pyfleet.service import checkpoint as _checkpoint
 from pyfleet.table import DenseTable, SparseTable
 
-__all__ = ["is_checkpoint", "load_checkpoint"]
+__all__ = ["is_checkpoint", "load_checkpoint", "state_dir"]
 
 
 def is_checkpoint(dirname):
@@ -83,4 +83,11 @@ def load_checkpoint(dirname, program, params):
     return _checkpoint.load_server(registry, os.path.dirname(path), os.path.basename(path))
 
 
-_io.register_checkpoint_reader(is_checkpoint, load_checkpoint)
+def state_dir(dirname):
+    """Where Fleet checkpoint ``dirname`` keeps the saving worker's scope state
+    (its files checked against the manifest first)."""
+    path = os.fspath(dirname)
+    return _checkpoint.state_dir(path, _checkpoint.read_manifest(path))
+
+
+_io.register_checkpoint_reader(is_checkpoint, load_checkpoint, state_dir)

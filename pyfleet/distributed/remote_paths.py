@@ -39,7 +39,7 @@ from pyfleet.service import checkpoint as _checkpoint
 __all__ = ["install"]
 
 _GEN = re.compile(r"g\d{6,}-(full|delta)")
-_STATE = ".state.npy"
+_STATE = _checkpoint.STATE_SUFFIX
 _counter = itertools.count()
 
 
@@ -78,8 +78,12 @@ def _download_checkpoint(fs, remote, local, tables=True):
     # its own body checked now; the files beside it once they are here too
     manifest = _checkpoint.read_manifest(local, beside=False)
     names = [n for n in fs.ls(remote) if n.endswith(_STATE)]
+    newest = manifest["chain"][-1]
     if tables:
         names += [g["dir"] for g in manifest["chain"]]
+    elif manifest.get("state_dir") == newest["dir"]:   # the scope state only
+        os.makedirs(os.path.join(local, newest["dir"]))
+        names += [f"{newest['dir']}/{n}" for n in newest["files"] if n.endswith(_STATE)]
     for name in names:
         fs.get(_join(remote, name), os.path.join(local, name))
 

@@ -68,14 +68,24 @@ def _state_path(dirname, name):
     return os.path.join(dirname, check_file_name(name, "variable name") + ".state.npy")
 
 
-_CHECKPOINT_READERS = []  # (is_mine(dirname), load(dirname, program, params))
+# (is_mine(dirname), load(dirname, program, params), state_dir(dirname))
+_CHECKPOINT_READERS = []
 
 
-def register_checkpoint_reader(is_mine, load):
+def register_checkpoint_reader(is_mine, load, state_dir=None):
     """Let ``load(dirname, program, params)`` read the directories
     ``is_mine(dirname)`` accepts (a Fleet checkpoint: registered by
-    :mod:`pyfleet.distributed.local_checkpoint`, which the facade imports)."""
-    _CHECKPOINT_READERS.append((is_mine, load))
+    :mod:`pyfleet.distributed.local_checkpoint`, which the facade imports);
+    ``state_dir(dirname)``: where such a directory keeps its scope state files
+    (default: ``dirname`` itself)."""
+    _CHECKPOINT_READERS.append((is_mine, load, state_dir))
+
+
+def _state_dir(dirname):
+    for is_mine, _, state_dir in _CHECKPOINT_READERS:
+        if state_dir is not None and is_mine(dirname):
+            return state_dir(dirname)
+    return dirname
 
 
 def is_parameter(var):
@@ -125,7 +135,7 @@ def _load_parameters(dirname, program, params, filename=None):
         params = [p for p in params if p not in fluid_params]
         if not params:
             return
-    for is_mine, load in _CHECKPOINT_READERS:
+    for is_mine, load, _ in _CHECKPOINT_READERS:
         if is_mine(dirname):
             load(dirname, program, params)
             return
@@ -178,7 +188,7 @@ def save_scope_state(dirname, program_or_vars):
     """Write the persistable scope state (auc counters: the persistable
     variables that are no parameters) of a program, or of the variables
     given, held in the global scope, as ``<name>.state.npy`` in ``dirname``
-    (what ``fleet.save_persistables`` writes beside a checkpoint's manifest).
+    (``fleet.save_persistables`` writes them into a checkpoint's new generation).
     Returns the names written."""
     scope = global_scope()
     os.makedirs(dirname, exist_ok=True)
@@ -220,7 +230,7 @@ def load_vars(executor, dirname, main_program=None, vars=None, predicate=None, f
     chosen = _select(program, vars, predicate, "load_vars")
     _load_parameters(dirname, program, [v for v in chosen if isinstance(v, Parameter)],
                      filename)
-    load_scope_state(dirname, chosen)
+    load_scope_state(_state_dir(dirname), chosen)
 
 
 def save_params(executor, dirname, main_program=None, filename=None):
@@ -237,7 +247,7 @@ def save_persistables(executor, dirname, main_program=None, filename=None):
     """Save the parameters and the persistable scope state (auc counters). On a
     Fleet worker's program the parameters are saved by the servers, as
     ``fleet.save_persistables`` does (a checkpoint directory; the auc counters
-    of this worker are written beside its manifest)."""
+    of this worker are committed with it)."""
     save_vars(executor, dirname, main_program, predicate=is_persistable, filename=filename)
 
 

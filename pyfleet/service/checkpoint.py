@@ -22,15 +22,17 @@ after it leaves at most unreferenced directories, removed by the next save.
     {"format", "version", "id", "created", "mode", "server_num", "tables",
      "placement", "parent": id of the checkpoint a leading delta applies to | null,
      "meta": the saver's own JSON object (optional; ``pyfleet train``: {"pass"}),
+     "state_worker": the worker whose scope state (auc counters) was saved,
+     "state_dir": the generation holding them as ``<name>.state.npy``,
      "chain": [{"dir": "g000007-full", "id", "mode": "full"|"delta",
                 "server_num", "rows": {table: rows written},
                 "files": {name: {"sha256", "bytes", "rows", "table", "server"}}}, ...]}
 
 Every file a checkpoint consists of is checksummed: a generation's ``files``
-list every file of its directory (the shards and dense blocks, and the
-servers' ``server<i>-of-<S>.json``), ``"beside"`` the files written next to
-the manifest (the saving worker's ``<name>.state.npy``) as ``{name: {"sha256",
-"bytes"}}``, and ``"body_sha256"`` the manifest's own body (the sha256 of its
+list every file of its directory (the shards and dense blocks, the servers'
+``server<i>-of-<S>.json`` and the saving worker's ``<name>.state.npy``),
+``"beside"`` the files next to the manifest (state files of checkpoints saved
+before they moved into the generation) as ``{name: {"sha256", "bytes"}}``, and ``"body_sha256"`` the manifest's own body (the sha256 of its
 JSON without that key, keys sorted, no spaces). :func:`read_manifest` checks
 the body and the files beside it, :func:`verify_generation` a generation's
 files before anything is loaded; a manifest without ``body_sha256`` (edited,
@@ -73,12 +75,13 @@ from pyfleet._atomic import BODY_KEY, body_digest, check_body, write_json
 from pyfleet.service.checksums import MANIFEST_NAME, check_beside, file_info, seal
 from pyfleet.table import DenseTable
 
-__all__ = ["BODY_KEY", "MANIFEST_NAME", "MANIFEST_VERSION", "body_digest", "build_manifest",
-           "check_tables", "commit", "confined_path", "file_info", "load_server",
+__all__ = ["BODY_KEY", "MANIFEST_NAME", "MANIFEST_VERSION", "STATE_SUFFIX", "body_digest",
+           "build_manifest", "check_tables", "commit", "confined_path", "file_info", "load_server",
            "new_generation", "read_manifest", "resolve", "save_server", "seal",
-           "verify_generation"]
+           "state_dir", "verify_generation"]
 
 MANIFEST_VERSION = 2
+STATE_SUFFIX = ".state.npy"  # a worker's scope state file (pyfleet.fluid.io writes them)
 _GEN_RE = re.compile(r"g(\d{6,})-(full|delta)")
 
 
@@ -209,7 +212,18 @@ def verify_generation(path, gen):
                          f"(or lies outside the checkpoint directory): refused unread")
     if not os.path.isdir(gdir):
         raise ValueError(f"checkpoint {path}: generation directory {gen['dir']} is missing")
-    for name, want in sorted(gen["files"].items()):
+    _verify_files(path, gen, gen["files"])
+    extra = sorted(n for n in os.listdir(gdir)
+                   if not n.startswith(".") and n not in gen["files"])
+    if extra:
+        raise ValueError(f"checkpoint {path}: files {extra} in {gen['dir']} are not in "
+                         f"the manifest")
+
+
+def _verify_files(path, gen, files):
+    """Check ``files`` (``{name: {"sha256", "bytes"}}``) of generation ``gen``."""
+    gdir = os.path.join(path, gen["dir"])
+    for name, want in sorted(files.items()):
         f = os.path.join(gdir, name)
         if os.path.islink(f):
             raise ValueError(f"checkpoint {path}: file {gen['dir']}/{name} is a symbolic "
@@ -224,11 +238,24 @@ def verify_generation(path, gen):
         if got["sha256"] != want.get("sha256"):
             raise ValueError(f"checkpoint {path}: file {gen['dir']}/{name} is damaged "
                              f"(sha256 differs from the manifest)")
-    extra = sorted(n for n in os.listdir(gdir)
-                   if not n.startswith(".") and n not in gen["files"])
-    if extra:
-        raise ValueError(f"checkpoint {path}: files {extra} in {gen['dir']} are not in "
-                         f"the manifest")
+
+
+def state_dir(path, manifest):
+    """The directory of checkpoint dir ``path`` holding the saving worker's
+    scope state (``<name>.state.npy``): its newest generation, each state file
+    checked against its checksum first (a ValueError naming a damaged one), or
+    ``path`` itself for a checkpoint saved before the state moved into the
+    generation (:func:`read_manifest` checked those files)."""
+    name = manifest.get("state_dir")
+    if name is None:
+        return path
+    gen = manifest["chain"][-1]
+    if name != gen["dir"]:
+        raise ValueError(f"checkpoint {path}: 'state_dir' {name!r} is not its newest "
+                         f"generation {gen['dir']!r}")
+    _verify_files(path, gen, {n: f for n, f in gen["files"].items()
+                              if n.endswith(STATE_SUFFIX)})
+    return os.path.join(path, name)
 
 
 def resolve(root, rels):

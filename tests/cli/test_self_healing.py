@@ -16,6 +16,13 @@ from support.wait import wait_until
 from pyfleet.metrics import MetricStats
 from pyfleet.service import checkpoint as _checkpoint
 
+
+def _state_dir(ckpt):
+    """Where checkpoint ``ckpt`` keeps the saving worker's auc counters (checked)."""
+    ckpt = os.fspath(ckpt)
+    return _checkpoint.state_dir(ckpt, _checkpoint.read_manifest(ckpt))
+
+
 pytestmark = pytest.mark.slow  # real multi-process jobs, killed and restarted
 
 DEADLINE = 400
@@ -234,7 +241,7 @@ def test_resume_of_a_checkpoint_inside_a_pass_trains_the_rest_of_it(tmp_path):
     # and those the resumed run trained (its examples, which went on from the
     # position's) and its share of the pass-end test (the test program shares the
     # states, as in Fluid).
-    ckpt = os.path.join(run, "checkpoint")
+    ckpt = _state_dir(os.path.join(run, "checkpoint"))
     sums = sorted(int(np.load(os.path.join(ckpt, n)).sum()) for n in os.listdir(ckpt)
                   if n.endswith(".state.npy"))
     with open(os.path.join(run, "worker0.json")) as f:
@@ -288,10 +295,11 @@ def test_a_healed_sync_job_ends_with_the_model_of_an_undisturbed_one(tmp_path):
     # the undisturbed run's (the logloss sum is a float summed in other chunks).
     assert healed["train_auc"] == calm["train_auc"]
     assert healed["train_logloss"] == pytest.approx(calm["train_logloss"], rel=1e-9)
-    names = sorted(n for n in os.listdir(tmp_path / "calm" / "checkpoint")
-                   if n.endswith(".state.npy"))
+    calm_dir = _state_dir(tmp_path / "calm" / "checkpoint")
+    names = sorted(n for n in os.listdir(calm_dir) if n.endswith(".state.npy"))
     assert len(names) == 4
+    healed_dir = _state_dir(tmp_path / "run" / "checkpoint")
     for n in names:
-        want = np.load(tmp_path / "calm" / "checkpoint" / n)
+        want = np.load(os.path.join(calm_dir, n))
         assert want.sum() > 0
-        np.testing.assert_array_equal(np.load(tmp_path / "run" / "checkpoint" / n), want)
+        np.testing.assert_array_equal(np.load(os.path.join(healed_dir, n)), want)

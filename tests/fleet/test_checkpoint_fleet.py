@@ -20,6 +20,7 @@ from pyfleet.distributed.fleet import MANIFEST_NAME, Fleet
 from pyfleet.distributed.role_maker import Role, UserDefinedRoleMaker
 from pyfleet.launch import free_ports
 from pyfleet.optimizer import Adam
+from pyfleet.service import checkpoint as _checkpoint
 from pyfleet.service.checkpoint import body_digest
 from pyfleet.trainer import JOB_DEFAULTS, build_program, feed_of, strategy_of
 
@@ -149,23 +150,66 @@ def test_manifest_lists_every_file_with_its_checksum_and_rows(root, data):
     assert m["version"] == 2 and m["server_num"] == 2 and m["mode"] == "full"
     assert on_disk["meta"] == {"pass": 3, "note": "x"}
     (gen,) = m["chain"]
-    # beside the manifest and the generation: the saving worker's auc counters
-    states = [n for n in os.listdir(root / "ck") if n.endswith(".state.npy")]
-    assert states
-    assert sorted(os.listdir(root / "ck")) == sorted([MANIFEST_NAME, gen["dir"], *states])
-    # every file of the generation (shards, dense blocks, the servers' own json) and
-    # beside the manifest is checksummed, and so is the manifest's body
+    # the manifest and the generation only; the saving worker's auc counters are
+    # in the generation, committed with it
+    assert sorted(os.listdir(root / "ck")) == sorted([MANIFEST_NAME, gen["dir"]])
+    states = [n for n in gen["files"] if n.endswith(".state.npy")]
+    assert states and m["state_dir"] == gen["dir"] and m["state_worker"] == 0
+    # every file of the generation (shards, dense blocks, the servers' own json,
+    # the auc counters) is checksummed, and so is the manifest's body
     assert sorted(os.listdir(root / "ck" / gen["dir"])) == sorted(gen["files"])
     assert {"server0-of-2.json", "server1-of-2.json"} <= set(gen["files"])
-    assert sorted(m["beside"]) == sorted(states)
+    assert m["beside"] == {}
     assert m["body_sha256"] == body_digest(m)
-    for name, f in [*gen["files"].items(), *m["beside"].items()]:
-        where = root / "ck" / (name if name in m["beside"] else os.path.join(gen["dir"], name))
+    for name, f in gen["files"].items():
+        where = root / "ck" / gen["dir"] / name
         assert where.stat().st_size == f["bytes"]
         assert len(f["sha256"]) == 64
     for table, n in rows.items():
         assert gen["rows"][table] == n
         assert sum(f["rows"] for f in gen["files"].values() if f.get("table") == table) == n
+
+
+def _scope_states(main):
+    scope = fluid.global_scope()
+    return {v.name: np.array(scope.vars[v.name]) for v in main.list_vars()
+            if getattr(v, "persistable", False) and not isinstance(v, fluid.framework.Parameter)
+            and v.name in scope.vars}
+
+
+def test_a_save_cut_short_before_its_commit_leaves_the_committed_checkpoint_whole(
+        root, data, monkeypatch):
+    """Ctrl-C reached a job while worker 0 was saving a pass's checkpoint, after its
+    auc counters were written and before the manifest was committed: the committed
+    (previous) checkpoint must still read, with the counters it was saved with."""
+    with cluster(2, data) as c:
+        c.train(4, seed=1)
+        m1 = c.worker.save_persistables(c.exe, "ck", meta={"pass": 1})
+        saved = _scope_states(c.main)
+        assert saved and any(v.sum() > 0 for v in saved.values())
+        c.train(4, seed=2)
+        later = _scope_states(c.main)
+        assert any(not np.array_equal(saved[n], later[n]) for n in saved)
+
+        def interrupted(path, manifest):
+            raise KeyboardInterrupt   # the signal, between writing and committing
+        with monkeypatch.context() as mp:
+            mp.setattr(_checkpoint, "commit", interrupted)
+            with pytest.raises(KeyboardInterrupt):
+                c.worker.save_persistables(c.exe, "ck", meta={"pass": 2})
+        path = str(root / "ck")
+        m = _checkpoint.read_manifest(path)   # not refused: nothing it names changed
+        assert m == json.loads(json.dumps(m1)) and m["meta"] == {"pass": 1}
+        sdir = _checkpoint.state_dir(path, m)
+        got = {n[:-len(".state.npy")]: np.load(os.path.join(sdir, n))
+               for n in os.listdir(sdir) if n.endswith(".state.npy")}
+        assert got.keys() == saved.keys()
+        for n, v in saved.items():
+            np.testing.assert_array_equal(got[n], v, err_msg=n)
+        # and the worker reads the committed counters back
+        c.worker.load_persistables(c.exe, "ck", c.main)
+        for n, v in _scope_states(c.main).items():
+            np.testing.assert_array_equal(v, saved[n], err_msg=n)
 
 
 def test_restore_is_exact_and_a_damaged_file_is_refused_by_name(root, data):
@@ -282,7 +326,7 @@ def test_fluid_io_on_a_worker_saves_what_fleet_saves_and_loads_into_a_local_prog
                                       main_program=c.main)
         want = c.state()
     assert (root / "ckpt" / MANIFEST_NAME).is_file()
-    assert list((root / "ckpt").glob("*.state.npy")), sorted((root / "ckpt").iterdir())
+    assert list((root / "ckpt").glob("g*/*.state.npy")), sorted((root / "ckpt").iterdir())
     assert list(cwd.iterdir()) == []
     schema = Dataset(data, format="criteo").schema
     with fluid.unique_name.guard():  # the infer script's own plain program
@@ -333,8 +377,8 @@ def test_delta_chain_restores_the_state_of_a_full_save(root, data):
         c.worker.save_persistables(c.exe, "full")
         want = c.state()
     assert want_last.keys() == want.keys()
-    assert sorted(n for n in os.listdir(root / "ck") if not n.endswith(".state.npy")) == \
-        sorted([MANIFEST_NAME] + [g["dir"] for g in m2["chain"]])   # + the auc counters
+    assert sorted(os.listdir(root / "ck")) == \
+        sorted([MANIFEST_NAME] + [g["dir"] for g in m2["chain"]])
     with cluster(2, data, model_dir="ck") as c:
         got_chain = c.state()
     with cluster(2, data, model_dir="full") as c:

@@ -4,7 +4,8 @@ The attacks: one bit flipped in ``MANIFEST.json`` (``"batches": 90`` -> ``91`` i
 meta) was accepted and a resume silently skipped 512 examples; bit flips in a worker's
 ``*.state.npy`` and edits of a server's ``server<i>-of-<S>.json`` were accepted. Now the
 manifest carries the sha256 of its body and of every file beside it, each generation
-lists every file of its directory, and a mismatch is refused naming the file.
+lists every file of its directory (the worker's state files included), and a mismatch
+is refused naming the file.
 """
 
 import json
@@ -27,8 +28,10 @@ SPARSE = {"kind": "sparse", "name": "emb", "dim": 4,
 
 @pytest.fixture
 def checkpoint(tmp_path):
-    """A committed checkpoint ``root/ckpt`` of two servers, a state file beside its
-    manifest and ``{"batches": 90}`` as its meta; yields ``(root, client)``."""
+    """A committed checkpoint ``root/ckpt`` of two servers, a worker's state file in
+    its generation (as fleet.save_persistables writes it), another beside its
+    manifest (as earlier versions wrote them) and ``{"batches": 90}`` as its meta;
+    yields ``(root, client)``."""
     root = tmp_path / "root"
     root.mkdir()
     with ServerGroup(2, 1, checkpoint_dir=root) as g, \
@@ -36,10 +39,12 @@ def checkpoint(tmp_path):
         c.create_tables([SPARSE])
         c.push_sparse("emb", np.arange(1, 101, dtype=np.uint64), np.ones((100, 4), np.float32))
         replies = c.save("ckpt/g000001-full")
-        np.save(root / "ckpt" / "auc.state.npy", np.arange(8, dtype=np.int64))
-        ck.commit(str(root / "ckpt"), ck.build_manifest(None, "g000001-full", "full", replies,
-                                                        [SPARSE], None, None,
-                                                        meta={"batches": 90}))
+        np.save(root / "ckpt" / "g000001-full" / "auc.state.npy", np.arange(8, dtype=np.int64))
+        np.save(root / "ckpt" / "old_auc.state.npy", np.arange(4, dtype=np.int64))
+        m = ck.build_manifest(None, "g000001-full", "full", replies, [SPARSE], None, None,
+                              meta={"batches": 90})
+        m["state_dir"] = "g000001-full"
+        ck.commit(str(root / "ckpt"), m)
         yield root, c
 
 
@@ -64,7 +69,8 @@ def test_an_intact_checkpoint_lists_every_file_and_loads(checkpoint):
     gen = m["chain"][0]
     assert set(gen["files"]) == set(os.listdir(root / "ckpt" / gen["dir"]))
     assert {"server0-of-2.json", "server1-of-2.json"} <= set(gen["files"])
-    assert set(m["beside"]) == {"auc.state.npy"}
+    assert set(m["beside"]) == {"old_auc.state.npy"} and "auc.state.npy" in gen["files"]
+    assert ck.state_dir(str(root / "ckpt"), m) == str(root / "ckpt" / gen["dir"])
     assert m[ck.BODY_KEY] == ck.body_digest(m)
     assert sum(c.load("ckpt")[i]["rows"]["emb"] for i in range(2)) == 100
 
@@ -75,13 +81,25 @@ def test_a_bit_flip_in_the_manifest_is_refused(checkpoint):
     _refused(root, c, r"MANIFEST.json is damaged: its body does not match its body_sha256")
 
 
-def test_a_bit_flip_in_a_state_file_beside_the_manifest_is_refused(checkpoint):
-    root, c = checkpoint
-    path = root / "ckpt" / "auc.state.npy"
+def _flip_bit(path):
     data = bytearray(path.read_bytes())
     data[-3] ^= 0x10
     path.write_bytes(bytes(data))
-    _refused(root, c, r"file auc.state.npy is damaged")
+
+
+def test_a_bit_flip_in_a_state_file_beside_the_manifest_is_refused(checkpoint):
+    root, c = checkpoint
+    _flip_bit(root / "ckpt" / "old_auc.state.npy")
+    _refused(root, c, r"file old_auc.state.npy is damaged")
+
+
+def test_a_bit_flip_in_a_state_file_of_the_generation_is_refused(checkpoint):
+    root, c = checkpoint
+    _flip_bit(root / "ckpt" / "g000001-full" / "auc.state.npy")
+    path = str(root / "ckpt")
+    with pytest.raises(ValueError, match=r"file g000001-full/auc.state.npy is damaged"):
+        ck.state_dir(path, ck.read_manifest(path))   # what a worker reads its counters by
+    _refused(root, c, r"file g000001-full/auc.state.npy is damaged")
 
 
 def test_an_edited_server_json_is_refused(checkpoint):
