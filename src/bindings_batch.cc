@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "pyfleet/batch_ops.h"
+#include "pyfleet/dense_layer.h"
 #include "pyfleet/error.h"
 
 namespace py = pybind11;
@@ -144,9 +145,74 @@ void BindRowGathers(py::module_& m) {
   "(pieces: float32[m_j, dim] arrays). ValueError if an index is out of range.");
 }
 
+pyfleet::Activation ActivationOf(const std::string& act) {
+  if (act == "relu") return pyfleet::Activation::kRelu;
+  if (act.empty() || act == "none") return pyfleet::Activation::kNone;
+  ThrowInvalid("act must be 'relu' or 'none', got '", act, "'");
+  return pyfleet::Activation::kNone;  // not reached
+}
+
+// y a C-contiguous, writeable float32[rows, cols] array (never copied: the
+// kernel writes it), or a ValueError naming it.
+py::array_t<float> Writable2D(const py::handle& obj, const char* what) {
+  auto a = Require<float>(obj, what, 2);
+  if (!a.is(obj) || !a.writeable()) {
+    ThrowInvalid(what, " must be a C-contiguous, writeable float32 array");
+  }
+  return a;
+}
+
+// A fully connected layer's elementwise work (pyfleet.fluid.fused_fc).
+void BindDenseLayer(py::module_& m) {
+  m.def("fc_bias_act", [](py::object y_obj, py::object bias_obj, const std::string& act) {
+    auto y = Writable2D(y_obj, "y");
+    auto bias = Require<float>(bias_obj, "bias", 1);
+    if (bias.size() != y.shape(1)) {
+      ThrowInvalid("bias has ", bias.size(), " entries for ", y.shape(1), " columns of y");
+    }
+    const auto a = ActivationOf(act);
+    float* out = y.mutable_data();
+    const float* b = bias.data();
+    const size_t rows = static_cast<size_t>(y.shape(0)), cols = static_cast<size_t>(y.shape(1));
+    {
+      py::gil_scoped_release release;
+      pyfleet::BiasActivate(out, b, rows, cols, a);
+    }
+  }, py::arg("y"), py::arg("bias"), py::arg("act"),
+  "y = act(y + bias) in place (y: C-contiguous float32[rows, cols], bias: float32[cols];\n"
+  "act: 'relu' or 'none'), numpy's arithmetic; releases the GIL.");
+  m.def("fc_act_bias_grad", [](py::object g_obj, py::object y_obj, const std::string& act) {
+    auto g = Require<float>(g_obj, "g", 2);
+    auto y = Require<float>(y_obj, "y", 2);
+    if (g.shape(0) != y.shape(0) || g.shape(1) != y.shape(1)) {
+      ThrowInvalid("g has shape (", g.shape(0), ", ", g.shape(1), "), y (", y.shape(0), ", ",
+                   y.shape(1), ")");
+    }
+    const auto a = ActivationOf(act);
+    const py::ssize_t rows = g.shape(0), cols = g.shape(1);
+    py::array_t<float> gbias(cols);
+    const bool none = a == pyfleet::Activation::kNone;
+    py::array_t<float> gz = none ? py::array_t<float>(g) : py::array_t<float>({rows, cols});
+    const float* gp = g.data();
+    const float* yp = y.data();
+    float* zp = none ? nullptr : gz.mutable_data();
+    float* bp = gbias.mutable_data();
+    {
+      py::gil_scoped_release release;
+      pyfleet::ActivationBiasGrad(gp, yp, static_cast<size_t>(rows), static_cast<size_t>(cols),
+                                  a, zp, bp);
+    }
+    return py::make_tuple(gz, gbias);
+  }, py::arg("g"), py::arg("y"), py::arg("act"),
+  "(gz float32[rows, cols], gbias float32[cols]) for a layer's output y = act(z) and\n"
+  "the gradient g of it: gz = g * act'(y) (g itself with act 'none'), gbias =\n"
+  "gz.sum(axis=0), as numpy computes them; releases the GIL.");
+}
+
 }  // namespace
 
 void RegisterBatchOps(py::module_& m) {
   BindUniqueKeys(m);
   BindRowGathers(m);
+  BindDenseLayer(m);
 }

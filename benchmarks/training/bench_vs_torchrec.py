@@ -2,7 +2,8 @@
 
 ```
 python benchmarks/training/bench_vs_torchrec.py [--rows 1000000] [--rounds 2]
-        [--runs async sync collective hybrid torch fusedebc fbgemm
+        [--runs async sync collective hybrid async-numpy sync-numpy
+                torch fusedebc fbgemm
                 torch-2p fusedebc-2p fbgemm-2p torch-hw fusedebc-hw fbgemm-hw]
         [--torch-threads 2] [--torch-preload] [--sparse-lr 0.05] [--cache DIR]
         [--json out.json]
@@ -23,6 +24,9 @@ each run's training examples/s, test AUC (exact) and the load average around it:
 - ``async-tcp``, ``sync-tcp``: the same over loopback TCP with the job's CURVE
   keys (``PYFLEET_IPC_DIR=`` empty) instead of the Unix sockets ``pyfleet train``
   uses on one machine;
+- ``async-numpy``, ``sync-numpy``: the same with each fc layer's product, bias
+  and relu run as three numpy ops (``PYFLEET_FUSED_FC=0``) instead of one fused
+  op (``pyfleet.fluid.fused_fc``): what the fusion saves;
 - ``torch``: one PyTorch process, ``torch.set_num_threads(--torch-threads)``,
   ``nn.EmbeddingBag(sparse=True)`` with ``torch.optim.SparseAdam`` and the fc
   layers with ``torch.optim.Adam`` (both lr 0.001);
@@ -89,10 +93,14 @@ BATCH = 512
 PYFLEET_RUNS = {"async": ["--mode", "async"], "sync": ["--mode", "sync"],
                 "collective": ["--mode", "collective", "--servers", "0"],
                 "hybrid": ["--mode", "hybrid"],
-                "async-tcp": ["--mode", "async"], "sync-tcp": ["--mode", "sync"]}
+                "async-tcp": ["--mode", "async"], "sync-tcp": ["--mode", "sync"],
+                "async-numpy": ["--mode", "async"], "sync-numpy": ["--mode", "sync"]}
 # ...-tcp: the roles talk over loopback TCP with the job's CURVE keys, as every
-# job did before the launcher gave each one a directory of Unix sockets
-PYFLEET_ENV = {"async-tcp": {"PYFLEET_IPC_DIR": ""}, "sync-tcp": {"PYFLEET_IPC_DIR": ""}}
+# job did before the launcher gave each one a directory of Unix sockets;
+# ...-numpy: every fc layer's mul, bias and relu on their own numpy kernels, the
+# reference of the fused layers (pyfleet.fluid.fused_fc)
+PYFLEET_ENV = {"async-tcp": {"PYFLEET_IPC_DIR": ""}, "sync-tcp": {"PYFLEET_IPC_DIR": ""},
+               "async-numpy": {"PYFLEET_FUSED_FC": "0"}, "sync-numpy": {"PYFLEET_FUSED_FC": "0"}}
 TORCH_RUNS = ("torch", "fusedebc", "fbgemm", "torch-2p", "fusedebc-2p", "fbgemm-2p",
               "torch-hw", "fusedebc-hw", "fbgemm-hw")
 TORCHREC_RUNS = ("fusedebc", "fbgemm", "fusedebc-2p", "fbgemm-2p", "fusedebc-hw",

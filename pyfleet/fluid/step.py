@@ -18,6 +18,7 @@ Not thread-safe: a step belongs to one executor's ``run``.
 import numpy as np
 
 from pyfleet import _core
+from pyfleet.fluid import fused_fc
 from pyfleet.fluid import ops as _ops
 from pyfleet.fluid.framework import Parameter
 from pyfleet.fluid.sequence import is_unit, segment_sum
@@ -46,7 +47,8 @@ class Plan:
                 datas = self._data_inputs(all_ops, extra)
                 if datas <= feed_names:
                     needed |= extra
-        self.ops = [op for op in all_ops if id(op) in needed]
+        # each fc layer's mul, bias and activation as one op (pyfleet.fluid.fused_fc)
+        self.ops = fused_fc.fuse([op for op in all_ops if id(op) in needed], targets)
         produced = {v.name for op in self.ops for v in op.output_vars()}
         for op in self.ops:
             for v in op.input_vars():
@@ -88,6 +90,9 @@ class Plan:
                     for v in op.output_vars():
                         if v.dtype.kind == "f" and not v.stop_gradient:
                             self.need.add(v.name)
+            for op in self.ops:   # a fused layer run unfused needs its inner gradients
+                if op.type == "fused_fc" and op.output("Out")[0].name in self.need:
+                    self.need.update(fused_fc.inner_outputs(op))
             if program._loss.name not in self.need:
                 raise ValueError(f"loss {program._loss.name!r} does not depend on any "
                                  "trainable parameter")
