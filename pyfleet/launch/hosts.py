@@ -32,13 +32,13 @@ import secrets
 import shutil
 import signal
 import sys
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 
 from pyfleet.errors import ConfigError, EndpointInUse
 from pyfleet.launch.collective import mpiexec_command
 from pyfleet.launch.contract import CONTRACT_VARS, FORWARD_VARS, role_env
+from pyfleet.launch.job_dirs import job_key_dir
 from pyfleet.launch.mpirun import run_watched
 from pyfleet.launch.processes import BIND_RETRIES, catch_signals, describe_rc, reporter
 from pyfleet.launch.restart import RESTART_PAUSE, RestartPolicy, restart_vars, resume_position
@@ -124,17 +124,6 @@ def hosts_command(cmd: Sequence[str], servers: int, workers: int, hosts: Sequenc
             role_cmd = ["sh", "-c", 'exec "$@" >>"$0" 2>&1', log, *role_cmd]
         argv += role_cmd
     return argv, env, eps
-
-
-def _job_keys(where):
-    """A fresh CURVE key directory inside ``where`` (shared by the hosts)."""
-    path = tempfile.mkdtemp(prefix=".pyfleet-keys-", dir=where)
-    try:
-        auth.keygen(path)
-    except BaseException:
-        shutil.rmtree(path, ignore_errors=True)
-        raise
-    return path
 
 
 def launch_hosts(cmd: Sequence[str], servers: int, workers: int, *, hosts: str | None = None,
@@ -249,7 +238,7 @@ def _attempt(cmd, servers, workers, names, port, mode, base, log_dir, where, own
     keys = None
     try:
         if own_keys:
-            keys = env["PYFLEET_CURVE_DIR"] = _job_keys(where)
+            keys = env["PYFLEET_CURVE_DIR"] = job_key_dir(where)
         forward = [k for k in env if k.startswith("PYFLEET_") and k not in CONTRACT_VARS]
         argv, needed, eps = hosts_command(cmd, servers, workers, names, port=port, mode=mode,
                                           log_dir=log_dir,

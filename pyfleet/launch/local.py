@@ -6,11 +6,9 @@ import collections
 import contextlib
 import os
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -28,6 +26,7 @@ from pyfleet.launch.contract import (
     hold_endpoints,
     role_env,
 )
+from pyfleet.launch.job_dirs import job_key_dir, make_job_dir
 from pyfleet.launch.mpirun import ended_rank, lost_peer
 from pyfleet.launch.processes import (
     BIND_RETRIES,
@@ -48,7 +47,6 @@ from pyfleet.launch.restart import (
     restart_vars,
     resume_position,
 )
-from pyfleet.service import auth
 from pyfleet.service.wire import check_ipc_dir
 
 _POLL = 0.05
@@ -288,7 +286,7 @@ def _job_ipc(base):
     directory (None when none was made)."""
     if "PYFLEET_IPC_DIR" in base:
         return None
-    path = tempfile.mkdtemp(prefix="pyfleet-ipc-")
+    path = make_job_dir("pyfleet-ipc-")
     try:
         check_ipc_dir(path)
     except ValueError:   # a temporary directory too deep for a socket's path: TCP
@@ -325,14 +323,9 @@ def _job_keys(base, where=None):
         raise ConfigError(f"PYFLEET_JOB_KEYS must be 0 or 1, got {flag!r}")
     if flag == "0" or any(k.startswith("PYFLEET_CURVE_") and v for k, v in base.items()):
         return None
-    path = tempfile.mkdtemp(prefix=".pyfleet-keys-" if where else "pyfleet-keys-", dir=where)
-    try:
-        auth.keygen(path)
-    except BaseException:
-        shutil.rmtree(path, ignore_errors=True)
-        raise
-    base["PYFLEET_CURVE_DIR"] = path
+    path = base["PYFLEET_CURVE_DIR"] = job_key_dir(where)
     return path
+
 
 
 def _mpi_prefix(workers, mode, mpi_hosts):

@@ -66,3 +66,69 @@ def test_job_keys_can_be_turned_off_and_bad_values_are_refused(tmp_path, clean_e
     with pytest.raises(ConfigError, match="PYFLEET_JOB_KEYS must be 0 or 1"):
         launch_local(["true"], servers=1, workers=1, env={"PYFLEET_JOB_KEYS": "yes"},
                      output=io.StringIO(), messages=io.StringIO())
+
+
+LAUNCHER = textwrap.dedent("""
+    import sys
+    from pyfleet.launch import free_ports, launch_local
+    port = free_ports(1, "127.0.0.1")[0]
+    worker = ("import os, sys, time; open(sys.argv[1] + '.tmp', 'w').write("
+              "os.environ['PYFLEET_CURVE_DIR'] + '\\\\n' + os.environ['PYFLEET_IPC_DIR']); "
+              "os.rename(sys.argv[1] + '.tmp', sys.argv[1]); time.sleep(120)")
+
+    def cmd(role, index):
+        if role == "server":
+            return [sys.executable, "-m", "pyfleet.service", "--endpoint", f"127.0.0.1:{port}",
+                    "--index", "0", "--num-servers", "1", "--workers", "1"]
+        return [sys.executable, "-c", worker, sys.argv[1]]
+
+    launch_local(cmd, servers=1, workers=1, timeout=300, output=sys.stderr)
+""")
+
+
+def test_the_next_job_removes_the_keys_a_killed_launcher_left(tmp_path, clean_env, request):
+    """A SIGKILLed launcher cannot remove its job's key and socket directories (the
+    keys are secrets); the next launcher on this host removes them before it makes
+    its own, and leaves those of a live launcher or of another host alone."""
+    import pathlib
+    import re
+    import shutil
+    import signal
+    import subprocess
+    import sys
+    import tempfile
+
+    from support.wait import wait_until
+
+    from pyfleet.launch import job_dirs
+
+    # a short temporary directory: Unix socket paths must stay under 108 bytes
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="jd", dir="/tmp"))
+    request.addfinalizer(lambda: shutil.rmtree(tmp, ignore_errors=True))
+    report = tmp_path / "dirs.txt"
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    with open(tmp_path / "launcher.log", "w") as log:
+        launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(report)], env=env,
+                                    stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: report.exists() or launcher.poll() is not None, timeout=120,
+                   what="the launched worker's report")
+        assert report.exists(), (tmp_path / "launcher.log").read_text()
+        keys, ipc = report.read_text().split("\n")
+        assert os.path.dirname(keys) == os.path.dirname(ipc) == str(tmp)
+        assert os.path.isfile(os.path.join(keys, "server.key_secret"))
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait(30)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert os.path.isdir(keys) and os.path.isdir(ipc)   # nobody removed them
+    other_host = tmp / "pyfleet-keys-elsewhere-1-abc"
+    other_host.mkdir()
+    host = re.fullmatch(r"pyfleet-keys-(.+)-(\d+)-[^-]+", os.path.basename(keys)).group(1)
+    live = tmp / f"pyfleet-keys-{host}-{os.getpid()}-x"
+    live.mkdir()   # named as this (live) process's
+    mine = job_dirs.make_job_dir("pyfleet-keys-", str(tmp))
+    assert not os.path.exists(keys) and os.path.isdir(ipc)   # the killed job's keys
+    assert os.path.isdir(live) and os.path.isdir(mine) and other_host.is_dir()
+    assert job_dirs.sweep_stale("pyfleet-ipc-", str(tmp)) == [ipc]
