@@ -173,7 +173,7 @@ size_t SparseTable::Load(const std::string& path, uint32_t num_servers, uint32_t
       ShardWriteLock lock(s);
       const uint32_t row = LoadedRowLocked(s, key, hk);
       StoreLoadedRow(fl, convert, p + sizeof(key), row, cw.data(), cs.data());
-      if (s.spill) EvictLocked(s.index, *s.spill, kLoadEvictSlack);
+      if (s.spill) EvictLocked(s.index, *s.spill, kLoadEvictSlack, /*spare=*/false);
       ++loaded;
     }
   }

@@ -124,13 +124,13 @@ struct SparseTable::Victims {
   bool more() const { return values.size() < wanted; }
 };
 
-void SparseTable::EvictLocked(KeyIndex& index, ShardSpill& sp, size_t slack) {
+void SparseTable::EvictLocked(KeyIndex& index, ShardSpill& sp, size_t slack, bool spare) {
   if (sp.ring.size() + sp.probation.size() > 2 * sp.resident + 1024) DropStaleKeysLocked(index, sp);
   UpdateShardOwnLocked(index, sp);
   const size_t total = RowBudget();
   UpdateRowLimit(total);
   const size_t cap = ShardRowCap(total);
-  if (sp.resident <= cap + slack) {
+  if (sp.resident <= cap + (slack == kCallReserve ? CallReserveRows(total) : slack)) {
     RelocateLocked(index, sp);
     return;
   }
@@ -140,7 +140,7 @@ void SparseTable::EvictLocked(KeyIndex& index, ShardSpill& sp, size_t slack) {
   v.values.clear();
   v.keys.clear();
   v.promoted.clear();
-  ChooseVictimsLocked(index, sp, v, /*spare=*/slack == 0);
+  ChooseVictimsLocked(index, sp, v, spare);
   WriteVictimsLocked(sp, v);
   CleanLocked(index, sp);
   RelocateLocked(index, sp);

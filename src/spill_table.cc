@@ -148,6 +148,11 @@ size_t SparseTable::ShardRowCap(size_t total) const {
   return share > kMinShardRows + kCallSlackRows ? share - kCallSlackRows : kMinShardRows;
 }
 
+size_t SparseTable::CallReserveRows(size_t total) const {
+  const size_t share = (total - total / 32) / kShards;
+  return share - std::min(share, ShardRowCap(total));
+}
+
 void SparseTable::UpdateRowLimit(size_t total) {
   // With q = total / 32, the limit stays in [total - q, total - q/2]: the
   // caps and their call reserve sum to total - q (ShardRowCap), and the row

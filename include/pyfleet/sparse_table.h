@@ -211,10 +211,13 @@ class SparseTable {
   // Brings the spilled rows among keys[i * stride] back to RAM.
   void ReloadLocked(KeyIndex& index, ShardSpill& sp, const uint64_t* keys, const uint64_t* h,
                     size_t n, size_t stride = 1);
-  // Evicts rows (2Q: probation, then CLOCK) while the shard holds more than
-  // its share of the budget plus slack rows (a load's, which spares no row
-  // of its own).
-  void EvictLocked(KeyIndex& index, ShardSpill& sp, size_t slack = 0);
+  // Evicts rows (2Q: probation, then CLOCK) down to the shard's cap once it
+  // holds more than the cap plus slack rows (kCallReserve: the rows the
+  // budget keeps a shard beyond its cap for a call's rows, ShardRowCap).
+  // spare: this step's rows go last (a load's rows are all one call's: it
+  // spares none).
+  static constexpr size_t kCallReserve = ~size_t{0};
+  void EvictLocked(KeyIndex& index, ShardSpill& sp, size_t slack = 0, bool spare = true);
   // EvictLocked's steps (spill_table.cc): the victims chosen (probation
   // from its front, then CLOCK's hand, in the order its comment gives),
   // then written to the shard's open extent and their rows freed.
@@ -255,6 +258,7 @@ class SparseTable {
   void CleanLocked(KeyIndex& index, ShardSpill& sp);
   // A shard's rows in RAM out of RowBudget()'s total; the row store's limit.
   size_t ShardRowCap(size_t total) const;
+  size_t CallReserveRows(size_t total) const;  // a shard's rows between its cap and its share
   void UpdateRowLimit(size_t total);
   // Adds the shard's bytes besides rows (its array outside the arena, its
   // next doubling phased in, stale queue keys) to spill_own_.
