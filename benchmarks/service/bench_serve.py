@@ -22,9 +22,14 @@ system, all its threads, from /proc/PID/stat) a row answered, the rows of the
 model steps the server formed (its /metrics), and the load generator's CPU a
 request. "CPU / floor" is the floor's CPU a row divided by the server's: the
 share of the in-process speed the server reaches a CPU second, whatever the
-machine's load. "HTTP alone" is the server's HTTP layer with a handler that
-answers a fixed JSON once the body is read (``--echo``), under the same load
-generator: the HTTP stack's own CPU a request, which no batching removes.
+machine's load. "HTTP alone" is the Python server's HTTP layer
+(:mod:`pyfleet.serving.http`, what ``--front python`` reads every request with)
+with a handler that answers a fixed JSON once the body is read (``--echo``),
+under the same load generator: that stack's own CPU a request, which no
+batching removes. The server runs with its default native front end (C++, one
+Python call a model step); "RAM, JSON" sends the single row as a JSON object of
+named columns, and "RAM, --front python" is the same model with every request
+read in Python, both at concurrency 64.
 
 Also: a version swap under load (concurrency 8, single rows, a new version
 committed into ``--follow``'s directory mid-run: failed requests must be 0), and
@@ -82,11 +87,23 @@ async def _request(reader, writer, head, body):
     return status, version
 
 
-async def _client_main(url, body, concurrency, seconds, warmup):
+def _json_row(tsv_line):
+    """A Criteo TSV line (label first) as a JSON row of named columns."""
+    f = tsv_line.decode().split("\t")
+    row = {f"I{i}": float(f[i]) if "." in f[i] else int(f[i]) for i in range(1, 14) if f[i]}
+    row.update({f"C{i - 13}": f[i] for i in range(14, 40) if f[i]})
+    return row
+
+
+def _content_type(body_path):
+    return "application/json" if body_path.endswith(".json") else "text/tab-separated-values"
+
+
+async def _client_main(url, body, concurrency, seconds, warmup, content_type):
     # A lean client (asyncio streams, the request's bytes built once).
     host, port = url.split("//", 1)[1].rsplit(":", 1)
     head = (f"POST /predict HTTP/1.1\r\nHost: {host}\r\nContent-Type: "
-            f"text/tab-separated-values\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+            f"{content_type}\r\nContent-Length: {len(body)}\r\n\r\n").encode()
     lat, failed, versions, answered = [], 0, {}, 0
     stop_at = time.perf_counter() + warmup + seconds
     measure_from = time.perf_counter() + warmup
@@ -132,7 +149,8 @@ def client_main(argv):
     a = p.parse_args(argv)
     with open(a.body, "rb") as f:
         body = f.read()
-    out = asyncio.run(_client_main(a.load_url, body, a.concurrency, a.seconds, a.warmup))
+    out = asyncio.run(_client_main(a.load_url, body, a.concurrency, a.seconds, a.warmup,
+                                   _content_type(a.body)))
     json.dump(out, sys.stdout)
 
 
@@ -277,7 +295,8 @@ _WRK_SCRIPT = """wrk.method = "POST"
 local f = assert(io.open(os.getenv("BENCH_SERVE_BODY"), "rb"))
 wrk.body = f:read("*all")
 f:close()
-wrk.headers["Content-Type"] = "text/tab-separated-values"
+local json = os.getenv("BENCH_SERVE_BODY"):match("%.json$")
+wrk.headers["Content-Type"] = json and "application/json" or "text/tab-separated-values"
 """
 
 
@@ -403,6 +422,9 @@ def main():
             with open(path, "wb") as f:
                 f.write(b"\n".join(lines[:n]) + b"\n")
             bodies[n] = path
+        bodies["json"] = os.path.join(tmp, "body1.json")  # the same row as JSON columns
+        with open(bodies["json"], "w") as f:
+            json.dump({"rows": [_json_row(lines[0])]}, f)
         schema = RowSchema(13, 26, max_rows=1 << 20)
         batches = {n: schema.parse("text/tab-separated-values", open(bodies[n], "rb").read())
                    for n in bodies}
@@ -426,6 +448,8 @@ def main():
             for rows, conc in ((1, 1), (1, 8), (1, 64), (256, 1), (256, 8)):
                 r = load(server, bodies[rows], rows, conc, a.seconds, **opts)
                 results.append({"table": "RAM", "rows": rows, "concurrency": conc, **r})
+            r = load(server, bodies["json"], 1, 64, a.seconds, **opts)
+            results.append({"table": "RAM, JSON", "rows": 1, "concurrency": 64, **r})
 
             def swap():
                 time.sleep(a.seconds / 2 + 1.0)
@@ -434,6 +458,12 @@ def main():
             r = load(server, bodies[1], 1, 8, a.seconds, **{**opts, "client": "python"},
                      during=swap)
             results.append({"table": "RAM, swap", "rows": 1, "concurrency": 8, **r})
+        finally:
+            server.close()
+        server = Server("--model", v1, "--front", "python")  # every request in Python
+        try:
+            r = load(server, bodies[1], 1, 64, a.seconds, **opts)
+            results.append({"table": "RAM, --front python", "rows": 1, "concurrency": 64, **r})
         finally:
             server.close()
         spill = os.path.join(tmp, "spill")
@@ -490,12 +520,13 @@ def main():
           f"{'met' if ratio >= 0.5 else 'NOT met'}); swap with {swap['failed']} failed "
           f"requests and {len(swap['versions'])} versions seen "
           f"({'met' if swap['failed'] == 0 and len(swap['versions']) == 2 else 'NOT met'})")
-    print(f"single rows at concurrency 64: the server {c64['server_cpu_ms_row']:.4f} ms CPU a "
-          f"row in steps of {c64['rows_step']:.1f} rows; HTTP alone "
-          f"{echo64['server_cpu_ms_row']:.4f} ms a request; the 64-row floor "
-          f"{fl[64]['cpu_ms_row']:.4f} ms a row: with the HTTP cost a request, the server's "
-          f"ceiling is {fl[64]['cpu_ms_row'] / (echo64['server_cpu_ms_row'] + fl[64]['cpu_ms_row']):.2f}x "
-          f"the 64-row floor by CPU")
+    py64, json64 = by[("RAM, --front python", 1, 64)], by[("RAM, JSON", 1, 64)]
+    print(f"single rows at concurrency 64, server CPU a row: the native front end "
+          f"{c64['server_cpu_ms_row']:.4f} ms in steps of {c64['rows_step']:.1f} rows "
+          f"(JSON rows {json64['server_cpu_ms_row']:.4f} ms), --front python "
+          f"{py64['server_cpu_ms_row']:.4f} ms ({py64['requests_s'] / fl[64]['rows_s']:.2f}x "
+          f"the floor's rows/s); the Python HTTP layer alone {echo64['server_cpu_ms_row']:.4f} "
+          f"ms a request; the 64-row floor {fl[64]['cpu_ms_row']:.4f} ms a row")
     for rows, conc in ((1, 1), (1, 64), (256, 8)):
         d, r = by[("1/4 in RAM", rows, conc)], by[("RAM", rows, conc)]
         print(f"1/4 in RAM vs all in RAM, {rows} row(s) at {conc}: rows/s "

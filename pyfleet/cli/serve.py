@@ -55,6 +55,10 @@ def add_serve_parser(sub, add_parser):
                         "them together (0: never waits)")
     p.add_argument("--max-batch-rows", type=int, default=4096,
                    help="most rows of one model step")
+    p.add_argument("--front", choices=("native", "python"), default="native",
+                   help="who reads the requests: native (C++: single-row requests cost no "
+                        "Python each; other kinds of request are handed to the Python "
+                        "server) or python (every request in Python); default native")
     p.add_argument("--unchecked-model", action="store_true",
                    help="serve models that carry no checksums (Fluid's layout written by "
                         "Paddle, or one whose __model__.json is gone); default: refused")
@@ -92,7 +96,7 @@ def cmd_serve(args):
         options = ServeOptions(args.max_body_bytes, args.max_rows, args.max_concurrent,
                                args.batch_wait_ms / 1000.0, args.max_batch_rows,
                                None if args.slots is None else args.slots.split(","),
-                               args.read_timeout)
+                               args.read_timeout, args.front)
     except ValueError as e:
         _fail(str(e).replace("_", "-"))
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,

@@ -29,11 +29,13 @@ import collections
 import io
 import json
 import logging
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from pyfleet.serving import native
 from pyfleet.serving.http import HTTPServer, Route
 from pyfleet.serving.metrics import ServeMetrics
 from pyfleet.serving.rows import BadRequest, RowSchema
@@ -48,7 +50,8 @@ class ServeOptions:
     """The limits and batching of a server (``pyfleet serve``'s options)."""
 
     def __init__(self, max_body_bytes=16 << 20, max_rows=16384, max_concurrent=256,
-                 batch_wait=0.001, max_batch_rows=4096, slots=None, read_timeout=30.0):
+                 batch_wait=0.001, max_batch_rows=4096, slots=None, read_timeout=30.0,
+                 front="native"):
         for name, v in (("max_body_bytes", max_body_bytes), ("max_rows", max_rows),
                         ("max_concurrent", max_concurrent), ("max_batch_rows", max_batch_rows)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -57,17 +60,27 @@ class ServeOptions:
             raise ValueError(f"batch_wait must be between 0 and 1 second, got {batch_wait!r}")
         if not read_timeout > 0:
             raise ValueError(f"read_timeout must be > 0 seconds, got {read_timeout!r}")
+        if front not in ("native", "python"):
+            raise ValueError(f"front must be 'native' or 'python', got {front!r}")
+        if front == "native" and not native.available():
+            raise ValueError("the native front end (pyfleet.serving._front) is not built: "
+                             "reinstall pyfleet, or use --front python")
+        self.front = front
         self.read_timeout = float(read_timeout)
         self.max_body_bytes, self.max_rows = max_body_bytes, max_rows
         self.max_concurrent, self.max_batch_rows = max_concurrent, max_batch_rows
         self.batch_wait, self.slots = float(batch_wait), slots
 
 
-def _step(version, schema, pendings):
+def _step(version, schema, pendings, lock):
     """One model step on the model thread: the requests' rows parsed together
-    (:meth:`RowSchema.assemble`) and predicted by ``version``."""
+    (:meth:`RowSchema.assemble`) and predicted by ``version`` (holding ``lock``:
+    the native front end's steps run on its own thread)."""
     batch, order, results = schema.assemble(pendings)
-    return (None if batch is None else version.predict(batch)), order, results
+    if batch is None:
+        return None, order, results
+    with lock:
+        return version.predict(batch), order, results
 
 
 JSON = b"application/json; charset=utf-8"
@@ -133,6 +146,10 @@ class Server:
         self._http = None
         self._batcher = None
         self._answer_of = (None, b"", b"", b"")  # version, its JSON prefix, suffix, header
+        self.step_lock = threading.Lock()  # one model step at a time (ModelVersion.predict)
+        self.native = None  # the native front end (NativeFront), when it serves
+        self.serving = (None, None)  # (version, schema), as one object
+        self._generation = 0  # of the schemas, for the native front end's JSON rows
 
     # -- versions -------------------------------------------------------------
 
@@ -144,7 +161,12 @@ class Server:
             log.info("serving %s (was %s)", version.name, self.version.name)
         else:
             log.info("serving %s", version.name)
+        self._generation += 1
+        schema.generation = self._generation
         self.version, self.schema = version, schema
+        self.serving = (version, schema)  # one assignment: read whole by other threads
+        if self.native is not None:
+            self.native.front.set_schema(schema.n_dense, schema.n_slots, schema.generation)
 
     def refused(self, where, error):
         self.metrics.load_failures += 1
@@ -180,13 +202,21 @@ class Server:
 
     async def start(self, host, port, reuse_port=False):
         """Listen on ``host:port`` (0: a free port); returns the port."""
-        self._batcher = asyncio.get_running_loop().create_task(self._batch_loop())
+        loop = asyncio.get_running_loop()
+        self._batcher = loop.create_task(self._batch_loop())
         self._http = HTTPServer(self.routes(), max_body_bytes=self.options.max_body_bytes,
                                 read_timeout=self.options.read_timeout, on_done=self._done,
                                 on_abort=self._release, log=log)
-        return await self._http.start(host, port, reuse_port)
+        if self.options.front == "python":
+            return await self._http.start(host, port, reuse_port)
+        sock = native.listen(host, port, reuse_port)
+        self._http.serve_handed_over()
+        self.native = native.NativeFront(self, sock, loop)
+        return sock.getsockname()[1]
 
     async def stop(self):
+        if self.native is not None:  # its requests answered (the loop runs on meanwhile)
+            await asyncio.get_running_loop().run_in_executor(None, self.native.stop, 10.0)
         if self._http is not None:
             await self._http.stop()
         if self._batcher is not None:
@@ -207,6 +237,8 @@ class Server:
         if state:
             request.state = None
             self.metrics.in_flight -= 1
+            if self.native is not None:
+                self.native.front.release()
             if state == _RECEIVING:
                 self._waiting_bodies -= 1
 
@@ -226,7 +258,7 @@ class Server:
 
     def metrics_text(self, request):
         v = self.version
-        text = self.metrics.render(v, {} if v is None else v.table_stats())
+        text = self.metrics.render(v, {} if v is None else v.table_stats(), self.native)
         request.respond(200, text.encode(), PROMETHEUS, b"X-Prometheus-Format: 0.0.4\r\n")
 
     def admit(self, request):
@@ -234,7 +266,8 @@ class Server:
         m = self.metrics
         if self.version is None:
             return 503, "the model is not loaded yet (GET /healthz says when)", "loading"
-        if m.in_flight >= self.options.max_concurrent:
+        if (m.in_flight >= self.options.max_concurrent if self.native is None
+                else not self.native.front.try_acquire()):
             return (429, f"more than --max-concurrent {self.options.max_concurrent} "
                          f"requests at once: retry later", "concurrency")
         m.in_flight += 1
@@ -328,7 +361,8 @@ class Server:
             version, schema = self.version, self.schema  # one version for the whole step
             try:
                 prob, order, results = await loop.run_in_executor(
-                    self._model_thread, _step, version, schema, [p for p, _ in items])
+                    self._model_thread, _step, version, schema, [p for p, _ in items],
+                    self.step_lock)
             except Exception as e:  # answered per request; the loop goes on
                 if not isinstance(e, ValueError):
                     log.exception("model step failed")

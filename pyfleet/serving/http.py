@@ -26,6 +26,7 @@ thread); ``on_done(request, status, kind)`` sees every answer and
 import asyncio
 import collections
 import http
+import socket
 import time
 from email.utils import formatdate
 
@@ -112,11 +113,13 @@ class Request:
 
 
 class _Conn(asyncio.Protocol):
-    __slots__ = ("active", "closing", "deadline", "halted", "idle_since", "order", "parser",
+    __slots__ = ("active", "closing", "deadline", "first", "halted", "idle_since", "order",
+                 "parser",
                  "req", "server", "transport", "url")
 
-    def __init__(self, server):
+    def __init__(self, server, first=b""):
         self.server = server
+        self.first = first  # bytes read before this protocol took the connection
         self.transport = None
         self.req = None  # the request being received
         self.order = collections.deque()  # requests received, not yet written: in order
@@ -131,6 +134,9 @@ class _Conn(asyncio.Protocol):
         self.transport = transport
         self.parser = httptools.HttpRequestParser(self)
         self.server.connections.add(self)
+        if self.first:
+            first, self.first = self.first, b""
+            self.data_received(first)
 
     def connection_lost(self, exc):
         self.closing = True
@@ -382,6 +388,24 @@ class HTTPServer:
         self._sweeper = self.loop.create_task(self._sweep())
         return self._server.sockets[0].getsockname()[1]
 
+    def serve_handed_over(self):
+        """Answer connections another front end hands over (:meth:`adopt`) instead
+        of listening."""
+        self.loop = asyncio.get_running_loop()
+        self._sweeper = self.loop.create_task(self._sweep())
+
+    def adopt(self, fd, data):
+        """Take over the connected socket ``fd``, ``data`` being what was read from
+        it (the start of its next request). On the event loop."""
+        sock = socket.socket(fileno=fd)
+        self.loop.create_task(self._adopt(sock, data))
+
+    async def _adopt(self, sock, data):
+        try:
+            await self.loop.connect_accepted_socket(lambda: _Conn(self, data), sock)
+        except OSError:
+            sock.close()
+
     async def _sweep(self):
         """Four times a second (or a quarter of the read timeout): the Date of the
         answers, overdue requests and idle connections."""
@@ -398,9 +422,10 @@ class HTTPServer:
     async def stop(self, answer_within=10.0):
         """Stop listening, let the requests received be answered (up to
         ``answer_within`` seconds), then close every connection."""
-        if self._server is None:
+        if self.loop is None:
             return
-        self._server.close()
+        if self._server is not None:
+            self._server.close()
         deadline = self.loop.time() + answer_within
         while self.loop.time() < deadline and any(
                 any(not r.answered for r in c.order) for c in self.connections):
@@ -410,5 +435,6 @@ class HTTPServer:
             conn.transport.close()
         if self._sweeper is not None:
             self._sweeper.cancel()
-        await self._server.wait_closed()
-        self._server = None
+        if self._server is not None:
+            await self._server.wait_closed()
+        self._server = self.loop = None

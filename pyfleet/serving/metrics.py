@@ -62,9 +62,31 @@ class ServeMetrics:
         if timed:  # prediction requests only: /healthz and /metrics would hide them
             self.latency.observe(seconds)
 
-    def render(self, version, table_stats):
+    def _merged(self, native):
+        """A copy of these counters with the native front end's added."""
+        got = native.front.metrics()
+        m = ServeMetrics()
+        m.rows, m.swaps, m.load_failures = self.rows + native.rows, self.swaps, \
+            self.load_failures
+        m.in_flight = native.front.in_flight()
+        for mine, theirs, into in ((self.requests, got["requests"], m.requests),
+                                   (self.errors, got["errors"], m.errors)):
+            for k in set(mine) | set(theirs):
+                into[k] = mine.get(k, 0) + theirs.get(k, 0)
+        m.latency.counts = [a + b for a, b in zip(self.latency.counts, got["latency_counts"])]
+        m.latency.sum = self.latency.sum + got["latency_sum"]
+        m.batch_rows.counts = [a + b for a, b in zip(self.batch_rows.counts,
+                                                     native.batch_rows.counts)]
+        m.batch_rows.sum = self.batch_rows.sum + native.batch_rows.sum
+        return m
+
+    def render(self, version, table_stats, native=None):
         """The text of ``GET /metrics``; ``version``: the served ModelVersion or None;
-        ``table_stats``: ``{table: (rows in RAM, rows on disk)}``."""
+        ``table_stats``: ``{table: (rows in RAM, rows on disk)}``; ``native``: the
+        native front end (:class:`pyfleet.serving.native.NativeFront`), whose
+        counts are added to these."""
+        if native is not None:
+            return self._merged(native).render(version, table_stats)
         p = "pyfleet_serve_"
         out = [f"# HELP {p}requests_total Requests answered, by HTTP status code.",
                f"# TYPE {p}requests_total counter"]
