@@ -347,7 +347,9 @@ def test_a_stalled_body_is_408_and_frees_its_slot(models, tmp_path):
         with socket.create_connection(("127.0.0.1", s.port), timeout=30) as sock:
             sock.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: text/csv\r\n"
                          b"Content-Length: 1000\r\n\r\nI1,C1\n")  # then nothing more
-            # while it stalls, it holds the one slot
+            # while it stalls, it holds the one slot (once the server has read its head)
+            s.wait_for(lambda: b"pyfleet_serve_in_flight_requests 1" in
+                       request(s.url + "/metrics")[2], 30, "the stalled request's slot")
             status, _, out = request(s.url + "/predict", b"\t" * 38, "text/tab-separated-values")
             assert status == 429 and b"--max-concurrent 1" in out
             reply = sock.recv(4096)
