@@ -24,6 +24,8 @@ from collections import Counter
 import numpy as np
 
 from pyfleet import _core
+from pyfleet.fluid import ops as _ops
+from pyfleet.fluid.framework import Operator
 
 __all__ = ["ENABLED", "FusedFC", "backward", "forward", "fuse", "inner_outputs"]
 
@@ -34,30 +36,16 @@ _ACTS = {"relu": "relu"}
 _UNFUSED = object()
 
 
-class FusedFC:
+class FusedFC(Operator):
     """One fc layer's ``mul``, ``elementwise_add`` and activation as one op of a
-    plan (it answers what a plan and the executor ask of an Operator)."""
-
-    type = "fused_fc"
-    __slots__ = ("act", "attrs", "inputs", "ops", "outputs")
+    plan (never added to a block); ``ops``: those ops, ``act``: "relu" or "none"."""
 
     def __init__(self, ops, act):
         mul, add = ops[0], ops[1]
-        self.ops, self.act, self.attrs = ops, act, {}
-        self.inputs = {"X": mul.input("X"), "W": mul.input("Y"), "Bias": add.input("Y")}
-        self.outputs = {"Out": ops[-1].output("Out")}
-
-    def input(self, slot):
-        return self.inputs.get(slot, [])
-
-    def output(self, slot):
-        return self.outputs.get(slot, [])
-
-    def input_vars(self):
-        return [v for vs in self.inputs.values() for v in vs]
-
-    def output_vars(self):
-        return [v for vs in self.outputs.values() for v in vs]
+        super().__init__(mul.block, "fused_fc",
+                         {"X": mul.input("X"), "W": mul.input("Y"), "Bias": add.input("Y")},
+                         {"Out": ops[-1].output("Out")})
+        self.ops, self.act = ops, act
 
     def __repr__(self):
         return f"FusedFC({[op.type for op in self.ops]}, out={self.outputs['Out'][0].name})"
@@ -113,7 +101,7 @@ def fuse(ops, keep):
     return out
 
 
-def forward(op, s, kernels):
+def forward(op, s, kernels=_ops.FORWARD):
     """``kernels``: the op kernels by type (a layer whose values the fused path
     does not take runs its own ops, whose errors are theirs)."""
     x, w, b = (s.data(op.inputs[k][0]) for k in ("X", "W", "Bias"))
@@ -132,7 +120,7 @@ def forward(op, s, kernels):
     s.set(op.outputs["Out"][0], y)
 
 
-def backward(op, s, kernels):
+def backward(op, s, kernels=_ops.BACKWARD):
     """``kernels``: the ops' gradient kernels by type (see :func:`forward`)."""
     if s.aux(op) is _UNFUSED:
         for o in reversed(op.ops):
@@ -162,3 +150,9 @@ def inner_outputs(op):
     """The names a fused layer's own ops write besides its output (they get
     values and gradients only when the layer runs unfused)."""
     return [v.name for o in op.ops[:-1] for v in o.output_vars()]
+
+
+# The kernels of the op type a plan's fusion makes (pyfleet.fluid.step imports
+# this module; the ops module cannot, since this one builds on the graph's Operator).
+_ops.FORWARD["fused_fc"] = forward
+_ops.BACKWARD["fused_fc"] = backward

@@ -19,7 +19,6 @@ import math
 import numpy as np
 
 from pyfleet.fluid import (
-    fused_fc,
     index_ops,
     loss_ops,
     math_ops,
@@ -113,9 +112,6 @@ def _mul_bwd(op, s):
 
 
 _register("mul", _mul_fwd, _mul_bwd)
-# mul + bias + activation of one fc layer, as a plan fuses them (pyfleet.fluid.fused_fc)
-_register("fused_fc", lambda op, s: fused_fc.forward(op, s, FORWARD),
-          lambda op, s: fused_fc.backward(op, s, BACKWARD))
 
 
 def _matmul_operands(op, s):
