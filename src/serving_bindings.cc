@@ -62,7 +62,7 @@ struct StopWithoutGil {
 };
 using FrontHolder = std::unique_ptr<Front, StopWithoutGil>;
 
-FrontHolder make_front(int fd, py::object step, py::object adopt, double batch_wait,
+FrontHolder make_front(std::vector<int> fds, py::object step, py::object adopt, double batch_wait,
                                   int64_t max_batch_rows, int64_t max_fast_body,
                                   double read_timeout, double keepalive_timeout,
                                   int64_t max_concurrent, std::vector<double> bounds) {
@@ -84,7 +84,7 @@ FrontHolder make_front(int fd, py::object step, py::object adopt, double batch_w
     delete p;
   });
   return FrontHolder(new Front(
-      fd, [s](const StepIn& in, StepOut& out) { call_step(*s, in, out); },
+      std::move(fds), [s](const StepIn& in, StepOut& out) { call_step(*s, in, out); },
       [a](int fd, const std::string& data) {
         py::gil_scoped_acquire gil;
         (*a)(fd, py::bytes(data));
@@ -111,7 +111,7 @@ py::dict metrics_of(Front& f) {
 PYBIND11_MODULE(_front, m) {
   m.doc() = "The native HTTP front end of pyfleet serve (see pyfleet/serving/native.py).";
   py::class_<Front, FrontHolder>(m, "Front")
-      .def(py::init(&make_front), py::arg("fd"), py::arg("step"), py::arg("adopt"),
+      .def(py::init(&make_front), py::arg("fds"), py::arg("step"), py::arg("adopt"),
            py::arg("batch_wait"), py::arg("max_batch_rows"), py::arg("max_fast_body"),
            py::arg("read_timeout"), py::arg("keepalive_timeout"), py::arg("max_concurrent"),
            py::arg("latency_bounds"))

@@ -25,7 +25,7 @@ namespace {
 
 constexpr size_t kHeadLimit = 64 << 10;   // the Python server answers 431 past it
 constexpr size_t kOutLimit = 1 << 20;     // answers not yet read: stop reading past it
-constexpr uint64_t kListenTag = 0, kEventTag = ~uint64_t{0};
+constexpr uint64_t kListenTag = uint64_t{1} << 63, kEventTag = ~uint64_t{0};  // | index
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
@@ -48,19 +48,20 @@ struct Front::Conn {
   uint32_t events = 0;
 };
 
-Front::Front(int listen_fd, StepFn step, AdoptFn adopt, FrontOptions opts)
-    : listen_fd_(listen_fd), step_(std::move(step)), adopt_(std::move(adopt)),
+Front::Front(std::vector<int> listen_fds, StepFn step, AdoptFn adopt, FrontOptions opts)
+    : listen_fds_(std::move(listen_fds)), step_(std::move(step)), adopt_(std::move(adopt)),
       opts_(std::move(opts)) {
   metrics_.latency_counts.assign(opts_.latency_bounds.size() + 1, 0);
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
   event_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (epoll_fd_ < 0 || event_fd_ < 0) throw std::runtime_error("epoll/eventfd failed");
-  int fl = fcntl(listen_fd_, F_GETFL);
-  fcntl(listen_fd_, F_SETFL, fl | O_NONBLOCK);
   epoll_event ev{};
   ev.events = EPOLLIN;
-  ev.data.u64 = kListenTag;
-  epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, listen_fd_, &ev);
+  for (size_t i = 0; i < listen_fds_.size(); ++i) {
+    fcntl(listen_fds_[i], F_SETFL, fcntl(listen_fds_[i], F_GETFL) | O_NONBLOCK);
+    ev.data.u64 = kListenTag | i;
+    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, listen_fds_[i], &ev);
+  }
   ev.data.u64 = kEventTag;
   epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, event_fd_, &ev);
 }
@@ -79,7 +80,7 @@ void Front::start() {
 void Front::stop(double within) {
   if (!io_thread_.joinable()) return;
   accepting_ = false;
-  epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, listen_fd_, nullptr);
+  for (int fd : listen_fds_) epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
   double deadline = now_s() + within;
   while (now_s() < deadline) {  // the requests received are answered and written
     {
@@ -125,12 +126,12 @@ void Front::io_loop() {
     int n = epoll_wait(epoll_fd_, events, 256, 250);
     for (int i = 0; i < n; ++i) {
       uint64_t tag = events[i].data.u64;
-      if (tag == kListenTag) {
-        accept_all();
-      } else if (tag == kEventTag) {
+      if (tag == kEventTag) {
         uint64_t v;
         (void)!read(event_fd_, &v, sizeof v);
         drain_done();
+      } else if (tag & kListenTag) {
+        accept_all(listen_fds_[tag & ~kListenTag]);
       } else {
         auto it = conns_.find(tag);
         if (it == conns_.end()) continue;
@@ -151,9 +152,9 @@ void Front::io_loop() {
   open_conns_ = 0;
 }
 
-void Front::accept_all() {
+void Front::accept_all(int listen_fd) {
   while (accepting_) {
-    int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    int fd = accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) return;  // EAGAIN, or an error of that one connection
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);

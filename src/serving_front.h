@@ -3,9 +3,9 @@
 // gathered into model steps by a second thread that enters Python once a step.
 //
 // Only the common request is answered here: `POST /predict HTTP/1.1` with a
-// Content-Length body of Criteo TSV lines or JSON, keep-alive. A connection
-// whose next request is anything else (another path or method, chunked, Expect,
-// Connection: close, HTTP/1.0, a big body, an Accept of npy, malformed HTTP...)
+// Content-Length body of Criteo TSV lines or JSON (keep-alive or Connection:
+// close). A connection whose next request is anything else (another path or
+// method, chunked, Expect, HTTP/1.0, a big body, an Accept of npy, malformed HTTP...)
 // is handed over, with the bytes read so far, to the Python server, which then
 // owns it (the adopt callback): its answers are the Python path's own.
 #pragma once
@@ -108,7 +108,7 @@ class Front {
   using StepFn = std::function<void(const StepIn&, StepOut&)>;
   using AdoptFn = std::function<void(int fd, const std::string& data)>;
 
-  Front(int listen_fd, StepFn step, AdoptFn adopt, FrontOptions opts);
+  Front(std::vector<int> listen_fds, StepFn step, AdoptFn adopt, FrontOptions opts);
   ~Front();
   void start();
   // Stop accepting, answer the requests received (up to `within` seconds),
@@ -126,7 +126,7 @@ class Front {
   struct Conn;
   void io_loop();
   void dispatch_loop();
-  void accept_all();
+  void accept_all(int listen_fd);
   void on_readable(Conn& c);
   void parse_input(Conn& c);
   bool take_request(Conn& c, const Head& h, size_t avail);
@@ -143,7 +143,8 @@ class Front {
   void count(int status, const std::string& kind, double seconds);
   void finish(std::vector<RequestPtr>& items);
 
-  int listen_fd_, epoll_fd_ = -1, event_fd_ = -1;
+  std::vector<int> listen_fds_;
+  int epoll_fd_ = -1, event_fd_ = -1;
   StepFn step_;
   AdoptFn adopt_;
   FrontOptions opts_;

@@ -22,14 +22,15 @@ system, all its threads, from /proc/PID/stat) a row answered, the rows of the
 model steps the server formed (its /metrics), and the load generator's CPU a
 request. "CPU / floor" is the floor's CPU a row divided by the server's: the
 share of the in-process speed the server reaches a CPU second, whatever the
-machine's load. "HTTP alone" is the Python server's HTTP layer
-(:mod:`pyfleet.serving.http`, what ``--front python`` reads every request with)
-with a handler that answers a fixed JSON once the body is read (``--echo``),
-under the same load generator: that stack's own CPU a request, which no
-batching removes. The server runs with its default native front end (C++, one
-Python call a model step); "RAM, JSON" sends the single row as a JSON object of
-named columns, and "RAM, --front python" is the same model with every request
-read in Python, both at concurrency 64.
+machine's load. "HTTP alone" is a server's HTTP with nothing behind it, under the
+same load generator (``--echo``): the Python server's layer
+(:mod:`pyfleet.serving.http`, what ``--front python`` reads every request with,
+a handler answering a fixed JSON once the body is read) and the native front end
+(its two threads, a step function that predicts nothing): that stack's own CPU a
+request, which no batching removes. The server runs with its default native
+front end; "RAM, JSON" sends the single row as a JSON object of named columns,
+and "RAM, --front python" is the same model with every request read in Python,
+both at concurrency 64.
 
 Also: a version swap under load (concurrency 8, single rows, a new version
 committed into ``--follow``'s directory mid-run: failed requests must be 0), and
@@ -157,10 +158,11 @@ def client_main(argv):
 ECHO_ANSWER = b'{"predictions": [0.5], "model_version": "echo"}'
 
 
-def echo_main():
-    """``--echo``: the server's HTTP layer alone (:mod:`pyfleet.serving.http` on the
-    same event loop), a handler that answers a fixed JSON once the body is read: the
-    HTTP stack's own cost a request, beside the server's."""
+def echo_main(front="python"):
+    """``--echo [python|native]``: a server's HTTP alone, answering a fixed JSON once
+    the body is read: the Python server's layer (:mod:`pyfleet.serving.http` on the
+    same event loop, a handler a request) or the native front end's (its threads,
+    a step function that predicts nothing): the HTTP stack's own cost a request."""
     from pyfleet.cli.serve import _event_loop_run
     from pyfleet.serving.http import HTTPServer, Route
 
@@ -170,12 +172,30 @@ def echo_main():
     def ready(request):
         request.respond(200, b"ready")
 
+    def step(text, raw, text_ends, raw_ends, info):
+        rows = info[:, 1].astype(np.int64)
+        return (np.full(int(rows.sum()), 0.5), rows, [], b'{"predictions": [',
+                b'], "model_version": "echo"}', b"")
+
     async def run():
         server = HTTPServer({"/predict": {"POST": Route(answer)},
                              "/healthz": {"GET": Route(ready)}},
                             max_body_bytes=16 << 20, read_timeout=30.0,
                             on_done=lambda *a: None, on_abort=lambda r: None, log=None)
-        port = await server.start("127.0.0.1", 0)
+        if front == "python":
+            port = await server.start("127.0.0.1", 0)
+        else:  # the serving defaults: 1 ms batch wait, 4096 rows a step
+            from pyfleet.serving import _front
+            from pyfleet.serving.native import KEEPALIVE_TIMEOUT, listen
+            loop = asyncio.get_running_loop()
+            socks = listen("127.0.0.1", 0)
+            server.serve_handed_over()
+            native = _front.Front(
+                [s.fileno() for s in socks], step, lambda fd, data: loop.call_soon_threadsafe(
+                    server.adopt, fd, data), 0.001, 4096, 64 << 10, 30.0, KEEPALIVE_TIMEOUT,
+                256, [1.0])
+            native.start()
+            port = socks[0].getsockname()[1]
         print(f"pyfleet serve: listening on http://127.0.0.1:{port}", flush=True)
         await asyncio.Event().wait()  # until SIGTERM
     _event_loop_run()(run())
@@ -208,9 +228,9 @@ def build_model(where, data_dir, seed=0):
 class Server:
     """``pyfleet serve ARGS`` (or the echo server) as its own process on 127.0.0.1."""
 
-    def __init__(self, *args, echo=False):
+    def __init__(self, *args, echo=None):
         env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
-        cmd = ([sys.executable, os.path.abspath(__file__), "--echo"] if echo else
+        cmd = ([sys.executable, os.path.abspath(__file__), "--echo", echo] if echo else
                [sys.executable, "-m", "pyfleet.cli", "serve", "--port", "0", *map(str, args)])
         self.echo = echo
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
@@ -380,8 +400,8 @@ def floor(model_dir, batch, steps_seconds=2.0):
 def main():
     if "--load-url" in sys.argv:
         return client_main(sys.argv[1:])
-    if sys.argv[1:] == ["--echo"]:
-        return echo_main()
+    if sys.argv[1:2] == ["--echo"]:
+        return echo_main(*sys.argv[2:3])
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", type=int, default=100_000, help="generated training rows")
     p.add_argument("--seconds", type=float, default=4.0, help="measured seconds per load")
@@ -427,7 +447,7 @@ def main():
             json.dump({"rows": [_json_row(lines[0])]}, f)
         schema = RowSchema(13, 26, max_rows=1 << 20)
         batches = {n: schema.parse("text/tab-separated-values", open(bodies[n], "rb").read())
-                   for n in bodies}
+                   for n in (1, 64, 256)}
         ram = ModelVersion(v1)
         table_bytes = sum(t.memory_bytes() for t in ram.tables.values())
         table_rows = sum(len(t) for t in ram.tables.values())
@@ -436,13 +456,14 @@ def main():
 
         floors = [{n: floor(v1, batches[n]) for n in (1, 64, 256)}]
         results = []
-        echo = Server(echo=True)
-        try:
-            for conc in (1, 64):
-                r = load(echo, bodies[1], 1, conc, a.seconds, **opts)
-                results.append({"table": "HTTP alone", "rows": 1, "concurrency": conc, **r})
-        finally:
-            echo.close()
+        for front, label in (("python", "HTTP alone, Python"), ("native", "HTTP alone, native")):
+            echo = Server(echo=front)
+            try:
+                for conc in (1, 64):
+                    r = load(echo, bodies[1], 1, conc, a.seconds, **opts)
+                    results.append({"table": label, "rows": 1, "concurrency": conc, **r})
+            finally:
+                echo.close()
         server = Server("--follow", models_dir, "--poll-interval", "0.2")
         try:
             for rows, conc in ((1, 1), (1, 8), (1, 64), (256, 1), (256, 8)):
@@ -499,7 +520,7 @@ def main():
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         ref = fl[256 if r["rows"] == 256 else 1 if r["concurrency"] == 1 else 64]
-        echo_row = r["table"] == "HTTP alone"
+        echo_row = r["table"].startswith("HTTP alone")
         print(f"| {r['table']} | {r['client']} | {r['rows']} | {r['concurrency']} | "
               f"{r['requests_s']:,.0f} | {r['requests_s'] * r['rows']:,.0f} | "
               f"{r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['failed']} | "
@@ -512,7 +533,7 @@ def main():
     c1, c64 = by[("RAM", 1, 1)], by[("RAM", 1, 64)]
     ratio = c64["requests_s"] / fl[64]["rows_s"]
     cpu_ratio = fl[64]["cpu_ms_row"] / c64["server_cpu_ms_row"]
-    echo64 = by[("HTTP alone", 1, 64)]
+    echo64, necho64 = by[("HTTP alone, Python", 1, 64)], by[("HTTP alone, native", 1, 64)]
     print(f"\nswap under load: versions answered {swap['versions']}, failed {swap['failed']}")
     print(f"targets: single-row p99 at concurrency 1 {c1['p99_ms']:.2f} ms (<= 5: "
           f"{'met' if c1['p99_ms'] <= 5 else 'NOT met'}); concurrency 64 rows/s "
@@ -525,8 +546,9 @@ def main():
           f"{c64['server_cpu_ms_row']:.4f} ms in steps of {c64['rows_step']:.1f} rows "
           f"(JSON rows {json64['server_cpu_ms_row']:.4f} ms), --front python "
           f"{py64['server_cpu_ms_row']:.4f} ms ({py64['requests_s'] / fl[64]['rows_s']:.2f}x "
-          f"the floor's rows/s); the Python HTTP layer alone {echo64['server_cpu_ms_row']:.4f} "
-          f"ms a request; the 64-row floor {fl[64]['cpu_ms_row']:.4f} ms a row")
+          f"the floor's rows/s); HTTP alone {necho64['server_cpu_ms_row']:.4f} ms a request "
+          f"(native), {echo64['server_cpu_ms_row']:.4f} ms (Python); the 64-row floor "
+          f"{fl[64]['cpu_ms_row']:.4f} ms a row")
     for rows, conc in ((1, 1), (1, 64), (256, 8)):
         d, r = by[("1/4 in RAM", rows, conc)], by[("RAM", rows, conc)]
         print(f"1/4 in RAM vs all in RAM, {rows} row(s) at {conc}: rows/s "

@@ -209,10 +209,10 @@ class Server:
                                 on_abort=self._release, log=log)
         if self.options.front == "python":
             return await self._http.start(host, port, reuse_port)
-        sock = native.listen(host, port, reuse_port)
+        socks = native.listen(host, port, reuse_port)
         self._http.serve_handed_over()
-        self.native = native.NativeFront(self, sock, loop)
-        return sock.getsockname()[1]
+        self.native = native.NativeFront(self, socks, loop)
+        return socks[0].getsockname()[1]
 
     async def stop(self):
         if self.native is not None:  # its requests answered (the loop runs on meanwhile)

@@ -4,15 +4,18 @@ At one row a request, a server that runs Python for every request spends more
 CPU on HTTP than the model spends on the row. :mod:`pyfleet.serving._front`
 (C++, ``src/serving_*.cc``) holds the listening socket: an epoll thread reads
 the requests of the common kind, ``POST /predict`` of Criteo TSV or JSON with a
-``Content-Length`` body on a keep-alive HTTP/1.1 connection, and a dispatcher
+``Content-Length`` body on an HTTP/1.1 connection (keep-alive, or closed after
+its answer when the request says ``Connection: close``), and a dispatcher
 thread gathers them into model steps as the Python batcher does (up to
 ``--batch-wait-ms`` for the other open connections, up to ``--max-batch-rows``
 rows). Python runs once a step (:meth:`NativeFront.step`): the step's TSV
-bodies, joined, in one parser call and one ``predict``. The answers are written
-from C++.
+bodies, joined, in one parser call and one ``predict`` (JSON rows of named
+columns are first written in C++ as the TSV lines the Python server makes of
+them; other JSON is decoded here, as the Python server does). The answers are
+written from C++.
 
 A connection whose next request is of another kind (another path or method,
-chunked, ``Expect``, ``Connection: close``, HTTP/1.0, a body over 64 KiB, an
+chunked, ``Expect``, HTTP/1.0, a body over 64 KiB, an
 ``Accept`` of npy, malformed HTTP, a request over ``--max-concurrent``...) is
 handed, with the bytes read so far, to the Python server
 (:mod:`pyfleet.serving.http`), which owns it from then on: every answer but the
@@ -45,11 +48,28 @@ def available():
 
 
 def listen(host, port, reuse_port=False):
-    """A listening TCP socket on ``host:port`` (its family by ``host``)."""
-    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                flags=socket.AI_PASSIVE)[0][0]
-    return socket.create_server((host, port), family=family, backlog=1024,
-                                reuse_port=reuse_port)
+    """Listening TCP sockets on ``host:port``: one an address ``host`` names (as
+    asyncio's server does), all on one port (the first's, when ``port`` is 0)."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    socks = []
+    try:
+        for family, _, _, _, addr in dict.fromkeys(infos):
+            if socks:
+                addr = (addr[0], socks[0].getsockname()[1], *addr[2:])
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            socks.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if reuse_port:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(addr)
+            sock.listen(1024)
+    except OSError:
+        for sock in socks:
+            sock.close()
+        raise
+    return socks
 
 
 def _error(i, status, text, kind):
@@ -58,15 +78,15 @@ def _error(i, status, text, kind):
 
 class NativeFront:
     """The C++ front end of ``server`` (a :class:`pyfleet.serving.app.Server`) on
-    the listening socket ``sock``; handed-over connections go to ``server``'s
+    the listening sockets ``socks``; handed-over connections go to ``server``'s
     HTTP server on ``loop``."""
 
-    def __init__(self, server, sock, loop):
-        self.server, self.sock, self.loop = server, sock, loop
+    def __init__(self, server, socks, loop):
+        self.server, self.socks, self.loop = server, socks, loop
         opts = server.options
         self.batch_rows = Histogram(BATCH_BUCKETS)  # kept by the dispatcher thread
         self.rows = 0
-        self.front = _front.Front(sock.fileno(), self.step, self.adopt, opts.batch_wait,
+        self.front = _front.Front([s.fileno() for s in socks], self.step, self.adopt, opts.batch_wait,
                                   opts.max_batch_rows, min(JOIN_BYTES, opts.max_body_bytes),
                                   opts.read_timeout, KEEPALIVE_TIMEOUT, opts.max_concurrent,
                                   list(LATENCY_BUCKETS))
@@ -78,7 +98,8 @@ class NativeFront:
     def stop(self, within=10.0):
         """(Blocking: run it off the event loop.)"""
         self.front.stop(within)
-        self.sock.close()
+        for sock in self.socks:
+            sock.close()
 
     def adopt(self, fd, data):
         """(The I/O thread) a connection for the Python server, ``data`` read from it."""

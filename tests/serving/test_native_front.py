@@ -190,3 +190,13 @@ def test_a_request_split_across_reads_and_connection_close(model, lines, tmp_pat
         assert got.startswith(b"HTTP/1.1 200 OK\r\n")
         assert b"Connection: close\r\n" in got
         assert json.loads(got.split(b"\r\n\r\n", 1)[1])["predictions"][0] > 0
+
+
+def test_a_host_name_is_served_on_each_of_its_addresses_on_one_port(model, lines, tmp_path):
+    addrs = {a[4][0] for a in socket.getaddrinfo("localhost", 0, type=socket.SOCK_STREAM)}
+    with ServeProcess("--model", model, "--host", "localhost", cwd=tmp_path) as s:
+        for addr in addrs:  # 127.0.0.1, and ::1 where localhost names it
+            conn = http.client.HTTPConnection(addr, s.port, timeout=30)
+            status, _, body = post(conn, lines[3] + b"\n")
+            conn.close()
+            assert status == 200 and b'"predictions"' in body
