@@ -13,8 +13,8 @@ float32 values, in the same order: the two paths give the same gradients
 (tests/fluid/test_fused_fc.py compares them). Three ops' dispatch,
 temporaries and a gradient copy become one kernel call each way.
 
-``ENABLED = False`` (or ``PYFLEET_FUSED_FC=0`` in the environment) keeps every
-op on its own numpy kernel, the reference; programs planned before a change
+``ENABLED = False`` (or ``PYFLEET_FUSED_FC=0`` in the environment; any value
+but 0 or 1 is refused) keeps every op on its own numpy kernel, the reference; programs planned before a change
 keep their plans.
 """
 
@@ -24,12 +24,23 @@ from collections import Counter
 import numpy as np
 
 from pyfleet import _core
+from pyfleet.errors import ConfigError
 from pyfleet.fluid import ops as _ops
 from pyfleet.fluid.framework import Operator
 
 __all__ = ["ENABLED", "FusedFC", "backward", "forward", "fuse", "inner_outputs"]
 
-ENABLED = os.environ.get("PYFLEET_FUSED_FC", "1") != "0"
+
+
+def _enabled_by_env():
+    flag = os.environ.get("PYFLEET_FUSED_FC", "1").strip()
+    if flag not in ("0", "1"):
+        raise ConfigError(f"PYFLEET_FUSED_FC must be 0 (the numpy ops, the reference) or 1 "
+                          f"(fused fc layers, the default), got {flag!r}")
+    return flag == "1"
+
+
+ENABLED = _enabled_by_env()
 
 _ACTS = {"relu": "relu"}
 # A layer whose shapes or dtypes the fused kernels do not take runs its own ops.

@@ -160,3 +160,19 @@ def test_a_layer_the_fused_kernels_cannot_take_runs_its_own_ops(fusion):
     (value,) = exe.run(main, feed={"x": np.ones((2, 4), np.float32)}, fetch_list=[loss],
                        scope=scope)
     assert np.isfinite(value).all()
+
+
+@pytest.mark.parametrize(("value", "enabled"), [("0", False), ("1", True), ("false", None)])
+def test_the_environment_switch_takes_0_or_1_and_refuses_anything_else(value, enabled):
+    import os
+    import subprocess
+    import sys
+    code = "from pyfleet.fluid import fused_fc; print(fused_fc.ENABLED)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "PYFLEET_FUSED_FC": value})
+    if enabled is None:
+        assert r.returncode != 0
+        assert "PYFLEET_FUSED_FC must be 0" in r.stderr and "'false'" in r.stderr
+    else:
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == str(enabled)
