@@ -41,6 +41,7 @@ void SparseTable::Push(const uint64_t* keys, size_t n, const float* grads, bool 
   b.s.resize(state_dim_ + 1);
   b.g.resize(dim_);
   if (budget_ != 0) NoteCall(b, true);
+  b.table.clear();  // MarkEqualKeys: its size becomes this push's largest shard's table
   // A push is applied whole or not at all: its spilled rows are read back
   // before any shard is updated (a read error changes no row), and its
   // evictions never throw (EvictForPush).
@@ -146,7 +147,13 @@ void SparseTable::MarkEqualKeys(Batch& b, size_t lo, size_t hi) {
   if (len <= 1) return;
   size_t cap = 16;
   while (cap < 2 * len) cap *= 2;
-  b.table.assign(cap, kNone);
+  // The array keeps the size of the largest shard's (a hot key's thousands
+  // of copies make one shard's table many times the others'), so that the
+  // next call's Batch::Note sees what this push needed, not the last
+  // shard's: sized by the last one, it gave the array back and trimmed the
+  // heap every call, and the next push took it again.
+  if (b.table.size() < cap) b.table.resize(cap);
+  std::fill_n(b.table.begin(), cap, kNone);
   for (size_t j = lo; j < hi; ++j) {
     size_t t = (b.h[j] >> 7) & (cap - 1);
     for (;;) {
