@@ -6,6 +6,7 @@ ones, a request split across reads, Connection: close honoured."""
 
 import http.client
 import json
+import random
 import socket
 import threading
 import time
@@ -200,3 +201,48 @@ def test_a_host_name_is_served_on_each_of_its_addresses_on_one_port(model, lines
             status, _, body = post(conn, lines[3] + b"\n")
             conn.close()
             assert status == 200 and b'"predictions"' in body
+
+
+def test_clients_that_vanish_stall_or_send_garbage_hold_no_slot_after(model, lines, tmp_path):
+    """Mixed traffic, many clients closing mid-request or without reading; after it
+    every slot is free again (--max-concurrent's count back to 0) and it serves."""
+    one = lines[4] + b"\n"
+
+    def req(body, ctype=b"text/tab-separated-values", extra=b""):
+        return (b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: " + ctype + b"\r\n" + extra
+                + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    kinds = [req(one), req(one) * 3, req(b"bad\n"), b"GET /healthz HTTP/1.1\r\n\r\n",
+             req(b'{"rows": [{"I1": 1, "C1": "ab"}]}', b"application/json"),
+             req(one, extra=b"Connection: close\r\n"), b"GARBAGE\r\n\r\n", req(one)[:30],
+             req(one)[:-5], req(one, b"text/csv")]
+    with ServeProcess("--model", model, "--max-concurrent", "8", "--read-timeout", "1",
+                      cwd=tmp_path) as s:
+        stop, answers = time.monotonic() + 4, []
+
+        def client(k):
+            rnd = random.Random(k)
+            while time.monotonic() < stop:
+                with socket.create_connection(("127.0.0.1", s.port), timeout=5) as sock:
+                    for _ in range(rnd.randint(1, 6)):
+                        sock.sendall(rnd.choice(kinds))
+                        if rnd.random() < 0.2:
+                            break  # gone without reading
+                        try:
+                            got = sock.recv(65536)
+                        except OSError:
+                            break
+                        if not got:
+                            break
+                        answers.append(got[:12])
+        threads = [threading.Thread(target=client, args=(k,)) for k in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert answers and all(a.startswith(b"HTTP/1.1 ") for a in answers)
+        s.wait_for(lambda: metrics(s.url)["pyfleet_serve_in_flight_requests"] == 0, 30,
+                   "every slot freed")
+        conn = keepalive(s)
+        assert post(conn, one)[0] == 200
+        conn.close()
+        assert s.proc.poll() is None
