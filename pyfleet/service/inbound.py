@@ -1,101 +1,89 @@
-"""What libzmq holds for a server's TCP peers, bounded: :class:`InboundGuard`.
+"""What a server holds of its TCP peers' bytes, bounded: :class:`InboundRelay`.
 
 libzmq hands a multipart message to the server only once all of its frames have
-arrived, and bounds frames, not messages (``ZMQ_MAXMSGSIZE``): a peer that
-sends frame after frame, each under the limit, makes the server's I/O thread
-buffer them all before the server sees any. No framing of pyfleet's own can
-change that: the peer, not pyfleet, chooses how many frames it sends. What the
-server can see is the difference of two counts per connection:
+arrived, bounds frames, not messages (``ZMQ_MAXMSGSIZE``), and counts whole
+messages (``ZMQ_RCVHWM``): a peer sending frame after frame of a message that never
+ends makes libzmq's I/O thread read and hold all of it, as fast as it arrives. A
+look every few milliseconds, then a cut, bounds that by time, not bytes.
 
-- the bytes libzmq has read from the connection's TCP socket: the kernel's
-  ``tcpi_bytes_received`` (``TCP_INFO``) less what still waits in the
-  socket's receive queue (``SIOCINQ``);
-- the bytes of the messages the server has received from it (counted by
-  :meth:`InboundGuard.count`, which finds a message's connection by its
-  ``ZMQ_SRCFD``), with the wire's framing (ZMTP frame headers, CURVE boxes)
-  added exactly.
+So libzmq never reads a TCP peer itself. The server listens on TCP with a socket of
+its own; a thread (the relay) joins each connection to a Unix socket of the ROUTER
+(in a directory of its own, mode 0700), moving bytes both ways, at most
+:data:`CHUNK` at once. The ZMTP conversation, CURVE included, stays between the
+peer and libzmq. The relay counts what it gave each Unix connection; the server
+counts each message it receives (:meth:`InboundRelay.count`: its connection found
+by ``ZMQ_SRCFD``) with the wire's framing (ZMTP headers, CURVE boxes) added exactly.
+The difference is what libzmq holds for that peer (messages not yet whole, or not
+yet read, and the handshake, under :data:`HANDSHAKE_BYTES`). Before each read the
+relay checks that what it would read fits:
 
-What is left (less :data:`HANDSHAKE_BYTES` for the greeting and handshake) is
-what libzmq holds for that peer: a message still arriving, and messages
-arrived but not yet read. A thread looks every :data:`INTERVAL` seconds and
-cuts (``shutdown``) a connection that holds more than ``max_message_bytes``
-(:data:`FRAMING_SLACK` more for framing: no protocol message is larger, so a
-peer past it is sending something no pyfleet client sends), and, while all
-connections together hold more than ``max_buffer_bytes``, the one that holds
-the most (unless it is the only one holding anything: one message in
-progress always gets through). libzmq then drops what it held for that peer
-and the memory goes back to the system (``malloc_trim``, also once a
-connection that held a large message closes). A cut is logged
-with the peer's address and counted (``cut_connections``).
+- one connection holds at most ``max_message_bytes`` + :data:`FRAMING_SLACK`
+  (no protocol message is larger);
+- all connections, and the requests the server's handler threads hold, together
+  at most ``max_buffer_bytes``; when that is full, one connection (the one holding
+  the most: its message the furthest along) reads on alone while the others fit.
 
-So what TCP peers make a server hold is bounded by
-``max(max_buffer_bytes, max_message_bytes)`` plus what arrives in one
-interval (on loopback, a few tens of MiB), whoever sends it, with or without
-keys. Unix-socket peers (``ipc_dir``, a directory only this user may enter)
-are not watched. Linux only (elsewhere the guard is off and says so).
+A connection not read is left to TCP: the kernel's buffers fill and its peer's
+sends wait (backpressure: nothing cut, nothing lost). So TCP peers make a server
+hold at most ``max_buffer_bytes + max_message_bytes + FRAMING_SLACK`` bytes
+(:meth:`InboundRelay.bound`), whatever the machine's speed or load. A connection
+is cut (``shutdown``; logged with its peer's address, counted as
+``cut_connections``) only when it holds a whole ``max_message_bytes``, or is the
+one reading on while others wait, and for :data:`STALL_SECONDS`, while the server
+reads, neither sends more nor has a message taken (a message that never ends, a
+peer stopped halfway). A closed connection's bytes stay counted until libzmq has
+let go of them (the ROUTER reports it gone); then the memory goes back to the
+system (``malloc_trim``).
+
+Unix-socket peers of ``ipc_dir`` (a directory only this user may enter) reach the
+ROUTER directly and are not counted. Linux only (elsewhere the ROUTER listens on
+TCP itself, without this bound: the server says so).
 """
 
 import contextlib
-import ctypes
-import ctypes.util
-import errno
 import logging
 import os
+import shutil
 import socket
-import struct
 import sys
+import tempfile
 import threading
 import time
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from pyfleet.service import wire as Z
 from pyfleet.service.loop import TRIM_BYTES
 
-__all__ = ["FRAMING_SLACK", "HANDSHAKE_BYTES", "INTERVAL", "InboundGuard", "available"]
+__all__ = ["CHUNK", "FRAMING_SLACK", "HANDSHAKE_BYTES", "STALL_SECONDS", "InboundRelay",
+           "available", "figures", "serve", "wire_bytes"]
 
 log = logging.getLogger("pyfleet.server")
 
-# How often the held bytes are looked at (seconds): a peer on loopback gets at most
-# what it can send in this long past a limit before it is cut.
-INTERVAL = 0.01
+# What the relay reads from a TCP connection at once (and at most holds for it).
+CHUNK = 256 << 10
 # Bytes of a connection that are not messages: the ZMTP greeting (64), the NULL
 # READY or CURVE HELLO/WELCOME/INITIATE commands with their metadata (under 1 KiB).
 HANDSHAKE_BYTES = 4096
-# What a message may hold past max_message_bytes before its connection is cut: the
-# framing of its frames, and a header frame of a message already at the limit.
+# What a connection may hold past max_message_bytes: the framing of its frames, and
+# a header frame of a message already at the limit.
 FRAMING_SLACK = 1 << 20
+# How long a connection holding bytes others wait for may make no progress.
+STALL_SECONDS = 2.0
 
 _SRCFD = int(zmq.SRCFD)
-_FORGET_SECONDS = 10.0  # how long a gone connection's counter is kept
-_IDLE_SECONDS = 0.1     # the longest wait for the monitor while no TCP peer is watched
-_TCP_INFO_RECEIVED = 128   # offset of tcpi_bytes_received (u64) in Linux's struct tcp_info
-_TCP_INFO_SIZE = 256
-_SIOCINQ = 0x541B          # FIONREAD: bytes in a TCP socket's receive queue
+_POLLIN, _POLLOUT = int(zmq.POLLIN), int(zmq.POLLOUT)
 _CURVE_BOX = 33            # "\x07MESSAGE" + nonce (8) + MAC (16) + flags (1), per frame
 _SHORT = 255               # frames of at most this many bytes have a one-byte size
-
-
-def _libc():
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    except OSError:
-        return None
-    libc.getsockopt.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
-                                ctypes.POINTER(ctypes.c_uint32)]
-    libc.ioctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p]
-    libc.shutdown.argtypes = [ctypes.c_int, ctypes.c_int]
-    return libc
-
-
-_LIBC = _libc()
+_RELEASE_SECONDS = 5.0     # a cut connection's bytes stay counted at most this long
+_TRIMS = (0.05, 0.5)       # after a large hold is let go: when to give memory back
+_UNKNOWN = object()
 
 
 def available():
-    """Whether this platform lets the guard see what libzmq read (Linux)."""
-    return _LIBC is not None
+    """Whether the relay runs here (Linux: Unix sockets with autobound names)."""
+    return sys.platform.startswith("linux")
 
 
 def wire_bytes(size, curve):
@@ -106,51 +94,83 @@ def wire_bytes(size, curve):
     return size + (2 if size <= _SHORT else 9)
 
 
-class _Conn:
-    __slots__ = ("cut", "fd", "held", "inode", "peer")
+class _Pair:
+    """A TCP connection and the Unix connection the relay joined it to."""
 
-    def __init__(self, fd, inode, peer):
-        self.fd, self.inode, self.peer, self.cut = fd, inode, peer, False
-        self.held = 0  # at the last look
+    __slots__ = ("fed", "got", "idents", "mark", "name", "out", "peer", "pending", "since",
+                 "tcp", "unix")
+
+    def __init__(self, tcp, unix, name, peer):
+        self.tcp, self.unix, self.name, self.peer = tcp, unix, name, peer
+        self.fed = 0          # bytes written into the Unix connection (relay thread)
+        self.got = 0          # wire bytes of the messages the server took (server thread)
+        self.pending = b""    # read from TCP, not yet taken by the Unix connection
+        self.out = b""        # read from the Unix connection, not yet taken by TCP
+        self.idents = []      # ROUTER identities seen of it
+        self.mark, self.since = None, 0.0  # (fed, got) at the last progress, and when
+
+    def held(self):
+        return self.fed - self.got + len(self.pending)
 
 
-class InboundGuard:
-    """Watch the TCP connections of ROUTER ``router`` (see the module's text).
+class InboundRelay:
+    """Relay the TCP connections accepted on ``listener`` to the ROUTER ``router``,
+    which listens on the Unix socket ``path`` (in the 0700 directory ``directory``,
+    removed by :meth:`stop`), within the bounds of the module's text.
 
-    Make it on the thread that owns ``router`` before that thread serves
-    (it starts the socket's monitor); :meth:`count` each message received from
-    ``router`` on that thread; :meth:`start` and :meth:`stop` the watching
-    thread. ``curve``: whether the TCP endpoint speaks CURVE; ``on_cut(peer,
-    held, why)``: called (from the watching thread) for each connection cut;
-    ``trim``: gives freed memory back to the system."""
+    Make it on the thread that owns ``router`` before that thread serves (it starts
+    the socket's monitor); :meth:`count` each message received from ``router`` on
+    that thread, and set :attr:`reading` to whether that thread reads ``router``;
+    :meth:`start` and :meth:`stop` the relay's thread. ``curve``: whether the TCP
+    endpoint speaks CURVE; ``on_cut(peer, held, why)``: called (from the relay's
+    thread) for each connection cut; ``trim``: gives freed memory back."""
 
-    def __init__(self, router, max_message_bytes, max_buffer_bytes, curve, on_cut=None,
-                 trim=None, interval=INTERVAL):
+    def __init__(self, listener, path, directory, router, max_message_bytes, max_buffer_bytes,
+                 curve, on_cut=None, trim=None):
+        self.listener, self.path, self.directory = listener, path, directory
         self.max_message_bytes, self.max_buffer_bytes = max_message_bytes, max_buffer_bytes
         self.curve, self.on_cut, self.trim = curve, on_cut, trim
-        self.interval = interval
-        self._senders = {}    # identity -> [wire bytes of its messages, identity, inode, t]
-        self._by_inode = {}   # socket inode -> the same list
-        self._gone = []       # (when, inode) of connections gone: forgotten a while later
-        self._conns = {}      # fd -> _Conn (TCP connections only)
-        self._stop = threading.Event()
-        self._thread = None
-        self._trim_pending = False
+        self.reading = True       # whether the server reads the ROUTER (set by its loop)
+        self.passes = 0           # passes of the server's loop (each polls the ROUTER)
+        self.also_held = None     # () -> bytes of peers' requests the server holds itself
         self.cut = 0
-        self._monitor = None
+        self.peak = 0             # the most all connections held at once (bytes)
+        self._pairs = {}          # autobound Unix name -> _Pair
+        self._by_ident = {}       # ROUTER identity -> _Pair, or None (not relayed)
+        self._fds = {}            # fd -> (_Pair, is_tcp)
+        self._events = {}         # fd -> the poll events registered
+        # name -> [bytes libzmq may still hold, deadline, loop pass when libzmq dropped it]
+        self._closing = {}
+        self._zfds = {}           # fd of the ROUTER's end -> Unix name
+        self._trims = []          # when to give memory back
+        self._favored = None
+        self._waiting = False     # a connection waits for the budget: count() wakes us
+        self._inbuf = bytearray(CHUNK)
+        self._outbuf = bytearray(CHUNK)
+        self._wake_r, self._wake_w = socket.socketpair()
+        for s in (self._wake_r, self._wake_w):
+            s.setblocking(False)
+        self._stop = threading.Event()
+        self._detach, self._detached = threading.Event(), threading.Event()
+        self._drain_until = None   # stop(drain): when to stop passing the last replies
+        self._events[self.listener.fileno()] = _POLLIN
+        self._thread = None
         self._router = router
-        if available():
-            self._monitor = router.get_monitor_socket(
-                zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED)
+        self._monitor = router.get_monitor_socket(
+            zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED)
+
+    # ------------------------------------------------------------ the server's thread
 
     def count(self, msg):
         """Count a message received from the ROUTER (identity frame first) against
         its connection."""
         if len(msg) < 2:
             return
-        sender = self._senders.get(msg[0].bytes)
-        if sender is None:
-            sender = self._sender(msg)
+        pair = self._by_ident.get(msg[0].bytes, _UNKNOWN)
+        if pair is _UNKNOWN:
+            pair = self._resolve(msg)
+        if pair is None:
+            return
         curve = self.curve
         n = 0
         for f in msg[1:]:
@@ -158,190 +178,370 @@ class InboundGuard:
             if curve:
                 size += _CURVE_BOX
             n += size + (2 if size <= _SHORT else 9)
-        sender[0] += n
+        pair.got += n
+        if self._waiting:
+            self._waiting = False
+            self._wake()
 
-    def _sender(self, msg):
-        """The counter of a peer not seen before: ``[bytes, identity, socket inode,
-        when made]``
-        (an inode, unlike a descriptor's number, is not reused by a later connection)."""
-        fd = msg[1].get(_SRCFD)
+    def _resolve(self, msg):
+        """The relayed connection a message came through (None: a Unix-socket peer
+        of ``ipc_dir``), found by the autobound name of its Unix socket's peer."""
+        ident = msg[0].bytes
         try:
-            inode = os.fstat(fd).st_ino if fd >= 0 else None
-        except OSError:
-            inode = None
-        sender = [0, msg[0].bytes, inode, time.monotonic()]
-        self._senders[sender[1]] = sender
-        if inode is not None:
-            self._by_inode[inode] = sender
-        return sender
+            with socket.socket(fileno=os.dup(msg[1].get(_SRCFD))) as probe:
+                name = probe.getpeername()
+        except (OSError, zmq.ZMQError):
+            name = None
+        pair = self._pairs.get(name) if isinstance(name, bytes) else None
+        if len(self._by_ident) > 4096:   # identities of connections gone
+            self._by_ident = {k: v for k, v in self._by_ident.items()
+                              if v is not None and v.name in self._pairs}
+        self._by_ident[ident] = pair
+        if pair is not None:
+            pair.idents.append(ident)
+        return pair
 
     def start(self):
-        if self._monitor is None:
-            log.info("inbound guard off: this platform does not report what a TCP socket "
-                     "received (TCP_INFO)")
-            return
         self._thread = threading.Thread(target=self._run, name="pyfleet-inbound", daemon=True)
         self._thread.start()
 
-    def stop(self):
-        """Stop watching (idempotent; also for a guard never started). Call it from the
-        thread that owns the ROUTER, before closing it: the socket's monitor is taken
-        off first (a monitor socket closed while still attached broke the handshakes
-        of other sockets of the same context)."""
+    def detach(self):
+        """Take the ROUTER's monitor off (from the thread that owns the ROUTER, before
+        closing it: a monitor socket closed while still attached broke the handshakes
+        of other sockets of the same context). The relay goes on relaying."""
+        if self._monitor is None:
+            return
+        if self._thread is not None and self._thread.is_alive():
+            self._detach.set()
+            self._wake()
+            self._detached.wait(5)
+        with contextlib.suppress(zmq.ZMQError):
+            self._router.disable_monitor()
+        self._monitor.close(linger=0)
+        self._monitor = None
+
+    def stop(self, drain=0.0):
+        """Stop relaying and close every relayed connection and the listener
+        (idempotent; also for a relay never started; :meth:`detach` first if not
+        done). ``drain``: seconds to go on passing the ROUTER's last replies to their
+        peers (after the ROUTER was closed with a linger), reading nothing more."""
+        if drain and self._thread is not None:
+            self._drain_until = time.monotonic() + drain
+            self._wake()
+            self._thread.join(drain + 1)
         self._stop.set()
+        self._wake()
         if self._thread is not None:
             self._thread.join(5)
             self._thread = None
-        if self._monitor is not None:
-            with contextlib.suppress(zmq.ZMQError):
-                self._router.disable_monitor()
-            self._monitor.close(linger=0)
-            self._monitor = None
+        self.detach()
+        for pair in list(self._pairs.values()):
+            self._close(pair, None)
+        self.listener.close()
+        self._wake_r.close()
+        self._wake_w.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def _wake(self):
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"\0")
+
+    def bound(self):
+        """The most all relayed connections (and the requests the server holds) may
+        hold: ``max_buffer_bytes + max_message_bytes + FRAMING_SLACK``."""
+        return self.max_buffer_bytes + self.max_message_bytes + FRAMING_SLACK
 
     def held(self):
-        """``{fd: bytes libzmq holds}`` of every TCP connection watched now (not
-        those cut already), less :data:`HANDSHAKE_BYTES`."""
-        return {fd: max(0, n - HANDSHAKE_BYTES) for fd, n in self.unread().items()}
+        """Bytes all relayed connections hold now (libzmq's and the relay's), those
+        closed and not yet let go by libzmq included, and the requests the server
+        holds itself (:attr:`also_held`)."""
+        also = self.also_held
+        return sum(p.held() for p in list(self._pairs.values())) + \
+            sum(c[0] for c in list(self._closing.values())) + \
+            (also() if also is not None else 0)
 
-    def unread(self):
-        """``{fd: bytes libzmq read from it that no received message accounts for}``
-        of every TCP connection watched now: its handshake, and what libzmq holds."""
-        out = {}
-        for fd, c in list(self._conns.items()):
-            if c.cut:  # libzmq is letting go of what it held for it
-                if not self._same(c):
-                    self._forget(c)
-                continue
-            n = self._unread(c)
-            if n is None:
-                self._forget(c)
-            else:
-                out[fd] = n
-                c.held = n - HANDSHAKE_BYTES
-        return out
-
-    # ------------------------------------------------------------ the watching thread
+    # ------------------------------------------------------------ the relay's thread
 
     def _run(self):
+        poller = zmq.Poller()
+        poller.register(self.listener.fileno(), _POLLIN)
+        poller.register(self._wake_r.fileno(), _POLLIN)
         mon = self._monitor
+        poller.register(mon, _POLLIN)
+        self._poller = poller
         try:
             while not self._stop.is_set():
-                # No TCP connection (none yet, or peers on Unix sockets only): sleep until
-                # the monitor reports one, instead of waking every interval.
-                wait = self.interval if self._conns or self._gone else _IDLE_SECONDS
-                mon.poll(int(wait * 1000))
-                while mon.poll(0):
-                    self._event(recv_monitor_message(mon))
-                if self._trim_pending:
-                    self._trim_pending = False
-                    if self.trim is not None:
-                        self.trim()
+                if mon is not None and self._detach.is_set():
+                    poller.unregister(mon)
+                    mon = None
+                    self._detached.set()
+                if self._drain_until is not None:
+                    if not self._pairs or time.monotonic() >= self._drain_until:
+                        break
+                    self._watch(self.listener.fileno(), 0)  # nobody new
+                busy = self._waiting or self._closing or self._trims or \
+                    self._favored is not None or self._drain_until is not None
+                for sock, _ in poller.poll(50 if busy else 1000):
+                    if sock is mon:
+                        while mon.poll(0):
+                            self._event(recv_monitor_message(mon))
+                    elif sock == self._wake_r.fileno():
+                        with contextlib.suppress(OSError):
+                            self._wake_r.recv(4096)
+                    elif sock == self.listener.fileno():
+                        self._accept()
+                    else:
+                        self._io(sock)
                 try:
-                    if self._conns:
-                        self._look()
-                    self._expire()
-                except Exception:  # keep watching: a bug here must not end the guard
-                    log.exception("inbound guard: a look failed")
+                    self._arrange()
+                except Exception:  # keep relaying: a bug here must not end the relay
+                    log.exception("inbound relay: arranging the connections failed")
         except zmq.ContextTerminated:
             pass
+        finally:
+            self._detached.set()
+
+    def _accept(self):
+        for _ in range(16):
+            try:
+                tcp, addr = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:  # out of descriptors, a connection reset before accept
+                log.warning("inbound relay: accept failed: %s", e)
+                return
+            unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                tcp.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as libzmq does
+                unix.bind("")                 # an autobound name: count() finds it by it
+                unix.settimeout(5)
+                unix.connect(self.path)
+                tcp.setblocking(False)
+                unix.setblocking(False)
+            except OSError as e:
+                log.warning("inbound relay: cannot join %s to the server's socket: %s",
+                            addr, e)
+                tcp.close()
+                unix.close()
+                continue
+            name = unix.getsockname()
+            pair = _Pair(tcp, unix, name, f"{addr[0]}:{addr[1]}")
+            self._pairs[name] = pair
+            self._fds[tcp.fileno()] = (pair, True)
+            self._fds[unix.fileno()] = (pair, False)
+
+    def _io(self, fd):
+        entry = self._fds.get(fd)
+        if entry is None:
+            return
+        pair, is_tcp = entry
+        try:
+            if is_tcp:
+                if pair.out:
+                    self._send_out(pair)
+                if pair.pending:
+                    return
+                total = self.held()
+                allow = self._allow(pair, total)
+                if allow <= 0:
+                    return
+                n = pair.tcp.recv_into(self._inbuf, allow)
+                if n == 0:
+                    self._close(pair, None)
+                    return
+                self.peak = max(self.peak, total + n)
+                self._send_in(pair, memoryview(self._inbuf)[:n])
+            else:
+                if pair.pending:
+                    self._send_in(pair, pair.pending)
+                if pair.out:
+                    return
+                n = pair.unix.recv_into(self._outbuf)
+                if n == 0:   # libzmq dropped the connection (a frame too large, a handshake,
+                    self._close(pair, None)   # or the ROUTER closed)
+                    return
+                pair.out = memoryview(self._outbuf)[:n]
+                self._send_out(pair)
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError:
+            self._close(pair, None)
+
+    def _send_in(self, pair, data):
+        try:
+            sent = pair.unix.send(data)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        pair.fed += sent
+        pair.pending = bytes(data[sent:]) if sent < len(data) else b""
+
+    def _send_out(self, pair):
+        try:
+            sent = pair.tcp.send(pair.out)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        # the reply buffer is reused by the next read: what TCP did not take is copied
+        pair.out = bytes(pair.out[sent:]) if sent < len(pair.out) else b""
+
+    def _allow(self, pair, total):
+        """How many bytes the relay may read from ``pair``'s TCP connection now, all
+        connections holding ``total``."""
+        if self._drain_until is not None:
+            return 0
+        room = self.max_message_bytes + FRAMING_SLACK - pair.held()
+        if room <= 0:
+            self._waiting = True
+            return 0
+        free = self.max_buffer_bytes - total
+        if free > 0:
+            return min(CHUNK, room, free)
+        if self._favored is None:
+            self._favored = max(self._pairs.values(), key=_Pair.held)
+        if self._favored is pair and total - pair.held() <= self.max_buffer_bytes:
+            return min(CHUNK, room)   # the others within the budget: it reads on, alone
+        self._waiting = True
+        return 0
+
+    def _arrange(self):
+        """Per connection, the events to wait for; the favored connection; cuts of
+        stalled ones; releases and trims."""
+        now = time.monotonic()
+        f = self._favored
+        if f is not None and (f.name not in self._pairs or f.held() <= HANDSHAKE_BYTES or
+                              self.held() < self.max_buffer_bytes):
+            self._favored = None   # its message taken, or nobody waits for the budget
+        for name, (_, deadline, dropped) in list(self._closing.items()):
+            # libzmq frees a dropped connection's frames as the ROUTER's thread handles
+            # the pipe's end: two passes of the loop after it reported the drop
+            if deadline <= now or (dropped is not None and self.passes >= dropped + 2):
+                self._release(name)
+        if self._trims and self._trims[0] <= now:
+            self._trims = [t for t in self._trims if t > now]
+            if self.trim is not None:
+                self.trim()
+        total = self.held()
+        self.peak = max(self.peak, total)
+        limit = self.max_message_bytes + FRAMING_SLACK
+        for pair in list(self._pairs.values()):
+            held = pair.held()
+            allow = 0 if pair.pending else self._allow(pair, total)
+            mark = (pair.fed, pair.got)
+            # The clock runs while the relay would read the peer (or it holds a whole
+            # message's worth) and the server reads: not while it waits for the budget.
+            if mark != pair.mark or not self.reading or held <= HANDSHAKE_BYTES or \
+                    pair.pending or (allow <= 0 and held < limit):
+                pair.mark, pair.since = mark, now
+            elif now - pair.since > STALL_SECONDS and (held >= limit or pair is self._favored):
+                over = (f"more than max_message_bytes={self.max_message_bytes}"
+                        if held >= limit else
+                        f"what others wait for (max_buffer_bytes={self.max_buffer_bytes})")
+                self._close(pair, f"it holds {over} in messages not whole or not taken, and "
+                                  f"for {STALL_SECONDS:g} s sent nothing more")
+                total = self.held()
+                continue
+            tcp = (_POLLOUT if pair.out else 0) | (_POLLIN if allow > 0 else 0)
+            unix = _POLLOUT if pair.pending else (0 if pair.out else _POLLIN)
+            if pair.pending and not pair.out:
+                unix |= _POLLIN
+            self._watch(pair.tcp.fileno(), tcp)
+            self._watch(pair.unix.fileno(), unix)
+
+    def _watch(self, fd, events):
+        was = self._events.get(fd, 0)
+        if was != events:
+            self._events[fd] = events
+            if events:
+                self._poller.register(fd, events)
+            else:
+                self._poller.unregister(fd)
+
+    def _close(self, pair, why):
+        """Close both ends of ``pair``; ``why``: a cut (logged and counted), else a
+        connection gone."""
+        if self._pairs.pop(pair.name, None) is None:
+            return
+        held = pair.held() - len(pair.pending)
+        if pair.out and self._drain_until is not None:   # the ROUTER's last reply
+            with contextlib.suppress(OSError):
+                pair.tcp.settimeout(1.0)
+                pair.tcp.sendall(pair.out)
+        for sock in (pair.tcp, pair.unix):
+            fd = sock.fileno()
+            self._fds.pop(fd, None)
+            if self._events.pop(fd, 0) and self._thread is not None:
+                with contextlib.suppress(KeyError):
+                    self._poller.unregister(fd)
+            if why is not None and sock is pair.tcp:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+        for ident in pair.idents:
+            self._by_ident.pop(ident, None)
+        if self._favored is pair:
+            self._favored = None
+        if held > HANDSHAKE_BYTES:
+            self._closing[pair.name] = [held, time.monotonic() + _RELEASE_SECONDS, None]
+        if why is not None:
+            self.cut += 1
+            if self.on_cut is not None:
+                self.on_cut(pair.peer, held, why)
+
+    def _release(self, name):
+        """libzmq let go of what a closed connection held: stop counting it."""
+        gone = self._closing.pop(name, None)
+        if gone is not None and gone[0] >= TRIM_BYTES:
+            if self.trim is not None:   # before anyone reads into the room it leaves
+                self.trim()
+            now = time.monotonic()
+            self._trims = sorted(self._trims + [now + t for t in _TRIMS])
 
     def _event(self, ev):
         fd = int(ev["value"])
         if ev["event"] == zmq.EVENT_ACCEPTED:
             try:
-                inode = os.fstat(fd).st_ino
-                probe = socket.socket(fileno=os.dup(fd))
+                with socket.socket(fileno=os.dup(fd)) as probe:
+                    name = probe.getpeername()
             except OSError:
-                return  # gone already
-            try:
-                if probe.family not in (socket.AF_INET, socket.AF_INET6):
-                    return  # a Unix socket (ipc_dir): only this user can reach it
-                try:
-                    host, port = probe.getpeername()[:2]
-                    peer = f"{host}:{port}"
-                except OSError:
-                    peer = "?"
-            finally:
-                probe.close()
-            self._conns[fd] = _Conn(fd, inode, peer)
-        else:
-            c = self._conns.get(fd)
-            if c is not None and not self._same(c):
-                self._forget(c)
-
-    def _forget(self, c):
-        """Stop watching connection ``c``; its counter goes a while later (messages it
-        sent before it went may still be read)."""
-        if self._conns.get(c.fd) is c:
-            del self._conns[c.fd]
-        if c.cut or c.held >= TRIM_BYTES:
-            self._trim_pending = True  # libzmq has let go of what it held for it
-        self._gone.append((time.monotonic() + _FORGET_SECONDS, c.inode))
-
-    def _expire(self):
-        now = time.monotonic()
-        while self._gone and self._gone[0][0] <= now:
-            sender = self._by_inode.pop(self._gone.pop(0)[1], None)
-            if sender is not None:
-                self._senders.pop(sender[1], None)
-        if len(self._senders) > 2 * len(self._conns) + 256:
-            # peers never watched (Unix sockets): their counters go once they are old
-            watched = {c.inode for c in self._conns.values()}
-            for sender in list(self._senders.values()):
-                if sender[2] not in watched and sender[3] + _FORGET_SECONDS < now:
-                    self._senders.pop(sender[1], None)
-                    self._by_inode.pop(sender[2], None)
-
-    def _same(self, c):
-        try:
-            return os.fstat(c.fd).st_ino == c.inode
-        except OSError:
-            return False
-
-    def _unread(self, c):
-        """What :meth:`unread` says of connection ``c``; None when it is gone."""
-        if not self._same(c):
-            return None
-        info = ctypes.create_string_buffer(_TCP_INFO_SIZE)
-        size = ctypes.c_uint32(_TCP_INFO_SIZE)
-        if _LIBC.getsockopt(c.fd, socket.IPPROTO_TCP, socket.TCP_INFO, info,
-                            ctypes.byref(size)) != 0 or size.value < _TCP_INFO_RECEIVED + 8:
-            return None
-        received = struct.unpack_from("<Q", info.raw, _TCP_INFO_RECEIVED)[0]
-        waiting = ctypes.c_int(0)
-        if _LIBC.ioctl(c.fd, _SIOCINQ, ctypes.byref(waiting)) != 0:
-            return None
-        sender = self._by_inode.get(c.inode)
-        return received - waiting.value - (0 if sender is None else sender[0])
-
-    def _look(self):
-        held = self.held()
-        total = sum(held.values())
-        limit = self.max_message_bytes + FRAMING_SLACK
-        for fd, h in held.items():
-            if h > limit:
-                self._cut(fd, h, f"it holds more than max_message_bytes="
-                                 f"{self.max_message_bytes} of unfinished or unread messages")
-                total -= h
-                held[fd] = 0
-        while total > self.max_buffer_bytes:
-            holding = [(h, fd) for fd, h in held.items() if h > 0]
-            if len(holding) < 2:
-                break
-            h, fd = max(holding)
-            self._cut(fd, h, f"this server's peers hold {total} bytes of unfinished or unread "
-                             f"messages, over max_buffer_bytes={self.max_buffer_bytes}, and "
-                             f"it holds the most")
-            total -= h
-            held[fd] = 0
-
-    def _cut(self, fd, held, why):
-        c = self._conns.get(fd)
-        if c is None or not self._same(c):
+                return
+            if isinstance(name, bytes) and name:
+                self._zfds[fd] = name
             return
-        if _LIBC.shutdown(fd, socket.SHUT_RDWR) != 0 and ctypes.get_errno() != errno.ENOTCONN:
-            return
-        self.cut += 1
-        c.cut = True
-        if self.on_cut is not None:
-            self.on_cut(c.peer, held, why)
+        closing = self._closing.get(self._zfds.pop(fd, None))
+        if closing is not None:   # (dropped by libzmq first: counted until the deadline)
+            closing[2] = self.passes
+
+
+def serve(router, host, port, max_message_bytes, limits, curve_secret_key, ipc_dir,
+          listen_fd, on_cut, trim):
+    """Bind ROUTER ``router`` as a server's endpoint ``host:port``
+    (:func:`pyfleet.service.wire.bind_router`), its TCP peers through an
+    :class:`InboundRelay` where :func:`available`. Returns ``(port, relay or None)``;
+    raises ``zmq.ZMQError`` or OSError, having let go of what it made."""
+    if not available():
+        log.warning("this platform has no inbound relay: what TCP peers make this server "
+                    "hold is not bounded by max_buffer_bytes")
+        return Z.bind_router(router, host, port, max_message_bytes, curve_secret_key,
+                             limits.max_queued_replies, ipc_dir, listen_fd), None
+    listener = Z.listen(host, port, listen_fd)
+    directory = tempfile.mkdtemp(prefix="pyfleet-in-")
+    path = os.path.join(directory, "r")
+    try:
+        port = listener.getsockname()[1]
+        Z.bind_router(router, host, port, max_message_bytes, curve_secret_key,
+                      limits.max_queued_replies, ipc_dir, relay_path=path)
+        return port, InboundRelay(listener, path, directory, router, max_message_bytes,
+                                  limits.max_buffer_bytes, curve_secret_key is not None,
+                                  on_cut, trim)
+    except BaseException:
+        listener.close()
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+
+
+def figures(relay):
+    """What TCP peers make a server hold (``stats()``): now, at most so far, and the
+    bound (None without a relay)."""
+    if relay is None:
+        return {"inbound_bytes": None, "peak_inbound_bytes": None, "inbound_bound_bytes": None}
+    return {"inbound_bytes": relay.held(), "peak_inbound_bytes": relay.peak,
+            "inbound_bound_bytes": relay.bound()}

@@ -28,8 +28,9 @@ always gets the next one); while the requests in the handlers exceed the
 budget, the ROUTER is not read (libzmq keeps at most ``wire.RCVHWM`` requests
 a peer, then stops reading that peer's connection). What libzmq itself holds
 for the TCP peers (messages not yet whole, or not yet read) is bounded by the
-same budget through ``guard`` (:class:`pyfleet.service.inbound.InboundGuard`),
-to which every message read from the ROUTER is counted.
+same budget through ``guard`` (:class:`pyfleet.service.inbound.InboundRelay`),
+to which every message read from the ROUTER is counted, together with the
+requests in the handler threads.
 
 Once a message of at least :data:`TRIM_BYTES` is let go (served or refused),
 the loop asks the C library to give its free memory back to the system
@@ -114,7 +115,9 @@ class SocketLoop:
                  on_drop=None, max_backlog_bytes=64 << 20, max_buffer_bytes=256 << 20,
                  guard=None):
         self.ctx, self.router = ctx, router
-        self.guard = guard  # an InboundGuard of the router's TCP peers, or None
+        self.guard = guard  # an InboundRelay of the router's TCP peers, or None
+        if guard is not None:  # requests in the handlers count against the relay's budget
+            guard.also_held = lambda: self._busy
         self.on_drop = on_drop
         self.handle, self.tick = handle, tick
         self.handler_threads, self.inline_limit = handler_threads, inline_limit
@@ -172,7 +175,11 @@ class SocketLoop:
                 if self._backlog:
                     self._flush_backlog()
                 # Requests the handlers hold past the budget: answer those before reading more.
-                socks = [front, replies] if self._busy <= self.max_buffer_bytes else [replies]
+                reading = self._busy <= self.max_buffer_bytes
+                if guard is not None:
+                    guard.reading = reading   # a peer held back by a slow server is not stalled
+                    guard.passes += 1
+                socks = [front, replies] if reading else [replies]
                 for sock in Z.readable(socks, 5 if self._backlog else 100):
                     for _ in range(_DRAIN):
                         try:
@@ -200,11 +207,13 @@ class SocketLoop:
                             del msg
                             if size >= TRIM_BYTES:
                                 give_back_memory()
+                            if self._busy > self.max_buffer_bytes:
+                                break  # the handlers hold the budget: no more until they answer
                 self.tick(front)
         finally:
             self.done.set()
             if guard is not None:
-                guard.stop()
+                guard.detach()   # its monitor off the ROUTER before the ROUTER closes
             for t in handlers:
                 t.join(_HANDLER_JOIN_SECONDS)
             on_exit()
@@ -218,6 +227,8 @@ class SocketLoop:
                 if self._backlog:
                     time.sleep(0.005)
             front.close(linger=int(_BACKLOG_FLUSH_SECONDS * 1000))   # the queued ones
+            if guard is not None:   # which reach TCP peers through the relay
+                guard.stop(drain=_BACKLOG_FLUSH_SECONDS + 1)
             self._work.close(linger=0)
             replies.close(linger=0)
         return not any(t.is_alive() for t in handlers)

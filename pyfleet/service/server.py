@@ -36,6 +36,7 @@ called ``stop_worker`` (port 0 picks a free port; the line
 ``pyfleet.server ready on HOST:PORT`` is printed when it serves).
 """
 
+import errno
 import logging
 import os
 import threading
@@ -48,12 +49,12 @@ from pyfleet.endpoint import split_endpoint
 from pyfleet.errors import EndpointInUse, PyfleetError
 from pyfleet.service import auth as _auth
 from pyfleet.service import checkpoint as _checkpoint
+from pyfleet.service import inbound as _inbound
 from pyfleet.service import protocol as P
 from pyfleet.service import table_ops as _table_ops
 from pyfleet.service import wire as Z
 from pyfleet.service.barrier import Barriers, Ticks
 from pyfleet.service.dedup import RecentRequests
-from pyfleet.service.inbound import InboundGuard
 from pyfleet.service.limits import Limits
 from pyfleet.service.loop import INLINE_LIMIT, SocketLoop, give_back_memory
 from pyfleet.service.owners import Owners, not_a_worker
@@ -208,21 +209,17 @@ class Server(WorkerOps):
                 listen_fd = Z.inherited_listener(port)
             self._held_fd = listen_fd is not None
             try:
-                port = Z.bind_router(self._frontend, host, port, self.max_message_bytes,
-                                     curve_secret_key, self.limits.max_queued_replies,
-                                     self.ipc_dir, listen_fd)
-            except zmq.ZMQError as e:
+                port, self._guard = _inbound.serve(
+                    self._frontend, host, port, self.max_message_bytes, self.limits,
+                    curve_secret_key, self.ipc_dir, listen_fd, self._cut, give_back_memory)
+            except (zmq.ZMQError, OSError) as e:
                 where = f"{host}:{port}" + (f" and in {self.ipc_dir}" if self.ipc_dir else "")
-                taken = e.errno == zmq.EADDRINUSE  # exit 75: a launcher tries again
+                taken = e.errno in (zmq.EADDRINUSE, errno.EADDRINUSE)  # exit 75: try again
                 hint = " (another process listens there: stop it or choose another port)"
                 raise (EndpointInUse if taken else PyfleetError)(
                     f"server {server_index}: cannot serve on {where}: {e.strerror}"
                     f"{hint if taken else ''}") from None
             self.endpoint = f"{host}:{port}"
-            self._guard = InboundGuard(self._frontend, self.max_message_bytes,
-                                       self.limits.max_buffer_bytes,
-                                       curve=curve_secret_key is not None, on_cut=self._cut,
-                                       trim=give_back_memory)
             self._loop = SocketLoop(self._ctx, self._frontend,
                                     f"inproc://pyfleet-server-{id(self):x}", self._handle,
                                     self._housekeeping, self.handler_threads,
@@ -282,7 +279,8 @@ class Server(WorkerOps):
         self._ran = True
         self._done.set()
         self._data.close()
-        self._guard.stop()
+        if self._guard is not None:
+            self._guard.stop()
         self._frontend.close(linger=0)
         self._loop.close()
         self._close_auth()
@@ -489,7 +487,7 @@ class Server(WorkerOps):
                     "tables": self.registry.table_stats(),
                     "stopped_workers": sorted(self.barriers.stopped),
                     "barriers": self.barriers.count, "rss_bytes": rss_bytes(),
-                    "peak_rss_bytes": peak_rss_bytes()}
+                    "peak_rss_bytes": peak_rss_bytes(), **_inbound.figures(self._guard)}
 
     def create_tables(self, configs):
         """Create tables from JSON configs; see

@@ -16,7 +16,7 @@ import numpy as np
 import zmq
 
 __all__ = ["COPY_LIMIT", "IPC_PATH_MAX", "LISTEN_FD_VAR", "bind_router", "check_ipc_dir",
-           "inherited_listener", "ipc_path", "readable", "recv_frames", "send_frames"]
+           "inherited_listener", "ipc_path", "listen", "readable", "recv_frames", "send_frames"]
 
 _SNDMORE = int(zmq.SNDMORE)
 _POLLIN = int(zmq.POLLIN)
@@ -103,7 +103,7 @@ def check_ipc_dir(ipc_dir, what="PYFLEET_IPC_DIR"):
 
 
 def bind_router(sock, host, port, max_message_bytes, curve_secret_key=None,
-                max_queued_replies=16, ipc_dir=None, listen_fd=None):
+                max_queued_replies=16, ipc_dir=None, listen_fd=None, relay_path=None):
     """Set up ROUTER ``sock`` as a server endpoint and bind it to ``host:port``
     (port 0: a free port); returns the port. ``max_message_bytes``: a peer
     sending a larger frame is disconnected; ``curve_secret_key``: the Z85
@@ -118,7 +118,11 @@ def bind_router(sock, host, port, max_message_bytes, curve_secret_key=None,
     ``ipc_dir`` (checked by :func:`check_ipc_dir`) with a loopback ``host``:
     the socket also listens on :func:`ipc_path` in it, in the clear (the
     directory's permissions admit its peers; nothing leaves the machine):
-    processes on one machine skip TCP and CURVE's encryption."""
+    processes on one machine skip TCP and CURVE's encryption.
+
+    ``relay_path``: the TCP endpoint is a relay's (:mod:`pyfleet.service.inbound`,
+    which listens on ``host:port`` itself): the socket listens on this Unix socket
+    path instead, with the TCP endpoint's CURVE settings."""
     sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
     sock.setsockopt(zmq.LINGER, 1000)
     sock.setsockopt(zmq.SNDHWM, max_queued_replies)
@@ -130,7 +134,9 @@ def bind_router(sock, host, port, max_message_bytes, curve_secret_key=None,
         # Encrypted, and clients must know this server's public key.
         sock.curve_server = True
         sock.curve_secretkey = _z85(curve_secret_key)
-    if listen_fd is not None:
+    if relay_path is not None:
+        sock.bind("ipc://" + relay_path)
+    elif listen_fd is not None:
         sock.setsockopt(zmq.USE_FD, listen_fd)
         sock.bind(f"tcp://{host}:{port}")
         sock.setsockopt(zmq.USE_FD, -1)  # an option of every later bind: not the ipc one
@@ -143,6 +149,29 @@ def bind_router(sock, host, port, max_message_bytes, curve_secret_key=None,
         sock.curve_server = False
         sock.bind("ipc://" + ipc_path(ipc_dir, host, port))
     return port
+
+
+def listen(host, port, fd=None):
+    """A TCP socket listening on ``host:port`` (``*``: every IPv4 address; port 0: a
+    free one) as libzmq would bind it, or on the listening socket ``fd`` (a
+    launcher's), non-blocking. Raises OSError."""
+    if fd is not None:
+        sock = socket.socket(fileno=fd)
+        sock.setblocking(False)
+        return sock
+    name = "0.0.0.0" if host == "*" else host.strip("[]")
+    family, kind, proto, _, addr = socket.getaddrinfo(
+        name, port, socket.AF_UNSPEC, socket.SOCK_STREAM, 0, socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as libzmq does
+        sock.bind(addr)
+        sock.listen(100)   # libzmq's ZMQ_BACKLOG default
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 def wait_released(host, port, seconds=2.0):
