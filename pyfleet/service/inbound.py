@@ -132,6 +132,7 @@ class InboundRelay:
         self.curve, self.on_cut, self.trim = curve, on_cut, trim
         self.reading = True       # whether the server reads the ROUTER (set by its loop)
         self.passes = 0           # passes of the server's loop (each polls the ROUTER)
+        self._seen = (0, 0.0)     # passes at the last look, and when they last changed
         self.also_held = None     # () -> bytes of peers' requests the server holds itself
         self.cut = 0
         self.peak = 0             # the most all connections held at once (bytes)
@@ -145,8 +146,7 @@ class InboundRelay:
         self._trims = []          # when to give memory back
         self._favored = None
         self._waiting = False     # a connection waits for the budget: count() wakes us
-        self._inbuf = bytearray(CHUNK)
-        self._outbuf = bytearray(CHUNK)
+        self._inbuf, self._outbuf = bytearray(CHUNK), bytearray(CHUNK)
         self._wake_r, self._wake_w = socket.socketpair()
         for s in (self._wake_r, self._wake_w):
             s.setblocking(False)
@@ -422,13 +422,16 @@ class InboundRelay:
         total = self.held()
         self.peak = max(self.peak, total)
         limit = self.max_message_bytes + FRAMING_SLACK
+        if self.passes != self._seen[0]:
+            self._seen = (self.passes, now)
+        reading = self.reading and now - self._seen[1] < 0.5   # its loop passes, not stuck
         for pair in list(self._pairs.values()):
             held = pair.held()
             allow = 0 if pair.pending else self._allow(pair, total)
             mark = (pair.fed, pair.got)
             # The clock runs while the relay would read the peer (or it holds a whole
             # message's worth) and the server reads: not while it waits for the budget.
-            if mark != pair.mark or not self.reading or held <= HANDSHAKE_BYTES or \
+            if mark != pair.mark or not reading or held <= HANDSHAKE_BYTES or \
                     pair.pending or (allow <= 0 and held < limit):
                 pair.mark, pair.since = mark, now
             elif now - pair.since > STALL_SECONDS and (held >= limit or pair is self._favored):

@@ -8,14 +8,14 @@ flag (the same name with dashes):
   takes, ``max_dense_floats`` x 4): the largest message. libzmq enforces it
   per frame (``ZMQ_MAXMSGSIZE``: a peer sending a larger frame is
   disconnected as it arrives), and hands over a multipart message only once
-  all its frames arrived, with no bound on their number; so the server
-  watches what libzmq holds for each TCP connection
-  (:mod:`pyfleet.service.inbound`: what it read from the socket less the
-  messages the server received from it) and cuts a connection holding more
-  than this (1 MiB more for framing) within 10 ms, whoever the peer is
-  (with the job's keys or without). A Unix-socket peer's message whose frames
-  add up to more is refused once received. The memory of a large message
-  goes back to the system once libzmq or the server lets go of it
+  all its frames arrived, with no bound on their number; so libzmq reads TCP
+  peers only through the server's relay (:mod:`pyfleet.service.inbound`),
+  which reads no more of a connection holding this (1 MiB more for framing)
+  in messages the server has not taken, checked before each read, and cuts it
+  when it then sends nothing more for 2 s, whoever the peer is (with the
+  job's keys or without). A Unix-socket peer's message whose frames add up to
+  more is refused once received. The memory of a large message goes back to
+  the system once libzmq or the server lets go of it
   (:data:`pyfleet.service.loop.TRIM_BYTES`).
 - ``max_queued_replies`` (default 16) and ``max_backlog_bytes`` (default
   64 MiB): replies waiting for one peer that does not read them: that many in
@@ -48,11 +48,12 @@ flag (the same name with dashes):
   counts at most its ``memory_budget``). A pull or push that could create rows
   past either, were all its keys new, is refused by name before any row is made.
 - ``max_buffer_bytes`` (default 256 MiB): one budget for every peer together:
-  what libzmq holds for all TCP connections (unfinished and unread messages:
-  past it, the connection holding the most is cut, unless it is the only one
-  holding anything; :mod:`pyfleet.service.inbound`), and the large replies
-  libzmq still holds, every peer's backlog, and the requests the handler
-  threads hold (see :mod:`pyfleet.service.loop`).
+  what libzmq holds for all TCP connections (unfinished and unread messages)
+  with the requests the handler threads hold, checked by the relay before each
+  read (past it, connections wait in TCP and one reads on alone, so TCP peers
+  make a server hold at most ``max_buffer_bytes + max_message_bytes`` + 1 MiB;
+  :mod:`pyfleet.service.inbound`), and the large replies libzmq still holds
+  and every peer's backlog (see :mod:`pyfleet.service.loop`).
 - ``max_step_bytes`` (default 128 MiB): sparse gradient bytes (keys and
   values) one worker's pushes may leave buffered on a sync-mode server in one
   step; a push beyond is refused by name (a step's own pushes of a CTR batch
