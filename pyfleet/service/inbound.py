@@ -154,8 +154,7 @@ class InboundRelay:
         self._detach, self._detached = threading.Event(), threading.Event()
         self._drain_until = None   # stop(drain): when to stop passing the last replies
         self._events[self.listener.fileno()] = _POLLIN
-        self._thread = None
-        self._router = router
+        self._thread, self._router = None, router
         self._monitor = router.get_monitor_socket(
             zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED)
 
@@ -194,8 +193,8 @@ class InboundRelay:
             name = None
         pair = self._pairs.get(name) if isinstance(name, bytes) else None
         if len(self._by_ident) > 4096:   # identities of connections gone
-            self._by_ident = {k: v for k, v in self._by_ident.items()
-                              if v is not None and v.name in self._pairs}
+            self._by_ident = {k: v for k, v in list(self._by_ident.items())   # (the relay
+                              if v is not None and v.name in self._pairs}     # pops some)
         self._by_ident[ident] = pair
         if pair is not None:
             pair.idents.append(ident)
@@ -234,6 +233,7 @@ class InboundRelay:
         if self._thread is not None:
             self._thread.join(5)
             self._thread = None
+        self._drain_until = None   # what is left is not waited for
         self.detach()
         for pair in list(self._pairs.values()):
             self._close(pair, None)
