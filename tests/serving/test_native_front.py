@@ -246,3 +246,29 @@ def test_clients_that_vanish_stall_or_send_garbage_hold_no_slot_after(model, lin
         assert post(conn, one)[0] == 200
         conn.close()
         assert s.proc.poll() is None
+
+
+def test_a_stalled_tsv_body_is_408_from_the_front_end_and_frees_its_slot(model, lines, tmp_path):
+    with ServeProcess("--model", model, "--read-timeout", "1", "--max-concurrent", "1",
+                      cwd=tmp_path) as s:
+        with socket.create_connection(("127.0.0.1", s.port), timeout=30) as sock:
+            sock.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                         b"text/tab-separated-values\r\nContent-Length: 1000\r\n\r\n1\t2")
+            s.wait_for(lambda: metrics(s.url)["pyfleet_serve_in_flight_requests"] == 1, 30,
+                       "the stalled request's slot")
+            conn = keepalive(s)  # the one slot is held: 429 (by the Python server)
+            status, _, body = post(conn, lines[5] + b"\n")
+            conn.close()
+            assert status == 429 and b"--max-concurrent 1" in body
+            reply = sock.recv(4096)
+            assert reply.startswith(b"HTTP/1.1 408") and b"Connection: close" in reply
+            assert reply.endswith(b"the body did not arrive within --read-timeout 1 s\n")
+            assert sock.recv(4096) == b""  # closed
+        s.wait_for(lambda: metrics(s.url)["pyfleet_serve_in_flight_requests"] == 0, 30,
+                   "the slot freed")
+        conn = keepalive(s)
+        assert post(conn, lines[5] + b"\n")[0] == 200
+        conn.close()
+        m = metrics(s.url)
+        assert m['pyfleet_serve_requests_total{code="408"}'] == 1
+        assert m['pyfleet_serve_errors_total{kind="timeout"}'] == 1
