@@ -23,6 +23,25 @@ constexpr size_t kPullIndexAhead = 16;  // Pull: keys between hashing and probin
 constexpr size_t kPullRowAhead = 24;    // Pull: keys between probing and copying
 constexpr size_t kPullRing = 64;        // Pull: ring entries (> the two above)
 
+// g[0, n) regrouped by shard in place, shard s's at [starts[s], starts[s + 1]):
+// a counting pass, then each put in its shard's range by swaps.
+void GroupMissesByShard(PullMiss* g, size_t n, size_t* starts) {
+  constexpr size_t kShards = SparseTable::kShards;
+  std::fill_n(starts, kShards + 1, 0);
+  const auto shard = [](const PullMiss& m) { return SparseTable::ShardOf(m.h); };
+  for (size_t i = 0; i < n; ++i) ++starts[shard(g[i]) + 1];
+  for (size_t s = 0; s < kShards; ++s) starts[s + 1] += starts[s];
+  size_t next[kShards];
+  std::memcpy(next, starts, sizeof(next));
+  for (size_t s = 0; s < kShards; ++s) {
+    while (next[s] < starts[s + 1]) {
+      PullMiss m = g[next[s]];
+      for (size_t t = shard(m); t != s; t = shard(m)) std::swap(m, g[next[t]++]);
+      g[next[s]++] = m;
+    }
+  }
+}
+
 }  // namespace
 
 void SparseTable::Pull(const uint64_t* keys, size_t n, float* out, bool create) {
@@ -31,28 +50,31 @@ void SparseTable::Pull(const uint64_t* keys, size_t n, float* out, bool create) 
   if (n == 0) return;
   Batch& b = CallBatch();
   b.misses.clear();
-  if (budget_ != 0 && !TryLockAllShared()) {
-    // A shard is held for its disk I/O: shard by shard, so that this pull
-    // waits only for the shards it has keys in.
-    PullFoundByShard(keys, n, out, b);
+  b.deferred.clear();
+  // Every shard is held shared for the call. Writers take one shard at a
+  // time and readers take them in the same order: no cycle. With a disk
+  // tier each is taken only if that needs no wait: a shard held for its disk
+  // I/O (a prefetch's read-back, an eviction) is left, and its keys are
+  // deferred to PullDeferred, which waits for that shard alone.
+  uint64_t held = ~uint64_t{0};
+  if (budget_ != 0) {
+    held = TryLockShardsShared();
   } else {
-    // Every shard is held shared for the call. Writers take one shard at a
-    // time and readers take them in the same order: no cycle. With a disk
-    // tier they were taken without waiting (no shard was busy).
-    if (budget_ == 0) {
-      for (const auto& sp : shards_) sp->mu.lock_shared();
-    }
-    // A copy loop of known length is unrolled: at dims the models use the
-    // pipeline costs about half the instructions per key (the copy was most).
-    switch (layout_.weight_kind()) {
-      case StorageKind::kFP16: PullFoundDim<StorageKind::kFP16>(keys, n, out, b); break;
-      case StorageKind::kBF16: PullFoundDim<StorageKind::kBF16>(keys, n, out, b); break;
-      default: PullFoundDim<StorageKind::kFP32>(keys, n, out, b); break;
-    }
-    for (const auto& sp : shards_) sp->mu.unlock_shared();
+    for (const auto& sp : shards_) sp->mu.lock_shared();
   }
-  // Either path: the budget pays for this pull's working memory (its misses
-  // too, which the pipelined path gathers).
+  // A copy loop of known length is unrolled: at dims the models use the
+  // pipeline costs about half the instructions per key (the copy was most).
+  switch (layout_.weight_kind()) {
+    case StorageKind::kFP16: PullFoundDim<StorageKind::kFP16>(keys, n, out, b, held); break;
+    case StorageKind::kBF16: PullFoundDim<StorageKind::kBF16>(keys, n, out, b, held); break;
+    default: PullFoundDim<StorageKind::kFP32>(keys, n, out, b, held); break;
+  }
+  for (size_t s = 0; s < kShards; ++s) {
+    if (held >> s & 1) shards_[s]->mu.unlock_shared();
+  }
+  if (!b.deferred.empty()) PullDeferred(keys, out, b);
+  // The budget pays for this pull's working memory (its misses and
+  // deferred keys too, which the pipelined path gathers).
   if (budget_ != 0) NoteCall(b, false);
   if (b.misses.empty()) return;
   if (create) {
@@ -79,18 +101,20 @@ void SparseTable::Pull(const uint64_t* keys, size_t n, float* out, bool create) 
 }
 
 template <StorageKind S>
-void SparseTable::PullFoundDim(const uint64_t* keys, size_t n, float* out, Batch& b) const {
+void SparseTable::PullFoundDim(const uint64_t* keys, size_t n, float* out, Batch& b,
+                               uint64_t held) const {
   switch (dim_) {
-    case 8: PullFound<8, S>(keys, n, out, b); break;
-    case 16: PullFound<16, S>(keys, n, out, b); break;
-    case 32: PullFound<32, S>(keys, n, out, b); break;
-    case 64: PullFound<64, S>(keys, n, out, b); break;
-    default: PullFound<0, S>(keys, n, out, b); break;
+    case 8: PullFound<8, S>(keys, n, out, b, held); break;
+    case 16: PullFound<16, S>(keys, n, out, b, held); break;
+    case 32: PullFound<32, S>(keys, n, out, b, held); break;
+    case 64: PullFound<64, S>(keys, n, out, b, held); break;
+    default: PullFound<0, S>(keys, n, out, b, held); break;
   }
 }
 
 template <size_t D, StorageKind S>
-void SparseTable::PullFound(const uint64_t* keys, size_t n, float* out, Batch& b) const {
+void SparseTable::PullFound(const uint64_t* keys, size_t n, float* out, Batch& b,
+                            uint64_t held) const {
   // Keys are served in the caller's order, so `out` is written sequentially,
   // through a software pipeline: while key k is copied, key k+B is probed
   // and its row prefetched, and key k+A+B hashed and its index slots
@@ -103,12 +127,16 @@ void SparseTable::PullFound(const uint64_t* keys, size_t n, float* out, Batch& b
   // the same 2M-row tables in one process: 14-17% more keys/s for every
   // storage, 2% either way on rows in L2 (a miss here is served from the
   // L3 or memory in more than the ~8 keys' time). Keys without a row go to
-  // b.misses.
+  // b.misses, keys of shards not held (bit s of held clear) to b.deferred.
   const size_t dim = D != 0 ? D : dim_;
   constexpr size_t kElem = S == StorageKind::kFP32 ? sizeof(float) : sizeof(uint16_t);
   const size_t row_bytes = dim * kElem;
   KeyIndex::View index[kShards];
-  for (size_t s = 0; s < kShards; ++s) index[s] = shards_[s]->index.view();
+  for (size_t s = 0; s < kShards; ++s) {
+    if (held >> s & 1) index[s] = shards_[s]->index.view();
+  }
+  const bool all = held == ~uint64_t{0};
+  const char* const kDeferred = reinterpret_cast<const char*>(&held);  // a src[] marker
   // Hashes and row addresses wait in rings of W entries (in L1), not in
   // arrays of n (16 bytes per key streamed through cache).
   constexpr size_t A = kPullIndexAhead, B = kPullRowAhead, W = kPullRing;
@@ -120,10 +148,14 @@ void SparseTable::PullFound(const uint64_t* keys, size_t n, float* out, Batch& b
   const uint8_t epoch = UseEpoch();
   auto hash = [&](size_t i) {
     const uint64_t x = h[i % W] = Mix64(keys[i]);
-    index[ShardOf(x)].PrefetchRun(x);
+    if (all || (held >> ShardOf(x) & 1)) index[ShardOf(x)].PrefetchRun(x);
   };
   auto probe = [&](size_t j) {
     const uint64_t x = h[j % W];
+    if (!all && !(held >> ShardOf(x) & 1)) {
+      src[j % W] = kDeferred;
+      return;
+    }
     const uint32_t row = index[ShardOf(x)].Find(keys[j], x);
     if (row >= floor) {  // no row, or a spilled one: a miss
       src[j % W] = nullptr;
@@ -139,8 +171,8 @@ void SparseTable::PullFound(const uint64_t* keys, size_t n, float* out, Batch& b
     if (k + A + B < n) hash(k + A + B);
     if (k + B < n) probe(k + B);
     const char* row = src[k % W];
-    if (row == nullptr) {
-      b.misses.push_back({h[k % W], static_cast<uint32_t>(k)});
+    if (row == nullptr || row == kDeferred) {
+      (row == nullptr ? b.misses : b.deferred).push_back({h[k % W], static_cast<uint32_t>(k)});
       continue;
     }
     float* dst = out + k * dim;
@@ -159,34 +191,36 @@ void SparseTable::PullFound(const uint64_t* keys, size_t n, float* out, Batch& b
   }
 }
 
-bool SparseTable::TryLockAllShared() const {
+uint64_t SparseTable::TryLockShardsShared() const {
+  static_assert(kShards == 64, "a shard's bit in a uint64_t");
+  uint64_t held = 0;
   for (size_t s = 0; s < kShards; ++s) {
-    if (!shards_[s]->mu.try_lock_shared()) {
-      while (s > 0) shards_[--s]->mu.unlock_shared();
-      return false;
-    }
+    if (shards_[s]->mu.try_lock_shared()) held |= uint64_t{1} << s;
   }
-  return true;
+  return held;
 }
 
-void SparseTable::PullFoundByShard(const uint64_t* keys, size_t n, float* out, Batch& b) {
-  // With a disk tier a shard may be held exclusively for a while (its rows
-  // read from or written to the spill file): one shard at a time here, so a
-  // pull waits only for the shards it has keys in, holding no other shard.
-  GroupByShard(keys, n, b);
+void SparseTable::PullDeferred(const uint64_t* keys, float* out, Batch& b) {
+  // The keys of shards that were busy (held exclusively for their disk I/O)
+  // when the pull began: shard by shard, each under its shared lock alone,
+  // so that the pull waits for those shards only, holding no other.
+  const size_t n = b.deferred.size();
+  size_t starts[kShards + 1];
+  GroupMissesByShard(b.deferred.data(), n, starts);
   for (size_t s = 0; s < kShards; ++s) {
-    if (b.starts[s] == b.starts[s + 1]) continue;
+    if (starts[s] == starts[s + 1]) continue;
     std::shared_lock lock(shards_[s]->mu);
     const KeyIndex& index = shards_[s]->index;
-    for (size_t j = b.starts[s]; j < b.starts[s + 1]; ++j) {
-      if (j + kPrefetch < b.starts[s + 1]) index.Prefetch(b.h[j + kPrefetch]);
-      const uint32_t row = index.Find(b.keys[j], b.h[j]);
+    for (size_t j = starts[s]; j < starts[s + 1]; ++j) {
+      const PullMiss& d = b.deferred[j];
+      if (j + kPrefetch < starts[s + 1]) index.Prefetch(b.deferred[j + kPrefetch].h);
+      const uint32_t row = index.Find(keys[d.pos], d.h);
       if (row >= spill_floor_) {
-        b.misses.push_back({b.h[j], b.pos[j]});
+        b.misses.push_back(d);
         continue;
       }
       MarkUsed(row);
-      float* dst = out + static_cast<size_t>(b.pos[j]) * dim_;
+      float* dst = out + static_cast<size_t>(d.pos) * dim_;
       if (layout_.compact()) {
         LoadCompactWeights(layout_.storage, rows_.WeightBytes(row), dim_, dst);
       } else {
@@ -199,24 +233,13 @@ void SparseTable::PullFoundByShard(const uint64_t* keys, size_t n, float* out, B
 void SparseTable::PullMisses(const uint64_t* keys, Batch& b, float* out) {
   // Keys without a row: per shard, exclusively, look again (another thread
   // may have inserted them) and admit each distinct key once. The misses
-  // are grouped by shard in place (a counting pass, then each put in its
-  // shard's range by swaps), then each shard's few sorted by hash: Mix64 is
-  // a bijection, so equal keys are equal hashes and sit together. (A sort
-  // of them all by (shard, key), through the caller's array, took 8% of a
-  // spilling table's extra time per cold row.)
+  // are grouped by shard in place, then each shard's few sorted by hash:
+  // Mix64 is a bijection, so equal keys are equal hashes and sit together.
+  // (A sort of them all by (shard, key), through the caller's array, took
+  // 8% of a spilling table's extra time per cold row.)
   PullMiss* g = b.misses.data();
-  size_t starts[kShards + 1] = {};
-  for (const PullMiss& m : b.misses) ++starts[ShardOf(m.h) + 1];
-  for (size_t s = 0; s < kShards; ++s) starts[s + 1] += starts[s];
-  size_t next[kShards];
-  std::memcpy(next, starts, sizeof(next));
-  for (size_t s = 0; s < kShards; ++s) {
-    while (next[s] < starts[s + 1]) {
-      PullMiss m = g[next[s]];
-      for (size_t t = ShardOf(m.h); t != s; t = ShardOf(m.h)) std::swap(m, g[next[t]++]);
-      g[next[s]++] = m;
-    }
-  }
+  size_t starts[kShards + 1];
+  GroupMissesByShard(g, b.misses.size(), starts);
   if (budget_ != 0) RaisePendingSpillError();
   const uint64_t salt = draw_counter_.fetch_add(1, std::memory_order_relaxed);
   thread_local std::vector<uint64_t> reload_keys, reload_h;

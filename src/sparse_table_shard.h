@@ -59,6 +59,7 @@ struct SparseTable::Batch {
   std::vector<uint8_t> is_dup;    // push: an earlier equal key carries this one
   std::vector<uint32_t> table;    // push: dedup hash table
   std::vector<PullMiss> misses;   // pull: keys without a row
+  std::vector<PullMiss> deferred; // pull: keys of shards busy when it began
   std::vector<float> w, s, g;     // one row's private copy
   size_t starts[kShards + 1];
   uint64_t seen[kShards];  // push: the shard's version its rows were looked up at, or kUnseen
@@ -68,7 +69,7 @@ struct SparseTable::Batch {
     return (keys.capacity() + h.capacity()) * sizeof(uint64_t) +
            (pos.capacity() + rows.capacity() + dup_next.capacity() + table.capacity()) *
                sizeof(uint32_t) +
-           is_dup.capacity() + misses.capacity() * sizeof(PullMiss) +
+           is_dup.capacity() + (misses.capacity() + deferred.capacity()) * sizeof(PullMiss) +
            (w.capacity() + s.capacity() + g.capacity()) * sizeof(float);
   }
   // The working memory of a call (a thread's batches live as long as it
@@ -84,7 +85,7 @@ struct SparseTable::Batch {
       }
     };
     fit(keys), fit(h), fit(pos), fit(rows), fit(dup_next), fit(is_dup), fit(table);
-    fit(misses);
+    fit(misses), fit(deferred);
     const size_t now = Bytes();
     // A buffer that grew or shrank left a block in the heap, where malloc
     // keeps it: its pages go back to the kernel (rare: calls of one size

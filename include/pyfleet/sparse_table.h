@@ -158,17 +158,18 @@ class SparseTable {
   // Regroups keys by shard into b (b.pos: each one's place in keys).
   void GroupByShard(const uint64_t* keys, size_t n, Batch& b) const;
   // Pull's lookups and copies for rows that exist (D = dim, or 0 for any);
-  // the caller holds every shard shared.
+  // the caller holds shard s shared where bit s of held is set (the keys of
+  // the others go to b.deferred).
   template <StorageKind S>
-  void PullFoundDim(const uint64_t* keys, size_t n, float* out, Batch& b) const;
+  void PullFoundDim(const uint64_t* keys, size_t n, float* out, Batch& b, uint64_t held) const;
   template <size_t D, StorageKind S>
-  void PullFound(const uint64_t* keys, size_t n, float* out, Batch& b) const;
+  void PullFound(const uint64_t* keys, size_t n, float* out, Batch& b, uint64_t held) const;
   void PullMisses(const uint64_t* keys, Batch& b, float* out);
-  // Pull's lookups and copies with a disk tier: shard by shard under each
-  // one's shared lock (misses and spilled rows to b.misses).
-  void PullFoundByShard(const uint64_t* keys, size_t n, float* out, Batch& b);
-  // Every shard's shared lock if none is held exclusively now, else none.
-  bool TryLockAllShared() const;
+  // Pull's lookups and copies of b.deferred with a disk tier: shard by shard
+  // under each one's shared lock (misses and spilled rows to b.misses).
+  void PullDeferred(const uint64_t* keys, float* out, Batch& b);
+  // The shared locks of the shards not held exclusively now (bit s: shard s).
+  uint64_t TryLockShardsShared() const;
   // seen: the shard's version b.rows[lo, hi) were looked up at (kUnseen if
   // not). Key j's gradient is the caller's, grads + b.pos[j] * dim.
   void PushShard(Shard& s, Batch& b, size_t lo, size_t hi, const float* grads,
