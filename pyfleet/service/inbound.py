@@ -1,48 +1,38 @@
 """What a server holds of its TCP peers' bytes, bounded: :class:`InboundRelay`.
 
-libzmq hands a multipart message to the server only once all of its frames have
-arrived, bounds frames, not messages (``ZMQ_MAXMSGSIZE``), and counts whole
-messages (``ZMQ_RCVHWM``): a peer sending frame after frame of a message that never
-ends makes libzmq's I/O thread read and hold all of it, as fast as it arrives. A
-look every few milliseconds, then a cut, bounds that by time, not bytes.
+libzmq hands a multipart message over only once all of its frames have arrived,
+bounds frames, not messages (``ZMQ_MAXMSGSIZE``), and counts whole messages
+(``ZMQ_RCVHWM``): left to itself, it reads a message that never ends as fast as it
+arrives. So libzmq never reads a TCP peer: the server listens on TCP itself, and a
+thread (the relay) joins each connection to a Unix socket of the ROUTER (in a
+directory of its own, mode 0700), passing bytes both ways, at most :data:`CHUNK` at
+once (ZMTP and CURVE stay between the peer and libzmq). It counts what it gave each
+connection, less each message the server received from it (:meth:`InboundRelay.count`:
+found by ``ZMQ_SRCFD``, its ZMTP and CURVE framing added exactly): what libzmq holds
+for that peer (and its handshake, under :data:`HANDSHAKE_BYTES`). Before each read it
+checks that what it reads fits:
 
-So libzmq never reads a TCP peer itself. The server listens on TCP with a socket of
-its own; a thread (the relay) joins each connection to a Unix socket of the ROUTER
-(in a directory of its own, mode 0700), moving bytes both ways, at most
-:data:`CHUNK` at once. The ZMTP conversation, CURVE included, stays between the
-peer and libzmq. The relay counts what it gave each Unix connection; the server
-counts each message it receives (:meth:`InboundRelay.count`: its connection found
-by ``ZMQ_SRCFD``) with the wire's framing (ZMTP headers, CURVE boxes) added exactly.
-The difference is what libzmq holds for that peer (messages not yet whole, or not
-yet read, and the handshake, under :data:`HANDSHAKE_BYTES`). Before each read the
-relay checks that what it would read fits:
+- one connection holds at most ``max_message_bytes`` + :data:`FRAMING_SLACK`;
+- all connections, with the requests the handler threads hold, at most
+  ``max_buffer_bytes``; when that is full, the connection holding the most (its
+  message the furthest along) reads on alone while the others fit.
 
-- one connection holds at most ``max_message_bytes`` + :data:`FRAMING_SLACK`
-  (no protocol message is larger);
-- all connections, and the requests the server's handler threads hold, together
-  at most ``max_buffer_bytes``; when that is full, one connection (the one holding
-  the most: its message the furthest along) reads on alone while the others fit.
-
-A connection not read is left to TCP: the kernel's buffers fill and its peer's
-sends wait (backpressure: nothing cut, nothing lost). So TCP peers make a server
-hold at most ``max_buffer_bytes + max_message_bytes + FRAMING_SLACK`` bytes
-(:meth:`InboundRelay.bound`), whatever the machine's speed or load. A connection
-is cut (``shutdown``; logged with its peer's address, counted as
-``cut_connections``) only when it holds a whole ``max_message_bytes``, or is the
-one reading on while others wait, and for :data:`STALL_SECONDS`, while the server
-reads, neither sends more nor has a message taken (a message that never ends, a
-peer stopped halfway). A closed connection's bytes stay counted until libzmq has
-let go of them (the ROUTER reports it gone); then the memory goes back to the
-system (``malloc_trim``).
-
-Unix-socket peers of ``ipc_dir`` (a directory only this user may enter) reach the
-ROUTER directly and are not counted. Linux only (elsewhere the ROUTER listens on
-TCP itself, without this bound: the server says so).
+A connection not read waits in TCP (its peer's sends block: nothing cut or lost). So
+TCP peers make a server hold at most ``max_buffer_bytes + max_message_bytes +
+FRAMING_SLACK`` (:meth:`InboundRelay.bound`) whatever the machine's load. A
+connection holding a whole ``max_message_bytes``, or reading on while others wait,
+that for :data:`STALL_SECONDS` (while the server's loop reads) neither sends more nor
+has a message taken is cut (``shutdown``; logged with its peer's address, counted as
+``cut_connections``); its bytes stay counted until libzmq lets go of them, then the
+memory goes back to the system (``malloc_trim``). Unix-socket peers of ``ipc_dir``
+reach the ROUTER directly, uncounted. Linux only (elsewhere the ROUTER listens on TCP
+itself, without this bound, and the server logs so).
 """
 
 import contextlib
 import logging
 import os
+import select
 import shutil
 import socket
 import sys
@@ -73,7 +63,7 @@ FRAMING_SLACK = 1 << 20
 STALL_SECONDS = 2.0
 
 _SRCFD = int(zmq.SRCFD)
-_POLLIN, _POLLOUT = int(zmq.POLLIN), int(zmq.POLLOUT)
+_POLLIN, _POLLOUT = select.EPOLLIN, select.EPOLLOUT
 _CURVE_BOX = 33            # "\x07MESSAGE" + nonce (8) + MAC (16) + flags (1), per frame
 _SHORT = 255               # frames of at most this many bytes have a one-byte size
 _RELEASE_SECONDS = 5.0     # a cut connection's bytes stay counted at most this long
@@ -157,8 +147,6 @@ class InboundRelay:
         self._thread, self._router = None, router
         self._monitor = router.get_monitor_socket(
             zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED)
-
-    # ------------------------------------------------------------ the server's thread
 
     def count(self, msg):
         """Count a message received from the ROUTER (identity frame first) against
@@ -263,16 +251,16 @@ class InboundRelay:
     # ------------------------------------------------------------ the relay's thread
 
     def _run(self):
-        poller = zmq.Poller()
-        poller.register(self.listener.fileno(), _POLLIN)
-        poller.register(self._wake_r.fileno(), _POLLIN)
+        ep = self._poller = select.epoll()
+        ep.register(self.listener.fileno(), _POLLIN)
+        ep.register(self._wake_r.fileno(), _POLLIN)
         mon = self._monitor
-        poller.register(mon, _POLLIN)
-        self._poller = poller
+        mon_fd = mon.getsockopt(zmq.FD)   # readable when the monitor may have events
+        ep.register(mon_fd, _POLLIN)
         try:
             while not self._stop.is_set():
                 if mon is not None and self._detach.is_set():
-                    poller.unregister(mon)
+                    ep.unregister(mon_fd)
                     mon = None
                     self._detached.set()
                 if self._drain_until is not None:
@@ -281,25 +269,32 @@ class InboundRelay:
                     self._watch(self.listener.fileno(), 0)  # nobody new
                 busy = self._waiting or self._closing or self._trims or \
                     self._favored is not None or self._drain_until is not None
-                for sock, _ in poller.poll(50 if busy else 1000):
-                    if sock is mon:
-                        while mon.poll(0):
-                            self._event(recv_monitor_message(mon))
-                    elif sock == self._wake_r.fileno():
+                events = ep.poll(0.05 if busy else 1.0)
+                touched = [] if events else None   # None: a time-out, look at all
+                for fd, _ in events:
+                    entry = self._fds.get(fd)
+                    if entry is not None:
+                        self._io(*entry)
+                        if touched is not None:
+                            touched.append(entry[0])
+                    elif fd == self._wake_r.fileno():
                         with contextlib.suppress(OSError):
                             self._wake_r.recv(4096)
-                    elif sock == self.listener.fileno():
+                        touched = None
+                    elif fd == self.listener.fileno():
                         self._accept()
-                    else:
-                        self._io(sock)
+                        touched = None
+                while mon is not None and mon.poll(0):
+                    self._event(recv_monitor_message(mon))
                 try:
-                    self._arrange()
+                    self._arrange(touched)
                 except Exception:  # keep relaying: a bug here must not end the relay
                     log.exception("inbound relay: arranging the connections failed")
         except zmq.ContextTerminated:
             pass
         finally:
             self._detached.set()
+            ep.close()
 
     def _accept(self):
         for _ in range(16):
@@ -330,11 +325,7 @@ class InboundRelay:
             self._fds[tcp.fileno()] = (pair, True)
             self._fds[unix.fileno()] = (pair, False)
 
-    def _io(self, fd):
-        entry = self._fds.get(fd)
-        if entry is None:
-            return
-        pair, is_tcp = entry
+    def _io(self, pair, is_tcp):
         try:
             if is_tcp:
                 if pair.out:
@@ -402,9 +393,10 @@ class InboundRelay:
         self._waiting = True
         return 0
 
-    def _arrange(self):
-        """Per connection, the events to wait for; the favored connection; cuts of
-        stalled ones; releases and trims."""
+    def _arrange(self, touched=None):
+        """Per connection (those ``touched`` alone while the budget is far from full),
+        the events to wait for; the favored connection; cuts of stalled ones; releases
+        and trims."""
         now = time.monotonic()
         f = self._favored
         if f is not None and (f.name not in self._pairs or f.held() <= HANDSHAKE_BYTES or
@@ -425,7 +417,12 @@ class InboundRelay:
         if self.passes != self._seen[0]:
             self._seen = (self.passes, now)
         reading = self.reading and now - self._seen[1] < 0.5   # its loop passes, not stuck
-        for pair in list(self._pairs.values()):
+        if touched is None or self._waiting or self._favored is not None or \
+                2 * total >= self.max_buffer_bytes:
+            self._waiting, touched = False, list(self._pairs.values())
+        for pair in touched:
+            if pair.name not in self._pairs:
+                continue
             held = pair.held()
             allow = 0 if pair.pending else self._allow(pair, total)
             mark = (pair.fed, pair.got)
@@ -453,10 +450,12 @@ class InboundRelay:
         was = self._events.get(fd, 0)
         if was != events:
             self._events[fd] = events
-            if events:
-                self._poller.register(fd, events)
-            else:
+            if not events:
                 self._poller.unregister(fd)
+            elif was:
+                self._poller.modify(fd, events)
+            else:
+                self._poller.register(fd, events)
 
     def _close(self, pair, why):
         """Close both ends of ``pair``; ``why``: a cut (logged and counted), else a
@@ -472,7 +471,7 @@ class InboundRelay:
             fd = sock.fileno()
             self._fds.pop(fd, None)
             if self._events.pop(fd, 0) and self._thread is not None:
-                with contextlib.suppress(KeyError):
+                with contextlib.suppress(OSError, KeyError):
                     self._poller.unregister(fd)
             if why is not None and sock is pair.tcp:
                 with contextlib.suppress(OSError):
