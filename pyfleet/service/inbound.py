@@ -140,8 +140,7 @@ class InboundRelay:
         self._wake_r, self._wake_w = socket.socketpair()
         for s in (self._wake_r, self._wake_w):
             s.setblocking(False)
-        self._stop = threading.Event()
-        self._detach, self._detached = threading.Event(), threading.Event()
+        self._stop, self._detach, self._detached = (threading.Event() for _ in range(3))
         self._drain_until = None   # stop(drain): when to stop passing the last replies
         self._events[self.listener.fileno()] = _POLLIN
         self._thread, self._router = None, router
@@ -271,25 +270,27 @@ class InboundRelay:
                     self._favored is not None or self._drain_until is not None
                 events = ep.poll(0.05 if busy else 1.0)
                 touched = [] if events else None   # None: a time-out, look at all
-                for fd, _ in events:
-                    entry = self._fds.get(fd)
-                    if entry is not None:
-                        self._io(*entry)
-                        if touched is not None:
-                            touched.append(entry[0])
-                    elif fd == self._wake_r.fileno():
-                        with contextlib.suppress(OSError):
-                            self._wake_r.recv(4096)
-                        touched = None
-                    elif fd == self.listener.fileno():
-                        self._accept()
-                        touched = None
-                while mon is not None and mon.poll(0):
-                    self._event(recv_monitor_message(mon))
-                try:
+                try:   # keep relaying: a bug here must not leave every TCP peer hanging
+                    for fd, _ in events:
+                        entry = self._fds.get(fd)
+                        if entry is not None:
+                            self._io(*entry)
+                            if touched is not None:
+                                touched.append(entry[0])
+                        elif fd == self._wake_r.fileno():
+                            with contextlib.suppress(OSError):
+                                self._wake_r.recv(4096)
+                            touched = None
+                        elif fd == self.listener.fileno():
+                            self._accept()
+                            touched = None
+                    while mon is not None and mon.poll(0):
+                        self._event(recv_monitor_message(mon))
                     self._arrange(touched)
-                except Exception:  # keep relaying: a bug here must not end the relay
-                    log.exception("inbound relay: arranging the connections failed")
+                except zmq.ContextTerminated:
+                    raise
+                except Exception:
+                    log.exception("inbound relay: a pass failed")
         except zmq.ContextTerminated:
             pass
         finally:
