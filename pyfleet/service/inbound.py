@@ -25,8 +25,8 @@ that for :data:`STALL_SECONDS` (while the server's loop reads) neither sends mor
 has a message taken is cut (``shutdown``; logged with its peer's address, counted as
 ``cut_connections``); its bytes stay counted until libzmq lets go of them, then the
 memory goes back to the system (``malloc_trim``). Unix-socket peers of ``ipc_dir``
-reach the ROUTER directly, uncounted. Linux only (elsewhere the ROUTER listens on TCP
-itself, without this bound, and the server logs so).
+reach the ROUTER directly, uncounted. Linux only (elsewhere, or with ``PYFLEET_INBOUND_RELAY=0``,
+the ROUTER listens on TCP itself, without this bound, and the server logs so).
 """
 
 import contextlib
@@ -44,6 +44,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from pyfleet.service import wire as Z
+from pyfleet.service.limits import RELAY_VAR, inbound_relay_wanted
 from pyfleet.service.loop import TRIM_BYTES
 
 __all__ = ["CHUNK", "FRAMING_SLACK", "HANDSHAKE_BYTES", "STALL_SECONDS", "InboundRelay",
@@ -516,13 +517,12 @@ class InboundRelay:
 
 def serve(router, host, port, max_message_bytes, limits, curve_secret_key, ipc_dir,
           listen_fd, on_cut, trim):
-    """Bind ROUTER ``router`` as a server's endpoint ``host:port``
-    (:func:`pyfleet.service.wire.bind_router`), its TCP peers through an
-    :class:`InboundRelay` where :func:`available`. Returns ``(port, relay or None)``;
-    raises ``zmq.ZMQError`` or OSError, having let go of what it made."""
-    if not available():
-        log.warning("this platform has no inbound relay: what TCP peers make this server "
-                    "hold is not bounded by max_buffer_bytes")
+    """Bind ROUTER ``router`` as endpoint ``host:port`` (:func:`pyfleet.service.wire.bind_router`),
+    TCP peers through an :class:`InboundRelay` if :func:`available` and not turned off
+    (``PYFLEET_INBOUND_RELAY=0``). Returns ``(port, relay or None)``; raises ZMQError, OSError."""
+    if not (inbound_relay_wanted() and available()):
+        log.warning("%s: max_buffer_bytes does not bound what TCP peers make this server hold",
+                    f"{RELAY_VAR}=0" if available() else "no relay on this platform")
         return Z.bind_router(router, host, port, max_message_bytes, curve_secret_key,
                              limits.max_queued_replies, ipc_dir, listen_fd), None
     listener = Z.listen(host, port, listen_fd)

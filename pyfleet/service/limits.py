@@ -67,6 +67,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from pyfleet.errors import ConfigError
 from pyfleet.service.protocol import Refused
 
 __all__ = ["DEFAULTS", "ROW_OVERHEAD", "Limits", "add_arguments", "check_peer_config"]
@@ -173,6 +174,23 @@ class Limits(NamedTuple):
 
 
 DEFAULTS = Limits()
+
+
+RELAY_VAR = "PYFLEET_INBOUND_RELAY"
+
+
+def inbound_relay_wanted():
+    """``PYFLEET_INBOUND_RELAY``: 1 (the default) reads TCP peers through the
+    inbound relay, which bounds what they make a server hold by
+    ``max_buffer_bytes``; 0 lets libzmq read them itself (faster pulls over TCP,
+    no such bound: for networks whose peers are all trusted). Anything else is
+    a ConfigError naming it."""
+    flag = os.environ.get(RELAY_VAR, "1").strip()
+    if flag not in ("0", "1"):
+        raise ConfigError(f"{RELAY_VAR} must be 0 (libzmq reads TCP peers itself: no byte "
+                          f"bound on what they make a server hold) or 1 (the default: "
+                          f"through the inbound relay), got {flag!r}")
+    return flag == "1"
 
 
 def add_arguments(parser):

@@ -7,6 +7,7 @@ back (TCP) without cutting it while the server does not read, losing nothing."""
 
 import os
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -109,3 +110,30 @@ def test_a_server_that_does_not_read_holds_a_peer_back_within_the_bound_and_lose
         assert r.relay.peak <= r.relay.bound()
     finally:
         r.close()
+
+
+@pytest.mark.parametrize(("value", "relayed"), [("1", True), ("0", False), ("yes", None)])
+def test_the_relay_switch_takes_effect_or_is_refused_by_name(monkeypatch, value, relayed):
+    """``PYFLEET_INBOUND_RELAY=0`` lets libzmq read TCP peers itself (no byte bound,
+    and the server's stats say so); 1, the default, relays them; anything else is
+    refused naming the variable, before the server listens."""
+    from pyfleet.errors import ConfigError
+    from pyfleet.service.client import Client
+    from pyfleet.service.server import Server
+
+    monkeypatch.setenv("PYFLEET_INBOUND_RELAY", value)
+    if relayed is None:
+        with pytest.raises(ConfigError, match=r"PYFLEET_INBOUND_RELAY must be 0 .* got 'yes'"):
+            Server("127.0.0.1:0", 0, 1, 1)
+        return
+    server = Server("127.0.0.1:0", 0, 1, 1)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        with Client([server.endpoint], timeout=20, heartbeat_interval=0) as c:
+            stats = c.stats()[0]
+            assert (stats["inbound_bound_bytes"] is not None) == relayed
+            assert (server._guard is not None) == relayed
+    finally:
+        server.stop()
+        thread.join(30)
