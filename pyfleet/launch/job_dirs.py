@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import tempfile
 
 from pyfleet.service import auth
@@ -30,7 +31,7 @@ def _alive(pid):
     except ProcessLookupError:
         return False
     except PermissionError:   # another user's process: alive
-        return True
+        pass
     return True
 
 
@@ -54,7 +55,7 @@ def sweep_stale(prefix, where=None):
             st = os.lstat(path)
         except OSError:
             continue
-        if st.st_uid == os.getuid() and not os.path.islink(path) and os.path.isdir(path):
+        if st.st_uid == os.getuid() and stat.S_ISDIR(st.st_mode):   # lstat: no link
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed

@@ -32,8 +32,9 @@ Every file a checkpoint consists of is checksummed: a generation's ``files``
 list every file of its directory (the shards and dense blocks, the servers'
 ``server<i>-of-<S>.json`` and the saving worker's ``<name>.state.npy``),
 ``"beside"`` the files next to the manifest (state files of checkpoints saved
-before they moved into the generation) as ``{name: {"sha256", "bytes"}}``, and ``"body_sha256"`` the manifest's own body (the sha256 of its
-JSON without that key, keys sorted, no spaces). :func:`read_manifest` checks
+before they moved into the generation) as ``{name: {"sha256", "bytes"}}``,
+and ``"body_sha256"`` the manifest's own body (the sha256 of its JSON without
+that key, keys sorted, no spaces). :func:`read_manifest` checks
 the body and the files beside it, :func:`verify_generation` a generation's
 files before anything is loaded; a manifest without ``body_sha256`` (edited,
 or written before it was recorded) is refused unless read with
@@ -76,8 +77,8 @@ from pyfleet.service.checksums import MANIFEST_NAME, check_beside, file_info, se
 from pyfleet.table import DenseTable
 
 __all__ = ["BODY_KEY", "MANIFEST_NAME", "MANIFEST_VERSION", "STATE_SUFFIX", "body_digest",
-           "build_manifest", "check_tables", "commit", "confined_path", "file_info", "load_server",
-           "new_generation", "read_manifest", "resolve", "save_server", "seal",
+           "build_manifest", "check_tables", "commit", "confined_path", "file_info",
+           "load_server", "new_generation", "read_manifest", "resolve", "save_server", "seal",
            "state_dir", "verify_generation"]
 
 MANIFEST_VERSION = 2
@@ -202,6 +203,17 @@ def verify_generation(path, gen):
     """Check every file of generation ``gen`` (a chain entry) in checkpoint dir
     ``path``: present, of its size and sha256, and no shard file unaccounted
     for. Raises ValueError naming the first damaged file."""
+    _verify_files(path, gen, gen["files"])
+    extra = sorted(n for n in os.listdir(os.path.join(path, gen["dir"]))
+                   if not n.startswith(".") and n not in gen["files"])
+    if extra:
+        raise ValueError(f"checkpoint {path}: files {extra} in {gen['dir']} are not in "
+                         f"the manifest")
+
+
+def _verify_files(path, gen, files):
+    """Check ``files`` (``{name: {"sha256", "bytes"}}``) of generation ``gen``,
+    its directory confined to the checkpoint first."""
     gdir = os.path.join(path, gen["dir"])
     # Confined before anything is read or stat'ed through it: the generation must be a
     # directory inside the checkpoint, not a link out of it (whose files' sizes or
@@ -212,17 +224,6 @@ def verify_generation(path, gen):
                          f"(or lies outside the checkpoint directory): refused unread")
     if not os.path.isdir(gdir):
         raise ValueError(f"checkpoint {path}: generation directory {gen['dir']} is missing")
-    _verify_files(path, gen, gen["files"])
-    extra = sorted(n for n in os.listdir(gdir)
-                   if not n.startswith(".") and n not in gen["files"])
-    if extra:
-        raise ValueError(f"checkpoint {path}: files {extra} in {gen['dir']} are not in "
-                         f"the manifest")
-
-
-def _verify_files(path, gen, files):
-    """Check ``files`` (``{name: {"sha256", "bytes"}}``) of generation ``gen``."""
-    gdir = os.path.join(path, gen["dir"])
     for name, want in sorted(files.items()):
         f = os.path.join(gdir, name)
         if os.path.islink(f):

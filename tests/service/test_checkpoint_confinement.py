@@ -60,3 +60,18 @@ def test_a_real_generation_is_still_checked_against_its_manifest(tmp_path):
     (tmp_path / "ckpt" / GEN / "emb.shard0-of-1.bin").write_bytes(SECRET)
     with pytest.raises(ValueError, match=r"has 12345 bytes, the manifest says 12346"):
         ck.verify_generation(path, manifest["chain"][0])
+
+
+def test_a_linked_generation_is_refused_unread_when_reading_the_workers_state(
+        tmp_path, monkeypatch):
+    path, manifest = _checkpoint(tmp_path, link_gen=True)
+    (tmp_path / "outside" / "auc.state.npy").write_bytes(SECRET)
+    manifest["state_dir"] = GEN
+    manifest["chain"][0]["files"]["auc.state.npy"] = {"sha256": "0" * 64, "bytes": 1}
+    read = []
+    real_info = ck.file_info
+    monkeypatch.setattr(ck, "file_info", lambda p: read.append(p) or real_info(p))
+    with pytest.raises(ValueError, match="symbolic link") as e:
+        ck.state_dir(path, manifest)
+    assert read == []
+    assert str(len(SECRET)) not in str(e.value)
