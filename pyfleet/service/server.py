@@ -288,9 +288,8 @@ class Server(WorkerOps):
             Z.wait_released(*split_endpoint(self.endpoint, "server endpoint"))
 
     def _cut(self, peer, held, why):
-        n = self._counters.add("cut_connections")
-        if n <= 10 or (n & (n - 1)) == 0:  # hostile peers must not flood the log
-            log.warning("cut connection (#%d) from %s: %s (%d bytes held)", n, peer, why, held)
+        _log_bad(self._counters.add("cut_connections"),
+                 f"from {peer}: {why} ({held} bytes held)", "cut connection")
 
     def _dropped(self, why, ident):
         self._counters.add("dropped_replies")
@@ -503,7 +502,7 @@ def _op_name(op):
         return f"op {op}"
 
 
-def _log_bad(n, err):
-    # Hostile peers must not flood the log: the first few, then every power of ten.
+def _log_bad(n, err, what="refused request"):
+    # Hostile peers must not flood the log: the first few, then every power of two.
     if n <= 10 or (n & (n - 1)) == 0:
-        log.warning("refused request (#%d): %s", n, err)
+        log.warning("%s (#%d): %s", what, n, err)
