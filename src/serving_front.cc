@@ -27,11 +27,6 @@ constexpr size_t kHeadLimit = 64 << 10;   // the Python server answers 431 past 
 constexpr size_t kOutLimit = 1 << 20;     // answers not yet read: stop reading past it
 constexpr uint64_t kListenTag = uint64_t{1} << 63, kEventTag = ~uint64_t{0};  // | index
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 }  // namespace
 
 struct Front::Conn {
@@ -311,24 +306,26 @@ void Front::close_conn(uint64_t id) {
   auto it = conns_.find(id);
   if (it == conns_.end()) return;
   Conn& c = *it->second;
-  if (c.holds_slot) {
-    release();
-    receiving_.fetch_sub(1);
-  }
+  drop_slot(c);
   epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, c.fd, nullptr);
   close(c.fd);
   conns_.erase(it);  // its requests in a step are answered to no one
   open_conns_.fetch_sub(1);
 }
 
+// A request's head was here, not yet its body: its slot and count given back.
+void Front::drop_slot(Conn& c) {
+  if (!c.holds_slot) return;
+  c.holds_slot = false;
+  release();
+  receiving_.fetch_sub(1);
+}
+
 void Front::hand_over(Conn& c) {
   epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, c.fd, nullptr);
   int fd = c.fd;
   std::string data = std::move(c.in);
-  if (c.holds_slot) {
-    release();
-    receiving_.fetch_sub(1);
-  }
+  drop_slot(c);
   conns_.erase(c.id);
   open_conns_.fetch_sub(1);
   try {
@@ -362,18 +359,12 @@ void Front::refuse_timeout(Conn& c) {
            head ? "body" : "request", opts_.read_timeout);
   std::string text = what;
   double seconds = c.partial_since >= 0 ? now_s() - c.partial_since : -1;
-  std::string status = "HTTP/1.1 408 Request Timeout\r\n";
-  c.out += status + date_header() + "Content-Type: text/plain; charset=utf-8\r\n" +
-           "Content-Length: " + std::to_string(text.size()) + "\r\nConnection: close\r\n\r\n" +
-           text;
+  c.out += head_of("HTTP/1.1 408 Request Timeout\r\n", date_header(),
+                   "text/plain; charset=utf-8", "", text.size(), true) + text;
   c.in.clear();
   c.partial_since = -1;
   c.closing = true;
-  if (c.holds_slot) {
-    c.holds_slot = false;
-    release();
-    receiving_.fetch_sub(1);
-  }
+  drop_slot(c);
   count(408, "timeout", head ? seconds : -1);
 }
 

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -102,6 +103,15 @@ bool json_to_tsv(const std::string& body, int n_dense, int n_slots, std::string&
 void append_repr(std::string& out, double v);
 // "Date: ...\r\n" of now.
 std::string date_header();
+// The head of an answer (status_line ends in CRLF, headers are whole lines).
+std::string head_of(const std::string& status_line, const std::string& date,
+                    const char* content_type, const std::string& headers, size_t length,
+                    bool close);
+// Steady clock seconds.
+inline double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 class Front {
  public:
@@ -141,7 +151,7 @@ class Front {
   void run_step(std::vector<RequestPtr>& items);
   void answer(Request& r, int status, const std::string& text);
   void count(int status, const std::string& kind, double seconds);
-  void finish(std::vector<RequestPtr>& items);
+  void drop_slot(Conn& c);
 
   std::vector<int> listen_fds_;
   int epoll_fd_ = -1, event_fd_ = -1;
@@ -164,8 +174,6 @@ class Front {
   bool step_running_ = false;
   std::mutex metrics_mu_;
   FrontMetrics metrics_;
-  std::string date_;
-  int64_t date_second_ = 0;
 };
 
 }  // namespace pyfleet::serving

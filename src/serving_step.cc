@@ -13,13 +13,6 @@
 
 namespace pyfleet::serving {
 
-namespace {
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 std::string head_of(const std::string& status_line, const std::string& date,
                     const char* content_type, const std::string& headers, size_t length,
                     bool close) {
@@ -34,8 +27,6 @@ std::string head_of(const std::string& status_line, const std::string& date,
   h += close ? "\r\nConnection: close\r\n\r\n" : "\r\n\r\n";
   return h;
 }
-
-}  // namespace
 
 bool Front::gather(std::vector<RequestPtr>& items, int64_t& rows) {
   while (!queue_.empty()) {

@@ -135,8 +135,6 @@ class Server:
     def __init__(self, options):
         self.options = options
         self.metrics = ServeMetrics()
-        self.version = None
-        self.schema = None
         self.last_refusal = None
         self._pending = collections.deque()  # (Pending rows, future) of queued requests
         self._wake = None  # the batcher's future while it waits for a request
@@ -148,10 +146,20 @@ class Server:
         self._answer_of = (None, b"", b"", b"")  # version, its JSON prefix, suffix, header
         self.step_lock = threading.Lock()  # one model step at a time (ModelVersion.predict)
         self.native = None  # the native front end (NativeFront), when it serves
-        self.serving = (None, None)  # (version, schema), as one object
+        self.serving = (None, None)  # (version, schema): one object, read whole by other threads
         self._generation = 0  # of the schemas, for the native front end's JSON rows
 
     # -- versions -------------------------------------------------------------
+
+    @property
+    def version(self):
+        """The ModelVersion served (None until the first)."""
+        return self.serving[0]
+
+    @property
+    def schema(self):
+        """The RowSchema of :attr:`version`'s rows."""
+        return self.serving[1]
 
     def swap(self, version):
         schema = RowSchema(version.n_dense, version.n_slots, self.options.slots,
@@ -163,8 +171,7 @@ class Server:
             log.info("serving %s", version.name)
         self._generation += 1
         schema.generation = self._generation
-        self.version, self.schema = version, schema
-        self.serving = (version, schema)  # one assignment: read whole by other threads
+        self.serving = (version, schema)
         if self.native is not None:
             self.native.front.set_schema(schema.n_dense, schema.n_slots, schema.generation)
 
@@ -358,7 +365,7 @@ class Server:
                     break
                 await self._arrival(left)
                 rows, full = self._gather(items, rows)
-            version, schema = self.version, self.schema  # one version for the whole step
+            version, schema = self.serving  # one version for the whole step
             try:
                 prob, order, results = await loop.run_in_executor(
                     self._model_thread, _step, version, schema, [p for p, _ in items],
